@@ -1,0 +1,64 @@
+"""cyclone: durable DAG workflows and background jobs on PostgreSQL, with idempotent submission."""
+
+from __future__ import annotations
+
+from importlib.metadata import version as _version
+
+from cyclone import errors
+from cyclone.client import Client
+from cyclone.context import StepContext
+from cyclone.errors import (
+    CycloneError,
+    DefinitionError,
+    DuplicateError,
+    InputError,
+    InvalidKeyError,
+    InvalidStateError,
+    NoOutputError,
+    NotFoundError,
+    RunFailedError,
+    SchemaError,
+    SubmitConflictError,
+)
+from cyclone.jobs import Job, JobStatus
+from cyclone.migrations import check_schema, downgrade, upgrade
+from cyclone.runs import ResultRun, Run, RunStatus
+from cyclone.states import JobState, RunState
+from cyclone.worker import Worker
+from cyclone.workflow import ResultWorkflow, StandaloneStep, Step, Workflow, step
+
+__version__ = _version("cyclone")
+
+__all__ = [
+    "Client",
+    "CycloneError",
+    "DefinitionError",
+    "DuplicateError",
+    "InputError",
+    "InvalidKeyError",
+    "InvalidStateError",
+    "Job",
+    "JobState",
+    "JobStatus",
+    "NoOutputError",
+    "NotFoundError",
+    "ResultRun",
+    "ResultWorkflow",
+    "Run",
+    "RunFailedError",
+    "RunState",
+    "RunStatus",
+    "SchemaError",
+    "StandaloneStep",
+    "Step",
+    "StepContext",
+    "SubmitConflictError",
+    "Worker",
+    "Workflow",
+    "__version__",
+    "check_schema",
+    "downgrade",
+    "errors",
+    "step",
+    "upgrade",
+]

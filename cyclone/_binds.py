@@ -1,0 +1,58 @@
+"""Turn what a caller passes into a connection: own a transaction (bind) or join theirs (conn)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Protocol, TypeAlias, runtime_checkable
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy.orm import Session
+
+
+@runtime_checkable
+class HasEngine(Protocol):
+    """Anything that wraps an Engine, such as :class:`cyclone.Client`."""
+
+    @property
+    def engine(self) -> Engine: ...
+
+
+Bind: TypeAlias = "Engine | HasEngine"
+Conn: TypeAlias = "Connection | Session"
+
+
+def engine_of(bind: Bind) -> Engine:
+    """The Engine behind an Engine or a Client."""
+    if isinstance(bind, Engine):
+        return bind
+    if isinstance(bind, HasEngine):
+        return bind.engine
+    raise TypeError(
+        f"expected a SQLAlchemy Engine or cyclone.Client, got {type(bind).__name__}; "
+        "the _tx methods take a Connection or Session"
+    )
+
+
+@contextmanager
+def transaction(bind: Bind) -> Iterator[Connection]:
+    """Open, commit (or roll back on error) and close a transaction of our own."""
+    with engine_of(bind).begin() as conn:
+        yield conn
+
+
+def joined(conn: Conn) -> Connection:
+    """The Connection of the caller's transaction; cyclone never commits or rolls it back."""
+    if isinstance(conn, Connection):
+        return conn
+    if isinstance(conn, Session):
+        return conn.connection()
+    raise TypeError(
+        f"expected a SQLAlchemy Connection or Session, got {type(conn).__name__}; "
+        "the methods without _tx take an Engine or cyclone.Client"
+    )
+
+
+def engine_of_conn(conn: Connection) -> Engine:
+    """The Engine a caller's connection came from, for the handles we return."""
+    return conn.engine

@@ -1,0 +1,124 @@
+"""Run one claimed job: decode its input, call the step, classify the outcome. No SQL."""
+
+from __future__ import annotations
+
+import logging
+import time
+import traceback
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Engine
+
+from cyclone import _codec
+from cyclone._claim import Claimed
+from cyclone._completion import Failure, Success
+from cyclone._retry import Backoff
+from cyclone.context import StepContext
+
+if TYPE_CHECKING:
+    from cyclone.workflow import StandaloneStep, Workflow
+
+log = logging.getLogger("cyclone.worker")
+
+
+class _Permanent(Exception):
+    """An error that no retry can mend."""
+
+
+class StepNotDefined(_Permanent):
+    """The job's step is not defined in this worker (a redeploy removed it)."""
+
+
+class InputNotDecodable(_Permanent):
+    """The stored input no longer decodes as the step's input type."""
+
+
+def _error_record(exc: BaseException, job: Claimed) -> dict[str, Any]:
+    return {
+        "type": type(exc).__qualname__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(exc)),
+        "attempt": job.attempt,
+        "step": job.kind,
+        "at": datetime.now(UTC).isoformat(),
+    }
+
+
+def execute(
+    job: Claimed,
+    engine: Engine,
+    workflows: Mapping[str, Workflow[Any]],
+    steps: Mapping[str, StandaloneStep[Any, Any]],
+    backoff: Backoff,
+) -> Success | Failure:
+    """Run ``job`` and return what to record; never raises for the step's own errors."""
+    started = time.perf_counter()
+    extra = {"run_id": str(job.run_id), "step": job.kind, "attempt": job.attempt, "job_id": job.id}
+    try:
+        fn, input_type, output_type = _resolve(job, workflows, steps)
+        try:
+            value = _codec.decode(job.input or "null", input_type)
+        except Exception as exc:
+            raise InputNotDecodable(f"stored input does not decode as {input_type!r}: {exc}") from exc
+        ctx = StepContext(
+            engine=engine,
+            job_id=job.id,
+            run_id=job.run_id,
+            workflow=job.workflow,
+            step=job.kind,
+            attempt=job.attempt,
+            max_attempts=job.max_attempts,
+            input=value,
+            deadline=job.deadline,
+            upstream=dict(job.upstream),
+        )
+        result = fn(ctx, value)
+        output = _codec.encode(result, what=f"output of step {job.kind!r}", type_=output_type)
+    except Exception as exc:
+        duration = time.perf_counter() - started
+        permanent = isinstance(exc, _Permanent)
+        retry_in = None if permanent or job.attempt >= job.max_attempts else backoff(job.attempt)
+        log.info(
+            "step %s of run %s failed on attempt %d/%d after %.3fs: %r%s",
+            job.kind,
+            job.run_id,
+            job.attempt,
+            job.max_attempts,
+            duration,
+            exc,
+            "" if retry_in is None else f"; retrying in {retry_in:.2f}s",
+            extra={**extra, "duration": duration},
+        )
+        return Failure(job.id, job.attempt, _error_record(exc, job), retry_in)
+    duration = time.perf_counter() - started
+    log.debug(
+        "step %s of run %s completed on attempt %d in %.3fs",
+        job.kind,
+        job.run_id,
+        job.attempt,
+        duration,
+        extra={**extra, "duration": duration},
+    )
+    return Success(job.id, job.attempt, output)
+
+
+def _resolve(
+    job: Claimed,
+    workflows: Mapping[str, Workflow[Any]],
+    steps: Mapping[str, StandaloneStep[Any, Any]],
+) -> tuple[Any, Any, Any]:
+    if job.workflow is not None:
+        workflow = workflows.get(job.workflow)
+        node = workflow.steps.get(job.kind) if workflow is not None else None
+        if workflow is None or node is None:
+            raise StepNotDefined(
+                f"step {job.kind!r} is not defined in this worker's workflow {job.workflow!r} "
+                "(was it removed by a redeploy?)"
+            )
+        return node.fn, workflow.input_type, node.output_type
+    standalone = steps.get(job.kind)
+    if standalone is None:
+        raise StepNotDefined(f"step kind {job.kind!r} is not defined in this worker")
+    return standalone.fn, standalone.args_type, standalone.output_type

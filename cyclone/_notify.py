@@ -1,0 +1,124 @@
+"""LISTEN/NOTIFY: channel names and one listener thread per engine.
+
+Notifications are sent by triggers (see the first alembic revision): new or re-queued
+jobs notify ``cyclone_jobs_available``; a run that ends, or a standalone job that ends
+(payload ``job:<id>``), notifies ``cyclone_run_finished``.
+
+A notification is a doorbell, never the message: whoever is woken re-reads the tables,
+and every waiter keeps a slow poll as the fallback for a lost connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import weakref
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from sqlalchemy import Engine
+
+log = logging.getLogger(__name__)
+
+JOBS_AVAILABLE = "cyclone_jobs_available"
+RUN_FINISHED = "cyclone_run_finished"
+CHANNELS = (JOBS_AVAILABLE, RUN_FINISHED)
+
+DEFAULT_RECONNECT_DELAY = 1.0
+
+
+Callback = Callable[[str], None]
+
+
+class Listener:
+    """A daemon thread holding one autocommit connection that LISTENs on cyclone's channels."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._lock = threading.Lock()
+        self._callbacks: dict[str, list[Callback]] = defaultdict(list)
+        self._ready = threading.Event()
+        self._stopped = threading.Event()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._thread = threading.Thread(target=self._loop, name="cyclone-listener", daemon=True)
+        self._thread.start()
+
+    def subscribe(self, channel: str, callback: Callback) -> Callable[[], None]:
+        """Call ``callback(payload)`` for each notification on ``channel``; returns unsubscribe."""
+        with self._lock:
+            self._callbacks[channel].append(callback)
+
+        def unsubscribe() -> None:
+            with self._lock, contextlib.suppress(ValueError):
+                self._callbacks[channel].remove(callback)
+
+        return unsubscribe
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait until LISTEN is in force; False if it is not (callers then poll)."""
+        return self._ready.wait(timeout)
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        raw = self._engine.raw_connection()
+        driver = raw.driver_connection
+        raw.detach()
+        assert isinstance(driver, psycopg.Connection)
+        driver.autocommit = True
+        for channel in CHANNELS:
+            driver.execute(f'LISTEN "{channel}"')
+        return driver
+
+    def _dispatch(self, channel: str, payload: str) -> None:
+        with self._lock:
+            callbacks = list(self._callbacks.get(channel, ()))
+        for callback in callbacks:
+            try:
+                callback(payload)
+            except Exception:
+                log.exception("cyclone notification callback failed")
+
+    def _wake_all(self) -> None:
+        for channel in CHANNELS:
+            self._dispatch(channel, "")
+
+    def _loop(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                conn = self._connect()
+            except Exception as exc:
+                log.warning("cyclone listener cannot connect (%s); retrying", exc)
+                self._stopped.wait(DEFAULT_RECONNECT_DELAY)
+                continue
+            self._ready.set()
+            self._wake_all()
+            try:
+                while not self._stopped.is_set():
+                    for note in conn.notifies(timeout=1.0):
+                        self._dispatch(note.channel, note.payload)
+            except Exception as exc:
+                log.warning("cyclone listener lost its connection (%s); reconnecting", exc)
+                self._ready.clear()
+            finally:
+                with contextlib.suppress(psycopg.Error):
+                    conn.close()
+
+
+_listeners: weakref.WeakKeyDictionary[Engine, tuple[int, Listener]] = weakref.WeakKeyDictionary()
+_listeners_lock = threading.Lock()
+
+
+def listener(engine: Engine) -> Listener:
+    """The listener of ``engine`` in this process, started on first use."""
+    with _listeners_lock:
+        entry = _listeners.get(engine)
+        if entry is None or entry[0] != os.getpid():
+            entry = (os.getpid(), Listener(engine))
+            _listeners[engine] = entry
+        return entry[1]

@@ -1,0 +1,110 @@
+"""Heartbeats of running jobs, rescue of jobs whose worker stopped beating, and deadlines."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Interval, Text, bindparam, case, cast, func, select, update
+
+from cyclone.schema import jobs, runs
+from cyclone.states import JobState, RunState
+
+
+def heartbeat_stmt() -> Any:
+    return (
+        update(jobs)
+        .where(
+            jobs.c.worker_id == bindparam("me", type_=Text),
+            jobs.c.state == JobState.RUNNING.value,
+        )
+        .values(heartbeat_at=func.now())
+    )
+
+
+def rescue_jobs_stmt() -> Any:
+    """Hand back running jobs whose worker has not beaten for ``rescue_after``.
+
+    The lost attempt is recorded as an error but not counted: a crash of the worker is
+    not a failure of the step, so the job runs again whatever its attempts.
+    """
+    record = func.jsonb_build_array(
+        func.jsonb_build_object(
+            "type",
+            "WorkerLost",
+            "message",
+            func.concat("worker ", jobs.c.worker_id, " stopped heartbeating"),
+            "attempt",
+            jobs.c.attempt,
+            "at",
+            func.now(),
+        )
+    )
+    return (
+        update(jobs)
+        .where(
+            jobs.c.state == JobState.RUNNING.value,
+            jobs.c.heartbeat_at < func.now() - bindparam("rescue_after", type_=Interval),
+        )
+        .values(
+            state=JobState.AVAILABLE.value,
+            attempt=case((jobs.c.attempt > 0, jobs.c.attempt - 1), else_=0),
+            worker_id=None,
+            heartbeat_at=None,
+            scheduled_at=func.now(),
+            errors=jobs.c.errors.op("||")(record),
+        )
+        .returning(jobs.c.id)
+    )
+
+
+def expire_runs_stmt() -> Any:
+    """Fail running runs past their deadline and cancel their steps not yet started."""
+    expired = (
+        update(runs)
+        .where(runs.c.state == RunState.RUNNING.value, runs.c.deadline <= func.now())
+        .values(
+            state=RunState.FAILED.value,
+            finalized_at=func.now(),
+            error=func.jsonb_build_object(
+                "type",
+                "DeadlineExceeded",
+                "message",
+                func.concat("deadline exceeded: the run's deadline ", cast(runs.c.deadline, Text), " passed"),
+            ),
+        )
+        .returning(runs.c.id)
+        .cte("expired")
+    )
+    cancelled = (
+        update(jobs)
+        .where(
+            jobs.c.run_id.in_(select(expired.c.id)),
+            jobs.c.state.in_([JobState.BLOCKED.value, JobState.AVAILABLE.value]),
+        )
+        .values(state=JobState.CANCELLED.value, finalized_at=func.now())
+        .returning(jobs.c.id)
+        .cte("cancelled")
+    )
+    return select(
+        select(func.count()).select_from(expired).scalar_subquery(),
+        select(func.count()).select_from(cancelled).scalar_subquery(),
+    )
+
+
+_HEARTBEAT = heartbeat_stmt()
+_RESCUE = rescue_jobs_stmt()
+_EXPIRE = expire_runs_stmt()
+
+
+def heartbeat(conn: Connection, worker_id: str) -> None:
+    conn.execute(_HEARTBEAT, {"me": worker_id})
+
+
+def rescue(conn: Connection, rescue_after: timedelta) -> list[int]:
+    return list(conn.execute(_RESCUE, {"rescue_after": rescue_after}).scalars())
+
+
+def expire_runs(conn: Connection) -> int:
+    expired, _cancelled = conn.execute(_EXPIRE).one()
+    return int(expired)

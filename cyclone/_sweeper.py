@@ -1,0 +1,87 @@
+"""Retention: delete terminal runs and finished standalone jobs in bounded batches.
+
+The worker's sweeper runs this under an advisory lock, so one worker sweeps at a time.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import Engine, Interval, bindparam, delete, func, select
+
+from cyclone import _pg
+from cyclone.schema import jobs, runs
+from cyclone.states import TERMINAL_JOB_STATES, TERMINAL_RUN_STATES
+
+DEFAULT_BATCH = 1000
+DEFAULT_KEEP = timedelta(days=7)
+DEFAULT_INTERVAL = timedelta(minutes=5)
+SWEEPER_LOCK = 0x6379636C73776570  # "cyclswep"
+
+
+def purge_runs_stmt() -> object:
+    """Delete one batch of terminal runs past their retention (their steps cascade)."""
+    keep = func.coalesce(runs.c.retention, bindparam("older_than", type_=Interval))
+    doomed = (
+        select(runs.c.id)
+        .where(
+            runs.c.state.in_([s.value for s in TERMINAL_RUN_STATES]),
+            runs.c.finalized_at < func.now() - keep,
+        )
+        .limit(bindparam("batch"))
+        .with_for_update(skip_locked=True)
+    )
+    return delete(runs).where(runs.c.id.in_(doomed.scalar_subquery()))
+
+
+def purge_jobs_stmt() -> object:
+    """Delete one batch of finished standalone jobs older than ``older_than``."""
+    doomed = (
+        select(jobs.c.id)
+        .where(
+            jobs.c.run_id.is_(None),
+            jobs.c.state.in_([s.value for s in TERMINAL_JOB_STATES]),
+            jobs.c.finalized_at < func.now() - bindparam("older_than", type_=Interval),
+        )
+        .limit(bindparam("batch"))
+        .with_for_update(skip_locked=True)
+    )
+    return delete(jobs).where(jobs.c.id.in_(doomed.scalar_subquery()))
+
+
+_PURGE_RUNS = purge_runs_stmt()
+_PURGE_JOBS = purge_jobs_stmt()
+
+
+def _purge(engine: Engine, stmt: object, older_than: timedelta, batch_size: int) -> int:
+    if not isinstance(older_than, timedelta) or older_than < timedelta():
+        raise ValueError("older_than must be a non-negative timedelta")
+    if batch_size < 1:
+        raise ValueError("batch_size must be positive")
+    total = 0
+    while True:
+        with engine.begin() as conn:
+            deleted = conn.execute(stmt, {"older_than": older_than, "batch": batch_size}).rowcount  # type: ignore[call-overload]
+        total += deleted
+        if deleted < batch_size:
+            return total
+
+
+def purge_runs(engine: Engine, older_than: timedelta, batch_size: int = DEFAULT_BATCH) -> int:
+    return _purge(engine, _PURGE_RUNS, older_than, batch_size)
+
+
+def purge_jobs(engine: Engine, older_than: timedelta, batch_size: int = DEFAULT_BATCH) -> int:
+    return _purge(engine, _PURGE_JOBS, older_than, batch_size)
+
+
+def sweep(engine: Engine, keep: timedelta, batch_size: int = DEFAULT_BATCH) -> tuple[int, int]:
+    """One sweep, if no other process is sweeping: (runs deleted, jobs deleted)."""
+    with engine.connect() as conn:
+        if not _pg.try_advisory_lock(conn, SWEEPER_LOCK):
+            return (0, 0)
+        try:
+            return purge_runs(engine, keep, batch_size), purge_jobs(engine, keep, batch_size)
+        finally:
+            _pg.advisory_unlock(conn, SWEEPER_LOCK)
+            conn.commit()

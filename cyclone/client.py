@@ -1,0 +1,161 @@
+"""``Client``: list and read runs and jobs (keyset pagination), counts, and purging."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Engine, bindparam, func, select, tuple_
+
+from cyclone import _sweeper
+from cyclone.jobs import JOB_STATUS_COLUMNS, JobStatus, job_status_from_row
+from cyclone.runs import STATUS_COLUMNS, RunStatus, status_from_row
+from cyclone.schema import jobs, runs
+from cyclone.states import JobState, RunState
+
+DEFAULT_PAGE = 100
+
+
+class Client:
+    """Wraps an Engine; every workflow method that takes an Engine also takes a Client.
+
+    Example:
+        client = cyclone.Client(engine)
+        failed = client.list_runs(workflow="checkout", state=cyclone.RunState.FAILED)
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        if not isinstance(engine, Engine):
+            raise TypeError(f"Client takes a SQLAlchemy Engine, not {type(engine).__name__}")
+        self._engine = engine
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    def __repr__(self) -> str:
+        return f"<cyclone.Client {self._engine.url!r}>"
+
+    def list_runs(
+        self,
+        *,
+        workflow: str | None = None,
+        state: RunState | str | None = None,
+        key: str | None = None,
+        limit: int = DEFAULT_PAGE,
+        after: RunStatus | None = None,
+    ) -> list[RunStatus]:
+        """Runs newest first. Pass the last run of a page as ``after`` for the next page.
+
+        Pagination is by ``(created_at, id)``, so pages neither repeat nor skip runs
+        while new runs are submitted.
+        """
+        stmt = select(*STATUS_COLUMNS)
+        if workflow is not None:
+            stmt = stmt.where(runs.c.workflow == workflow)
+        if state is not None:
+            stmt = stmt.where(runs.c.state == RunState(state).value)
+        if key is not None:
+            stmt = stmt.where(runs.c.submit_key == key)
+        if after is not None:
+            stmt = stmt.where(tuple_(runs.c.created_at, runs.c.id) < (after.created_at, after.id))
+        stmt = stmt.order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(_limit(limit))
+        with self._engine.connect() as conn:
+            return [status_from_row(row) for row in conn.execute(stmt)]
+
+    def iter_runs(self, *, page_size: int = DEFAULT_PAGE, **filters: Any) -> Iterator[RunStatus]:
+        """Every run matching the filters of :meth:`list_runs`, newest first, page by page."""
+        after: RunStatus | None = None
+        while True:
+            page = self.list_runs(limit=page_size, after=after, **filters)
+            yield from page
+            if len(page) < page_size:
+                return
+            after = page[-1]
+
+    def get_run(self, run_id: uuid.UUID | str) -> RunStatus | None:
+        """The run with this id, or None."""
+        run_uuid = run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
+        with self._engine.connect() as conn:
+            row = conn.execute(
+                select(*STATUS_COLUMNS).where(runs.c.id == bindparam("id")), {"id": run_uuid}
+            ).first()
+        return None if row is None else status_from_row(row)
+
+    def list_jobs(
+        self,
+        *,
+        kind: str | None = None,
+        state: JobState | str | None = None,
+        queue: str | None = None,
+        limit: int = DEFAULT_PAGE,
+        after: JobStatus | None = None,
+    ) -> list[JobStatus]:
+        """Standalone jobs newest first, paginated like :meth:`list_runs`."""
+        stmt = select(*JOB_STATUS_COLUMNS).where(jobs.c.run_id.is_(None))
+        if kind is not None:
+            stmt = stmt.where(jobs.c.kind == kind)
+        if state is not None:
+            stmt = stmt.where(jobs.c.state == JobState(state).value)
+        if queue is not None:
+            stmt = stmt.where(jobs.c.queue == queue)
+        if after is not None:
+            stmt = stmt.where(tuple_(jobs.c.created_at, jobs.c.id) < (after.created_at, after.id))
+        stmt = stmt.order_by(jobs.c.created_at.desc(), jobs.c.id.desc()).limit(_limit(limit))
+        with self._engine.connect() as conn:
+            return [job_status_from_row(row) for row in conn.execute(stmt)]
+
+    def get_job(self, job_id: int) -> JobStatus | None:
+        """The standalone job with this id, or None."""
+        with self._engine.connect() as conn:
+            row = conn.execute(
+                select(*JOB_STATUS_COLUMNS).where(jobs.c.id == job_id, jobs.c.run_id.is_(None))
+            ).first()
+        return None if row is None else job_status_from_row(row)
+
+    def count_runs(self, *, workflow: str | None = None) -> dict[RunState, int]:
+        """Runs per state (every state present, zero included), for a dashboard."""
+        stmt = select(runs.c.state, func.count()).group_by(runs.c.state)
+        if workflow is not None:
+            stmt = stmt.where(runs.c.workflow == workflow)
+        counts = dict.fromkeys(RunState, 0)
+        with self._engine.connect() as conn:
+            for state, count in conn.execute(stmt):
+                counts[RunState(state)] = count
+        return counts
+
+    def count_jobs(self, *, queue: str | None = None) -> dict[JobState, int]:
+        """Jobs (workflow steps and standalone) per state, for a dashboard."""
+        stmt = select(jobs.c.state, func.count()).group_by(jobs.c.state)
+        if queue is not None:
+            stmt = stmt.where(jobs.c.queue == queue)
+        counts = dict.fromkeys(JobState, 0)
+        with self._engine.connect() as conn:
+            for state, count in conn.execute(stmt):
+                counts[JobState(state)] = count
+        return counts
+
+    def purge_terminal_runs(
+        self, *, older_than: timedelta, batch_size: int = _sweeper.DEFAULT_BATCH
+    ) -> int:
+        """Delete runs that ended more than ``older_than`` ago (or their own ``retention``).
+
+        A run's own retention, when set, replaces ``older_than`` for it. Deletes in
+        batches of ``batch_size``, frees the deleted runs' keys, and returns how many runs
+        it deleted. Running runs are never deleted.
+        """
+        return _sweeper.purge_runs(self._engine, older_than, batch_size)
+
+    def purge_finished_jobs(
+        self, *, older_than: timedelta, batch_size: int = _sweeper.DEFAULT_BATCH
+    ) -> int:
+        """Delete standalone jobs that ended more than ``older_than`` ago; returns how many."""
+        return _sweeper.purge_jobs(self._engine, older_than, batch_size)
+
+
+def _limit(limit: int) -> int:
+    if not isinstance(limit, int) or limit < 1:
+        raise ValueError("limit must be a positive int")
+    return limit

@@ -1,0 +1,91 @@
+"""``StepContext``: what a running step sees (its run, attempt, input, upstream outputs)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from sqlalchemy import Engine, select
+
+from cyclone import _codec
+from cyclone.schema import jobs, runs
+from cyclone.states import JobState, RunState
+
+if TYPE_CHECKING:
+    from cyclone.workflow import Step
+
+R = TypeVar("R")
+
+
+class StepContext:
+    """Passed as the first argument of every step function."""
+
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        job_id: int,
+        run_id: uuid.UUID | None,
+        workflow: str | None,
+        step: str,
+        attempt: int,
+        max_attempts: int,
+        input: Any,
+        deadline: datetime | None,
+        upstream: dict[str, Any],
+    ) -> None:
+        self._engine = engine
+        self.job_id = job_id
+        self.run_id = run_id
+        self.workflow = workflow
+        self.step = step
+        self.attempt = attempt
+        self.max_attempts = max_attempts
+        self.input = input
+        self.deadline = deadline
+        self._upstream = upstream
+
+    def __repr__(self) -> str:
+        return (
+            f"<StepContext {self.workflow or 'job'}.{self.step} run={self.run_id} "
+            f"attempt={self.attempt}/{self.max_attempts}>"
+        )
+
+    def output(self, step: Step[R]) -> R:
+        """The output of an upstream step of this run, decoded to that step's return type.
+
+        Raises:
+            KeyError: ``step`` is not one this step comes after.
+        """
+        name = step.name
+        if name not in self._upstream:
+            raise KeyError(
+                f"step {self.step!r} does not come after {name!r}; "
+                f"its upstream steps are {sorted(self._upstream)}"
+            )
+        raw = self._upstream[name]
+        value: R = _codec.decode(raw, step.output_type)
+        return value
+
+    @property
+    def deadline_passed(self) -> bool:
+        """True once the run's deadline (if any) has passed."""
+        return self.deadline is not None and datetime.now(UTC) >= self.deadline
+
+    def cancelled(self) -> bool:
+        """True when the run was cancelled or failed, or this job is no longer ours to finish.
+
+        One query; long steps can call it between chunks of work and return early.
+        """
+        with self._engine.connect() as conn:
+            if self.run_id is not None:
+                state = conn.execute(select(runs.c.state).where(runs.c.id == self.run_id)).scalar()
+                if state != RunState.RUNNING.value:
+                    return True
+            row = conn.execute(
+                select(jobs.c.state, jobs.c.attempt).where(jobs.c.id == self.job_id)
+            ).first()
+        return row is None or row[0] != JobState.RUNNING.value or row[1] != self.attempt
+
+

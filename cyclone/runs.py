@@ -1,0 +1,405 @@
+"""Run handles: ``Run`` and ``ResultRun`` (status, wait, result, cancel, retry, retention).
+
+Handles hold the Engine and open short transactions of their own. Waiting is woken by
+``NOTIFY cyclone_run_finished`` and falls back to a slow poll.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Generic, TypeVar
+
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Text,
+    and_,
+    bindparam,
+    case,
+    cast,
+    func,
+    select,
+    update,
+)
+
+from cyclone import _codec, _notify, errors
+from cyclone.schema import jobs, runs
+from cyclone.states import TERMINAL_RUN_STATES, JobState, RunState
+
+Out = TypeVar("Out")
+
+DEFAULT_POLL_INTERVAL = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class RunStatus:
+    """A snapshot of one run, as read from ``cyclone_runs``."""
+
+    id: uuid.UUID
+    workflow: str
+    key: str | None
+    state: RunState
+    created_at: datetime
+    finished_at: datetime | None
+    deadline: datetime | None
+    error: dict[str, Any] | None
+    failed_step: str | None
+    retention: timedelta | None
+
+    @property
+    def done(self) -> bool:
+        """True once the run is completed, failed or cancelled."""
+        return self.state in TERMINAL_RUN_STATES
+
+
+STATUS_COLUMNS = (
+    runs.c.id,
+    runs.c.workflow,
+    runs.c.submit_key,
+    runs.c.state,
+    runs.c.created_at,
+    runs.c.finalized_at,
+    runs.c.deadline,
+    cast(runs.c.error, Text),
+    runs.c.failed_step,
+    runs.c.retention,
+)
+
+
+def status_from_row(row: Any) -> RunStatus:
+    """Build a RunStatus from a row of :data:`STATUS_COLUMNS`."""
+    return RunStatus(
+        id=row[0],
+        workflow=row[1],
+        key=row[2],
+        state=RunState(row[3]),
+        created_at=row[4],
+        finished_at=row[5],
+        deadline=row[6],
+        error=None if row[7] is None else _codec.decode(row[7]),
+        failed_step=row[8],
+        retention=row[9],
+    )
+
+
+def select_status_stmt() -> Any:
+    return select(*STATUS_COLUMNS).where(runs.c.id == bindparam("rid"))
+
+
+def cancel_run_stmt() -> Any:
+    """Move a running run to cancelled; returns nothing if it was not running."""
+    return (
+        update(runs)
+        .where(runs.c.id == bindparam("rid"), runs.c.state == RunState.RUNNING.value)
+        .values(state=RunState.CANCELLED.value, finalized_at=func.now())
+        .returning(runs.c.id)
+    )
+
+
+def cancel_pending_jobs_stmt() -> Any:
+    """Cancel the steps of a run that have not started."""
+    return (
+        update(jobs)
+        .where(
+            jobs.c.run_id == bindparam("rid"),
+            jobs.c.state.in_([JobState.BLOCKED.value, JobState.AVAILABLE.value]),
+        )
+        .values(state=JobState.CANCELLED.value, finalized_at=func.now())
+    )
+
+
+def reset_jobs_stmt(*, every_step: bool) -> Any:
+    """Make the chosen steps of a run runnable again, counting their unfinished predecessors."""
+    upstream = jobs.alias("upstream")
+    pending = (
+        select(func.count())
+        .where(
+            upstream.c.run_id == jobs.c.run_id,
+            upstream.c.kind == func.any(jobs.c.deps),
+            upstream.c.state != JobState.COMPLETED.value,
+        )
+        .scalar_subquery()
+    )
+    pending_all = func.cardinality(jobs.c.deps)
+    count = pending_all if every_step else pending
+    which = (
+        jobs.c.run_id == bindparam("rid")
+        if every_step
+        else and_(
+            jobs.c.run_id == bindparam("rid"),
+            jobs.c.state.in_([JobState.FAILED.value, JobState.CANCELLED.value]),
+        )
+    )
+    return (
+        update(jobs)
+        .where(which)
+        .values(
+            pending_deps=count,
+            state=case((count == 0, JobState.AVAILABLE.value), else_=JobState.BLOCKED.value),
+            attempt=0,
+            worker_id=None,
+            heartbeat_at=None,
+            finalized_at=None,
+            scheduled_at=func.now(),
+            **({"output": None} if every_step else {}),
+        )
+    )
+
+
+def restart_run_stmt(*, from_states: tuple[RunState, ...]) -> Any:
+    """Put a terminal run back to running with its count of unfinished steps."""
+    remaining = (
+        select(func.count())
+        .where(jobs.c.run_id == runs.c.id, jobs.c.state != JobState.COMPLETED.value)
+        .scalar_subquery()
+    )
+    return (
+        update(runs)
+        .where(runs.c.id == bindparam("rid"), runs.c.state.in_([s.value for s in from_states]))
+        .values(
+            state=RunState.RUNNING.value,
+            finalized_at=None,
+            error=None,
+            failed_step=None,
+            steps_remaining=remaining,
+        )
+        .returning(runs.c.id)
+    )
+
+
+def set_retention_stmt() -> Any:
+    return (
+        update(runs)
+        .where(runs.c.id == bindparam("rid"))
+        .values(retention=bindparam("retention"))
+        .returning(runs.c.id)
+    )
+
+
+def select_result_stmt() -> Any:
+    """The run's state, result node and the result node's output as JSON text."""
+    return (
+        select(runs.c.state, runs.c.result_step, cast(jobs.c.output, Text))
+        .select_from(
+            runs.outerjoin(
+                jobs, and_(jobs.c.run_id == runs.c.id, jobs.c.kind == runs.c.result_step)
+            )
+        )
+        .where(runs.c.id == bindparam("rid"))
+    )
+
+
+_SELECT_STATUS = select_status_stmt()
+_CANCEL_RUN = cancel_run_stmt()
+_CANCEL_PENDING = cancel_pending_jobs_stmt()
+_RESET_FAILED = reset_jobs_stmt(every_step=False)
+_RESET_ALL = reset_jobs_stmt(every_step=True)
+_RESTART_FAILED = restart_run_stmt(from_states=(RunState.FAILED, RunState.CANCELLED))
+_RESTART_ANY = restart_run_stmt(from_states=tuple(TERMINAL_RUN_STATES))
+_SET_RETENTION = set_retention_stmt()
+_SELECT_RESULT = select_result_stmt()
+
+
+def wait_until_finished(
+    engine: Engine,
+    token: str,
+    timeout: float | None,
+    read: Any,
+) -> Any:
+    """Call ``read()`` until it returns non-None, woken by notifications carrying ``token``.
+
+    ``token`` is a run id, or ``job:<id>`` for a standalone job.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    woken = threading.Event()
+    wanted = token
+
+    def on_finished(payload: str) -> None:
+        if payload in (wanted, ""):
+            woken.set()
+
+    listener = _notify.listener(engine)
+    unsubscribe = listener.subscribe(_notify.RUN_FINISHED, on_finished)
+    try:
+        listener.wait_ready(1.0 if timeout is None else min(1.0, timeout))
+        while True:
+            woken.clear()
+            value = read()
+            if value is not None:
+                return value
+            left = DEFAULT_POLL_INTERVAL
+            if deadline is not None:
+                left = min(left, deadline - time.monotonic())
+                if left <= 0:
+                    raise TimeoutError(f"{token} did not finish within {timeout} s")
+            woken.wait(left)
+    finally:
+        unsubscribe()
+
+
+class Run:
+    """A handle on one run. Reading it opens short transactions on the handle's Engine."""
+
+    def __init__(
+        self, engine: Engine, run_id: uuid.UUID, workflow: str, key: str | None = None
+    ) -> None:
+        self._engine = engine
+        self.id = run_id
+        self.workflow = workflow
+        self.key = key
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.id} workflow={self.workflow!r} key={self.key!r}>"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Run) and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    def _read_status(self, conn: Connection) -> RunStatus:
+        row = conn.execute(_SELECT_STATUS, {"rid": self.id}).first()
+        if row is None:
+            raise errors.NotFoundError(f"run {self.id} does not exist (purged, or not committed)")
+        return status_from_row(row)
+
+    def status(self) -> RunStatus:
+        """The run's current status.
+
+        Raises:
+            NotFoundError: the run was purged, or the submitting transaction did not commit.
+        """
+        with self._engine.connect() as conn:
+            return self._read_status(conn)
+
+    def wait(self, timeout: float | None = None) -> RunStatus:
+        """Wait until the run is completed, failed or cancelled; return its status.
+
+        Raises:
+            TimeoutError: ``timeout`` seconds passed first.
+        """
+
+        def read() -> RunStatus | None:
+            status = self.status()
+            return status if status.done else None
+
+        result: RunStatus = wait_until_finished(self._engine, str(self.id), timeout, read)
+        return result
+
+    def cancel(self) -> None:
+        """Cancel a running run: steps not yet started never start; running ones finish.
+
+        Raises:
+            InvalidStateError: the run is not running.
+        """
+        with self._engine.begin() as conn:
+            if conn.execute(_CANCEL_RUN, {"rid": self.id}).first() is None:
+                self._raise_state(conn, "cancel")
+            conn.execute(_CANCEL_PENDING, {"rid": self.id})
+
+    def retry(self) -> None:
+        """Run the failed and cancelled steps of a failed or cancelled run again.
+
+        Completed steps keep their outputs.
+
+        Raises:
+            InvalidStateError: the run is running or completed.
+        """
+        self._restart(_RESET_FAILED, _RESTART_FAILED, "retry")
+
+    def retry_all(self) -> None:
+        """Run every step of a finished run again, from the roots.
+
+        Raises:
+            InvalidStateError: the run is still running.
+        """
+        self._restart(_RESET_ALL, _RESTART_ANY, "retry_all")
+
+    def _restart(self, reset: Any, restart: Any, operation: str) -> None:
+        with self._engine.begin() as conn:
+            status = self._read_status_for_update(conn)
+            if operation == "retry" and status not in (RunState.FAILED, RunState.CANCELLED):
+                raise errors.InvalidStateError(operation=operation, run_id=self.id, state=status)
+            if operation == "retry_all" and status == RunState.RUNNING:
+                raise errors.InvalidStateError(operation=operation, run_id=self.id, state=status)
+            conn.execute(reset, {"rid": self.id})
+            conn.execute(restart, {"rid": self.id})
+
+    def _read_status_for_update(self, conn: Connection) -> RunState:
+        row = conn.execute(
+            select(runs.c.state).where(runs.c.id == self.id).with_for_update()
+        ).first()
+        if row is None:
+            raise errors.NotFoundError(f"run {self.id} does not exist")
+        return RunState(row[0])
+
+    def set_retention(self, retention: timedelta | None) -> None:
+        """Keep this run for ``retention`` after it ends (None: the sweeper's default)."""
+        if retention is not None and (
+            not isinstance(retention, timedelta) or retention < timedelta()
+        ):
+            raise ValueError("retention must be a non-negative timedelta or None")
+        with self._engine.begin() as conn:
+            found = conn.execute(_SET_RETENTION, {"rid": self.id, "retention": retention})
+            if found.first() is None:
+                raise errors.NotFoundError(f"run {self.id} does not exist")
+
+    def _raise_state(self, conn: Connection, operation: str) -> None:
+        state = self._read_status(conn).state
+        raise errors.InvalidStateError(operation=operation, run_id=self.id, state=state)
+
+
+class ResultRun(Run, Generic[Out]):
+    """A run of a ResultWorkflow: :meth:`result` returns its result node's output."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        run_id: uuid.UUID,
+        workflow: str,
+        key: str | None = None,
+        output_type: Any = Any,
+    ) -> None:
+        super().__init__(engine, run_id, workflow, key)
+        self.output_type = output_type
+
+    def _read_result(self) -> tuple[RunState, str | None, str | None]:
+        with self._engine.connect() as conn:
+            row = conn.execute(_SELECT_RESULT, {"rid": self.id}).first()
+        if row is None:
+            raise errors.NotFoundError(f"run {self.id} does not exist (purged, or not committed)")
+        return RunState(row[0]), row[1], row[2]
+
+    def result(self, timeout: float | None = None) -> Out:
+        """Wait for the run and return its result, decoded to the workflow's output type.
+
+        Raises:
+            NoOutputError: the run has no result node.
+            RunFailedError: the run failed or was cancelled.
+            TimeoutError: ``timeout`` seconds passed first.
+        """
+        state, result_step, _ = self._read_result()
+        if result_step is None:
+            raise errors.NoOutputError(run_id=self.id, workflow=self.workflow)
+
+        def read() -> tuple[RunState, str | None] | None:
+            state, _, output = self._read_result()
+            return (state, output) if state in TERMINAL_RUN_STATES else None
+
+        state, output = wait_until_finished(self._engine, str(self.id), timeout, read)
+        if state != RunState.COMPLETED:
+            status = self.status()
+            raise errors.RunFailedError(
+                run_id=self.id,
+                workflow=self.workflow,
+                state=state.value,
+                step=status.failed_step,
+                error=status.error,
+            )
+        assert output is not None
+        value: Out = _codec.decode(output, self.output_type)
+        return value

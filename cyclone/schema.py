@@ -1,0 +1,158 @@
+"""The SQLAlchemy ``Table``s of cyclone, mirroring the head alembic revision exactly.
+
+The revisions in ``alembic/versions`` own the DDL; a test proves there is no drift between
+them and this module. Nothing here creates tables at runtime.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    Interval,
+    MetaData,
+    SmallInteger,
+    Table,
+    Text,
+    Uuid,
+    func,
+    text,  # noqa: TID251 - server defaults and index predicates are DDL text
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+
+from cyclone.states import TERMINAL_JOB_STATES, TERMINAL_RUN_STATES, JobState, RunState
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def _in(column: str, values: Iterable[str]) -> str:
+    return f"{column} IN ({', '.join(repr(str(v)) for v in sorted(values))})"
+
+
+runs = Table(
+    "cyclone_runs",
+    metadata,
+    Column("id", Uuid, primary_key=True, server_default=func.gen_random_uuid()),
+    Column("workflow", Text, nullable=False),
+    Column("submit_key", Text),
+    Column("input", JSONB, nullable=False),
+    Column("graph", JSONB, nullable=False),
+    Column("result_step", Text),
+    Column("state", Text, nullable=False, server_default=RunState.RUNNING.value),
+    Column("steps_remaining", Integer, nullable=False),
+    Column("failed_step", Text),
+    Column("error", JSONB),
+    Column("deadline", DateTime(timezone=True)),
+    Column("retention", Interval),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("finalized_at", DateTime(timezone=True)),
+    CheckConstraint(_in("state", RunState), name="state"),
+    CheckConstraint(
+        f"({_in('state', TERMINAL_RUN_STATES)}) = (finalized_at IS NOT NULL)",
+        name="finalized_at",
+    ),
+    CheckConstraint("steps_remaining >= 0", name="steps_remaining"),
+)
+Index("idx_runs_submit_key", runs.c.workflow, runs.c.submit_key, unique=True)
+Index("ix_cyclone_runs_created_at_id", runs.c.created_at, runs.c.id)
+Index("ix_cyclone_runs_workflow_created_at", runs.c.workflow, runs.c.created_at)
+Index(
+    "ix_cyclone_runs_finalized_at",
+    runs.c.finalized_at,
+    postgresql_where=text("finalized_at IS NOT NULL"),
+)
+Index(
+    "ix_cyclone_runs_deadline",
+    runs.c.deadline,
+    postgresql_where=text("state = 'running' AND deadline IS NOT NULL"),
+)
+
+jobs = Table(
+    "cyclone_jobs",
+    metadata,
+    Column("id", BigInteger, Identity(always=False), primary_key=True),
+    Column("run_id", Uuid, ForeignKey("cyclone_runs.id", ondelete="CASCADE")),
+    Column("workflow", Text),
+    Column("kind", Text, nullable=False),
+    Column("queue", Text, nullable=False, server_default="default"),
+    Column("priority", SmallInteger, nullable=False, server_default="0"),
+    Column("state", Text, nullable=False),
+    Column("args", JSONB),
+    Column("output", JSONB),
+    Column("deps", ARRAY(Text), nullable=False, server_default="{}"),
+    Column("pending_deps", Integer, nullable=False, server_default="0"),
+    Column("attempt", Integer, nullable=False, server_default="0"),
+    Column("max_attempts", Integer, nullable=False),
+    Column("errors", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
+    Column("unique_key", Text),
+    Column("deadline", DateTime(timezone=True)),
+    Column("worker_id", Text),
+    Column("scheduled_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("attempted_at", DateTime(timezone=True)),
+    Column("heartbeat_at", DateTime(timezone=True)),
+    Column("finalized_at", DateTime(timezone=True)),
+    CheckConstraint(_in("state", JobState), name="state"),
+    CheckConstraint(
+        f"({_in('state', TERMINAL_JOB_STATES)}) = (finalized_at IS NOT NULL)",
+        name="finalized_at",
+    ),
+    CheckConstraint("max_attempts > 0", name="max_attempts"),
+    CheckConstraint("attempt >= 0 AND attempt <= max_attempts", name="attempt"),
+    CheckConstraint("(run_id IS NULL) = (workflow IS NULL)", name="run_or_standalone"),
+)
+Index(
+    "ix_cyclone_jobs_claim",
+    jobs.c.queue,
+    jobs.c.priority,
+    jobs.c.scheduled_at,
+    jobs.c.id,
+    postgresql_where=text("state = 'available'"),
+)
+Index("ix_cyclone_jobs_run_id_kind", jobs.c.run_id, jobs.c.kind, unique=True)
+Index(
+    "ix_cyclone_jobs_unique_key",
+    jobs.c.kind,
+    jobs.c.unique_key,
+    unique=True,
+    postgresql_where=text(
+        "unique_key IS NOT NULL AND state IN ('available', 'blocked', 'running')"
+    ),
+)
+Index(
+    "ix_cyclone_jobs_heartbeat_at",
+    jobs.c.heartbeat_at,
+    postgresql_where=text("state = 'running'"),
+)
+Index(
+    "ix_cyclone_jobs_standalone_finalized_at",
+    jobs.c.finalized_at,
+    postgresql_where=text("run_id IS NULL AND finalized_at IS NOT NULL"),
+)
+Index("ix_cyclone_jobs_created_at_id", jobs.c.created_at, jobs.c.id)
+
+def include_name(name: str | None, type_: str, parent_names: object) -> bool:
+    """An alembic ``include_name`` filter that keeps cyclone's tables out of an app's autogenerate.
+
+    Use it in an application's ``env.py``: ``context.configure(..., include_name=...)``
+    returning False for cyclone's own tables, so autogenerate never proposes to drop them.
+    """
+    if type_ == "table" and name is not None:
+        return not (name.startswith("cyclone_"))
+    return True

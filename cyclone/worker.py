@@ -1,0 +1,304 @@
+"""``Worker``: claims jobs of the workflows and step kinds it knows, runs them, records outcomes.
+
+One loop thread claims in batches (``FOR UPDATE SKIP LOCKED``) and records finished jobs
+in the same transaction as the next claim; a thread pool runs the steps. An idle worker
+sleeps until ``NOTIFY cyclone_jobs_available`` or its poll interval. Steps run at least
+once: a worker that dies mid-step stops heartbeating, and another worker hands its jobs
+back after ``rescue_after``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from types import FrameType
+from typing import Any
+
+from sqlalchemy import Engine
+
+from cyclone import (
+    _binds,
+    _claim,
+    _completion,
+    _executor,
+    _notify,
+    _rescue,
+    _retry,
+    _sweeper,
+    errors,
+)
+from cyclone.workflow import StandaloneStep, Workflow
+
+log = logging.getLogger("cyclone.worker")
+
+DEFAULT_CONCURRENCY = 4
+DEFAULT_POLL_INTERVAL = 5.0
+DEFAULT_HEARTBEAT_INTERVAL = timedelta(seconds=5)
+DEFAULT_RESCUE_AFTER = timedelta(minutes=1)
+DEFAULT_MAINTENANCE_INTERVAL = 1.0
+
+Outcome = _completion.Success | _completion.Failure
+
+
+class Worker:
+    """Runs the jobs of the given workflows and standalone step kinds.
+
+    Args:
+        bind: an Engine or a Client.
+        workflows: the workflows whose steps this worker runs.
+        steps: the standalone step kinds this worker runs.
+        concurrency: how many jobs run at once (threads), over all queues.
+        queues: ``{"queue": limit}`` to run only these queues, each with its own limit
+            (the total is still capped by ``concurrency``); default: every queue the
+            definitions use, sharing ``concurrency``.
+        poll_interval: seconds between polls when no notification arrives.
+        heartbeat_interval: how often running jobs are marked alive.
+        rescue_after: a running job whose worker has not beaten for this long is run again.
+        backoff: seconds to wait before attempt ``n + 1`` of a step that raised on
+            attempt ``n`` (default: exponential from 1 s, capped at 5 min, with jitter).
+        sweep: run the retention sweeper from :meth:`run` (one worker at a time sweeps).
+        sweep_keep: how long terminal runs and finished jobs are kept when a run has no
+            ``retention`` of its own.
+        sweep_interval: how often the sweeper runs.
+    """
+
+    def __init__(
+        self,
+        bind: _binds.Bind,
+        *,
+        workflows: Iterable[Workflow[Any]] = (),
+        steps: Iterable[StandaloneStep[Any, Any]] = (),
+        concurrency: int = DEFAULT_CONCURRENCY,
+        queues: Mapping[str, int] | None = None,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        heartbeat_interval: timedelta = DEFAULT_HEARTBEAT_INTERVAL,
+        rescue_after: timedelta = DEFAULT_RESCUE_AFTER,
+        backoff: Callable[[int], float] | None = None,
+        sweep: bool = True,
+        sweep_keep: timedelta = _sweeper.DEFAULT_KEEP,
+        sweep_interval: timedelta = _sweeper.DEFAULT_INTERVAL,
+    ) -> None:
+        self.engine: Engine = _binds.engine_of(bind)
+        self.workflows: dict[str, Workflow[Any]] = {}
+        for wf in workflows:
+            if wf.name in self.workflows and self.workflows[wf.name] is not wf:
+                raise errors.DefinitionError(f"two workflows named {wf.name!r} given to a Worker")
+            wf.plan()
+            self.workflows[wf.name] = wf
+        self.steps: dict[str, StandaloneStep[Any, Any]] = {}
+        for st in steps:
+            if st.kind in self.steps and self.steps[st.kind] is not st:
+                raise errors.DefinitionError(f"two step kinds named {st.kind!r} given to a Worker")
+            self.steps[st.kind] = st
+        if not self.workflows and not self.steps:
+            raise errors.DefinitionError("a Worker needs at least one workflow or step kind")
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        self.concurrency = concurrency
+        if queues is None:
+            used = {node.queue for wf in self.workflows.values() for node in wf.steps.values()}
+            used |= {st.queue for st in self.steps.values()}
+            self._limits: dict[str, int] | None = None
+            self.queues = sorted(used)
+        else:
+            if not queues or any(limit < 1 for limit in queues.values()):
+                raise ValueError("queues= maps queue names to limits >= 1")
+            self._limits = dict(queues)
+            self.queues = sorted(queues)
+        self.poll_interval = poll_interval
+        self.heartbeat_interval = heartbeat_interval.total_seconds()
+        self.rescue_after = rescue_after
+        self.backoff = backoff or _retry.exponential()
+        self.sweep = sweep
+        self.sweep_keep = sweep_keep
+        self.sweep_interval = sweep_interval.total_seconds()
+        self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+        self._outcomes: queue.SimpleQueue[tuple[_claim.Claimed, Outcome]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._inflight: dict[int, _claim.Claimed] = {}
+        self._busy: Counter[str] = Counter()
+        self._pool: ThreadPoolExecutor | None = None
+        self._jobs_run = 0
+        self._last_heartbeat = 0.0
+        self._last_maintenance = 0.0
+        self._last_sweep = 0.0
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<cyclone.Worker {self.id} workflows={list(self.workflows)} steps={list(self.steps)}>"
+
+    def drain(self) -> int:
+        """Run everything runnable now, including steps unblocked meanwhile; return the count.
+
+        Jobs scheduled for later (a retry's backoff, ``run_at=``) are left for later.
+        Runs past their deadline are failed first and last.
+        """
+        return self._serve(until_idle=True)
+
+    def run(self) -> None:
+        """Run jobs until SIGINT/SIGTERM or :meth:`stop`; jobs in flight finish first."""
+        previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, self._on_signal)
+        try:
+            self._serve(until_idle=False)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to stop claiming, finish the jobs in flight and return."""
+        self._stopping.set()
+        self._wake.set()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        log.info("worker %s stopping on signal %d", self.id, signum)
+        self.stop()
+
+    def _serve(self, *, until_idle: bool) -> int:
+        with self._lock:
+            self._stopping.clear()
+            self._jobs_run = 0
+            unsubscribe = _notify.listener(self.engine).subscribe(
+                _notify.JOBS_AVAILABLE, lambda _payload: self._wake.set()
+            )
+            self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="cyclone-step")
+            try:
+                self._maintain(force=True, sweep=not until_idle)
+                self._loop(until_idle)
+                if until_idle:
+                    self._maintain(force=True, sweep=False)
+            finally:
+                unsubscribe()
+                self._pool.shutdown(wait=True)
+                self._pool = None
+            return self._jobs_run
+
+    def _free(self) -> dict[str, int]:
+        total_free = self.concurrency - len(self._inflight)
+        if total_free <= 0:
+            return {}
+        if self._limits is None:
+            return {"*": total_free}
+        return {
+            name: min(total_free, limit - self._busy[name])
+            for name, limit in self._limits.items()
+            if limit - self._busy[name] > 0
+        }
+
+    def _loop(self, until_idle: bool) -> None:
+        while True:
+            outcomes = self._take_outcomes()
+            for job, _ in outcomes:
+                self._inflight.pop(job.id, None)
+                self._busy[job.queue] -= 1
+            claimed: list[_claim.Claimed] = []
+            free = {} if self._stopping.is_set() else self._free()
+            if outcomes or free:
+                claimed = self._record_and_claim(outcomes, free)
+            for job in claimed:
+                self._start(job)
+            if not self._inflight and not claimed and (until_idle or self._stopping.is_set()):
+                return
+            if claimed and self._free():
+                continue
+            self._maintain(force=False, sweep=not until_idle)
+            if self._outcomes.empty():
+                self._wake.wait(self._idle_timeout())
+            self._wake.clear()
+
+    def _idle_timeout(self) -> float:
+        return min(self.poll_interval, self.heartbeat_interval, DEFAULT_MAINTENANCE_INTERVAL)
+
+    def _take_outcomes(self) -> list[tuple[_claim.Claimed, Outcome]]:
+        taken = []
+        while True:
+            try:
+                taken.append(self._outcomes.get_nowait())
+            except queue.Empty:
+                return taken
+
+    def _record_and_claim(
+        self, outcomes: list[tuple[_claim.Claimed, Outcome]], free: dict[str, int]
+    ) -> list[_claim.Claimed]:
+        successes = [o for _, o in outcomes if isinstance(o, _completion.Success)]
+        failures = [o for _, o in outcomes if isinstance(o, _completion.Failure)]
+        claimed: list[_claim.Claimed] = []
+        try:
+            with self.engine.begin() as conn:
+                _completion.record(conn, self.id, successes, failures)
+                for name, limit in free.items():
+                    claimed += _claim.claim_jobs(
+                        conn,
+                        worker_id=self.id,
+                        queues=self.queues if name == "*" else [name],
+                        workflows=list(self.workflows),
+                        kinds=list(self.steps),
+                        limit=limit,
+                    )
+        except Exception:
+            log.exception("worker %s could not record outcomes or claim; retrying", self.id)
+            for job, outcome in outcomes:
+                self._inflight[job.id] = job
+                self._busy[job.queue] += 1
+                self._outcomes.put((job, outcome))
+            self._stopping.wait(min(1.0, self.poll_interval))
+            return []
+        self._jobs_run += len(outcomes)
+        return claimed
+
+    def _start(self, job: _claim.Claimed) -> None:
+        assert self._pool is not None
+        self._inflight[job.id] = job
+        self._busy[job.queue] += 1
+        self._pool.submit(self._execute, job)
+
+    def _execute(self, job: _claim.Claimed) -> None:
+        try:
+            outcome = _executor.execute(job, self.engine, self.workflows, self.steps, self.backoff)
+        except BaseException as exc:  # a step that raised SystemExit or KeyboardInterrupt
+            outcome = _completion.Failure(
+                job.id,
+                job.attempt,
+                {"type": type(exc).__qualname__, "message": str(exc), "attempt": job.attempt},
+                None if job.attempt >= job.max_attempts else self.backoff(job.attempt),
+            )
+        self._outcomes.put((job, outcome))
+        self._wake.set()
+
+    def _maintain(self, *, force: bool, sweep: bool) -> None:
+        now = time.monotonic()
+        try:
+            if self._inflight and (force or now - self._last_heartbeat >= self.heartbeat_interval):
+                with self.engine.begin() as conn:
+                    _rescue.heartbeat(conn, self.id)
+                self._last_heartbeat = now
+            if force or now - self._last_maintenance >= DEFAULT_MAINTENANCE_INTERVAL:
+                with self.engine.begin() as conn:
+                    expired = _rescue.expire_runs(conn)
+                    rescued = _rescue.rescue(conn, self.rescue_after)
+                if expired:
+                    log.info("failed %d runs past their deadline", expired)
+                if rescued:
+                    log.warning("handed back %d jobs of workers that stopped: %s", len(rescued), rescued)
+                self._last_maintenance = now
+            if sweep and self.sweep and now - self._last_sweep >= self.sweep_interval:
+                self._last_sweep = now
+                runs_deleted, jobs_deleted = _sweeper.sweep(self.engine, self.sweep_keep)
+                if runs_deleted or jobs_deleted:
+                    log.info("sweeper deleted %d runs and %d jobs", runs_deleted, jobs_deleted)
+        except Exception:
+            log.exception("worker %s maintenance failed; will try again", self.id)

@@ -1,0 +1,524 @@
+"""Definitions: ``Workflow``, ``ResultWorkflow``, their steps, and standalone ``@step`` kinds.
+
+Defining touches no database. Validation happens as the definitions are written: a
+duplicate step name, an unknown dependency, a cycle or a second result node raises
+:class:`~cyclone.errors.DefinitionError`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+
+from cyclone import _graph, errors, jobs, submit
+from cyclone.runs import ResultRun, Run
+
+if TYPE_CHECKING:
+    from cyclone._binds import Bind, Conn
+    from cyclone.context import StepContext
+
+In = TypeVar("In")
+Out = TypeVar("Out")
+R = TypeVar("R")
+
+DEFAULT_MAX_ATTEMPTS = 3
+DEFAULT_QUEUE = "default"
+
+StepFn = Callable[["StepContext", Any], Any]
+
+
+def _return_type(fn: Callable[..., Any]) -> Any:
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # unresolvable annotations fall back to untyped JSON
+        return Any
+    ret = hints.get("return", Any)
+    return Any if ret is type(None) else ret
+
+
+def _arg_type(fn: Callable[..., Any]) -> Any:
+    params = list(inspect.signature(fn).parameters)
+    if len(params) < 2:
+        return Any
+    try:
+        return typing.get_type_hints(fn).get(params[1], Any)
+    except Exception:
+        return Any
+
+
+def _check_options(where: str, max_attempts: int, queue: str, priority: int) -> None:
+    if not isinstance(max_attempts, int) or max_attempts < 1:
+        raise errors.DefinitionError(f"{where}: max_attempts must be an int >= 1")
+    if not isinstance(queue, str) or not queue:
+        raise errors.DefinitionError(f"{where}: queue must be a non-empty str")
+    if not isinstance(priority, int) or not -32768 <= priority <= 32767:
+        raise errors.DefinitionError(f"{where}: priority must be an int in the smallint range")
+
+
+class Step(Generic[R]):
+    """One node of a workflow: a function ``fn(ctx, input) -> output`` and its options."""
+
+    def __init__(
+        self,
+        workflow: Workflow[Any],
+        fn: Callable[..., R],
+        *,
+        name: str,
+        after: tuple[str, ...],
+        max_attempts: int,
+        queue: str,
+        priority: int,
+        is_result: bool,
+    ) -> None:
+        self.workflow = workflow
+        self.fn = fn
+        self.name = name
+        self.after = after
+        self.max_attempts = max_attempts
+        self.queue = queue
+        self.priority = priority
+        self.is_result = is_result
+        self.output_type: Any = _return_type(fn)
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    def __call__(self, ctx: StepContext, value: Any) -> R:
+        return self.fn(ctx, value)
+
+    def __repr__(self) -> str:
+        return f"<Step {self.workflow.name}.{self.name}>"
+
+    def snapshot(self) -> _graph.NodeSnapshot:
+        return _graph.NodeSnapshot(
+            name=self.name,
+            after=self.after,
+            max_attempts=self.max_attempts,
+            queue=self.queue,
+            priority=self.priority,
+        )
+
+
+class Workflow(Generic[In]):
+    """A named DAG of steps; each submit makes one run of it.
+
+    Args:
+        name: the workflow name; submit keys are unique per name.
+        input: the input type (anything msgspec encodes and decodes).
+        queue: the default queue of its steps.
+    """
+
+    _has_result = False
+
+    def __init__(self, name: str, *, input: type[In] | Any = Any, queue: str = DEFAULT_QUEUE):
+        if not isinstance(name, str) or not name:
+            raise errors.DefinitionError("a workflow name must be a non-empty str")
+        _check_options(f"workflow {name!r}", DEFAULT_MAX_ATTEMPTS, queue, 0)
+        self.name = name
+        self.input_type: Any = input
+        self.queue = queue
+        self.steps: dict[str, Step[Any]] = {}
+        self._result: str | None = None
+        self._plan: submit.Plan | None = None
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} steps={list(self.steps)}>"
+
+    def step(
+        self,
+        name: str | None = None,
+        *,
+        after: Iterable[Step[Any] | str] = (),
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        queue: str | None = None,
+        priority: int = 0,
+    ) -> Callable[[Callable[..., R]], Step[R]]:
+        """Decorate ``fn(ctx, input) -> output`` as a step that runs after the steps in ``after``.
+
+        ``max_attempts`` bounds the tries of a step that raises; ``queue`` and ``priority``
+        (lower runs first) place its jobs.
+        """
+        return self._decorator(name, after, max_attempts, queue, priority, is_result=False)
+
+    def _decorator(
+        self,
+        name: str | None,
+        after: Iterable[Step[Any] | str],
+        max_attempts: int,
+        queue: str | None,
+        priority: int,
+        *,
+        is_result: bool,
+    ) -> Callable[[Callable[..., R]], Step[R]]:
+        if callable(name):
+            raise errors.DefinitionError(
+                f"use @{self.name}.step() with parentheses, not @{self.name}.step"
+            )
+        deps = tuple(self._dep_name(dep) for dep in after)
+
+        def decorate(fn: Callable[..., R]) -> Step[R]:
+            step_name = name or fn.__name__
+            where = f"step {step_name!r} of workflow {self.name!r}"
+            if step_name in self.steps:
+                raise errors.DefinitionError(f"{where} is defined twice")
+            if len(set(deps)) != len(deps):
+                raise errors.DefinitionError(f"{where} names a step twice in after=")
+            if step_name in deps:
+                raise errors.DefinitionError(f"{where} comes after itself")
+            _check_options(where, max_attempts, queue or self.queue, priority)
+            if is_result and self._result is not None:
+                raise errors.DefinitionError(
+                    f"workflow {self.name!r} has a result node already ({self._result!r}); "
+                    f"{step_name!r} cannot be a second one"
+                )
+            node = Step(
+                self,
+                fn,
+                name=step_name,
+                after=deps,
+                max_attempts=max_attempts,
+                queue=queue or self.queue,
+                priority=priority,
+                is_result=is_result,
+            )
+            self.steps[step_name] = node
+            if is_result:
+                self._result = step_name
+            self._plan = None
+            if all(dep in self.steps for node_ in self.steps.values() for dep in node_.after):
+                self._order()
+            return node
+
+        return decorate
+
+    def _dep_name(self, dep: Step[Any] | str) -> str:
+        if isinstance(dep, Step):
+            if dep.workflow is not self:
+                raise errors.DefinitionError(
+                    f"step {dep.name!r} belongs to workflow {dep.workflow.name!r}, "
+                    f"not to {self.name!r}"
+                )
+            return dep.name
+        if isinstance(dep, str):
+            return dep
+        raise errors.DefinitionError(f"after= takes steps or step names, not {dep!r}")
+
+    def _order(self) -> list[str]:
+        return _graph.topological_order(
+            self.name, {name: node.after for name, node in self.steps.items()}
+        )
+
+    def graph(self) -> _graph.GraphSnapshot:
+        """The graph as a run submitted now would keep it (validated)."""
+        if not self.steps:
+            raise errors.DefinitionError(f"workflow {self.name!r} has no steps")
+        if self._has_result and self._result is None:
+            raise errors.DefinitionError(
+                f"ResultWorkflow {self.name!r} has no result node: decorate one with "
+                f"@{self.name}.result()"
+            )
+        order = self._order()
+        return _graph.GraphSnapshot(
+            steps=tuple(self.steps[name].snapshot() for name in order), result=self._result
+        )
+
+    def plan(self) -> submit.Plan:
+        """The validated, encoded submit parameters of this workflow (cached)."""
+        if self._plan is None:
+            self._plan = submit.Plan.build(self.name, self.graph())
+        return self._plan
+
+    def _encode_input(self, value: In) -> str:
+        from cyclone import _codec
+
+        return _codec.encode(value, what=f"input of workflow {self.name!r}", type_=self.input_type)
+
+    def _handle(self, row: submit.Submitted) -> Run:
+        return Run(row.engine, row.run_id, self.name, row.key)
+
+    def submit(
+        self,
+        bind: Bind,
+        input: In,
+        *,
+        deadline: datetime | timedelta | None = None,
+        retention: timedelta | None = None,
+    ) -> Run:
+        """Make a new run in a transaction of its own. Each call makes a new run."""
+        row = submit.submit(bind, self.plan(), self._encode_input(input), deadline, retention)
+        return self._handle(row)
+
+    def submit_tx(
+        self,
+        conn: Conn,
+        input: In,
+        *,
+        deadline: datetime | timedelta | None = None,
+        retention: timedelta | None = None,
+    ) -> Run:
+        """Make a new run inside the caller's transaction; it exists once they commit."""
+        row = submit.submit_tx(conn, self.plan(), self._encode_input(input), deadline, retention)
+        return self._handle(row)
+
+    def submit_once(
+        self,
+        bind: Bind,
+        key: str,
+        input: In,
+        *,
+        deadline: datetime | timedelta | None = None,
+        retention: timedelta | None = None,
+    ) -> tuple[Run, bool]:
+        """Make the one run of ``key``, or return it: ``(run, created)``.
+
+        Raises:
+            InvalidKeyError: the key breaks the key rules (nothing is sent).
+            InputError: the input cannot be encoded or does not match the input type.
+            SubmitConflictError: the key's run has a different input (nothing is inserted).
+        """
+        row = submit.submit_once(
+            bind, self.plan(), key, self._encode_input(input), deadline, retention
+        )
+        return self._handle(row), row.created
+
+    def submit_once_tx(
+        self,
+        conn: Conn,
+        key: str,
+        input: In,
+        *,
+        deadline: datetime | timedelta | None = None,
+        retention: timedelta | None = None,
+    ) -> tuple[Run, bool]:
+        """As :meth:`submit_once`, inside the caller's transaction (never commits it).
+
+        A concurrent transaction submitting the same key waits until this one ends; a
+        conflict raises without aborting the caller's transaction.
+        """
+        row = submit.submit_once_tx(
+            conn, self.plan(), key, self._encode_input(input), deadline, retention
+        )
+        return self._handle(row), row.created
+
+    def submit_once_many(
+        self,
+        bind: Bind,
+        items: Sequence[tuple[str, In]],
+        *,
+        deadline: datetime | timedelta | None = None,
+        retention: timedelta | None = None,
+    ) -> list[tuple[Run, bool]]:
+        """Submit many keys at once: one ``(run, created)`` per item, in input order.
+
+        The same rules as :meth:`submit_once` hold per item. If any item conflicts,
+        SubmitConflictError (for the first such item) is raised and the whole batch is
+        rolled back: nothing is inserted.
+        """
+        encoded = [(key, self._encode_input(value)) for key, value in items]
+        rows = submit.submit_once_many(bind, self.plan(), encoded, deadline, retention)
+        return [(self._handle(row), row.created) for row in rows]
+
+
+class ResultWorkflow(Workflow[In], Generic[In, Out]):
+    """A workflow whose result node's output is the run's typed result."""
+
+    _has_result = True
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        input: type[In] | Any = Any,
+        output: type[Out] | Any = Any,
+        queue: str = DEFAULT_QUEUE,
+    ):
+        super().__init__(name, input=input, queue=queue)
+        self.output_type: Any = output
+
+    def result(
+        self,
+        name: str | None = None,
+        *,
+        after: Iterable[Step[Any] | str] = (),
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        queue: str | None = None,
+        priority: int = 0,
+    ) -> Callable[[Callable[..., Out]], Step[Out]]:
+        """Decorate the result node: its output, decoded to ``output``, is the run's result."""
+        return self._decorator(name, after, max_attempts, queue, priority, is_result=True)
+
+    def _handle(self, row: submit.Submitted) -> ResultRun[Out]:
+        return ResultRun(row.engine, row.run_id, self.name, row.key, self.output_type)
+
+    if TYPE_CHECKING:
+
+        def submit(
+            self,
+            bind: Bind,
+            input: In,
+            *,
+            deadline: datetime | timedelta | None = None,
+            retention: timedelta | None = None,
+        ) -> ResultRun[Out]: ...
+
+        def submit_tx(
+            self,
+            conn: Conn,
+            input: In,
+            *,
+            deadline: datetime | timedelta | None = None,
+            retention: timedelta | None = None,
+        ) -> ResultRun[Out]: ...
+
+        def submit_once(
+            self,
+            bind: Bind,
+            key: str,
+            input: In,
+            *,
+            deadline: datetime | timedelta | None = None,
+            retention: timedelta | None = None,
+        ) -> tuple[ResultRun[Out], bool]: ...
+
+        def submit_once_tx(
+            self,
+            conn: Conn,
+            key: str,
+            input: In,
+            *,
+            deadline: datetime | timedelta | None = None,
+            retention: timedelta | None = None,
+        ) -> tuple[ResultRun[Out], bool]: ...
+
+        def submit_once_many(
+            self,
+            bind: Bind,
+            items: Sequence[tuple[str, In]],
+            *,
+            deadline: datetime | timedelta | None = None,
+            retention: timedelta | None = None,
+        ) -> list[tuple[ResultRun[Out], bool]]: ...
+
+
+class StandaloneStep(Generic[In, R]):
+    """A step kind that runs as a standalone job, enqueued with :meth:`enqueue`."""
+
+    def __init__(
+        self,
+        kind: str,
+        fn: Callable[..., R],
+        *,
+        max_attempts: int,
+        queue: str,
+        priority: int,
+    ) -> None:
+        if not isinstance(kind, str) or not kind:
+            raise errors.DefinitionError("a step kind must be a non-empty str")
+        _check_options(f"step kind {kind!r}", max_attempts, queue, priority)
+        self.kind = kind
+        self.fn = fn
+        self.max_attempts = max_attempts
+        self.queue = queue
+        self.priority = priority
+        self.args_type: Any = _arg_type(fn)
+        self.output_type: Any = _return_type(fn)
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    def __call__(self, ctx: StepContext, args: In) -> R:
+        return self.fn(ctx, args)
+
+    def __repr__(self) -> str:
+        return f"<StandaloneStep {self.kind!r}>"
+
+    def _request(
+        self,
+        args: In,
+        unique: str | None,
+        run_at: datetime | None,
+        delay: timedelta | None,
+        queue: str | None,
+        priority: int | None,
+        max_attempts: int | None,
+    ) -> jobs.EnqueueRequest:
+        from cyclone import _codec, _keys
+
+        if unique is not None:
+            _keys.check_key(unique)
+        if run_at is not None and delay is not None:
+            raise ValueError("give run_at= or delay=, not both")
+        _check_options(
+            f"step kind {self.kind!r}",
+            self.max_attempts if max_attempts is None else max_attempts,
+            self.queue if queue is None else queue,
+            self.priority if priority is None else priority,
+        )
+        return jobs.EnqueueRequest(
+            kind=self.kind,
+            args=_codec.encode(args, what=f"args of step {self.kind!r}", type_=self.args_type),
+            unique=unique,
+            run_at=run_at,
+            delay=delay,
+            queue=self.queue if queue is None else queue,
+            priority=self.priority if priority is None else priority,
+            max_attempts=self.max_attempts if max_attempts is None else max_attempts,
+            output_type=self.output_type,
+        )
+
+    def enqueue(
+        self,
+        bind: Bind,
+        args: In,
+        *,
+        unique: str | None = None,
+        run_at: datetime | None = None,
+        delay: timedelta | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+    ) -> jobs.Job[R]:
+        """Enqueue one job of this kind in a transaction of its own.
+
+        Raises:
+            DuplicateError: ``unique`` is held by an active job of this kind.
+        """
+        req = self._request(args, unique, run_at, delay, queue, priority, max_attempts)
+        return jobs.enqueue(bind, req)
+
+    def enqueue_tx(
+        self,
+        conn: Conn,
+        args: In,
+        *,
+        unique: str | None = None,
+        run_at: datetime | None = None,
+        delay: timedelta | None = None,
+        queue: str | None = None,
+        priority: int | None = None,
+        max_attempts: int | None = None,
+    ) -> jobs.Job[R]:
+        """Enqueue one job inside the caller's transaction (a duplicate does not abort it)."""
+        req = self._request(args, unique, run_at, delay, queue, priority, max_attempts)
+        return jobs.enqueue_tx(conn, req)
+
+
+def step(
+    kind: str,
+    *,
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    queue: str = DEFAULT_QUEUE,
+    priority: int = 0,
+) -> Callable[[Callable[..., R]], StandaloneStep[Any, R]]:
+    """Decorate ``fn(ctx, args) -> output`` as the standalone step kind ``kind``."""
+    if callable(kind):
+        raise errors.DefinitionError('use @cyclone.step("kind"), with the kind name')
+
+    def decorate(fn: Callable[..., R]) -> StandaloneStep[Any, R]:
+        return StandaloneStep(kind, fn, max_attempts=max_attempts, queue=queue, priority=priority)
+
+    return decorate
+
+

@@ -1,0 +1,128 @@
+"""Shared fixtures: a throwaway database per test session, engines, connections, counters."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, make_url
+
+import cyclone
+
+DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+
+def admin_url() -> URL:
+    return make_url(os.environ.get("CYCLONE_DATABASE_URL", DEFAULT_URL))
+
+
+def create_database(prefix: str) -> URL:
+    """Create an empty database on the test server and return its URL."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(admin_url(), isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    return admin_url().set(database=name)
+
+
+def drop_database(url: URL) -> None:
+    admin = sa.create_engine(admin_url(), isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{url.database}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def database_url() -> Iterator[URL]:
+    """A database migrated with cyclone.upgrade, dropped at the end of the session."""
+    url = create_database("cyclone_test")
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    cyclone.upgrade(engine)
+    engine.dispose()
+    os.environ["CYCLONE_TEST_DATABASE_URL"] = url.render_as_string(hide_password=False)
+    yield url
+    drop_database(url)
+
+
+@pytest.fixture(scope="session")
+def engine(database_url: URL) -> Iterator[sa.Engine]:
+    engine = sa.create_engine(database_url, pool_size=20, max_overflow=40)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def conn(engine: sa.Engine) -> Iterator[sa.Connection]:
+    """A connection inside a transaction that is rolled back after the test."""
+    with engine.connect() as connection:
+        tx = connection.begin()
+        yield connection
+        if tx.is_active:
+            tx.rollback()
+
+
+@pytest.fixture
+def name() -> str:
+    """A name unique to this test, for workflow names, step kinds, queues and keys."""
+    return f"t{uuid.uuid4().hex[:12]}"
+
+
+class StatementCounter:
+    """Counts the statements an engine sends, by SQLAlchemy's before_cursor_execute event."""
+
+    def __init__(self) -> None:
+        self.statements: list[str] = []
+
+    def __call__(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        self.statements.append(statement)
+
+    @property
+    def count(self) -> int:
+        return len(self.statements)
+
+    def reset(self) -> None:
+        self.statements.clear()
+
+
+@pytest.fixture
+def statements(engine: sa.Engine) -> Iterator[StatementCounter]:
+    counter = StatementCounter()
+    sa.event.listen(engine, "before_cursor_execute", counter)
+    yield counter
+    sa.event.remove(engine, "before_cursor_execute", counter)
+
+
+@pytest.fixture
+def clean_tables(engine: sa.Engine) -> Iterator[None]:
+    """Empty cyclone's tables before and after a test that asserts over global counts."""
+    with engine.begin() as c:
+        c.execute(sa.text("TRUNCATE cyclone_jobs, cyclone_runs"))
+    yield
+    with engine.begin() as c:
+        c.execute(sa.text("TRUNCATE cyclone_jobs, cyclone_runs"))
+
+
+@pytest.fixture
+def fresh_database() -> Iterator[URL]:
+    """An empty database (no cyclone schema), dropped after the test."""
+    url = create_database("cyclone_fresh")
+    yield url
+    drop_database(url)
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
+    """Poll ``predicate`` until it returns a truthy value; fail the test after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout} s")
+        time.sleep(interval)
