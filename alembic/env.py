@@ -6,8 +6,9 @@
 
 import os
 
-from alembic import context
 from sqlalchemy import create_engine
+
+from alembic import context
 
 VERSION_TABLE = "cyclone_alembic_version"
 

@@ -79,7 +79,9 @@ def complete_jobs_stmt() -> Any:
         .select_from(
             dependent.join(
                 done,
-                and_(dependent.c.run_id == done.c.run_id, done.c.kind == func.any(dependent.c.deps)),
+                and_(
+                    dependent.c.run_id == done.c.run_id, done.c.kind == func.any(dependent.c.deps)
+                ),
             )
         )
         .where(dependent.c.state == JobState.BLOCKED.value)

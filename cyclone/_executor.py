@@ -61,7 +61,9 @@ def execute(
         try:
             value = _codec.decode(job.input or "null", input_type)
         except Exception as exc:
-            raise InputNotDecodable(f"stored input does not decode as {input_type!r}: {exc}") from exc
+            raise InputNotDecodable(
+                f"stored input does not decode as {input_type!r}: {exc}"
+            ) from exc
         ctx = StepContext(
             engine=engine,
             job_id=job.id,

@@ -42,9 +42,7 @@ def topological_order(workflow: str, deps: Mapping[str, Sequence[str]]) -> list[
             return
         if state.get(name) == 1:
             cycle = [*path[path.index(name) :], name]
-            raise errors.DefinitionError(
-                f"workflow {workflow!r} has a cycle: {' -> '.join(cycle)}"
-            )
+            raise errors.DefinitionError(f"workflow {workflow!r} has a cycle: {' -> '.join(cycle)}")
         state[name] = 1
         for upstream in deps[name]:
             visit(upstream, [*path, name])

@@ -70,7 +70,9 @@ def expire_runs_stmt() -> Any:
                 "type",
                 "DeadlineExceeded",
                 "message",
-                func.concat("deadline exceeded: the run's deadline ", cast(runs.c.deadline, Text), " passed"),
+                func.concat(
+                    "deadline exceeded: the run's deadline ", cast(runs.c.deadline, Text), " passed"
+                ),
             ),
         )
         .returning(runs.c.id)

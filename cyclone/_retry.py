@@ -22,6 +22,6 @@ def exponential(
 
     def backoff(attempt: int) -> float:
         delay = min(cap, base * 2 ** max(0, attempt - 1))
-        return max(0.0, delay * (1 + jitter * (2 * rand() - 1)))
+        return float(max(0.0, delay * (1 + jitter * (2 * rand() - 1))))
 
     return backoff

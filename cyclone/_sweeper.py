@@ -62,7 +62,7 @@ def _purge(engine: Engine, stmt: object, older_than: timedelta, batch_size: int)
     while True:
         with engine.begin() as conn:
             deleted = conn.execute(stmt, {"older_than": older_than, "batch": batch_size}).rowcount  # type: ignore[call-overload]
-        total += deleted
+        total += int(deleted)
         if deleted < batch_size:
             return total
 

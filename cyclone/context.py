@@ -87,5 +87,3 @@ class StepContext:
                 select(jobs.c.state, jobs.c.attempt).where(jobs.c.id == self.job_id)
             ).first()
         return row is None or row[0] != JobState.RUNNING.value or row[1] != self.attempt
-
-

@@ -59,8 +59,7 @@ class SubmitConflictError(_Message):
         self.key = key
         self.run_id = run_id
         super().__init__(
-            f"key {key!r} of workflow {workflow!r} belongs to run {run_id} "
-            "with a different input"
+            f"key {key!r} of workflow {workflow!r} belongs to run {run_id} with a different input"
         )
 
 

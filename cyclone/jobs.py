@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy import Connection, Engine, Interval, Text, bindparam, cast, func, select, text
+from sqlalchemy import Connection, Engine, Interval, Text, bindparam, cast, func, select
 from sqlalchemy.dialects.postgresql import JSONB, insert
 
 from cyclone import _binds, _codec, errors
@@ -22,8 +22,8 @@ from cyclone.states import ACTIVE_JOB_STATES, TERMINAL_JOB_STATES, JobState
 R = TypeVar("R")
 
 _MAX_RACE_RETRIES = 5
-_UNIQUE_WHERE = text(  # noqa: TID251 - must match the partial index predicate verbatim
-    "unique_key IS NOT NULL AND state IN ('available', 'blocked', 'running')"
+_UNIQUE_WHERE = jobs.c.unique_key.is_not(None) & jobs.c.state.in_(
+    sorted(s.value for s in ACTIVE_JOB_STATES)
 )
 
 
@@ -79,7 +79,8 @@ def insert_job_stmt() -> Any:
             unique_key=bindparam("unique", type_=Text),
             scheduled_at=func.coalesce(
                 bindparam("run_at", type_=jobs.c.scheduled_at.type),
-                func.now() + func.coalesce(bindparam("delay", type_=Interval), func.make_interval()),
+                func.now()
+                + func.coalesce(bindparam("delay", type_=Interval), func.make_interval()),
             ),
         )
         .on_conflict_do_nothing(
@@ -176,9 +177,7 @@ class Job(Generic[R]):
             status = self.status()
             return status if status.done else None
 
-        result: JobStatus = wait_until_finished(
-            self._engine, f"job:{self.id}", timeout, read
-        )
+        result: JobStatus = wait_until_finished(self._engine, f"job:{self.id}", timeout, read)
         return result
 
     def result(self, timeout: float | None = None) -> R:

@@ -10,12 +10,12 @@ import logging
 from importlib import resources
 from pathlib import Path
 
-from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, text
 
+from alembic import command
 from cyclone import errors
 
 VERSION_TABLE = "cyclone_alembic_version"

@@ -147,6 +147,7 @@ Index(
 )
 Index("ix_cyclone_jobs_created_at_id", jobs.c.created_at, jobs.c.id)
 
+
 def include_name(name: str | None, type_: str, parent_names: object) -> bool:
     """An alembic ``include_name`` filter that keeps cyclone's tables out of an app's autogenerate.
 

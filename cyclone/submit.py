@@ -183,9 +183,7 @@ def insert_run_once_stmt() -> Any:
         .cte("ins")
     )
     new_jobs = _insert_jobs_stmt(inserted).cte("new_jobs")
-    created = select(
-        inserted.c.id, literal(True, Boolean).label("created"), literal(True, Boolean)
-    )
+    created = select(inserted.c.id, literal(True, Boolean).label("created"), literal(True, Boolean))
     existing = select_run_by_key_stmt()
     return union_all(created, existing).add_cte(new_jobs)
 
@@ -214,9 +212,7 @@ def insert_runs_once_stmt() -> Any:
         .render_derived("it", with_types=True)
     )
     items_cte = select(items.c.i, items.c.key, items.c.input).cte("items")
-    first_i = (
-        select(func.min(items_cte.c.i).label("i")).group_by(items_cte.c.key).subquery("fi")
-    )
+    first_i = select(func.min(items_cte.c.i).label("i")).group_by(items_cte.c.key).subquery("fi")
     first = (
         select(items_cte.c.i, items_cte.c.key, items_cte.c.input)
         .join_from(items_cte, first_i, first_i.c.i == items_cte.c.i)
@@ -231,9 +227,7 @@ def insert_runs_once_stmt() -> Any:
             select(first.c.key, first.c.input, *values.values()).order_by(first.c.i),
         )
         .on_conflict_do_nothing(index_elements=[runs.c.workflow, runs.c.submit_key])
-        .returning(
-            runs.c.id, runs.c.workflow, runs.c.deadline, runs.c.submit_key, runs.c.input
-        )
+        .returning(runs.c.id, runs.c.workflow, runs.c.deadline, runs.c.submit_key, runs.c.input)
         .cte("ins")
     )
     new_jobs = _insert_jobs_stmt(inserted).cte("new_jobs")
@@ -377,10 +371,14 @@ def submit_once_many(
         return []
     params = _params(plan, "null", deadline, retention)
     del params["input"]
-    payload = "[" + ",".join(
-        f'{{"i":{i},"key":{msgspec.json.encode(key).decode()},"input":{value}}}'
-        for i, (key, value) in enumerate(items)
-    ) + "]"
+    payload = (
+        "["
+        + ",".join(
+            f'{{"i":{i},"key":{msgspec.json.encode(key).decode()},"input":{value}}}'
+            for i, (key, value) in enumerate(items)
+        )
+        + "]"
+    )
     results: dict[int, Submitted] = {}
     with _binds.transaction(bind) as conn:
         rows = conn.execute(_INSERT_RUNS_ONCE, {**params, "items": payload}).all()
@@ -388,17 +386,19 @@ def submit_once_many(
             for i, run_id, created, same_input in sorted(rows, key=lambda r: r[0]):
                 key = items[i][0]
                 if not same_input:
-                    raise errors.SubmitConflictError(
-                        workflow=plan.workflow, key=key, run_id=run_id
-                    )
+                    raise errors.SubmitConflictError(workflow=plan.workflow, key=key, run_id=run_id)
                 results[i] = Submitted(conn.engine, run_id, key, bool(created))
             missing = [i for i in range(len(items)) if i not in results]
             if not missing:
                 return [results[i] for i in range(len(items))]
-            retry = "[" + ",".join(
-                f'{{"i":{i},"key":{msgspec.json.encode(items[i][0]).decode()},'
-                f'"input":{items[i][1]}}}'
-                for i in missing
-            ) + "]"
+            retry = (
+                "["
+                + ",".join(
+                    f'{{"i":{i},"key":{msgspec.json.encode(items[i][0]).decode()},'
+                    f'"input":{items[i][1]}}}'
+                    for i in missing
+                )
+                + "]"
+            )
             rows = conn.execute(_INSERT_RUNS_ONCE, {**params, "items": retry}).all()
     raise RuntimeError("keys kept changing hands while submitting the batch; try again")

@@ -137,7 +137,9 @@ class Worker:
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
-        return f"<cyclone.Worker {self.id} workflows={list(self.workflows)} steps={list(self.steps)}>"
+        return (
+            f"<cyclone.Worker {self.id} workflows={list(self.workflows)} steps={list(self.steps)}>"
+        )
 
     def drain(self) -> int:
         """Run everything runnable now, including steps unblocked meanwhile; return the count.
@@ -149,7 +151,7 @@ class Worker:
 
     def run(self) -> None:
         """Run jobs until SIGINT/SIGTERM or :meth:`stop`; jobs in flight finish first."""
-        previous: dict[int, Any] = {}
+        previous: dict[signal.Signals, Any] = {}
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 previous[sig] = signal.signal(sig, self._on_signal)
@@ -293,7 +295,9 @@ class Worker:
                 if expired:
                     log.info("failed %d runs past their deadline", expired)
                 if rescued:
-                    log.warning("handed back %d jobs of workers that stopped: %s", len(rescued), rescued)
+                    log.warning(
+                        "handed back %d jobs of workers that stopped: %s", len(rescued), rescued
+                    )
                 self._last_maintenance = now
             if sweep and self.sweep and now - self._last_sweep >= self.sweep_interval:
                 self._last_sweep = now

@@ -13,7 +13,6 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-
 from cyclone import _graph, errors, jobs, submit
 from cyclone.runs import ResultRun, Run
 
@@ -393,7 +392,7 @@ class ResultWorkflow(Workflow[In], Generic[In, Out]):
             retention: timedelta | None = None,
         ) -> tuple[ResultRun[Out], bool]: ...
 
-        def submit_once_many(
+        def submit_once_many(  # type: ignore[override]
             self,
             bind: Bind,
             items: Sequence[tuple[str, In]],
@@ -520,5 +519,3 @@ def step(
         return StandaloneStep(kind, fn, max_attempts=max_attempts, queue=queue, priority=priority)
 
     return decorate
-
-

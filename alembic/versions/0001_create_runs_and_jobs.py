@@ -6,8 +6,9 @@ Create Date: 2026-12-02
 """
 
 import sqlalchemy as sa
-from alembic import op
 from sqlalchemy.dialects import postgresql
+
+from alembic import op
 
 revision = "cyclone_0001"
 down_revision = None
@@ -36,7 +37,10 @@ def upgrade() -> None:
         sa.Column("deadline", sa.DateTime(timezone=True), nullable=True),
         sa.Column("retention", sa.Interval(), nullable=True),
         sa.Column(
-            "created_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False
+            "created_at",
+            sa.DateTime(timezone=True),
+            server_default=sa.text("now()"),
+            nullable=False,
         ),
         sa.Column("finalized_at", sa.DateTime(timezone=True), nullable=True),
         sa.CheckConstraint(f"state IN ({RUN_STATES})", name="ck_cyclone_runs_state"),
@@ -47,9 +51,7 @@ def upgrade() -> None:
         sa.CheckConstraint("steps_remaining >= 0", name="ck_cyclone_runs_steps_remaining"),
         sa.PrimaryKeyConstraint("id", name="pk_cyclone_runs"),
     )
-    op.create_index(
-        "idx_runs_submit_key", "cyclone_runs", ["workflow", "submit_key"], unique=True
-    )
+    op.create_index("idx_runs_submit_key", "cyclone_runs", ["workflow", "submit_key"], unique=True)
     op.create_index("ix_cyclone_runs_created_at_id", "cyclone_runs", ["created_at", "id"])
     op.create_index(
         "ix_cyclone_runs_workflow_created_at", "cyclone_runs", ["workflow", "created_at"]
@@ -95,7 +97,10 @@ def upgrade() -> None:
             nullable=False,
         ),
         sa.Column(
-            "created_at", sa.DateTime(timezone=True), server_default=sa.text("now()"), nullable=False
+            "created_at",
+            sa.DateTime(timezone=True),
+            server_default=sa.text("now()"),
+            nullable=False,
         ),
         sa.Column("attempted_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("heartbeat_at", sa.DateTime(timezone=True), nullable=True),
@@ -149,7 +154,6 @@ def upgrade() -> None:
         postgresql_where=sa.text("run_id IS NULL AND finalized_at IS NOT NULL"),
     )
     op.create_index("ix_cyclone_jobs_created_at_id", "cyclone_jobs", ["created_at", "id"])
-
 
     # Notifications come from triggers, so every path that changes a state rings the bell.
     op.execute(
