@@ -30,7 +30,8 @@ def script_location() -> str:
     return str(resources.files("cyclone") / "_alembic")
 
 
-def _config() -> Config:
+def alembic_config() -> Config:
+    """An alembic Config for cyclone's own revisions (script location set, no URL)."""
     config = Config()
     config.set_main_option("script_location", script_location())
     return config
@@ -38,7 +39,7 @@ def _config() -> Config:
 
 def head_revision() -> str:
     """The newest revision this version of cyclone ships."""
-    head = ScriptDirectory.from_config(_config()).get_current_head()
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     assert head is not None
     return head
 
@@ -59,7 +60,7 @@ def upgrade(bind: Engine, revision: str = "head") -> None:
     lock serialises callers, and the later ones find the schema already at head.
     """
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    config = _config()
+    config = alembic_config()
     with bind.begin() as conn:
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
         config.attributes["connection"] = conn
@@ -69,7 +70,7 @@ def upgrade(bind: Engine, revision: str = "head") -> None:
 def downgrade(bind: Engine, revision: str = "base") -> None:
     """Revert cyclone's revisions down to ``revision`` (``base`` removes the schema)."""
     logging.getLogger("alembic").setLevel(logging.WARNING)
-    config = _config()
+    config = alembic_config()
     with bind.begin() as conn:
         conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
         config.attributes["connection"] = conn
