@@ -167,7 +167,8 @@ class Workflow(Generic[In]):
                 raise errors.DefinitionError(f"{where} names a step twice in after=")
             if step_name in deps:
                 raise errors.DefinitionError(f"{where} comes after itself")
-            _check_options(where, max_attempts, queue or self.queue, priority)
+            step_queue = self.queue if queue is None else queue
+            _check_options(where, max_attempts, step_queue, priority)
             if is_result and self._result is not None:
                 raise errors.DefinitionError(
                     f"workflow {self.name!r} has a result node already ({self._result!r}); "
@@ -179,16 +180,19 @@ class Workflow(Generic[In]):
                 name=step_name,
                 after=deps,
                 max_attempts=max_attempts,
-                queue=queue or self.queue,
+                queue=step_queue,
                 priority=priority,
                 is_result=is_result,
             )
+            # Check for a cycle before keeping the step, so a rejected step leaves no trace.
+            candidate = {name_: node_.after for name_, node_ in self.steps.items()}
+            candidate[step_name] = deps
+            if all(dep in candidate for after_ in candidate.values() for dep in after_):
+                _graph.topological_order(self.name, candidate)
             self.steps[step_name] = node
             if is_result:
                 self._result = step_name
             self._plan = None
-            if all(dep in self.steps for node_ in self.steps.values() for dep in node_.after):
-                self._order()
             return node
 
         return decorate
