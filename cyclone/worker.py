@@ -202,6 +202,13 @@ class Worker:
         }
 
     def _loop(self, until_idle: bool) -> None:
+        """Record outcomes and claim, then sleep until a job ends, a NOTIFY, or a poll is due.
+
+        An idle worker claims again only when woken or after ``poll_interval``; it wakes
+        more often than that only to heartbeat and to fail runs past their deadline.
+        """
+        poll_due = 0.0
+        woken = True
         while True:
             outcomes = self._take_outcomes()
             for job, _ in outcomes:
@@ -209,8 +216,11 @@ class Worker:
                 self._busy[job.queue] -= 1
             claimed: list[_claim.Claimed] = []
             free = {} if self._stopping.is_set() else self._free()
+            if not (woken or until_idle or time.monotonic() >= poll_due):
+                free = {}
             if outcomes or free:
                 claimed = self._record_and_claim(outcomes, free)
+                poll_due = time.monotonic() + self.poll_interval
             for job in claimed:
                 self._start(job)
             if not self._inflight and not claimed and (until_idle or self._stopping.is_set()):
@@ -218,12 +228,12 @@ class Worker:
             if claimed and self._free():
                 continue
             self._maintain(force=False, sweep=not until_idle)
-            if self._outcomes.empty():
-                self._wake.wait(self._idle_timeout())
+            woken = not self._outcomes.empty() or self._wake.wait(self._idle_timeout(poll_due))
             self._wake.clear()
 
-    def _idle_timeout(self) -> float:
-        return min(self.poll_interval, self.heartbeat_interval, DEFAULT_MAINTENANCE_INTERVAL)
+    def _idle_timeout(self, poll_due: float) -> float:
+        until_poll = max(0.0, poll_due - time.monotonic())
+        return min(until_poll, self.heartbeat_interval, DEFAULT_MAINTENANCE_INTERVAL)
 
     def _take_outcomes(self) -> list[tuple[_claim.Claimed, Outcome]]:
         taken = []
