@@ -11,7 +11,17 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy import Connection, Engine, Interval, Text, bindparam, cast, func, select
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Interval,
+    Text,
+    bindparam,
+    cast,
+    func,
+    literal,
+    select,
+)
 from sqlalchemy.dialects.postgresql import JSONB, insert
 
 from cyclone import _binds, _codec, errors
@@ -22,8 +32,11 @@ from cyclone.states import ACTIVE_JOB_STATES, TERMINAL_JOB_STATES, JobState
 R = TypeVar("R")
 
 _MAX_RACE_RETRIES = 5
+# The states are rendered inline, not bound: PostgreSQL infers the partial unique index
+# from ON CONFLICT ... WHERE only when the predicate is constant, and a bound predicate
+# fails once psycopg prepares the statement (a generic plan) after a few executions.
 _UNIQUE_WHERE = jobs.c.unique_key.is_not(None) & jobs.c.state.in_(
-    sorted(s.value for s in ACTIVE_JOB_STATES)
+    [literal(s.value, Text, literal_execute=True) for s in sorted(ACTIVE_JOB_STATES)]
 )
 
 
