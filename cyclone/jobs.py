@@ -238,7 +238,7 @@ def _enqueue(conn: Connection, req: EnqueueRequest) -> Job[Any]:
 
 
 def enqueue(bind: _binds.Bind, req: EnqueueRequest) -> Job[Any]:
-    with _binds.transaction(bind) as conn:
+    with _binds.autocommit(bind) as conn:
         return _enqueue(conn, req)
 
 

@@ -3,7 +3,9 @@
 A new key costs one statement: a CTE inserts the run ``ON CONFLICT DO NOTHING``, inserts
 its steps from the inserted row, and, in the same statement, reads an existing run of the
 key and compares its input as ``jsonb``. A second statement is needed only when another
-transaction committed the key after the first statement's snapshot.
+transaction committed the key after the first statement's snapshot. When cyclone owns
+the transaction (a bind), the statement is sent in autocommit mode: one statement is
+atomic on its own, so no BEGIN or COMMIT round trips are needed.
 """
 
 from __future__ import annotations
@@ -316,7 +318,7 @@ def submit(
     retention: timedelta | None,
 ) -> Submitted:
     params = _params(plan, input, deadline, retention)
-    with _binds.transaction(bind) as conn:
+    with _binds.autocommit(bind) as conn:
         return _insert(conn, params, None)
 
 
@@ -341,7 +343,7 @@ def submit_once(
 ) -> Submitted:
     _keys.check_key(key)
     params = _params(plan, input, deadline, retention)
-    with _binds.transaction(bind) as conn:
+    with _binds.autocommit(bind) as conn:
         return _insert_once(conn, params, key)
 
 
