@@ -43,12 +43,12 @@ def upgrade() -> None:
             nullable=False,
         ),
         sa.Column("finalized_at", sa.DateTime(timezone=True), nullable=True),
-        sa.CheckConstraint(f"state IN ({RUN_STATES})", name="ck_cyclone_runs_state"),
+        sa.CheckConstraint(f"state IN ({RUN_STATES})", name=op.f("ck_cyclone_runs_state")),
         sa.CheckConstraint(
             f"(state IN ({RUN_TERMINAL})) = (finalized_at IS NOT NULL)",
-            name="ck_cyclone_runs_finalized_at",
+            name=op.f("ck_cyclone_runs_finalized_at"),
         ),
-        sa.CheckConstraint("steps_remaining >= 0", name="ck_cyclone_runs_steps_remaining"),
+        sa.CheckConstraint("steps_remaining >= 0", name=op.f("ck_cyclone_runs_steps_remaining")),
         sa.PrimaryKeyConstraint("id", name="pk_cyclone_runs"),
     )
     op.create_index("idx_runs_submit_key", "cyclone_runs", ["workflow", "submit_key"], unique=True)
@@ -105,17 +105,17 @@ def upgrade() -> None:
         sa.Column("attempted_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("heartbeat_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("finalized_at", sa.DateTime(timezone=True), nullable=True),
-        sa.CheckConstraint(f"state IN ({JOB_STATES})", name="ck_cyclone_jobs_state"),
+        sa.CheckConstraint(f"state IN ({JOB_STATES})", name=op.f("ck_cyclone_jobs_state")),
         sa.CheckConstraint(
             f"(state IN ({JOB_TERMINAL})) = (finalized_at IS NOT NULL)",
-            name="ck_cyclone_jobs_finalized_at",
+            name=op.f("ck_cyclone_jobs_finalized_at"),
         ),
-        sa.CheckConstraint("max_attempts > 0", name="ck_cyclone_jobs_max_attempts"),
+        sa.CheckConstraint("max_attempts > 0", name=op.f("ck_cyclone_jobs_max_attempts")),
         sa.CheckConstraint(
-            "attempt >= 0 AND attempt <= max_attempts", name="ck_cyclone_jobs_attempt"
+            "attempt >= 0 AND attempt <= max_attempts", name=op.f("ck_cyclone_jobs_attempt")
         ),
         sa.CheckConstraint(
-            "(run_id IS NULL) = (workflow IS NULL)", name="ck_cyclone_jobs_run_or_standalone"
+            "(run_id IS NULL) = (workflow IS NULL)", name=op.f("ck_cyclone_jobs_run_or_standalone")
         ),
         sa.ForeignKeyConstraint(
             ["run_id"],

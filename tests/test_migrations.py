@@ -1,0 +1,267 @@
+"""Migrations: single head, up, down, up again, no drift, the CLI, concurrent upgrades."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import URL
+
+import cyclone
+from cyclone import migrations
+from cyclone.schema import metadata
+from tests.conftest import wait_until
+
+REPO = Path(__file__).resolve().parent.parent
+START_GATE = 0x7465737467617465  # "testgate"
+
+
+@pytest.fixture
+def fresh_engine(fresh_database: URL) -> Iterator[sa.Engine]:
+    engine = sa.create_engine(fresh_database, poolclass=sa.NullPool)
+    yield engine
+    engine.dispose()
+
+
+def cyclone_objects(engine: sa.Engine) -> dict[str, set[str]]:
+    """cyclone's tables, functions and triggers in the database."""
+    with engine.connect() as conn:
+        tables = set(
+            conn.execute(
+                sa.text(
+                    "SELECT tablename FROM pg_tables "
+                    "WHERE schemaname = 'public' AND tablename LIKE 'cyclone%'"
+                )
+            ).scalars()
+        )
+        functions = set(
+            conn.execute(
+                sa.text("SELECT proname FROM pg_proc WHERE proname LIKE 'cyclone%'")
+            ).scalars()
+        )
+        triggers = set(
+            conn.execute(
+                sa.text("SELECT tgname FROM pg_trigger WHERE tgname LIKE 'cyclone%'")
+            ).scalars()
+        )
+    return {"tables": tables, "functions": functions, "triggers": triggers}
+
+
+def version_rows(engine: sa.Engine) -> list[str]:
+    with engine.connect() as conn:
+        return list(
+            conn.execute(sa.text("SELECT version_num FROM cyclone_alembic_version")).scalars()
+        )
+
+
+def drift(engine: sa.Engine) -> list[object]:
+    def include_name(name: str | None, type_: str, parent_names: object) -> bool:
+        if type_ == "table":
+            return name != migrations.VERSION_TABLE
+        return True
+
+    with engine.connect() as conn:
+        context = MigrationContext.configure(
+            conn, opts={"compare_type": True, "include_name": include_name}
+        )
+        return list(compare_metadata(context, metadata))
+
+
+def alembic_cli(*args: str, url: URL) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CYCLONE_DATABASE_URL": url.render_as_string(hide_password=False)}
+    return subprocess.run(
+        [sys.executable, "-m", "alembic", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_revisions_have_a_single_head() -> None:
+    config = Config()
+    config.set_main_option("script_location", migrations.script_location())
+    script = ScriptDirectory.from_config(config)
+    assert len(script.get_heads()) == 1
+    assert script.get_current_head() == migrations.head_revision()
+    bases = script.get_bases()
+    assert len(bases) == 1
+
+
+def test_upgrade_on_a_fresh_database_creates_the_schema(fresh_engine: sa.Engine) -> None:
+    assert migrations.current_revision(fresh_engine) is None
+    with pytest.raises(cyclone.SchemaError):
+        cyclone.check_schema(fresh_engine)
+    cyclone.upgrade(fresh_engine)
+    cyclone.check_schema(fresh_engine)
+    assert version_rows(fresh_engine) == [migrations.head_revision()]
+    objects = cyclone_objects(fresh_engine)
+    assert objects["tables"] == {"cyclone_runs", "cyclone_jobs", "cyclone_alembic_version"}
+    assert objects["functions"] == {
+        "cyclone_notify_jobs_inserted",
+        "cyclone_notify_job_changed",
+        "cyclone_notify_run_finished",
+    }
+
+
+def test_upgrade_twice_is_fine(fresh_engine: sa.Engine) -> None:
+    cyclone.upgrade(fresh_engine)
+    cyclone.upgrade(fresh_engine)
+    assert version_rows(fresh_engine) == [migrations.head_revision()]
+
+
+def test_upgrade_leaves_no_drift_from_the_metadata(fresh_engine: sa.Engine) -> None:
+    cyclone.upgrade(fresh_engine)
+    assert drift(fresh_engine) == []
+
+
+def test_drift_check_sees_a_difference(fresh_engine: sa.Engine) -> None:
+    """The no-drift test would notice a change: drop a column and it reports one."""
+    cyclone.upgrade(fresh_engine)
+    with fresh_engine.begin() as conn:
+        conn.execute(sa.text("ALTER TABLE cyclone_runs DROP COLUMN retention"))
+        conn.execute(sa.text("ALTER TABLE cyclone_jobs ALTER COLUMN priority TYPE integer"))
+    kinds = {diff[0][0] if isinstance(diff, list) else diff[0] for diff in drift(fresh_engine)}
+    assert "add_column" in kinds
+    assert "modify_type" in kinds
+
+
+def test_downgrade_to_base_removes_everything_and_upgrade_works_again(
+    fresh_engine: sa.Engine,
+) -> None:
+    cyclone.upgrade(fresh_engine)
+    cyclone.downgrade(fresh_engine)
+    objects = cyclone_objects(fresh_engine)
+    assert objects["tables"] <= {"cyclone_alembic_version"}
+    assert objects["functions"] == set()
+    assert objects["triggers"] == set()
+    assert migrations.current_revision(fresh_engine) is None
+    cyclone.upgrade(fresh_engine)
+    cyclone.check_schema(fresh_engine)
+    assert drift(fresh_engine) == []
+
+
+def test_alembic_cli_upgrade_head_and_downgrade_base(
+    fresh_database: URL, fresh_engine: sa.Engine
+) -> None:
+    up = alembic_cli("upgrade", "head", url=fresh_database)
+    assert up.returncode == 0, up.stderr
+    cyclone.check_schema(fresh_engine)
+    assert version_rows(fresh_engine) == [migrations.head_revision()]
+    assert drift(fresh_engine) == []
+    with fresh_engine.connect() as conn:
+        names = set(
+            conn.execute(
+                sa.text(
+                    "SELECT conname FROM pg_constraint WHERE conrelid IN "
+                    "('cyclone_runs'::regclass, 'cyclone_jobs'::regclass)"
+                )
+            ).scalars()
+        )
+    assert names == {str(c.name) for table in metadata.tables.values() for c in table.constraints}
+
+    down = alembic_cli("downgrade", "base", url=fresh_database)
+    assert down.returncode == 0, down.stderr
+    objects = cyclone_objects(fresh_engine)
+    assert objects["tables"] <= {"cyclone_alembic_version"}
+    assert objects["functions"] == set()
+    assert migrations.current_revision(fresh_engine) is None
+
+
+def test_alembic_cli_without_a_database_url_fails_clearly(fresh_database: URL) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "CYCLONE_DATABASE_URL"}
+    result = subprocess.run(
+        [sys.executable, "-m", "alembic", "upgrade", "head"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode != 0
+    assert "CYCLONE_DATABASE_URL" in result.stderr
+
+
+def test_concurrent_upgrade_from_threads(fresh_database: URL) -> None:
+    engines = [sa.create_engine(fresh_database, poolclass=sa.NullPool) for _ in range(4)]
+    barrier = threading.Barrier(len(engines))
+
+    def upgrade(engine: sa.Engine) -> None:
+        barrier.wait(timeout=10)
+        cyclone.upgrade(engine)
+
+    try:
+        with ThreadPoolExecutor(len(engines)) as pool:
+            for future in [pool.submit(upgrade, engine) for engine in engines]:
+                future.result(timeout=60)
+        assert version_rows(engines[0]) == [migrations.head_revision()]
+        cyclone.check_schema(engines[0])
+    finally:
+        for engine in engines:
+            engine.dispose()
+
+
+UPGRADE_CHILD = """
+import sys
+import sqlalchemy as sa
+import cyclone
+
+engine = sa.create_engine(sys.argv[1], poolclass=sa.NullPool)
+with engine.connect() as gate:
+    gate.execute(sa.text("SELECT pg_advisory_lock_shared(:k)"), {"k": int(sys.argv[2])})
+    gate.execute(sa.text("SELECT pg_advisory_unlock_shared(:k)"), {"k": int(sys.argv[2])})
+cyclone.upgrade(engine)
+print("ok")
+"""
+
+
+@pytest.mark.processes
+def test_concurrent_upgrade_from_processes(fresh_database: URL, fresh_engine: sa.Engine) -> None:
+    url = fresh_database.render_as_string(hide_password=False)
+    with fresh_engine.connect() as gate:
+        gate.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": START_GATE})
+        children = [
+            subprocess.Popen(
+                [sys.executable, "-c", UPGRADE_CHILD, url, str(START_GATE)],
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(4)
+        ]
+        try:
+            # Every child is at the gate: blocked on the shared lock we hold.
+            def waiting() -> bool:
+                return gate.execute(
+                    sa.text(
+                        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                        "AND NOT granted AND database = "
+                        "(SELECT oid FROM pg_database WHERE datname = current_database())"
+                    )
+                ).scalar_one() == len(children)
+
+            wait_until(waiting, timeout=30)
+        finally:
+            gate.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": START_GATE})
+            gate.commit()
+        outputs = [child.communicate(timeout=60) for child in children]
+    for child, (out, err) in zip(children, outputs, strict=True):
+        assert child.returncode == 0, err
+        assert out.strip() == "ok"
+    assert version_rows(fresh_engine) == [migrations.head_revision()]
+    cyclone.check_schema(fresh_engine)
