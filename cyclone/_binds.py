@@ -26,7 +26,9 @@ def engine_of(bind: Bind) -> Engine:
     """The Engine behind an Engine or a Client."""
     if isinstance(bind, Engine):
         return bind
-    if isinstance(bind, HasEngine):
+    # A Connection has an ``engine`` too, but a bind form would then commit on a connection
+    # of its own, outside the caller's transaction: refuse it.
+    if isinstance(bind, HasEngine) and not isinstance(bind, Connection):
         return bind.engine
     raise TypeError(
         f"expected a SQLAlchemy Engine or cyclone.Client, got {type(bind).__name__}; "

@@ -1,0 +1,81 @@
+"""Workflow factories and row readers shared by the submit tests (no tests here)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import msgspec
+import sqlalchemy as sa
+
+import cyclone
+from cyclone.schema import jobs, runs
+
+
+class Order(msgspec.Struct):
+    id: int
+    amount: int
+
+
+def workflow(name: str, steps: int = 1, *, input: Any = Any) -> cyclone.Workflow[Any]:
+    """A workflow named ``name``: a chain of ``steps`` steps."""
+    wf: cyclone.Workflow[Any] = cyclone.Workflow(name, input=input)
+    previous: list[str] = []
+    for i in range(steps):
+        wf.step(f"s{i}", after=previous)(noop)
+        previous = [f"s{i}"]
+    return wf
+
+
+def result_workflow(name: str, *, input: Any = Any) -> cyclone.ResultWorkflow[Any, Any]:
+    """A ResultWorkflow named ``name`` whose one step is its result node."""
+    wf: cyclone.ResultWorkflow[Any, Any] = cyclone.ResultWorkflow(name, input=input, output=Any)
+    wf.result("total")(noop)
+    return wf
+
+
+def noop(ctx: cyclone.StepContext, value: Any) -> None:
+    return None
+
+
+def count_runs(bind: sa.Engine | sa.Connection, workflow: str, key: str | None = None) -> int:
+    stmt = sa.select(sa.func.count()).where(runs.c.workflow == workflow)
+    if key is not None:
+        stmt = stmt.where(runs.c.submit_key == key)
+    if isinstance(bind, sa.Engine):
+        with bind.connect() as conn:
+            return int(conn.execute(stmt).scalar_one())
+    return int(bind.execute(stmt).scalar_one())
+
+
+def count_jobs(engine: sa.Engine, workflow: str) -> int:
+    with engine.connect() as conn:
+        stmt = sa.select(sa.func.count()).where(jobs.c.workflow == workflow)
+        return int(conn.execute(stmt).scalar_one())
+
+
+def run_ids(engine: sa.Engine, workflow: str) -> set[uuid.UUID]:
+    with engine.connect() as conn:
+        return set(conn.execute(sa.select(runs.c.id).where(runs.c.workflow == workflow)).scalars())
+
+
+def job_kinds(engine: sa.Engine, run_id: uuid.UUID) -> list[str]:
+    with engine.connect() as conn:
+        stmt = sa.select(jobs.c.kind).where(jobs.c.run_id == run_id).order_by(jobs.c.kind)
+        return list(conn.execute(stmt).scalars())
+
+
+def finish(
+    engine: sa.Engine, run_id: uuid.UUID, state: cyclone.RunState, ago: timedelta = timedelta(0)
+) -> None:
+    """Mark a run terminal by hand, as if it had ended ``ago``."""
+    with engine.begin() as conn:
+        conn.execute(
+            runs.update()
+            .where(runs.c.id == run_id)
+            .values(
+                state=state.value,
+                finalized_at=sa.func.now() - ago,
+            )
+        )

@@ -1,0 +1,489 @@
+"""submit_once, submit_once_tx, submit and submit_tx: one rule per test."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+import cyclone
+from cyclone import submit as submit_module
+from cyclone.schema import jobs, runs
+from tests.conftest import StatementCounter
+from tests.support.factories import (
+    Order,
+    count_jobs,
+    count_runs,
+    finish,
+    job_kinds,
+    result_workflow,
+    run_ids,
+    workflow,
+)
+
+
+def stored_graph(engine: sa.Engine, run_id: uuid.UUID) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(sa.select(runs.c.graph).where(runs.c.id == run_id)).scalar_one()
+
+
+def test_created_is_true_then_false_with_the_same_run_id(engine: sa.Engine, name: str) -> None:
+    wf = workflow(name)
+    first, created = wf.submit_once(engine, "order:1", {"n": 1})
+    assert created is True
+    second, created_again = wf.submit_once(engine, "order:1", {"n": 1})
+    assert created_again is False
+    assert second.id == first.id
+    assert second == first
+    assert (first.workflow, first.key) == (second.workflow, second.key) == (name, "order:1")
+    assert count_runs(engine, name) == 1
+    assert job_kinds(engine, first.id) == ["s0"]
+
+
+def test_the_handle_reads_the_run_of_the_key(engine: sa.Engine, name: str) -> None:
+    wf = workflow(name)
+    run, _ = wf.submit_once(engine, "k", 1)
+    _, _ = wf.submit_once(engine, "k", 1)
+    status = run.status()
+    assert status.id == run.id
+    assert (status.workflow, status.key, status.state) == (name, "k", cyclone.RunState.RUNNING)
+    assert isinstance(run.id, uuid.UUID)
+    assert uuid.UUID(str(run.id)) == run.id
+
+
+def test_a_key_is_scoped_per_workflow_name(engine: sa.Engine, name: str) -> None:
+    one = workflow(name + "_one")
+    two = workflow(name + "_two")
+    run_one, created_one = one.submit_once(engine, "shared", 1)
+    run_two, created_two = two.submit_once(engine, "shared", 2)  # a different input is fine
+    assert created_one
+    assert created_two
+    assert run_one.id != run_two.id
+    assert (run_one.workflow, run_two.workflow) == (name + "_one", name + "_two")
+
+
+@pytest.mark.parametrize(
+    "state", [cyclone.RunState.COMPLETED, cyclone.RunState.FAILED, cyclone.RunState.CANCELLED]
+)
+def test_a_key_is_held_in_every_state(
+    engine: sa.Engine, name: str, state: cyclone.RunState
+) -> None:
+    wf = workflow(name)
+    run, _ = wf.submit_once(engine, "k", 1)
+    finish(engine, run.id, state)
+    assert run.status().state == state
+    again, created = wf.submit_once(engine, "k", 1)
+    assert created is False
+    assert again.id == run.id
+    assert count_runs(engine, name) == 1
+
+
+def test_a_key_is_held_after_cancel(engine: sa.Engine, name: str) -> None:
+    wf = workflow(name)
+    run, _ = wf.submit_once(engine, "k", 1)
+    run.cancel()
+    assert run.status().state == cyclone.RunState.CANCELLED
+    again, created = wf.submit_once(engine, "k", 1)
+    assert (again.id, created) == (run.id, False)
+
+
+def test_key_order_and_whitespace_do_not_matter(engine: sa.Engine, name: str) -> None:
+    wf = workflow(name)
+    run, _ = wf.submit_once(engine, "k", {"a": 1, "b": {"x": [1, 2], "y": None}})
+    again, created = wf.submit_once(engine, "k", {"b": {"y": None, "x": [1, 2]}, "a": 1})
+    assert (again.id, created) == (run.id, False)
+    # Below the encoder: the database compares the JSON text as jsonb.
+    raw = '{  "b" : {"y":null,\n "x" : [1,  2]},\t"a":1 }'
+    row = submit_module.submit_once(engine, wf.plan(), "k", raw, None, None)
+    assert (row.run_id, row.created) == (run.id, False)
+    with pytest.raises(cyclone.SubmitConflictError):
+        submit_module.submit_once(
+            engine, wf.plan(), "k", '{"a":1,"b":{"x":[2,1],"y":null}}', None, None
+        )
+
+
+def test_a_struct_and_an_equal_dict_are_the_same_input(engine: sa.Engine, name: str) -> None:
+    wf = workflow(name, input=Order)
+    run, _ = wf.submit_once(engine, "k", Order(id=7, amount=100))
+    again, created = wf.submit_once(engine, "k", {"amount": 100, "id": 7})
+    assert (again.id, created) == (run.id, False)
+
+
+def test_one_and_one_point_zero_are_the_same_input(engine: sa.Engine, name: str) -> None:
+    wf = workflow(name)
+    run, _ = wf.submit_once(engine, "k", {"amount": 1})
+    again, created = wf.submit_once(engine, "k", {"amount": 1.0})
+    assert (again.id, created) == (run.id, False)
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        pytest.param({"n": 2}, id="value"),
+        pytest.param({"n": 1, "extra": None}, id="extra-field"),
+        pytest.param({"n": "1"}, id="type"),
+        pytest.param([{"n": 1}], id="shape"),
+    ],
+)
+def test_a_different_input_raises_submit_conflict_and_inserts_nothing(
+    engine: sa.Engine, name: str, other: Any
+) -> None:
+    wf = workflow(name, 3)
+    run, _ = wf.submit_once(engine, "order:9", {"n": 1})
+    runs_before, jobs_before = count_runs(engine, name), count_jobs(engine, name)
+    with pytest.raises(cyclone.SubmitConflictError) as info:
+        wf.submit_once(engine, "order:9", other)
+    error = info.value
+    assert (error.run_id, error.workflow, error.key) == (run.id, name, "order:9")
+    assert str(run.id) in str(error)
+    assert name in str(error)
+    assert "order:9" in str(error)
+    assert isinstance(error, cyclone.CycloneError)
+    assert (count_runs(engine, name), count_jobs(engine, name)) == (runs_before, jobs_before)
+    with engine.begin() as conn, pytest.raises(cyclone.SubmitConflictError):
+        wf.submit_once_tx(conn, "order:9", other)
+    assert (count_runs(engine, name), count_jobs(engine, name)) == (runs_before, jobs_before)
+
+
+def test_rollback_frees_the_key(engine: sa.Engine, name: str) -> None:
+    wf = workflow(name)
+    with engine.connect() as conn, conn.begin() as tx:
+        rolled_back, created = wf.submit_once_tx(conn, "k", 1)
+        assert created
+        assert count_runs(conn, name, "k") == 1
+        tx.rollback()
+    assert count_runs(engine, name) == 0
+    with pytest.raises(cyclone.NotFoundError):
+        rolled_back.status()
+    run, created = wf.submit_once(engine, "k", 1)
+    assert created is True
+    assert run.id != rolled_back.id
+
+
+def test_a_second_call_in_the_same_transaction_returns_the_first_run(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = workflow(name)
+    with engine.begin() as conn:
+        first, created = wf.submit_once_tx(conn, "k", {"a": 1})
+        second, created_again = wf.submit_once_tx(conn, "k", {"a": 1})
+        assert (created, created_again) == (True, False)
+        assert second.id == first.id
+    assert count_runs(engine, name) == 1
+
+
+def test_a_conflict_does_not_abort_the_callers_transaction(engine: sa.Engine, name: str) -> None:
+    wf = workflow(name)
+    with engine.begin() as conn:
+        first, _ = wf.submit_once_tx(conn, "k", 1)
+        with pytest.raises(cyclone.SubmitConflictError):
+            wf.submit_once_tx(conn, "k", 2)
+        assert conn.execute(sa.select(sa.literal(1))).scalar_one() == 1
+        other, created = wf.submit_once_tx(conn, "k2", 2)
+        assert created
+    assert run_ids(engine, name) == {first.id, other.id}
+
+
+def test_options_do_not_take_part_and_the_run_keeps_its_first_options(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = workflow(name)
+    deadline = datetime(2100, 1, 2, 3, 4, 5, tzinfo=UTC)
+    run, _ = wf.submit_once(engine, "k", 1, deadline=deadline, retention=timedelta(days=1))
+    again, created = wf.submit_once(
+        engine, "k", 1, deadline=timedelta(minutes=5), retention=timedelta(days=30)
+    )
+    assert (again.id, created) == (run.id, False)
+    plain, created = wf.submit_once(engine, "k", 1)
+    assert (plain.id, created) == (run.id, False)
+    status = run.status()
+    assert status.deadline == deadline
+    assert status.retention == timedelta(days=1)
+
+
+def test_a_deadline_as_timedelta_is_counted_from_now(engine: sa.Engine, name: str) -> None:
+    wf = workflow(name)
+    before = datetime.now(UTC)
+    run, _ = wf.submit_once(engine, "k", 1, deadline=timedelta(hours=1))
+    deadline = run.status().deadline
+    assert deadline is not None
+    assert timedelta(minutes=59) < deadline - before < timedelta(minutes=61)
+    assert run.status().retention is None
+
+
+def test_a_changed_graph_still_returns_the_old_run(engine: sa.Engine, name: str) -> None:
+    old = workflow(name, 2)
+    run, _ = old.submit_once(engine, "k", 1)
+    old_graph = stored_graph(engine, run.id)
+
+    new: cyclone.Workflow[Any] = cyclone.Workflow(name)  # a redeploy: same name, new steps
+
+    @new.step()
+    def fetch(ctx: cyclone.StepContext, value: Any) -> None:
+        return None
+
+    @new.step(after=[fetch], max_attempts=9)
+    def store(ctx: cyclone.StepContext, value: Any) -> None:
+        return None
+
+    @new.step(after=[store])
+    def notify(ctx: cyclone.StepContext, value: Any) -> None:
+        return None
+
+    again, created = new.submit_once(engine, "k", 1)
+    assert (again.id, created) == (run.id, False)
+    assert stored_graph(engine, run.id) == old_graph
+    assert [step["name"] for step in old_graph["steps"]] == ["s0", "s1"]
+    assert job_kinds(engine, run.id) == ["s0", "s1"]
+    fresh, created = new.submit_once(engine, "k2", 1)
+    assert created
+    assert job_kinds(engine, fresh.id) == ["fetch", "notify", "store"]
+
+
+def test_workflow_and_result_workflow_of_the_same_name_share_keys(
+    engine: sa.Engine, name: str
+) -> None:
+    plain = workflow(name)
+    typed = result_workflow(name)
+    run, created = plain.submit_once(engine, "k", 1)
+    assert created
+    typed_run, created = typed.submit_once(engine, "k", 1)
+    assert created is False
+    assert typed_run.id == run.id
+    assert isinstance(typed_run, cyclone.ResultRun)
+    with pytest.raises(cyclone.NoOutputError) as info:
+        typed_run.result(timeout=5)
+    assert info.value.run_id == run.id
+
+
+def test_a_result_workflow_first_keeps_its_result_node_for_the_plain_handle(
+    engine: sa.Engine, name: str
+) -> None:
+    typed = result_workflow(name)
+    plain = workflow(name)
+    typed_run, _ = typed.submit_once(engine, "k", 1)
+    run, created = plain.submit_once(engine, "k", 1)
+    assert (run.id, created) == (typed_run.id, False)
+    assert type(run) is cyclone.Run
+    with engine.connect() as conn:
+        result_step = conn.execute(
+            sa.select(runs.c.result_step).where(runs.c.id == run.id)
+        ).scalar_one()
+    assert result_step == "total"
+
+
+def test_submit_makes_a_new_run_every_call(engine: sa.Engine, name: str) -> None:
+    wf = workflow(name)
+    made = [wf.submit(engine, {"same": "input"}) for _ in range(3)]
+    assert len({run.id for run in made}) == 3
+    assert all(run.key is None for run in made)
+    assert count_runs(engine, name) == 3
+
+
+def test_submit_tx_makes_a_new_run_every_call(engine: sa.Engine, name: str) -> None:
+    wf = workflow(name)
+    with engine.begin() as conn:
+        made = [wf.submit_tx(conn, 1) for _ in range(3)]
+    assert len({run.id for run in made}) == 3
+    assert run_ids(engine, name) == {run.id for run in made}
+
+
+def test_submit_once_does_not_collide_with_keyless_runs(engine: sa.Engine, name: str) -> None:
+    wf = workflow(name)
+    wf.submit(engine, 1)
+    _, created = wf.submit_once(engine, "k", 1)
+    assert created
+
+
+def test_tx_forms_accept_a_connection(engine: sa.Engine, name: str) -> None:
+    wf = workflow(name)
+    with engine.connect() as conn:
+        with conn.begin():
+            run, created = wf.submit_once_tx(conn, "k", 1)
+            plain = wf.submit_tx(conn, 1)
+        assert created
+        assert not conn.in_transaction()  # we committed it, cyclone did not end it early
+    assert run_ids(engine, name) == {run.id, plain.id}
+
+
+def test_tx_forms_accept_an_orm_session_and_join_its_transaction(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = workflow(name)
+    with Session(bind=engine) as session:
+        run, created = wf.submit_once_tx(session, "k", 1)
+        plain = wf.submit_tx(session, 1)
+        assert created
+        assert count_runs(session.connection(), name) == 2
+        session.rollback()
+    assert count_runs(engine, name) == 0
+
+    with Session(bind=engine) as session:
+        run, created = wf.submit_once_tx(session, "k", 1)
+        plain = wf.submit_tx(session, 1)
+        assert created
+        session.commit()
+    assert run_ids(engine, name) == {run.id, plain.id}
+
+
+def test_tx_forms_join_a_session_bound_to_an_outer_transaction(
+    conn: sa.Connection, name: str
+) -> None:
+    wf = workflow(name)
+    with Session(bind=conn, join_transaction_mode="create_savepoint") as session:
+        _, created = wf.submit_once_tx(session, "k", 1)
+        assert created
+        session.commit()  # releases the savepoint; the outer transaction is the test's
+    assert count_runs(conn, name, "k") == 1
+
+
+def test_a_bind_form_rejects_a_connection_and_a_tx_form_rejects_an_engine(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = workflow(name)
+    with pytest.raises(TypeError, match="Connection or Session"):
+        wf.submit_once_tx(engine, "k", 1)  # type: ignore[arg-type]
+    with engine.connect() as conn, conn.begin():
+        with pytest.raises(TypeError, match=r"Engine or cyclone\.Client"):
+            wf.submit_once(conn, "k", 1)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"Engine or cyclone\.Client"):
+            wf.submit(conn, 1)  # type: ignore[arg-type]
+    with Session(bind=engine) as session, pytest.raises(TypeError):
+        wf.submit_once(session, "k", 1)  # type: ignore[arg-type]
+    assert count_runs(engine, name) == 0
+
+
+def test_a_client_works_where_an_engine_does(engine: sa.Engine, name: str) -> None:
+    client = cyclone.Client(engine)
+    wf = workflow(name)
+    run, created = wf.submit_once(client, "k", 1)
+    again, created_again = wf.submit_once(client, "k", 1)
+    assert (created, created_again) == (True, False)
+    assert again.id == run.id
+    made = wf.submit(client, 1)
+    [(batch_run, batch_created)] = wf.submit_once_many(client, [("k", 1)])
+    assert (batch_run.id, batch_created) == (run.id, False)
+    status = client.get_run(run.id)
+    assert status is not None
+    assert status.key == "k"
+    assert run_ids(engine, name) == {run.id, made.id}
+
+
+def test_purge_frees_the_key(engine: sa.Engine, name: str) -> None:
+    wf = workflow(name, 2)
+    run, _ = wf.submit_once(engine, "k", 1)
+    finish(engine, run.id, cyclone.RunState.COMPLETED, ago=timedelta(hours=1))
+    purged = cyclone.Client(engine).purge_terminal_runs(older_than=timedelta(0))
+    assert purged >= 1
+    assert count_runs(engine, name) == 0
+    assert count_jobs(engine, name) == 0
+    again, created = wf.submit_once(engine, "k", 1)
+    assert created is True
+    assert again.id != run.id
+    # A new input is fine now: the old run, and its input, are gone.
+    with pytest.raises(cyclone.SubmitConflictError):
+        wf.submit_once(engine, "k", 2)
+
+
+def test_purge_keeps_a_running_run_and_its_key(engine: sa.Engine, name: str) -> None:
+    wf = workflow(name)
+    run, _ = wf.submit_once(engine, "k", 1)
+    cyclone.Client(engine).purge_terminal_runs(older_than=timedelta(0))
+    again, created = wf.submit_once(engine, "k", 1)
+    assert (again.id, created) == (run.id, False)
+
+
+def test_run_ids_are_never_reused(engine: sa.Engine, name: str) -> None:
+    wf = workflow(name)
+    seen: set[uuid.UUID] = set()
+    for _ in range(3):
+        with engine.connect() as conn, conn.begin() as tx:
+            rolled_back, _ = wf.submit_once_tx(conn, "k", 1)
+            tx.rollback()
+        assert rolled_back.id not in seen
+        seen.add(rolled_back.id)
+        run, created = wf.submit_once(engine, "k", 1)
+        assert created
+        assert run.id not in seen
+        seen.add(run.id)
+        finish(engine, run.id, cyclone.RunState.FAILED, ago=timedelta(hours=1))
+        cyclone.Client(engine).purge_terminal_runs(older_than=timedelta(0))
+    assert len(seen) == 6
+
+
+def test_submit_once_with_a_new_key_is_one_statement(
+    engine: sa.Engine, name: str, statements: StatementCounter
+) -> None:
+    wf = workflow(name)
+    wf.plan()
+    statements.reset()
+    _, created = wf.submit_once(engine, "k", 1)
+    assert created
+    assert statements.count == 1, statements.statements
+
+
+def test_submit_once_with_an_existing_key_is_one_statement(
+    engine: sa.Engine, name: str, statements: StatementCounter
+) -> None:
+    wf = workflow(name)
+    wf.submit_once(engine, "k", 1)
+    statements.reset()
+    _, created = wf.submit_once(engine, "k", 1)
+    assert not created
+    assert statements.count == 1, statements.statements
+
+
+def test_a_conflict_is_one_statement(
+    engine: sa.Engine, name: str, statements: StatementCounter
+) -> None:
+    wf = workflow(name)
+    wf.submit_once(engine, "k", 1)
+    statements.reset()
+    with pytest.raises(cyclone.SubmitConflictError):
+        wf.submit_once(engine, "k", 2)
+    assert statements.count == 1, statements.statements
+
+
+@pytest.mark.parametrize("steps", [1, 20])
+def test_submit_once_statements_do_not_grow_with_the_steps(
+    engine: sa.Engine, name: str, statements: StatementCounter, steps: int
+) -> None:
+    wf = workflow(name, steps)
+    statements.reset()
+    run, created = wf.submit_once(engine, "k", 1)
+    new_key = statements.count
+    statements.reset()
+    wf.submit_once(engine, "k", 1)
+    existing_key = statements.count
+    statements.reset()
+    wf.submit(engine, 1)
+    keyless = statements.count
+    with engine.begin() as conn:
+        statements.reset()
+        wf.submit_once_tx(conn, "k2", 1)
+        in_tx = statements.count
+    assert (new_key, existing_key, keyless, in_tx) == (1, 1, 1, 1)
+    assert created
+    assert len(job_kinds(engine, run.id)) == steps
+
+
+def test_jobs_of_a_new_run_start_blocked_or_available(engine: sa.Engine, name: str) -> None:
+    wf = workflow(name, 3)
+    run, _ = wf.submit_once(engine, "k", 1, deadline=timedelta(hours=1))
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(jobs.c.kind, jobs.c.state, jobs.c.pending_deps, jobs.c.deadline)
+            .where(jobs.c.run_id == run.id)
+            .order_by(jobs.c.kind)
+        ).all()
+    deadline = run.status().deadline
+    assert [(r.kind, r.state, r.pending_deps) for r in rows] == [
+        ("s0", "available", 0),
+        ("s1", "blocked", 1),
+        ("s2", "blocked", 1),
+    ]
+    assert all(r.deadline == deadline for r in rows)
