@@ -37,9 +37,7 @@ def failing_kind(kind: str) -> cyclone.StandaloneStep[Email, None]:
 
 def job_count(engine: sa.Engine, kind: str) -> int:
     with engine.connect() as c:
-        return int(
-            c.execute(sa.select(sa.func.count()).where(jobs.c.kind == kind)).scalar_one()
-        )
+        return int(c.execute(sa.select(sa.func.count()).where(jobs.c.kind == kind)).scalar_one())
 
 
 def test_enqueue_returns_a_job_handle_that_runs_to_its_typed_result(
@@ -93,9 +91,7 @@ def test_a_failed_job_result_raises_run_failed_error(engine: sa.Engine, name: st
     assert job.status().errors[-1]["message"] == "smtp down"
 
 
-def test_enqueue_tx_joins_the_callers_connection_transaction(
-    engine: sa.Engine, name: str
-) -> None:
+def test_enqueue_tx_joins_the_callers_connection_transaction(engine: sa.Engine, name: str) -> None:
     send = email_kind(name)
     with engine.connect() as c:
         tx = c.begin()

@@ -1,0 +1,410 @@
+"""Retention: purge_terminal_runs, purge_finished_jobs and the worker's sweeper."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import threading
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Iterator
+from datetime import timedelta
+
+import pytest
+import sqlalchemy as sa
+
+import cyclone
+from cyclone import _sweeper
+from cyclone.schema import jobs, runs
+from tests.conftest import StatementCounter, wait_until
+
+pytestmark = pytest.mark.usefixtures("clean_tables")
+
+DAY = timedelta(days=1)
+
+
+@pytest.fixture
+def client(engine: sa.Engine) -> cyclone.Client:
+    return cyclone.Client(engine)
+
+
+def workflow(name: str) -> cyclone.Workflow[int]:
+    wf: cyclone.Workflow[int] = cyclone.Workflow(name, input=int)
+
+    @wf.step(max_attempts=1)
+    def first(ctx: cyclone.StepContext, n: int) -> int:
+        if n < 0:
+            raise ValueError("negative")
+        return n
+
+    @wf.step(after=[first])
+    def second(ctx: cyclone.StepContext, n: int) -> int:
+        return n
+
+    return wf
+
+
+def age(engine: sa.Engine, targets: Iterable[cyclone.Run], interval: str) -> None:
+    """Pretend the runs ended ``interval`` ago."""
+    with engine.begin() as c:
+        c.execute(
+            sa.text(
+                "UPDATE cyclone_runs SET finalized_at = now() - CAST(:i AS interval) "
+                "WHERE id = ANY(:ids)"
+            ),
+            {"i": interval, "ids": [r.id for r in targets]},
+        )
+
+
+def existing(engine: sa.Engine, targets: Iterable[cyclone.Run]) -> set[uuid.UUID]:
+    with engine.connect() as c:
+        return set(
+            c.execute(sa.select(runs.c.id).where(runs.c.id.in_([r.id for r in targets]))).scalars()
+        )
+
+
+def jobs_of(engine: sa.Engine, targets: Iterable[cyclone.Run]) -> int:
+    with engine.connect() as c:
+        return int(
+            c.execute(
+                sa.select(sa.func.count()).where(jobs.c.run_id.in_([r.id for r in targets]))
+            ).scalar_one()
+        )
+
+
+def cancelled(engine: sa.Engine, wf: cyclone.Workflow[int], count: int) -> list[cyclone.Run]:
+    made = [wf.submit(engine, i) for i in range(count)]
+    for run in made:
+        run.cancel()
+    return made
+
+
+def test_purge_deletes_only_terminal_runs_older_than_the_cutoff(
+    engine: sa.Engine, client: cyclone.Client, name: str
+) -> None:
+    wf = workflow(name)
+    completed, failed, young = wf.submit(engine, 1), wf.submit(engine, -1), wf.submit(engine, 2)
+    cyclone.Worker(engine, workflows=[wf]).drain()
+    assert failed.status().state == cyclone.RunState.FAILED
+    (old_cancelled,) = cancelled(engine, wf, 1)
+    running = wf.submit(engine, 3)
+    age(engine, [completed, failed, old_cancelled], "2 days")
+    age(engine, [young], "1 hour")
+
+    assert client.purge_terminal_runs(older_than=DAY) == 3
+    assert existing(engine, [completed, failed, old_cancelled, young, running]) == {
+        young.id,
+        running.id,
+    }
+    with pytest.raises(cyclone.NotFoundError):
+        completed.status()
+    assert client.purge_terminal_runs(older_than=DAY) == 0
+
+
+def test_purge_deletes_in_batches_and_returns_the_total(
+    engine: sa.Engine, client: cyclone.Client, name: str, statements: StatementCounter
+) -> None:
+    doomed = cancelled(engine, workflow(name), 35)
+    age(engine, doomed, "2 days")
+    statements.reset()
+    assert client.purge_terminal_runs(older_than=DAY, batch_size=10) == 35
+    deletes = [s for s in statements.statements if s.lstrip().upper().startswith("DELETE")]
+    assert len(deletes) == 4  # 10 + 10 + 10 + 5
+    assert existing(engine, doomed) == set()
+
+
+def test_purge_deletes_the_jobs_of_the_runs_it_deletes(
+    engine: sa.Engine, client: cyclone.Client, name: str
+) -> None:
+    wf = workflow(name)
+    done = [wf.submit(engine, i) for i in range(3)]
+    cyclone.Worker(engine, workflows=[wf]).drain()
+    kept = wf.submit(engine, 9)
+    assert jobs_of(engine, done) == 6
+    age(engine, done, "2 days")
+    assert client.purge_terminal_runs(older_than=DAY) == 3
+    assert jobs_of(engine, done) == 0
+    assert jobs_of(engine, [kept]) == 2
+
+
+def test_purge_never_deletes_running_runs(
+    engine: sa.Engine, client: cyclone.Client, name: str
+) -> None:
+    wf = workflow(name)
+    running = [wf.submit(engine, i) for i in range(3)]
+    retried = wf.submit(engine, -1)
+    retried.cancel()
+    age(engine, [retried], "30 days")
+    retried.retry()  # running again: its old finalized_at is gone with its terminal state
+    with engine.begin() as c:  # and however old the runs are
+        c.execute(sa.update(runs).values(created_at=sa.func.now() - sa.text("interval '1 year'")))
+    assert client.purge_terminal_runs(older_than=timedelta(0)) == 0
+    assert existing(engine, [*running, retried]) == {r.id for r in [*running, retried]}
+    assert retried.status().state == cyclone.RunState.RUNNING
+
+
+def test_purge_frees_the_keys_of_the_runs_it_deletes(
+    engine: sa.Engine, client: cyclone.Client, name: str
+) -> None:
+    wf = workflow(name)
+    first, created = wf.submit_once(engine, "order:1", 1)
+    assert created
+    cyclone.Worker(engine, workflows=[wf]).drain()
+    again, created = wf.submit_once(engine, "order:1", 1)
+    assert (again.id, created) == (first.id, False)  # a finished run keeps its key
+    age(engine, [first], "2 days")
+    assert client.purge_terminal_runs(older_than=DAY) == 1
+    new, created = wf.submit_once(engine, "order:1", 1)
+    assert created
+    assert new.id != first.id
+    assert new.status().state == cyclone.RunState.RUNNING
+
+
+def test_a_runs_own_retention_overrides_older_than(
+    engine: sa.Engine, client: cyclone.Client, name: str
+) -> None:
+    wf = workflow(name)
+    kept_longer = wf.submit(engine, 1, retention=timedelta(days=3))
+    kept_shorter = wf.submit(engine, 2)
+    kept_shorter.set_retention(timedelta(hours=1))
+    plain = wf.submit(engine, 3)
+    cyclone.Worker(engine, workflows=[wf]).drain()
+    assert kept_longer.status().retention == timedelta(days=3)
+    age(engine, [kept_longer, kept_shorter, plain], "2 days")
+
+    # older_than=7 days keeps plain, but kept_shorter's own hour has passed
+    assert client.purge_terminal_runs(older_than=timedelta(days=7)) == 1
+    assert existing(engine, [kept_longer, kept_shorter, plain]) == {kept_longer.id, plain.id}
+    # older_than=1 day would take kept_longer, but its own 3 days have not passed
+    assert client.purge_terminal_runs(older_than=DAY) == 1
+    assert existing(engine, [kept_longer, plain]) == {kept_longer.id}
+    age(engine, [kept_longer], "4 days")
+    assert client.purge_terminal_runs(older_than=timedelta(days=30)) == 1
+    assert existing(engine, [kept_longer]) == set()
+
+
+def test_set_retention_none_returns_a_run_to_the_default(
+    engine: sa.Engine, client: cyclone.Client, name: str
+) -> None:
+    run = workflow(name).submit(engine, 1, retention=timedelta(days=30))
+    run.cancel()
+    age(engine, [run], "2 days")
+    assert client.purge_terminal_runs(older_than=DAY) == 0
+    run.set_retention(None)
+    assert client.purge_terminal_runs(older_than=DAY) == 1
+
+
+def test_purge_rejects_a_negative_age_or_batch(client: cyclone.Client) -> None:
+    with pytest.raises(ValueError, match="older_than"):
+        client.purge_terminal_runs(older_than=timedelta(seconds=-1))
+    with pytest.raises(ValueError, match="batch_size"):
+        client.purge_finished_jobs(older_than=DAY, batch_size=0)
+
+
+def test_purge_finished_jobs_deletes_old_finished_standalone_jobs_only(
+    engine: sa.Engine, client: cyclone.Client, name: str
+) -> None:
+    @cyclone.step(name, max_attempts=1)
+    def check(ctx: cyclone.StepContext, n: int) -> int:
+        if n < 0:
+            raise ValueError("negative")
+        return n
+
+    old_ok, old_failed, young = (
+        check.enqueue(engine, 1),
+        check.enqueue(engine, -1),
+        check.enqueue(engine, 2),
+    )
+    cyclone.Worker(engine, steps=[check]).drain()
+    waiting = check.enqueue(engine, 3, unique="still-waiting")
+    wf = workflow(name)
+    run = wf.submit(engine, 1)
+    cyclone.Worker(engine, workflows=[wf]).drain()
+    with engine.begin() as c:
+        c.execute(
+            sa.update(jobs)
+            .where(jobs.c.finalized_at.is_not(None), jobs.c.id.not_in([young.id]))
+            .values(finalized_at=sa.func.now() - sa.text("interval '2 days'"))
+        )
+
+    assert client.purge_finished_jobs(older_than=DAY, batch_size=1) == 2
+    assert client.get_job(old_ok.id) is None
+    assert client.get_job(old_failed.id) is None
+    assert client.get_job(young.id) is not None
+    assert client.get_job(waiting.id) is not None
+    assert jobs_of(engine, [run]) == 2  # a run's steps go with their run, not here
+
+
+@contextlib.contextmanager
+def run_in_thread(worker: cyclone.Worker) -> Iterator[None]:
+    thread = threading.Thread(target=worker.run, name="sweeping-worker")
+    thread.start()
+    try:
+        yield
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+
+
+def sweeping_worker(
+    engine: sa.Engine, wf: cyclone.Workflow[int], keep: timedelta
+) -> cyclone.Worker:
+    return cyclone.Worker(
+        engine,
+        workflows=[wf],
+        sweep=True,
+        sweep_keep=keep,
+        sweep_interval=timedelta(milliseconds=50),
+        poll_interval=0.05,
+    )
+
+
+def test_the_worker_sweeper_deletes_old_terminal_runs_and_honours_their_retention(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = workflow(name)
+    old, young = wf.submit(engine, 1), wf.submit(engine, 2)
+    retained = wf.submit(engine, 3, retention=timedelta(days=3))
+    short = wf.submit(engine, 4, retention=timedelta(minutes=10))
+    cyclone.Worker(engine, workflows=[wf]).drain()
+    running = wf.submit(engine, 5)
+    running.cancel()
+    running.retry()
+    age(engine, [old, retained], "2 days")
+    age(engine, [short], "20 minutes")
+
+    with run_in_thread(sweeping_worker(engine, wf, keep=DAY)):
+        wait_until(lambda: not existing(engine, [old, short]))
+        assert existing(engine, [young, retained]) == {young.id, retained.id}
+        # the sweeper keeps sweeping: once the retained run's own 3 days pass, it goes
+        age(engine, [retained], "4 days")
+        wait_until(lambda: not existing(engine, [retained]))
+        assert existing(engine, [young]) == {young.id}
+    assert running.status().state in (cyclone.RunState.RUNNING, cyclone.RunState.COMPLETED)
+
+
+def test_only_one_sweeper_sweeps_at_a_time(engine: sa.Engine, name: str) -> None:
+    (done,) = cancelled(engine, workflow(name), 1)
+    age(engine, [done], "2 days")
+    with engine.connect() as other:
+        other.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": _sweeper.SWEEPER_LOCK})
+        other.commit()
+        try:
+            assert _sweeper.sweep(engine, timedelta(0)) == (0, 0)
+            assert existing(engine, [done]) == {done.id}
+        finally:
+            other.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": _sweeper.SWEEPER_LOCK})
+            other.commit()
+    assert _sweeper.sweep(engine, timedelta(0)) == (1, 0)
+    assert existing(engine, [done]) == set()
+
+
+def test_purge_and_sweeper_racing_submit_once_lose_no_run_and_never_share_a_key(
+    engine: sa.Engine, client: cyclone.Client, name: str
+) -> None:
+    churn: cyclone.Workflow[dict[str, str]] = cyclone.Workflow(
+        f"{name}-churn", input=dict[str, str]
+    )
+
+    @churn.step()
+    def noop(ctx: cyclone.StepContext, value: dict[str, str]) -> None:
+        return None
+
+    steady = workflow(f"{name}-steady")  # no worker runs it: its runs stay running
+    steady_runs = {f"s{i}": steady.submit_once(engine, f"s{i}", i)[0] for i in range(4)}
+    keys = [f"c{i}" for i in range(6)]
+    observed: list[tuple[str, uuid.UUID, bool]] = []
+    problems: list[str] = []
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    purged = Counter[str]()
+
+    def guard(fn: object) -> object:
+        def wrapped(*args: object) -> None:
+            try:
+                fn(*args)  # type: ignore[operator]
+            except BaseException as exc:
+                errors.append(exc)
+                stop.set()
+
+        return wrapped
+
+    @guard
+    def submitter(seed: int) -> None:
+        rng = random.Random(seed)
+        for i in range(75):
+            if stop.is_set():
+                return
+            key = rng.choice(keys)
+            run, created = churn.submit_once(engine, key, {"k": key})
+            observed.append((key, run.id, created))
+            if i % 3 == 0:
+                with contextlib.suppress(cyclone.InvalidStateError, cyclone.NotFoundError):
+                    run.cancel()
+            if i % 5 == 0:
+                skey = rng.choice(list(steady_runs))
+                srun, screated = steady.submit_once(engine, skey, int(skey[1:]))
+                if screated or srun.id != steady_runs[skey].id:
+                    problems.append(f"steady key {skey} got run {srun.id} created={screated}")
+
+    @guard
+    def purger() -> None:
+        while not stop.is_set():
+            purged["purge"] += client.purge_terminal_runs(older_than=timedelta(0), batch_size=3)
+
+    @guard
+    def monitor() -> None:
+        while not stop.is_set():
+            with engine.connect() as c:
+                shared = c.execute(
+                    sa.select(runs.c.workflow, runs.c.submit_key)
+                    .where(runs.c.workflow.in_([churn.name, steady.name]))
+                    .group_by(runs.c.workflow, runs.c.submit_key)
+                    .having(sa.func.count() > 1)
+                ).all()
+                alive = c.execute(
+                    sa.select(runs.c.id).where(
+                        runs.c.id.in_([r.id for r in steady_runs.values()]),
+                        runs.c.state == cyclone.RunState.RUNNING.value,
+                    )
+                ).all()
+            if shared:
+                problems.append(f"keys held by two runs: {shared}")
+            if len(alive) != len(steady_runs):
+                problems.append("a running run was deleted")
+            time.sleep(0.01)
+
+    worker = sweeping_worker(engine, churn, keep=timedelta(0))  # type: ignore[arg-type]
+    background = [threading.Thread(target=purger), threading.Thread(target=monitor)]
+    submitters = [threading.Thread(target=submitter, args=(seed,)) for seed in range(4)]
+    with run_in_thread(worker):
+        for t in background + submitters:
+            t.start()
+        for t in submitters:
+            t.join(timeout=60)
+        stop.set()
+        for t in background:
+            t.join(timeout=30)
+    assert not any(t.is_alive() for t in background + submitters)
+    assert not errors, errors
+    assert not problems, problems[:5]
+
+    created_for: defaultdict[str, list[uuid.UUID]] = defaultdict(list)
+    for key, run_id, created in observed:
+        if created:
+            created_for[key].append(run_id)
+    all_created = [rid for ids in created_for.values() for rid in ids]
+    assert len(all_created) == len(set(all_created))  # a run id is never handed out twice
+    for key, run_id, _ in observed:  # every returned run exists or existed, under its key
+        assert run_id in created_for[key]
+    assert len(observed) == 300
+    assert len(all_created) > len(keys)  # keys really were freed and used again
+    for run in steady_runs.values():
+        assert run.status().state == cyclone.RunState.RUNNING
+    with engine.connect() as c:  # every run still there was handed out for its own key
+        current = c.execute(
+            sa.select(runs.c.submit_key, runs.c.id).where(runs.c.workflow == churn.name)
+        ).all()
+    assert all(run_id in created_for[key] for key, run_id in current)

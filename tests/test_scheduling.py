@@ -1,0 +1,145 @@
+"""Scheduling of standalone jobs: run_at/delay, priorities, queues and per-queue limits."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+import sqlalchemy as sa
+
+import cyclone
+from tests.conftest import wait_until
+
+
+def recorder(kind: str, **options: object) -> tuple[cyclone.StandaloneStep[int, int], list[int]]:
+    seen: list[int] = []
+
+    @cyclone.step(kind, **options)  # type: ignore[arg-type]
+    def record(ctx: cyclone.StepContext, n: int) -> int:
+        seen.append(n)
+        return n
+
+    return record, seen
+
+
+def test_a_job_scheduled_in_the_future_is_not_run_by_drain_now(
+    engine: sa.Engine, name: str
+) -> None:
+    step, seen = recorder(name)
+    later = step.enqueue(engine, 1, run_at=datetime.now(UTC) + timedelta(hours=1))
+    delayed = step.enqueue(engine, 2, delay=timedelta(hours=1))
+    assert cyclone.Worker(engine, steps=[step]).drain() == 0
+    assert seen == []
+    assert later.status().state == cyclone.JobState.AVAILABLE
+    assert delayed.status().state == cyclone.JobState.AVAILABLE
+
+
+def test_a_delayed_job_runs_once_its_time_has_passed(engine: sa.Engine, name: str) -> None:
+    step, seen = recorder(name)
+    job = step.enqueue(engine, 7, delay=timedelta(milliseconds=300))
+    worker = cyclone.Worker(engine, steps=[step])
+    assert worker.drain() == 0
+    wait_until(lambda: worker.drain() == 1, timeout=10, interval=0.05)
+    assert seen == [7]
+    status = job.wait(timeout=10)
+    assert status.state == cyclone.JobState.COMPLETED
+    assert status.scheduled_at - status.created_at >= timedelta(milliseconds=300)
+
+
+def test_a_job_with_run_at_in_the_past_runs_now(engine: sa.Engine, name: str) -> None:
+    step, seen = recorder(name)
+    step.enqueue(engine, 3, run_at=datetime.now(UTC) - timedelta(minutes=5))
+    assert cyclone.Worker(engine, steps=[step]).drain() == 1
+    assert seen == [3]
+
+
+def test_a_lower_priority_number_runs_first(engine: sa.Engine, name: str) -> None:
+    step, seen = recorder(name)
+    priorities = [5, -3, 2, 0, 9, -10, 1]
+    with engine.begin() as c:  # one transaction: every job is visible to the first claim
+        for p in priorities:
+            step.enqueue_tx(c, p, priority=p)
+    assert cyclone.Worker(engine, steps=[step], concurrency=1).drain() == len(priorities)
+    assert seen == sorted(priorities)
+
+
+def test_equal_priorities_run_in_enqueue_order(engine: sa.Engine, name: str) -> None:
+    step, seen = recorder(name)
+    for n in range(5):
+        step.enqueue(engine, n, priority=1)
+    step.enqueue(engine, 99, priority=0)
+    assert cyclone.Worker(engine, steps=[step], concurrency=1).drain() == 6
+    assert seen == [99, 0, 1, 2, 3, 4]
+
+
+def test_the_step_definitions_priority_is_the_default(engine: sa.Engine, name: str) -> None:
+    step, seen = recorder(name, priority=5)
+    step.enqueue(engine, 5)
+    step.enqueue(engine, 1, priority=1)
+    assert cyclone.Worker(engine, steps=[step], concurrency=1).drain() == 2
+    assert seen == [1, 5]
+
+
+def test_a_worker_never_runs_jobs_of_a_queue_it_was_not_given(engine: sa.Engine, name: str) -> None:
+    step, seen = recorder(name)
+    in_a = step.enqueue(engine, 1, queue=f"{name}-a")
+    in_b = step.enqueue(engine, 2, queue=f"{name}-b")
+    assert cyclone.Worker(engine, steps=[step], queues={f"{name}-a": 1}).drain() == 1
+    assert seen == [1]
+    assert in_a.status().state == cyclone.JobState.COMPLETED
+    assert in_b.status().state == cyclone.JobState.AVAILABLE
+    assert in_b.status().attempt == 0
+
+    assert cyclone.Worker(engine, steps=[step], queues={f"{name}-b": 1}).drain() == 1
+    assert in_b.status().state == cyclone.JobState.COMPLETED
+
+
+def test_a_queue_limit_of_one_never_runs_two_at_once_while_another_queue_runs_in_parallel(
+    engine: sa.Engine, name: str
+) -> None:
+    slow_q, fast_q = f"{name}-slow", f"{name}-fast"
+    lock = threading.Lock()
+    running: Counter[str] = Counter()
+    peak: Counter[str] = Counter()
+    fast_together = threading.Barrier(3)
+    fast_all_running = threading.Event()
+
+    def enter(queue: str) -> None:
+        with lock:
+            running[queue] += 1
+            peak[queue] = max(peak[queue], running[queue])
+
+    def leave(queue: str) -> None:
+        with lock:
+            running[queue] -= 1
+
+    @cyclone.step(f"{name}.slow", queue=slow_q)
+    def slow(ctx: cyclone.StepContext, n: int) -> None:
+        enter(slow_q)
+        try:
+            # The first slow job stays running until all three fast jobs run at once:
+            # the fast queue runs in parallel with a slow job in flight.
+            assert fast_all_running.wait(timeout=10)
+        finally:
+            leave(slow_q)
+
+    @cyclone.step(f"{name}.fast", queue=fast_q)
+    def fast(ctx: cyclone.StepContext, n: int) -> None:
+        enter(fast_q)
+        try:
+            fast_together.wait(timeout=10)  # breaks (and fails the job) unless 3 run at once
+            fast_all_running.set()
+        finally:
+            leave(fast_q)
+
+    with engine.begin() as c:
+        slow_jobs = [slow.enqueue_tx(c, n) for n in range(3)]
+        fast_jobs = [fast.enqueue_tx(c, n) for n in range(3)]
+    worker = cyclone.Worker(
+        engine, steps=[slow, fast], concurrency=4, queues={slow_q: 1, fast_q: 3}
+    )
+    assert worker.drain() == 6
+    assert [j.status().state for j in slow_jobs + fast_jobs] == [cyclone.JobState.COMPLETED] * 6
+    assert peak[slow_q] == 1
+    assert peak[fast_q] == 3
