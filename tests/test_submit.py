@@ -487,3 +487,26 @@ def test_jobs_of_a_new_run_start_blocked_or_available(engine: sa.Engine, name: s
         ("s2", "blocked", 1),
     ]
     assert all(r.deadline == deadline for r in rows)
+
+
+def test_result_on_the_handle_of_an_existing_key_returns_the_result(
+    engine: sa.Engine, name: str
+) -> None:
+    wf: cyclone.ResultWorkflow[Order, int] = cyclone.ResultWorkflow(name, input=Order, output=int)
+
+    @wf.step()
+    def double(ctx: cyclone.StepContext, order: Order) -> int:
+        return order.amount * 2
+
+    @wf.result(after=[double])
+    def total(ctx: cyclone.StepContext, order: Order) -> int:
+        return ctx.output(double) + 1
+
+    run, created = wf.submit_once(engine, "order:1", Order(1, 10))
+    assert created
+    again, created_again = wf.submit_once(engine, "order:1", Order(1, 10))
+    assert created_again is False
+    assert cyclone.Worker(engine, workflows=[wf]).drain() == 2
+    assert again.result(timeout=10) == 21
+    assert run.result(timeout=10) == 21
+    assert again.status().state == cyclone.RunState.COMPLETED
