@@ -134,6 +134,7 @@ class Worker:
         self._last_heartbeat = 0.0
         self._last_maintenance = 0.0
         self._last_sweep = 0.0
+        self._claim_turn = 0
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -252,15 +253,25 @@ class Worker:
         try:
             with self.engine.begin() as conn:
                 _completion.record(conn, self.id, successes, failures)
-                for name, limit in free.items():
-                    claimed += _claim.claim_jobs(
+                # Per-queue room can add up to more than concurrency: cap the total, and
+                # start from a different queue each time so none is starved.
+                left = self.concurrency - len(self._inflight)
+                turns = list(free.items())
+                self._claim_turn += 1
+                start = self._claim_turn % len(turns) if turns else 0
+                for name, limit in turns[start:] + turns[:start]:
+                    if left <= 0:
+                        break
+                    got = _claim.claim_jobs(
                         conn,
                         worker_id=self.id,
                         queues=self.queues if name == "*" else [name],
                         workflows=list(self.workflows),
                         kinds=list(self.steps),
-                        limit=limit,
+                        limit=min(limit, left),
                     )
+                    claimed += got
+                    left -= len(got)
         except Exception:
             log.exception("worker %s could not record outcomes or claim; retrying", self.id)
             for job, outcome in outcomes:

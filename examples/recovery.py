@@ -52,7 +52,7 @@ holds = sa.Table(
     sa.Column("released", sa.Boolean, nullable=False, server_default=sa.false()),
 )
 
-charge = cyclone.Workflow("example.charge", input=Payment)
+charge: cyclone.Workflow[Payment] = cyclone.Workflow("example.charge", input=Payment)
 
 
 @charge.step()
@@ -72,7 +72,9 @@ def capture(ctx: cyclone.StepContext, payment: Payment) -> None:
     raise RuntimeError(f"card declined while capturing {payment.cents} cents")
 
 
-undo_charge = cyclone.ResultWorkflow("example.undo_charge", input=str, output=str)
+undo_charge: cyclone.ResultWorkflow[str, str] = cyclone.ResultWorkflow(
+    "example.undo_charge", input=str, output=str
+)
 
 
 @undo_charge.result()

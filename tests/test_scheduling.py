@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import sqlalchemy as sa
 
 import cyclone
+from cyclone.schema import jobs
 from tests.conftest import wait_until
 
 
@@ -143,3 +144,37 @@ def test_a_queue_limit_of_one_never_runs_two_at_once_while_another_queue_runs_in
     assert [j.status().state for j in slow_jobs + fast_jobs] == [cyclone.JobState.COMPLETED] * 6
     assert peak[slow_q] == 1
     assert peak[fast_q] == 3
+
+
+def test_per_queue_limits_never_claim_more_than_the_workers_concurrency(
+    engine: sa.Engine, name: str
+) -> None:
+    queues = {f"{name}-a": 2, f"{name}-b": 2}
+    entered = threading.Semaphore(0)
+    release = threading.Event()
+
+    @cyclone.step(name)
+    def block(ctx: cyclone.StepContext, n: int) -> None:
+        entered.release()
+        assert release.wait(timeout=10)
+
+    with engine.begin() as c:
+        for queue in queues:
+            for n in range(2):
+                block.enqueue_tx(c, n, queue=queue)
+    worker = cyclone.Worker(engine, steps=[block], concurrency=2, queues=queues)
+    drained: list[int] = []
+    thread = threading.Thread(target=lambda: drained.append(worker.drain()))
+    thread.start()
+    try:
+        assert entered.acquire(timeout=10)
+        assert entered.acquire(timeout=10)
+        with engine.connect() as c:
+            running = c.execute(
+                sa.select(sa.func.count()).where(jobs.c.kind == name, jobs.c.state == "running")
+            ).scalar_one()
+        assert running == 2  # claimed jobs are running jobs: no more than concurrency
+    finally:
+        release.set()
+        thread.join(timeout=30)
+    assert drained == [4]
