@@ -181,7 +181,7 @@ def test_alembic_cli_upgrade_head_and_downgrade_base(
     assert migrations.current_revision(fresh_engine) is None
 
 
-def test_alembic_cli_without_a_database_url_fails_clearly(fresh_database: URL) -> None:
+def test_alembic_cli_without_a_database_url_fails_clearly() -> None:
     env = {k: v for k, v in os.environ.items() if k != "CYCLONE_DATABASE_URL"}
     result = subprocess.run(
         [sys.executable, "-m", "alembic", "upgrade", "head"],

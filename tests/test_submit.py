@@ -510,3 +510,14 @@ def test_result_on_the_handle_of_an_existing_key_returns_the_result(
     assert again.result(timeout=10) == 21
     assert run.result(timeout=10) == 21
     assert again.status().state == cyclone.RunState.COMPLETED
+
+
+def test_the_statement_counter_sees_statements_not_begin_or_commit(
+    engine: sa.Engine, statements: StatementCounter
+) -> None:
+    """What the round-trip tests count: cursor executes; BEGIN and COMMIT are not among them."""
+    statements.reset()
+    with engine.begin() as conn:
+        conn.execute(sa.select(sa.literal(1)))
+    assert statements.count == 1
+    assert statements.statements[0].startswith("SELECT")
