@@ -201,7 +201,7 @@ def test_concurrent_upgrade_from_threads(fresh_database: URL) -> None:
     barrier = threading.Barrier(len(engines))
 
     def upgrade(engine: sa.Engine) -> None:
-        barrier.wait(timeout=10)
+        barrier.wait(timeout=30)
         cyclone.upgrade(engine)
 
     try:
@@ -230,6 +230,7 @@ print("ok")
 
 
 @pytest.mark.processes
+@pytest.mark.timeout(240)
 def test_concurrent_upgrade_from_processes(fresh_database: URL, fresh_engine: sa.Engine) -> None:
     url = fresh_database.render_as_string(hide_password=False)
     with fresh_engine.connect() as gate:
@@ -247,15 +248,20 @@ def test_concurrent_upgrade_from_processes(fresh_database: URL, fresh_engine: sa
         try:
             # Every child is at the gate: blocked on the shared lock we hold.
             def waiting() -> bool:
-                return gate.execute(
+                for child in children:
+                    if child.poll() is not None:  # died before the gate: fail now
+                        pytest.fail(f"a child exited early: {child.communicate()[1]}")
+                count = gate.execute(
                     sa.text(
                         "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
                         "AND NOT granted AND database = "
                         "(SELECT oid FROM pg_database WHERE datname = current_database())"
                     )
-                ).scalar_one() == len(children)
+                ).scalar_one()
+                gate.commit()  # the session-level gate lock stays held
+                return bool(count == len(children))
 
-            wait_until(waiting, timeout=30)
+            wait_until(waiting, timeout=90)
         finally:
             gate.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": START_GATE})
             gate.commit()

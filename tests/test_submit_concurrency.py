@@ -71,10 +71,10 @@ def test_a_concurrent_submit_waits_and_returns_the_committed_run(
         assert created_a
         pool, b = in_background(other)
         try:
-            wait_until(lambda: blocked_by(engine, backend_pid(a)), timeout=10)
+            wait_until(lambda: blocked_by(engine, backend_pid(a)), timeout=30)
             assert not b.done()
             a.commit()
-            run_b, created_b = b.result(timeout=10)
+            run_b, created_b = b.result(timeout=30)
         finally:
             pool.shutdown(wait=True)
     assert run_b.id == run_a.id
@@ -96,10 +96,10 @@ def test_a_concurrent_submit_waits_and_creates_the_run_after_a_rollback(
         run_a, _ = wf.submit_once_tx(a, "k", 1)
         pool, b = in_background(other)
         try:
-            wait_until(lambda: blocked_by(engine, backend_pid(a)), timeout=10)
+            wait_until(lambda: blocked_by(engine, backend_pid(a)), timeout=30)
             assert not b.done()
             a.rollback()
-            run_b, created_b = b.result(timeout=10)
+            run_b, created_b = b.result(timeout=30)
         finally:
             pool.shutdown(wait=True)
     assert created_b is True
@@ -118,10 +118,10 @@ def test_a_concurrent_submit_with_a_different_input_conflicts_after_commit(
         run_a, _ = wf.submit_once_tx(a, "k", 1)
         pool, b = in_background(lambda: wf.submit_once(engine, "k", 2))
         try:
-            wait_until(lambda: blocked_by(engine, backend_pid(a)), timeout=10)
+            wait_until(lambda: blocked_by(engine, backend_pid(a)), timeout=30)
             a.commit()
             with pytest.raises(cyclone.SubmitConflictError) as info:
-                b.result(timeout=10)
+                b.result(timeout=30)
         finally:
             pool.shutdown(wait=True)
     assert info.value.run_id == run_a.id
@@ -158,7 +158,7 @@ def test_sixteen_threads_submitting_one_key_make_one_run(engine: sa.Engine, name
         c.close()
 
     def submit() -> tuple[uuid.UUID, bool]:
-        barrier.wait(timeout=10)
+        barrier.wait(timeout=30)
         run, created = wf.submit_once(engine, "k", {"key": "k"})
         return run.id, created
 
@@ -178,7 +178,7 @@ def test_sixteen_threads_in_their_own_transactions_make_one_run(
     def submit() -> tuple[uuid.UUID, bool]:
         with engine.begin() as conn:
             conn.execute(sa.select(sa.literal(1)))
-            barrier.wait(timeout=10)
+            barrier.wait(timeout=30)
             run, created = wf.submit_once_tx(conn, "k", 1)
             return run.id, created
 
@@ -190,6 +190,7 @@ def test_sixteen_threads_in_their_own_transactions_make_one_run(
 
 
 @pytest.mark.processes
+@pytest.mark.timeout(240)
 def test_eight_processes_submitting_one_key_at_the_same_instant_make_one_run(
     engine: sa.Engine, name: str
 ) -> None:
@@ -213,6 +214,9 @@ def test_eight_processes_submitting_one_key_at_the_same_instant_make_one_run(
         try:
 
             def all_at_the_gate() -> bool:
+                for child in children:
+                    if child.poll() is not None:  # died before the gate: fail now
+                        pytest.fail(f"a child exited early: {child.communicate()[1]}")
                 with engine.connect() as conn:
                     waiting = conn.execute(
                         sa.text(
@@ -224,7 +228,7 @@ def test_eight_processes_submitting_one_key_at_the_same_instant_make_one_run(
                     ).scalar_one()
                 return bool(waiting == len(children))
 
-            wait_until(all_at_the_gate, timeout=60)
+            wait_until(all_at_the_gate, timeout=90)
         finally:
             holder.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": gate})
             holder.commit()
