@@ -24,6 +24,7 @@ from sqlalchemy import (
     case,
     cast,
     column,
+    exists,
     func,
     select,
     update,
@@ -124,8 +125,18 @@ def complete_jobs_stmt() -> Any:
     )
 
 
+def run_over() -> Any:
+    """True for a job of a run that is no longer running (cancelled, failed, completed)."""
+    return exists().where(runs.c.id == jobs.c.run_id, runs.c.state != RunState.RUNNING.value)
+
+
 def retry_job_stmt() -> Any:
-    """Record a failed attempt and make the job available again after its backoff."""
+    """Record a failed attempt and make the job available again after its backoff.
+
+    A job whose run ended meanwhile (cancelled, or failed by another step) is cancelled
+    instead: a run that is over starts no new attempts.
+    """
+    over = run_over()
     return (
         update(jobs)
         .where(
@@ -135,7 +146,8 @@ def retry_job_stmt() -> Any:
             jobs.c.worker_id == bindparam("me", type_=Text),
         )
         .values(
-            state=JobState.AVAILABLE.value,
+            state=case((over, JobState.CANCELLED.value), else_=JobState.AVAILABLE.value),
+            finalized_at=case((over, func.now()), else_=None),
             worker_id=None,
             heartbeat_at=None,
             scheduled_at=func.now() + func.make_interval(0, 0, 0, 0, 0, 0, bindparam("delay")),

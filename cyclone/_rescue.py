@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Interval, Text, bindparam, case, cast, func, select, update
 
+from cyclone._completion import run_over
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
 
@@ -26,8 +27,10 @@ def rescue_jobs_stmt() -> Any:
     """Hand back running jobs whose worker has not beaten for ``rescue_after``.
 
     The lost attempt is recorded as an error but not counted: a crash of the worker is
-    not a failure of the step, so the job runs again whatever its attempts.
+    not a failure of the step, so the job runs again whatever its attempts. A job whose
+    run ended meanwhile (cancelled, failed, past its deadline) is cancelled instead.
     """
+    over = run_over()
     record = func.jsonb_build_array(
         func.jsonb_build_object(
             "type",
@@ -47,7 +50,8 @@ def rescue_jobs_stmt() -> Any:
             jobs.c.heartbeat_at < func.now() - bindparam("rescue_after", type_=Interval),
         )
         .values(
-            state=JobState.AVAILABLE.value,
+            state=case((over, JobState.CANCELLED.value), else_=JobState.AVAILABLE.value),
+            finalized_at=case((over, func.now()), else_=None),
             attempt=case((jobs.c.attempt > 0, jobs.c.attempt - 1), else_=0),
             worker_id=None,
             heartbeat_at=None,

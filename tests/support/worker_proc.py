@@ -1,0 +1,158 @@
+"""A worker process for the tests: ``python -m tests.support.worker_proc MODE NAME ARG``.
+
+The workflows are defined here at module level (by name), so the test process submits
+with the same definitions the children run. The database URL comes from the environment
+variable ``CYCLONE_TEST_DATABASE_URL`` that the session fixture sets.
+
+Modes:
+
+- ``drain NAME GATE``: wait at the start gate (``pg_advisory_lock_shared(GATE)``, held
+  exclusively by the test), drain :func:`pipeline` and print ``{"pid", "jobs"}`` as JSON.
+- ``crash NAME FLAG``: ``Worker.run()`` on :func:`crashy`; its step creates the file FLAG
+  and blocks forever, waiting for the test to ``SIGKILL`` the process.
+- ``serve NAME LOCK``: ``Worker.run()`` on :func:`gated` with concurrency 1, until
+  SIGTERM; its step waits for ``pg_advisory_lock(LOCK)``, which the test holds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from datetime import timedelta
+from functools import cache
+from pathlib import Path
+
+import msgspec
+import sqlalchemy as sa
+
+import cyclone
+
+HEARTBEAT = timedelta(milliseconds=200)
+
+
+class Item(msgspec.Struct):
+    n: int
+
+
+class Stamp(msgspec.Struct):
+    job: str
+    pid: int
+
+
+@cache
+def engine() -> sa.Engine:
+    """This process's engine on the test database."""
+    return sa.create_engine(os.environ["CYCLONE_TEST_DATABASE_URL"], pool_size=10)
+
+
+def results_table(name: str) -> str:
+    """The table where the steps of :func:`pipeline` record each execution."""
+    return f"{name}_results"
+
+
+def create_results_table(bind: sa.Engine, name: str) -> None:
+    with bind.begin() as conn:
+        conn.execute(
+            sa.text(
+                f'CREATE TABLE IF NOT EXISTS "{results_table(name)}" '
+                "(job text PRIMARY KEY, pid integer NOT NULL)"
+            )
+        )
+
+
+def _record(name: str, ctx: cyclone.StepContext) -> Stamp:
+    """Insert one row per execution: a second execution of a job violates the primary key."""
+    job = f"{ctx.run_id}:{ctx.step}"
+    with engine().begin() as conn:
+        conn.execute(
+            sa.text(f'INSERT INTO "{results_table(name)}" (job, pid) VALUES (:job, :pid)'),
+            {"job": job, "pid": os.getpid()},
+        )
+    return Stamp(job=job, pid=os.getpid())
+
+
+def pipeline(name: str) -> cyclone.Workflow[Item]:
+    """Three steps in a chain, each recording its execution in the results table."""
+    wf: cyclone.Workflow[Item] = cyclone.Workflow(name, input=Item)
+
+    @wf.step(max_attempts=1)
+    def first(ctx: cyclone.StepContext, item: Item) -> Stamp:
+        return _record(name, ctx)
+
+    @wf.step(after=[first], max_attempts=1)
+    def second(ctx: cyclone.StepContext, item: Item) -> Stamp:
+        assert ctx.output(first).job == f"{ctx.run_id}:first"
+        return _record(name, ctx)
+
+    @wf.step(after=[second], max_attempts=1)
+    def third(ctx: cyclone.StepContext, item: Item) -> Stamp:
+        assert ctx.output(second).job == f"{ctx.run_id}:second"
+        return _record(name, ctx)
+
+    return wf
+
+
+def crashy(name: str, flag: Path) -> cyclone.Workflow[Item]:
+    """One step that, the first time, creates ``flag`` and blocks; afterwards returns n."""
+    wf: cyclone.Workflow[Item] = cyclone.Workflow(name, input=Item)
+
+    @wf.step(max_attempts=1)
+    def stuck(ctx: cyclone.StepContext, item: Item) -> int:
+        try:
+            with flag.open("x") as f:
+                f.write(str(os.getpid()))
+        except FileExistsError:
+            return item.n
+        threading.Event().wait()  # until SIGKILL
+        raise AssertionError("unreachable")
+
+    return wf
+
+
+def gated(name: str, lock: int) -> cyclone.Workflow[Item]:
+    """One step that waits for the advisory lock ``lock`` (held by the test) and returns n."""
+    wf: cyclone.Workflow[Item] = cyclone.Workflow(name, input=Item)
+
+    @wf.step(max_attempts=1)
+    def wait_for_lock(ctx: cyclone.StepContext, item: Item) -> int:
+        with engine().connect() as conn:
+            conn.execute(sa.select(sa.func.pg_advisory_lock(lock)))
+            conn.execute(sa.select(sa.func.pg_advisory_unlock(lock)))
+        return item.n
+
+    return wf
+
+
+def main(argv: list[str]) -> int:
+    mode, name, arg = argv
+    bind = engine()
+    if mode == "drain":
+        worker = cyclone.Worker(bind, workflows=[pipeline(name)], concurrency=4, sweep=False)
+        with bind.connect() as conn:
+            conn.execute(sa.select(sa.func.pg_advisory_lock_shared(int(arg))))
+            conn.execute(sa.select(sa.func.pg_advisory_unlock_shared(int(arg))))
+        jobs = worker.drain()
+        print(json.dumps({"pid": os.getpid(), "jobs": jobs}), flush=True)
+    elif mode == "crash":
+        cyclone.Worker(
+            bind, workflows=[crashy(name, Path(arg))], heartbeat_interval=HEARTBEAT, sweep=False
+        ).run()
+    elif mode == "serve":
+        cyclone.Worker(
+            bind,
+            workflows=[gated(name, int(arg))],
+            concurrency=1,
+            heartbeat_interval=HEARTBEAT,
+            sweep=False,
+        ).run()
+        print(json.dumps({"pid": os.getpid(), "stopped": True}), flush=True)
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
+    bind.dispose()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,114 @@
+"""Helpers for the worker tests: background threads that re-raise, job rows, subprocesses."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+from cyclone.schema import jobs
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class Background:
+    """Runs ``fn`` in a daemon thread; :meth:`join` re-raises its error or returns its value."""
+
+    def __init__(self, fn: Callable[[], Any], name: str = "test-background") -> None:
+        self._fn = fn
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self.finished_at: float | None = None
+        self.thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._value = self._fn()
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            self.finished_at = time.monotonic()
+
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def join(self, timeout: float = 10.0) -> Any:
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            raise AssertionError(f"{self.thread.name} still running after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+@dataclass(frozen=True)
+class JobRow:
+    kind: str
+    state: str
+    attempt: int
+    errors: list[dict[str, Any]]
+    worker_id: str | None
+    scheduled_at: Any
+    output: Any
+
+
+def job_rows(engine: sa.Engine, run_id: uuid.UUID) -> dict[str, JobRow]:
+    """The jobs of a run, by step name."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(
+                jobs.c.kind,
+                jobs.c.state,
+                jobs.c.attempt,
+                jobs.c.errors,
+                jobs.c.worker_id,
+                jobs.c.scheduled_at,
+                jobs.c.output,
+            ).where(jobs.c.run_id == run_id)
+        ).all()
+    return {row[0]: JobRow(*row) for row in rows}
+
+
+def spawn_worker(mode: str, name: str, arg: str) -> subprocess.Popen[str]:
+    """Start ``python -m tests.support.worker_proc MODE NAME ARG`` on the test database."""
+    env = dict(os.environ)
+    assert "CYCLONE_TEST_DATABASE_URL" in env, "the database_url fixture sets it"
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.support.worker_proc", mode, name, arg],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def waiting_advisory_locks(engine: sa.Engine, key: int) -> int:
+    """How many backends are waiting for the advisory lock ``key`` (a bigint key)."""
+    with engine.connect() as conn:
+        count = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                "AND ((classid::bigint << 32) | objid::bigint) = :key"
+            ),
+            {"key": key},
+        ).scalar_one()
+    return int(count)
+
+
+def stop_all(procs: Sequence[subprocess.Popen[str]]) -> None:
+    """Kill the children that are still running (test teardown)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=10)

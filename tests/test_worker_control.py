@@ -1,0 +1,377 @@
+"""Controlling runs while workers run them: cancel, retry, retry_all, deadlines."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import cyclone
+from tests.conftest import wait_until
+from tests.support.workers import Background, job_rows
+
+
+def no_backoff(attempt: int) -> float:
+    return 0.0
+
+
+def test_cancel_stops_a_running_run_and_its_unstarted_steps_never_run(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = cyclone.Workflow(name)
+    calls: list[str] = []
+    started = threading.Event()
+    release = threading.Event()
+
+    @wf.step()
+    def slow(ctx: cyclone.StepContext, value: Any) -> int:
+        calls.append("slow")
+        started.set()
+        assert release.wait(10)
+        return 1
+
+    @wf.step(after=[slow])
+    def next_step(ctx: cyclone.StepContext, value: Any) -> int:
+        calls.append("next_step")
+        return 2
+
+    run = wf.submit(engine, None)
+    worker = cyclone.Worker(engine, workflows=[wf])
+    draining = Background(worker.drain)
+    assert started.wait(10)
+
+    run.cancel()
+    release.set()
+    assert draining.join(10) == 1
+
+    assert calls == ["slow"]
+    status = run.status()
+    assert status.state == cyclone.RunState.CANCELLED
+    assert status.finished_at is not None
+    assert job_rows(engine, run.id)["next_step"].state == "cancelled"
+    assert worker.drain() == 0
+    assert run.status().state == cyclone.RunState.CANCELLED
+
+
+def test_cancel_before_any_worker_means_no_step_runs(engine: sa.Engine, name: str) -> None:
+    wf = cyclone.Workflow(name)
+    calls: list[str] = []
+
+    @wf.step()
+    def only(ctx: cyclone.StepContext, value: Any) -> None:
+        calls.append("only")
+
+    run = wf.submit(engine, None)
+    run.cancel()
+
+    assert cyclone.Worker(engine, workflows=[wf]).drain() == 0
+    assert calls == []
+    assert run.wait(timeout=5).state == cyclone.RunState.CANCELLED
+
+
+def test_cancel_of_a_completed_run_raises_invalid_state(engine: sa.Engine, name: str) -> None:
+    wf = cyclone.Workflow(name)
+
+    @wf.step()
+    def only(ctx: cyclone.StepContext, value: Any) -> None:
+        return None
+
+    run = wf.submit(engine, None)
+    cyclone.Worker(engine, workflows=[wf]).drain()
+
+    with pytest.raises(cyclone.InvalidStateError) as excinfo:
+        run.cancel()
+    assert excinfo.value.state == cyclone.RunState.COMPLETED
+    assert run.status().state == cyclone.RunState.COMPLETED
+
+
+class Switch:
+    """A step that fails while ``broken`` is set, counting every call per step."""
+
+    def __init__(self) -> None:
+        self.broken = True
+        self.calls: Counter[str] = Counter()
+
+
+def chain(wf: cyclone.Workflow[Any], switch: Switch) -> None:
+    @wf.step()
+    def fetch(ctx: cyclone.StepContext, value: Any) -> int:
+        switch.calls["fetch"] += 1
+        return 10 * switch.calls["fetch"]
+
+    @wf.step(after=[fetch], max_attempts=1)
+    def transform(ctx: cyclone.StepContext, value: Any) -> int:
+        switch.calls["transform"] += 1
+        if switch.broken:
+            raise RuntimeError("transform is broken")
+        return ctx.output(fetch) + 1
+
+    @wf.step(after=[transform])
+    def store(ctx: cyclone.StepContext, value: Any) -> int:
+        switch.calls["store"] += 1
+        return ctx.output(transform) + 1
+
+
+def test_retry_reruns_failed_and_cancelled_steps_and_keeps_completed_ones(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = cyclone.Workflow(name)
+    switch = Switch()
+    chain(wf, switch)
+    run = wf.submit(engine, None)
+    worker = cyclone.Worker(engine, workflows=[wf], backoff=no_backoff)
+    worker.drain()
+    assert run.status().state == cyclone.RunState.FAILED
+    assert job_rows(engine, run.id)["store"].state == "cancelled"
+
+    switch.broken = False
+    run.retry()
+    assert run.status().state == cyclone.RunState.RUNNING
+    assert worker.drain() == 2
+
+    status = run.status()
+    assert status.state == cyclone.RunState.COMPLETED
+    assert status.error is None
+    assert status.failed_step is None
+    assert switch.calls == {"fetch": 1, "transform": 2, "store": 1}
+    rows = job_rows(engine, run.id)
+    assert {kind: row.output for kind, row in rows.items()} == {
+        "fetch": 10,
+        "transform": 11,  # from the kept output of fetch
+        "store": 12,
+    }
+
+
+def test_retry_of_a_cancelled_run_runs_its_cancelled_steps(engine: sa.Engine, name: str) -> None:
+    wf = cyclone.Workflow(name)
+    switch = Switch()
+    switch.broken = False
+    chain(wf, switch)
+    run = wf.submit(engine, None)
+    run.cancel()
+
+    run.retry()
+    assert cyclone.Worker(engine, workflows=[wf]).drain() == 3
+    assert run.status().state == cyclone.RunState.COMPLETED
+    assert switch.calls == {"fetch": 1, "transform": 1, "store": 1}
+
+
+def test_retry_of_a_running_or_completed_run_raises_invalid_state(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = cyclone.Workflow(name)
+    switch = Switch()
+    switch.broken = False
+    chain(wf, switch)
+    run = wf.submit(engine, None)
+
+    with pytest.raises(cyclone.InvalidStateError) as running:
+        run.retry()
+    assert running.value.state == cyclone.RunState.RUNNING
+    with pytest.raises(cyclone.InvalidStateError):
+        run.retry_all()
+
+    cyclone.Worker(engine, workflows=[wf]).drain()
+    with pytest.raises(cyclone.InvalidStateError) as completed:
+        run.retry()
+    assert completed.value.state == cyclone.RunState.COMPLETED
+    assert run.status().state == cyclone.RunState.COMPLETED
+    assert switch.calls == {"fetch": 1, "transform": 1, "store": 1}
+
+
+def test_retry_all_reruns_every_step(engine: sa.Engine, name: str) -> None:
+    wf = cyclone.Workflow(name)
+    switch = Switch()
+    switch.broken = False
+    chain(wf, switch)
+    run = wf.submit(engine, None)
+    worker = cyclone.Worker(engine, workflows=[wf])
+    worker.drain()
+
+    run.retry_all()
+    assert run.status().state == cyclone.RunState.RUNNING
+    assert worker.drain() == 3
+
+    assert run.status().state == cyclone.RunState.COMPLETED
+    assert switch.calls == {"fetch": 2, "transform": 2, "store": 2}
+    rows = job_rows(engine, run.id)
+    assert {kind: row.output for kind, row in rows.items()} == {
+        "fetch": 20,
+        "transform": 21,
+        "store": 22,
+    }
+
+
+def test_retry_all_of_a_failed_run_reruns_its_completed_steps_too(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = cyclone.Workflow(name)
+    switch = Switch()
+    chain(wf, switch)
+    run = wf.submit(engine, None)
+    worker = cyclone.Worker(engine, workflows=[wf], backoff=no_backoff)
+    worker.drain()
+    assert run.status().state == cyclone.RunState.FAILED
+
+    switch.broken = False
+    run.retry_all()
+    assert worker.drain() == 3
+    assert run.status().state == cyclone.RunState.COMPLETED
+    assert switch.calls == {"fetch": 2, "transform": 2, "store": 1}
+
+
+def test_a_failed_run_keeps_its_key(engine: sa.Engine, name: str) -> None:
+    wf = cyclone.Workflow(name)
+    switch = Switch()
+    chain(wf, switch)
+    run, created = wf.submit_once(engine, "order:1", {"n": 1})
+    assert created
+    cyclone.Worker(engine, workflows=[wf], backoff=no_backoff).drain()
+    assert run.status().state == cyclone.RunState.FAILED
+
+    again, created = wf.submit_once(engine, "order:1", {"n": 1})
+    assert not created
+    assert again.id == run.id
+    assert again.status().state == cyclone.RunState.FAILED
+
+
+def test_a_run_past_its_deadline_fails_and_its_steps_never_start(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = cyclone.Workflow(name)
+    calls: list[str] = []
+
+    @wf.step()
+    def never(ctx: cyclone.StepContext, value: Any) -> None:
+        calls.append("never")
+
+    run = wf.submit(engine, None, deadline=timedelta(milliseconds=200))
+    deadline = run.status().deadline
+    assert deadline is not None
+    wait_until(lambda: datetime.now(UTC) > deadline + timedelta(milliseconds=50), timeout=5)
+
+    assert cyclone.Worker(engine, workflows=[wf]).drain() == 0
+
+    assert calls == []
+    status = run.status()
+    assert status.state == cyclone.RunState.FAILED
+    assert status.error is not None
+    assert "deadline exceeded" in status.error["message"]
+    assert job_rows(engine, run.id)["never"].state == "cancelled"
+
+
+def test_a_deadline_in_the_past_fails_the_run_without_running_it(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = cyclone.Workflow(name)
+    calls: list[str] = []
+
+    @wf.step()
+    def never(ctx: cyclone.StepContext, value: Any) -> None:
+        calls.append("never")
+
+    run = wf.submit(engine, None, deadline=datetime.now(UTC) - timedelta(seconds=1))
+
+    assert cyclone.Worker(engine, workflows=[wf]).drain() == 0
+
+    assert calls == []
+    status = run.status()
+    assert status.state == cyclone.RunState.FAILED
+    assert status.error is not None
+    assert "deadline exceeded" in status.error["message"]
+
+
+def test_a_deadline_passing_mid_run_stops_the_steps_not_yet_started(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = cyclone.Workflow(name)
+    seen: dict[str, Any] = {}
+
+    @wf.step()
+    def first(ctx: cyclone.StepContext, value: Any) -> None:
+        seen["deadline"] = ctx.deadline
+        while not ctx.deadline_passed:
+            time.sleep(0.02)
+
+    @wf.step(after=[first])
+    def second(ctx: cyclone.StepContext, value: Any) -> None:
+        seen["second"] = True
+
+    run = wf.submit(engine, None, deadline=timedelta(seconds=1))
+    assert cyclone.Worker(engine, workflows=[wf]).drain() == 1
+
+    status = run.status()
+    assert seen == {"deadline": status.deadline}
+    assert status.state == cyclone.RunState.FAILED
+    assert status.error is not None
+    assert "deadline exceeded" in status.error["message"]
+    rows = job_rows(engine, run.id)
+    assert (rows["first"].state, rows["second"].state) == ("completed", "cancelled")
+
+
+def test_run_applies_deadlines_too(engine: sa.Engine, name: str) -> None:
+    wf = cyclone.Workflow(name)
+    calls: list[str] = []
+
+    @wf.step()
+    def first(ctx: cyclone.StepContext, value: Any) -> None:
+        calls.append("first")
+        while not ctx.deadline_passed:
+            time.sleep(0.02)
+
+    @wf.step(after=[first])
+    def second(ctx: cyclone.StepContext, value: Any) -> None:
+        calls.append("second")
+
+    run = wf.submit(engine, None, deadline=timedelta(milliseconds=300))
+    worker = cyclone.Worker(engine, workflows=[wf], poll_interval=0.05)
+    serving = Background(worker.run)
+    try:
+        status = run.wait(timeout=10)
+    finally:
+        worker.stop()
+        serving.join(10)
+    assert calls == ["first"]
+    assert status.state == cyclone.RunState.FAILED
+    assert status.error is not None
+    assert "deadline exceeded" in status.error["message"]
+
+
+def test_a_step_failing_after_its_run_was_cancelled_is_not_retried(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = cyclone.Workflow(name)
+    attempts: list[int] = []
+    started = threading.Event()
+    release = threading.Event()
+
+    @wf.step(max_attempts=3)
+    def flaky(ctx: cyclone.StepContext, value: Any) -> None:
+        attempts.append(ctx.attempt)
+        started.set()
+        assert release.wait(10)
+        raise RuntimeError("fails after the run was cancelled")
+
+    run = wf.submit(engine, None)
+    draining = Background(cyclone.Worker(engine, workflows=[wf], backoff=no_backoff).drain)
+    assert started.wait(10)
+    run.cancel()
+    release.set()
+    assert draining.join(10) == 1
+
+    assert attempts == [1]
+    assert run.status().state == cyclone.RunState.CANCELLED
+    row = job_rows(engine, run.id)["flaky"]
+    assert row.state == "cancelled"
+    assert [e["attempt"] for e in row.errors] == [1]
+
+    # retry() of the cancelled run runs it again.
+    run.retry()
+    assert cyclone.Worker(engine, workflows=[wf], backoff=no_backoff).drain() == 3
+    assert attempts == [1, 1, 2, 3]
+    assert run.status().state == cyclone.RunState.FAILED

@@ -1,0 +1,232 @@
+"""A step that raises: retries with backoff, recorded errors, failed runs, and logging."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import cyclone
+from cyclone._retry import exponential
+from tests.support.workers import job_rows
+
+
+class Boom(Exception):
+    pass
+
+
+def no_backoff(attempt: int) -> float:
+    return 0.0
+
+
+def test_a_raising_step_is_retried_until_it_succeeds(engine: sa.Engine, name: str) -> None:
+    wf = cyclone.Workflow(name)
+    attempts: list[int] = []
+    backoffs: list[int] = []
+
+    @wf.step(max_attempts=4)
+    def flaky(ctx: cyclone.StepContext, value: Any) -> str:
+        attempts.append(ctx.attempt)
+        if ctx.attempt < 3:
+            raise Boom(f"attempt {ctx.attempt} failed")
+        return "ok"
+
+    def backoff(attempt: int) -> float:
+        backoffs.append(attempt)
+        return 0.0
+
+    run = wf.submit(engine, None)
+    assert cyclone.Worker(engine, workflows=[wf], backoff=backoff).drain() == 3
+
+    assert attempts == [1, 2, 3]
+    assert backoffs == [1, 2]
+    assert run.status().state == cyclone.RunState.COMPLETED
+    row = job_rows(engine, run.id)["flaky"]
+    assert (row.state, row.attempt, row.output) == ("completed", 3, "ok")
+
+
+def test_each_failed_attempt_is_recorded_in_the_jobs_errors(engine: sa.Engine, name: str) -> None:
+    wf = cyclone.Workflow(name)
+
+    @wf.step(max_attempts=3)
+    def flaky(ctx: cyclone.StepContext, value: Any) -> None:
+        if ctx.attempt < 3:
+            raise Boom(f"attempt {ctx.attempt} failed")
+
+    run = wf.submit(engine, None)
+    cyclone.Worker(engine, workflows=[wf], backoff=no_backoff).drain()
+
+    errors = job_rows(engine, run.id)["flaky"].errors
+    assert [(e["type"], e["message"], e["attempt"]) for e in errors] == [
+        ("Boom", "attempt 1 failed", 1),
+        ("Boom", "attempt 2 failed", 2),
+    ]
+    for error in errors:
+        assert "Traceback (most recent call last)" in error["traceback"]
+        assert "raise Boom" in error["traceback"]
+
+
+def test_a_step_out_of_attempts_fails_its_run_and_cancels_the_steps_not_run(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = cyclone.Workflow(name)
+    calls: list[str] = []
+
+    @wf.step()
+    def first(ctx: cyclone.StepContext, value: Any) -> int:
+        calls.append("first")
+        return 1
+
+    @wf.step(after=[first], max_attempts=3)
+    def broken(ctx: cyclone.StepContext, value: Any) -> int:
+        calls.append("broken")
+        raise Boom("always")
+
+    @wf.step(after=[broken])
+    def after_broken(ctx: cyclone.StepContext, value: Any) -> int:
+        calls.append("after_broken")
+        return 3
+
+    @wf.step(after=[after_broken])
+    def last(ctx: cyclone.StepContext, value: Any) -> int:
+        calls.append("last")
+        return 4
+
+    run = wf.submit(engine, None)
+    assert cyclone.Worker(engine, workflows=[wf], backoff=no_backoff).drain() == 4
+
+    assert calls == ["first", "broken", "broken", "broken"]
+    status = run.status()
+    assert status.state == cyclone.RunState.FAILED
+    assert status.finished_at is not None
+    assert status.failed_step == "broken"
+    assert status.error is not None
+    assert (status.error["type"], status.error["message"], status.error["attempt"]) == (
+        "Boom",
+        "always",
+        3,
+    )
+    rows = job_rows(engine, run.id)
+    assert {kind: row.state for kind, row in rows.items()} == {
+        "first": "completed",
+        "broken": "failed",
+        "after_broken": "cancelled",
+        "last": "cancelled",
+    }
+    assert [e["attempt"] for e in rows["broken"].errors] == [1, 2, 3]
+
+
+def test_a_failed_step_cancels_parallel_steps_not_yet_started(engine: sa.Engine, name: str) -> None:
+    wf = cyclone.Workflow(name)
+    calls: list[str] = []
+
+    @wf.step(max_attempts=1, priority=-1)
+    def broken(ctx: cyclone.StepContext, value: Any) -> None:
+        calls.append("broken")
+        raise Boom("first to run, and fails")
+
+    @wf.step(max_attempts=1, priority=1)
+    def waiting(ctx: cyclone.StepContext, value: Any) -> None:
+        calls.append("waiting")
+
+    run = wf.submit(engine, None)
+    assert cyclone.Worker(engine, workflows=[wf], concurrency=1).drain() == 1
+
+    assert calls == ["broken"]
+    assert run.status().state == cyclone.RunState.FAILED
+    assert job_rows(engine, run.id)["waiting"].state == "cancelled"
+
+
+def test_a_retry_scheduled_in_the_future_is_not_run_by_drain(engine: sa.Engine, name: str) -> None:
+    wf = cyclone.Workflow(name)
+    attempts: list[int] = []
+
+    @wf.step(max_attempts=3)
+    def flaky(ctx: cyclone.StepContext, value: Any) -> None:
+        attempts.append(ctx.attempt)
+        raise Boom("later")
+
+    run = wf.submit(engine, None)
+    before = datetime.now(UTC)
+    assert cyclone.Worker(engine, workflows=[wf], backoff=lambda n: 60.0).drain() == 1
+
+    assert attempts == [1]
+    assert run.status().state == cyclone.RunState.RUNNING
+    row = job_rows(engine, run.id)["flaky"]
+    assert (row.state, row.attempt) == ("available", 1)
+    assert row.scheduled_at >= before + timedelta(seconds=55)
+    assert cyclone.Worker(engine, workflows=[wf], backoff=no_backoff).drain() == 0
+
+
+def test_failures_are_logged_with_run_step_attempt_and_duration(
+    engine: sa.Engine, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    wf = cyclone.Workflow(name)
+
+    @wf.step(max_attempts=2)
+    def broken(ctx: cyclone.StepContext, value: Any) -> None:
+        raise Boom("logged")
+
+    run = wf.submit(engine, None)
+    with caplog.at_level(logging.INFO, logger="cyclone.worker"):
+        cyclone.Worker(engine, workflows=[wf], backoff=no_backoff).drain()
+
+    failures = [
+        r
+        for r in caplog.records
+        if r.name == "cyclone.worker" and getattr(r, "run_id", None) == str(run.id)
+    ]
+    assert [(r.step, r.attempt) for r in failures] == [("broken", 1), ("broken", 2)]
+    for record in failures:
+        assert record.levelno >= logging.INFO
+        assert isinstance(record.duration, float)
+        assert record.duration >= 0
+        assert "Boom" in record.getMessage()
+
+
+# The backoff function is pure: its randomness is injected.
+
+
+def test_exponential_backoff_doubles_from_base() -> None:
+    backoff = exponential(base=1.0, cap=1000.0, jitter=0.25, rand=lambda: 0.5)
+    assert [backoff(n) for n in range(1, 7)] == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]
+    assert backoff(0) == 1.0
+
+
+def test_exponential_backoff_is_capped() -> None:
+    backoff = exponential(base=2.0, cap=30.0, jitter=0.0, rand=lambda: 0.9)
+    assert [backoff(n) for n in range(1, 7)] == [2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    assert backoff(1000) == 30.0
+
+
+def test_exponential_backoff_jitter_stays_within_bounds() -> None:
+    low = exponential(base=4.0, cap=300.0, jitter=0.25, rand=lambda: 0.0)
+    high = exponential(base=4.0, cap=300.0, jitter=0.25, rand=lambda: 0.999999)
+    assert low(1) == pytest.approx(3.0)
+    assert high(1) == pytest.approx(5.0, abs=1e-4)
+    assert low(100) == pytest.approx(225.0)
+    assert high(100) == pytest.approx(375.0, abs=1e-3)
+    values = iter([i / 100 for i in range(100)])
+    sampled = exponential(base=8.0, cap=300.0, jitter=0.5, rand=lambda: next(values))
+    for _ in range(100):
+        assert 4.0 <= sampled(1) < 12.0
+
+
+def test_exponential_backoff_is_never_negative() -> None:
+    backoff = exponential(base=1.0, cap=10.0, jitter=2.0, rand=lambda: 0.0)
+    assert backoff(1) == 0.0
+
+
+def test_the_default_backoff_is_exponential_from_one_second() -> None:
+    worker = cyclone.Worker(sa.create_engine("postgresql+psycopg://"), steps=[noop_kind])
+    first = worker.backoff(1)
+    assert 0.75 <= first <= 1.25
+    assert 0.75 * 300 <= worker.backoff(50) <= 1.25 * 300
+
+
+@cyclone.step("test_worker_failures.noop")
+def noop_kind(ctx: cyclone.StepContext, value: Any) -> None:
+    return None

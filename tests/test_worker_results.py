@@ -1,0 +1,201 @@
+"""Waiting for runs: wait(), result(), the errors they raise, and the NOTIFY wake-ups."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import msgspec
+import pytest
+import sqlalchemy as sa
+
+import cyclone
+import cyclone.worker
+from tests.conftest import wait_until
+from tests.support.workers import Background
+
+
+class Cart(msgspec.Struct):
+    items: list[int]
+
+
+class Quote(msgspec.Struct):
+    total: int
+    count: int
+
+
+def pricing(name: str) -> cyclone.ResultWorkflow[Cart, Quote]:
+    wf: cyclone.ResultWorkflow[Cart, Quote] = cyclone.ResultWorkflow(name, input=Cart, output=Quote)
+
+    @wf.step()
+    def subtotal(ctx: cyclone.StepContext, cart: Cart) -> int:
+        return sum(cart.items)
+
+    @wf.result(after=[subtotal])
+    def quote(ctx: cyclone.StepContext, cart: Cart) -> Quote:
+        return Quote(total=ctx.output(subtotal), count=len(cart.items))
+
+    return wf
+
+
+@pytest.fixture
+def thread_statements(engine: sa.Engine) -> Iterator[dict[str, list[str]]]:
+    """The statements the engine sends, by the name of the thread that sends them."""
+    seen: dict[str, list[str]] = {}
+    lock = threading.Lock()
+
+    def on_execute(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        with lock:
+            seen.setdefault(threading.current_thread().name, []).append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", on_execute)
+    yield seen
+    sa.event.remove(engine, "before_cursor_execute", on_execute)
+
+
+def test_result_returns_the_decoded_output(engine: sa.Engine, name: str) -> None:
+    wf = pricing(name)
+    run = wf.submit(engine, Cart(items=[2, 3, 5]))
+    cyclone.Worker(engine, workflows=[wf]).drain()
+
+    result = run.result(timeout=5)
+    assert result == Quote(total=10, count=3)
+    assert type(result) is Quote
+
+
+def test_wait_returns_the_terminal_status(engine: sa.Engine, name: str) -> None:
+    wf = pricing(name)
+    run = wf.submit(engine, Cart(items=[1]))
+    cyclone.Worker(engine, workflows=[wf]).drain()
+
+    status = run.wait(timeout=5)
+    assert status.id == run.id
+    assert status.state == cyclone.RunState.COMPLETED
+    assert status.finished_at is not None
+
+
+def test_wait_raises_timeout_error_when_nothing_runs_the_run(engine: sa.Engine, name: str) -> None:
+    wf = pricing(name)
+    run = wf.submit(engine, Cart(items=[1]))
+
+    started = time.monotonic()
+    with pytest.raises(TimeoutError):
+        run.wait(timeout=0.3)
+    assert time.monotonic() - started >= 0.3
+    with pytest.raises(TimeoutError):
+        run.result(timeout=0.2)
+    assert run.status().state == cyclone.RunState.RUNNING
+
+
+def test_result_of_a_run_first_made_by_a_plain_workflow_raises_no_output_error(
+    engine: sa.Engine, name: str
+) -> None:
+    plain = cyclone.Workflow(name, input=Cart)
+
+    @plain.step()
+    def subtotal(ctx: cyclone.StepContext, cart: Cart) -> int:
+        return sum(cart.items)
+
+    first, created = plain.submit_once(engine, "cart:1", Cart(items=[4]))
+    assert created
+    cyclone.Worker(engine, workflows=[plain]).drain()
+
+    run, created = pricing(name).submit_once(engine, "cart:1", Cart(items=[4]))
+    assert not created
+    assert run.id == first.id
+    with pytest.raises(cyclone.NoOutputError) as excinfo:
+        run.result(timeout=5)
+    assert excinfo.value.run_id == run.id
+
+
+def test_result_of_a_failed_run_raises_run_failed_error(engine: sa.Engine, name: str) -> None:
+    wf: cyclone.ResultWorkflow[Cart, int] = cyclone.ResultWorkflow(name, input=Cart, output=int)
+
+    @wf.step(max_attempts=1)
+    def check(ctx: cyclone.StepContext, cart: Cart) -> None:
+        raise ValueError("empty cart")
+
+    @wf.result(after=[check])
+    def total(ctx: cyclone.StepContext, cart: Cart) -> int:
+        return 0
+
+    run = wf.submit(engine, Cart(items=[]))
+    cyclone.Worker(engine, workflows=[wf]).drain()
+
+    with pytest.raises(cyclone.RunFailedError) as excinfo:
+        run.result(timeout=5)
+    error = excinfo.value
+    assert error.run_id == run.id
+    assert error.state == "failed"
+    assert error.step == "check"
+    assert error.error is not None
+    assert (error.error["type"], error.error["message"]) == ("ValueError", "empty cart")
+
+
+def test_result_of_a_cancelled_run_raises_run_failed_error(engine: sa.Engine, name: str) -> None:
+    wf = pricing(name)
+    run = wf.submit(engine, Cart(items=[1]))
+    run.cancel()
+
+    with pytest.raises(cyclone.RunFailedError) as excinfo:
+        run.result(timeout=5)
+    assert excinfo.value.state == "cancelled"
+
+
+def test_a_waiter_is_woken_by_notify(
+    engine: sa.Engine, name: str, thread_statements: dict[str, list[str]]
+) -> None:
+    wf = pricing(name)
+    run = wf.submit(engine, Cart(items=[20, 22]))
+    waiter_name = f"waiter-{name}"
+    waiter = Background(lambda: run.result(timeout=30), name=waiter_name)
+    # The waiter has read the run at least twice (before and inside its wait loop): it now
+    # sleeps until a notification or its 5 s poll.
+    wait_until(lambda: len(thread_statements.get(waiter_name, [])) >= 2, timeout=10)
+    assert waiter.alive()
+
+    started = time.monotonic()
+    worker = Background(cyclone.Worker(engine, workflows=[wf]).drain)
+
+    assert waiter.join(10) == Quote(total=42, count=2)
+    assert waiter.finished_at is not None
+    assert waiter.finished_at - started < 2.0
+    assert worker.join(10) == 2
+
+
+def test_an_idle_worker_is_woken_by_notify_not_its_poll_interval(
+    engine: sa.Engine,
+    name: str,
+    thread_statements: dict[str, list[str]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # With every periodic wake-up at 30 s, only a notification can wake the idle worker.
+    monkeypatch.setattr(cyclone.worker, "DEFAULT_MAINTENANCE_INTERVAL", 30.0)
+    wf = pricing(name)
+    worker = cyclone.Worker(
+        engine,
+        workflows=[wf],
+        poll_interval=30,
+        heartbeat_interval=timedelta(seconds=30),
+        sweep=False,
+    )
+    worker_name = f"worker-{name}"
+    serving = Background(worker.run, name=worker_name)
+    try:
+        # The worker has claimed once, found nothing, and gone idle.
+        wait_until(
+            lambda: any("SKIP LOCKED" in s for s in list(thread_statements.get(worker_name, []))),
+            timeout=10,
+        )
+        time.sleep(0.2)
+
+        started = time.monotonic()
+        run = wf.submit(engine, Cart(items=[1, 2]))
+        assert run.result(timeout=10) == Quote(total=3, count=2)
+        assert time.monotonic() - started < 2.0
+    finally:
+        worker.stop()
+    serving.join(10)
