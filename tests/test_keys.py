@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -24,6 +25,19 @@ BAD_KEYS: list[Any] = [
 ]
 # unique=None means "no unique key", so it is not a bad key there.
 BAD_UNIQUE_KEYS = BAD_KEYS[:-1]
+
+
+@pytest.fixture
+def checkouts(engine: sa.Engine) -> Iterator[list[object]]:
+    """Every connection checked out of the engine's pool: no checkout, no database contact."""
+    seen: list[object] = []
+
+    def on_checkout(dbapi_conn: object, record: object, proxy: object) -> None:
+        seen.append(dbapi_conn)
+
+    sa.event.listen(engine.pool, "checkout", on_checkout)
+    yield seen
+    sa.event.remove(engine.pool, "checkout", on_checkout)
 
 
 def make_workflow(name: str) -> cyclone.Workflow[Any]:
@@ -69,13 +83,18 @@ def test_invalid_key_error_is_a_value_error_and_a_cyclone_error() -> None:
 
 @pytest.mark.parametrize("key", BAD_KEYS)
 def test_submit_once_with_a_bad_key_sends_nothing(
-    engine: sa.Engine, name: str, statements: StatementCounter, key: object
+    engine: sa.Engine,
+    name: str,
+    statements: StatementCounter,
+    checkouts: list[object],
+    key: object,
 ) -> None:
     wf = make_workflow(name)
     statements.reset()
     with pytest.raises(cyclone.InvalidKeyError):
         wf.submit_once(engine, key, 1)  # type: ignore[arg-type]
     assert statements.count == 0
+    assert checkouts == []
 
 
 @pytest.mark.parametrize("key", BAD_KEYS)
@@ -92,13 +111,18 @@ def test_submit_once_tx_with_a_bad_key_sends_nothing(
 
 @pytest.mark.parametrize("key", BAD_KEYS)
 def test_submit_once_many_with_a_bad_key_sends_nothing(
-    engine: sa.Engine, name: str, statements: StatementCounter, key: object
+    engine: sa.Engine,
+    name: str,
+    statements: StatementCounter,
+    checkouts: list[object],
+    key: object,
 ) -> None:
     wf = make_workflow(name)
     statements.reset()
     with pytest.raises(cyclone.InvalidKeyError):
         wf.submit_once_many(engine, [("good:1", 1), (key, 2), ("good:2", 3)])  # type: ignore[list-item]
     assert statements.count == 0
+    assert checkouts == []
     with engine.connect() as conn:
         count = conn.execute(sa.select(sa.func.count()).where(runs.c.workflow == name)).scalar_one()
     assert count == 0
@@ -106,7 +130,11 @@ def test_submit_once_many_with_a_bad_key_sends_nothing(
 
 @pytest.mark.parametrize("key", BAD_UNIQUE_KEYS)
 def test_enqueue_with_a_bad_unique_key_sends_nothing(
-    engine: sa.Engine, name: str, statements: StatementCounter, key: object
+    engine: sa.Engine,
+    name: str,
+    statements: StatementCounter,
+    checkouts: list[object],
+    key: object,
 ) -> None:
     @cyclone.step(name)
     def kind(ctx: cyclone.StepContext, args: int) -> None:
@@ -115,6 +143,7 @@ def test_enqueue_with_a_bad_unique_key_sends_nothing(
     statements.reset()
     with pytest.raises(cyclone.InvalidKeyError):
         kind.enqueue(engine, 1, unique=key)  # type: ignore[arg-type]
+    assert checkouts == []
     with engine.connect() as conn, conn.begin():
         with pytest.raises(cyclone.InvalidKeyError):
             kind.enqueue_tx(conn, 1, unique=key)  # type: ignore[arg-type]
