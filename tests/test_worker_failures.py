@@ -6,6 +6,7 @@ import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import msgspec
 import pytest
 import sqlalchemy as sa
 
@@ -230,3 +231,33 @@ def test_the_default_backoff_is_exponential_from_one_second() -> None:
 @cyclone.step("test_worker_failures.noop")
 def noop_kind(ctx: cyclone.StepContext, value: Any) -> None:
     return None
+
+
+def test_a_job_whose_input_no_longer_decodes_fails_without_retries(
+    engine: sa.Engine, name: str
+) -> None:
+    class Order(msgspec.Struct):
+        id: int
+
+    old = cyclone.Workflow(name, input=int)
+    calls: list[Any] = []
+
+    @old.step("handle", max_attempts=3)
+    def handle_int(ctx: cyclone.StepContext, value: int) -> None:
+        calls.append(value)
+
+    run = old.submit(engine, 5)
+    new = cyclone.Workflow(name, input=Order)  # redeployed with another input type
+
+    @new.step("handle", max_attempts=3)
+    def handle_order(ctx: cyclone.StepContext, value: Order) -> None:
+        calls.append(value)
+
+    assert cyclone.Worker(engine, workflows=[new], backoff=no_backoff).drain() == 1
+
+    assert calls == []
+    status = run.status()
+    assert status.state == cyclone.RunState.FAILED
+    assert status.error is not None
+    assert status.error["type"] == "InputNotDecodable"
+    assert job_rows(engine, run.id)["handle"].attempt == 1
