@@ -13,7 +13,6 @@ import pytest
 import sqlalchemy as sa
 
 import cyclone
-import cyclone.worker
 from tests.conftest import wait_until
 from tests.support.workers import Background
 
@@ -170,10 +169,8 @@ def test_an_idle_worker_is_woken_by_notify_not_its_poll_interval(
     engine: sa.Engine,
     name: str,
     thread_statements: dict[str, list[str]],
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # With every periodic wake-up at 30 s, only a notification can wake the idle worker.
-    monkeypatch.setattr(cyclone.worker, "DEFAULT_MAINTENANCE_INTERVAL", 30.0)
+    # With a 30 s poll interval, only a notification makes the idle worker claim again.
     wf = pricing(name)
     worker = cyclone.Worker(
         engine,
