@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from typing import Any
 
 import msgspec
@@ -11,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 import cyclone
-from tests.support.workers import job_rows
+from tests.support.workers import Background, job_rows
 
 
 class Order(msgspec.Struct):
@@ -340,3 +341,45 @@ def test_a_job_whose_step_was_removed_fails_with_step_not_defined(
     again = old.submit(engine, None)
     assert worker.drain() == 2
     assert again.status().state == cyclone.RunState.FAILED
+
+
+def test_joins_run_once_when_two_workers_finish_their_branches_at_once(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = cyclone.Workflow(name)
+    lock = threading.Lock()
+    executions: Counter[tuple[str, str]] = Counter()
+
+    def record(ctx: cyclone.StepContext) -> None:
+        with lock:
+            executions[(str(ctx.run_id), ctx.step)] += 1
+
+    @wf.step()
+    def top(ctx: cyclone.StepContext, value: Any) -> None:
+        record(ctx)
+
+    @wf.step(after=[top])
+    def left(ctx: cyclone.StepContext, value: Any) -> None:
+        record(ctx)
+
+    @wf.step(after=[top])
+    def right(ctx: cyclone.StepContext, value: Any) -> None:
+        record(ctx)
+
+    @wf.step(after=[left, right])
+    def join(ctx: cyclone.StepContext, value: Any) -> None:
+        record(ctx)
+
+    runs = [wf.submit(engine, i) for i in range(30)]
+    workers = [cyclone.Worker(engine, workflows=[wf], concurrency=4) for _ in range(2)]
+    start = threading.Barrier(parties=2, timeout=10)
+
+    def drain(worker: cyclone.Worker) -> int:
+        start.wait()
+        return worker.drain()
+
+    draining = [Background(lambda w=w: drain(w)) for w in workers]
+    assert sum(d.join(30) for d in draining) == 30 * 4
+
+    assert executions == {(str(run.id), step): 1 for run in runs for step in wf.steps}
+    assert all(run.status().state == cyclone.RunState.COMPLETED for run in runs)
