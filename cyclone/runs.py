@@ -25,6 +25,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.exc import DBAPIError
 
 from cyclone import _codec, _notify, errors
 from cyclone.schema import jobs, runs
@@ -33,6 +34,8 @@ from cyclone.states import TERMINAL_RUN_STATES, JobState, RunState
 Out = TypeVar("Out")
 
 DEFAULT_POLL_INTERVAL = 5.0
+_DEADLOCK = "40P01"
+_MAX_DEADLOCKS = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,10 +299,21 @@ class Run:
         Raises:
             InvalidStateError: the run is not running.
         """
-        with self._engine.begin() as conn:
-            if conn.execute(_CANCEL_RUN, {"rid": self.id}).first() is None:
-                self._raise_state(conn, "cancel")
-            conn.execute(_CANCEL_PENDING, {"rid": self.id})
+        # Cancelling locks the run, then its unstarted steps; a worker recording a step's
+        # outcome locks the step, then its run. PostgreSQL breaks such a cycle by aborting
+        # one side: when it is this transaction, nothing was changed and it runs again.
+        deadlocks = 0
+        while True:
+            try:
+                with self._engine.begin() as conn:
+                    if conn.execute(_CANCEL_RUN, {"rid": self.id}).first() is None:
+                        self._raise_state(conn, "cancel")
+                    conn.execute(_CANCEL_PENDING, {"rid": self.id})
+                return
+            except DBAPIError as exc:
+                deadlocks += 1
+                if getattr(exc.orig, "sqlstate", None) != _DEADLOCK or deadlocks > _MAX_DEADLOCKS:
+                    raise
 
     def retry(self) -> None:
         """Run the failed and cancelled steps of a failed or cancelled run again.

@@ -6,6 +6,7 @@ import contextlib
 import random
 import threading
 import time
+import traceback
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
@@ -318,6 +319,7 @@ def test_purge_and_sweeper_racing_submit_once_lose_no_run_and_never_share_a_key(
     observed: list[tuple[str, uuid.UUID, bool]] = []
     problems: list[str] = []
     errors: list[BaseException] = []
+    tracebacks: list[str] = []
     stop = threading.Event()
     purged = Counter[str]()
 
@@ -327,6 +329,7 @@ def test_purge_and_sweeper_racing_submit_once_lose_no_run_and_never_share_a_key(
                 fn(*args)  # type: ignore[operator]
             except BaseException as exc:
                 errors.append(exc)
+                tracebacks.append("".join(traceback.format_exception(exc)))
                 stop.set()
 
         return wrapped
@@ -388,7 +391,7 @@ def test_purge_and_sweeper_racing_submit_once_lose_no_run_and_never_share_a_key(
         for t in background:
             t.join(timeout=30)
     assert not any(t.is_alive() for t in background + submitters)
-    assert not errors, errors
+    assert not errors, tracebacks[0]
     assert not problems, problems[:5]
 
     created_for: defaultdict[str, list[uuid.UUID]] = defaultdict(list)
