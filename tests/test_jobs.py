@@ -266,3 +266,11 @@ def test_unique_enqueues_keep_working_once_the_driver_prepares_the_statement(
             send.enqueue_tx(c, Email("a", "b"), unique="k7")
     assert err.value.job_id == ids[7]
     assert job_count(engine, name) == 12
+
+
+def test_enqueue_takes_a_client_as_its_bind(engine: sa.Engine, name: str) -> None:
+    send = email_kind(name)
+    job = send.enqueue(cyclone.Client(engine), Email("a", "b"), unique="k")
+    assert job.status().key == "k"
+    with pytest.raises(cyclone.DuplicateError):
+        send.enqueue(cyclone.Client(engine), Email("a", "b"), unique="k")
