@@ -1,6 +1,8 @@
 """Claim runnable jobs in batches with ``FOR UPDATE SKIP LOCKED``.
 
 The CTE fences the ``LIMIT``: without it the planner may lock more rows than it returns.
+A step of a run that is no longer running is never claimed, even if a late re-queue
+raced with the run's cancellation.
 The same statement reads the run's input and the outputs of the steps a job comes after,
 so a claimed job needs no further query before it runs.
 """
@@ -14,11 +16,22 @@ from datetime import datetime
 from typing import Any
 
 import msgspec
-from sqlalchemy import Connection, Text, and_, bindparam, cast, func, or_, select, update
+from sqlalchemy import (
+    Connection,
+    Text,
+    and_,
+    bindparam,
+    cast,
+    exists,
+    func,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from cyclone.schema import jobs, runs
-from cyclone.states import JobState
+from cyclone.states import JobState, RunState
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +65,10 @@ def claim_jobs_stmt() -> Any:
                 ),
             ),
             or_(jobs.c.deadline.is_(None), jobs.c.deadline > func.now()),
+            or_(
+                jobs.c.run_id.is_(None),
+                exists().where(runs.c.id == jobs.c.run_id, runs.c.state == RunState.RUNNING.value),
+            ),
         )
         .order_by(jobs.c.priority, jobs.c.scheduled_at, jobs.c.id)
         .limit(bindparam("limit"))

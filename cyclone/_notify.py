@@ -88,11 +88,22 @@ class Listener:
         for channel in CHANNELS:
             self._dispatch(channel, "")
 
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._stopped.is_set()
+
+    def _idle(self) -> bool:
+        with self._lock:
+            return not any(self._callbacks.values())
+
     def _loop(self) -> None:
+        """Listen until stopped; a listener nobody uses ends when its connection fails."""
         while not self._stopped.is_set():
             try:
                 conn = self._connect()
             except Exception as exc:
+                if self._idle():
+                    break
                 log.warning("cyclone listener cannot connect (%s); retrying", exc)
                 self._stopped.wait(DEFAULT_RECONNECT_DELAY)
                 continue
@@ -103,11 +114,14 @@ class Listener:
                     for note in conn.notifies(timeout=1.0):
                         self._dispatch(note.channel, note.payload)
             except Exception as exc:
-                log.warning("cyclone listener lost its connection (%s); reconnecting", exc)
                 self._ready.clear()
+                if self._idle():
+                    break
+                log.warning("cyclone listener lost its connection (%s); reconnecting", exc)
             finally:
                 with contextlib.suppress(psycopg.Error):
                     conn.close()
+        self._stopped.set()
 
 
 _listeners: weakref.WeakKeyDictionary[Engine, tuple[int, Listener]] = weakref.WeakKeyDictionary()
@@ -115,10 +129,10 @@ _listeners_lock = threading.Lock()
 
 
 def listener(engine: Engine) -> Listener:
-    """The listener of ``engine`` in this process, started on first use."""
+    """The listener of ``engine`` in this process, started on first use (or after it ended)."""
     with _listeners_lock:
         entry = _listeners.get(engine)
-        if entry is None or entry[0] != os.getpid():
+        if entry is None or entry[0] != os.getpid() or not entry[1].alive:
             entry = (os.getpid(), Listener(engine))
             _listeners[engine] = entry
         return entry[1]

@@ -173,7 +173,6 @@ class Worker:
 
     def _serve(self, *, until_idle: bool) -> int:
         with self._lock:
-            self._stopping.clear()
             self._jobs_run = 0
             unsubscribe = _notify.listener(self.engine).subscribe(
                 _notify.JOBS_AVAILABLE, lambda _payload: self._wake.set()
@@ -188,6 +187,7 @@ class Worker:
                 unsubscribe()
                 self._pool.shutdown(wait=True)
                 self._pool = None
+                self._stopping.clear()
             return self._jobs_run
 
     def _free(self) -> dict[str, int]:
