@@ -208,7 +208,7 @@ _COMPLETE = complete_jobs_stmt()
 _RETRY = retry_job_stmt()
 _FAIL_JOB = fail_job_stmt()
 _FAIL_RUN = fail_run_stmt()
-_CANCEL_UNSTARTED = cancel_unstarted_stmt()
+CANCEL_UNSTARTED = cancel_unstarted_stmt()
 
 
 def _items(successes: Sequence[Success]) -> str:
@@ -243,4 +243,4 @@ def record(
         run_id, step = row
         failed = conn.execute(_FAIL_RUN, {"rid": run_id, "step": step, "error": error})
         if failed.first() is not None:
-            conn.execute(_CANCEL_UNSTARTED, {"rid": run_id})
+            conn.execute(CANCEL_UNSTARTED, {"rid": run_id})

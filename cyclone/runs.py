@@ -27,7 +27,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import DBAPIError
 
-from cyclone import _codec, _notify, errors
+from cyclone import _codec, _completion, _notify, errors
 from cyclone.schema import jobs, runs
 from cyclone.states import TERMINAL_RUN_STATES, JobState, RunState
 
@@ -100,18 +100,6 @@ def cancel_run_stmt() -> Any:
         .where(runs.c.id == bindparam("rid"), runs.c.state == RunState.RUNNING.value)
         .values(state=RunState.CANCELLED.value, finalized_at=func.now())
         .returning(runs.c.id)
-    )
-
-
-def cancel_pending_jobs_stmt() -> Any:
-    """Cancel the steps of a run that have not started."""
-    return (
-        update(jobs)
-        .where(
-            jobs.c.run_id == bindparam("rid"),
-            jobs.c.state.in_([JobState.BLOCKED.value, JobState.AVAILABLE.value]),
-        )
-        .values(state=JobState.CANCELLED.value, finalized_at=func.now())
     )
 
 
@@ -198,7 +186,6 @@ def select_result_stmt() -> Any:
 
 _SELECT_STATUS = select_status_stmt()
 _CANCEL_RUN = cancel_run_stmt()
-_CANCEL_PENDING = cancel_pending_jobs_stmt()
 _RESET_FAILED = reset_jobs_stmt(every_step=False)
 _RESET_ALL = reset_jobs_stmt(every_step=True)
 _RESTART_FAILED = restart_run_stmt(from_states=(RunState.FAILED, RunState.CANCELLED))
@@ -308,7 +295,7 @@ class Run:
                 with self._engine.begin() as conn:
                     if conn.execute(_CANCEL_RUN, {"rid": self.id}).first() is None:
                         self._raise_state(conn, "cancel")
-                    conn.execute(_CANCEL_PENDING, {"rid": self.id})
+                    conn.execute(_completion.CANCEL_UNSTARTED, {"rid": self.id})
                 return
             except DBAPIError as exc:
                 deadlocks += 1
