@@ -8,7 +8,6 @@ from __future__ import annotations
 from datetime import timedelta
 
 from sqlalchemy import Engine, Interval, bindparam, delete, func, select
-from sqlalchemy.exc import DBAPIError
 
 from cyclone import _pg
 from cyclone.schema import jobs, runs
@@ -18,8 +17,6 @@ DEFAULT_BATCH = 1000
 DEFAULT_KEEP = timedelta(days=7)
 DEFAULT_INTERVAL = timedelta(minutes=5)
 SWEEPER_LOCK = 0x6379636C73776570  # "cyclswep"
-_DEADLOCK = "40P01"
-_MAX_DEADLOCKS = 10
 
 
 def purge_runs_stmt() -> object:
@@ -63,20 +60,14 @@ def _purge(engine: Engine, stmt: object, older_than: timedelta, batch_size: int)
         raise ValueError("batch_size must be positive")
     params = {"older_than": older_than, "batch": batch_size}
     total = 0
-    deadlocks = 0
     while True:
-        try:
-            with engine.begin() as conn:
-                deleted = conn.execute(stmt, params).rowcount  # type: ignore[call-overload]
-        except DBAPIError as exc:
-            # Deleting a run locks the run, then (by cascade) its jobs; a worker recording
-            # a step's outcome locks the job, then its run. PostgreSQL breaks such a cycle
-            # by aborting one side; a purge batch is safe to run again.
-            deadlocks += 1
-            if getattr(exc.orig, "sqlstate", None) != _DEADLOCK or deadlocks > _MAX_DEADLOCKS:
-                raise
-            continue
-        total += int(deleted)
+        deleted = int(
+            _pg.in_transaction_retrying_deadlocks(
+                engine,
+                lambda conn: conn.execute(stmt, params).rowcount,  # type: ignore[call-overload]
+            )
+        )
+        total += deleted
         if deleted < batch_size:
             return total
 

@@ -25,17 +25,14 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.exc import DBAPIError
 
-from cyclone import _codec, _completion, _notify, errors
+from cyclone import _codec, _completion, _notify, _pg, errors
 from cyclone.schema import jobs, runs
 from cyclone.states import TERMINAL_RUN_STATES, JobState, RunState
 
 Out = TypeVar("Out")
 
 DEFAULT_POLL_INTERVAL = 5.0
-_DEADLOCK = "40P01"
-_MAX_DEADLOCKS = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,21 +283,13 @@ class Run:
         Raises:
             InvalidStateError: the run is not running.
         """
-        # Cancelling locks the run, then its unstarted steps; a worker recording a step's
-        # outcome locks the step, then its run. PostgreSQL breaks such a cycle by aborting
-        # one side: when it is this transaction, nothing was changed and it runs again.
-        deadlocks = 0
-        while True:
-            try:
-                with self._engine.begin() as conn:
-                    if conn.execute(_CANCEL_RUN, {"rid": self.id}).first() is None:
-                        self._raise_state(conn, "cancel")
-                    conn.execute(_completion.CANCEL_UNSTARTED, {"rid": self.id})
-                return
-            except DBAPIError as exc:
-                deadlocks += 1
-                if getattr(exc.orig, "sqlstate", None) != _DEADLOCK or deadlocks > _MAX_DEADLOCKS:
-                    raise
+
+        def cancel(conn: Connection) -> None:
+            if conn.execute(_CANCEL_RUN, {"rid": self.id}).first() is None:
+                self._raise_state(conn, "cancel")
+            conn.execute(_completion.CANCEL_UNSTARTED, {"rid": self.id})
+
+        _pg.in_transaction_retrying_deadlocks(self._engine, cancel)
 
     def retry(self) -> None:
         """Run the failed and cancelled steps of a failed or cancelled run again.
@@ -321,7 +310,7 @@ class Run:
         self._restart(_RESET_ALL, _RESTART_ANY, "retry_all")
 
     def _restart(self, reset: Any, restart: Any, operation: str) -> None:
-        with self._engine.begin() as conn:
+        def restart_run(conn: Connection) -> None:
             status = self._read_status_for_update(conn)
             if operation == "retry" and status not in (RunState.FAILED, RunState.CANCELLED):
                 raise errors.InvalidStateError(operation=operation, run_id=self.id, state=status)
@@ -329,6 +318,8 @@ class Run:
                 raise errors.InvalidStateError(operation=operation, run_id=self.id, state=status)
             conn.execute(reset, {"rid": self.id})
             conn.execute(restart, {"rid": self.id})
+
+        _pg.in_transaction_retrying_deadlocks(self._engine, restart_run)
 
     def _read_status_for_update(self, conn: Connection) -> RunState:
         row = conn.execute(
