@@ -26,6 +26,7 @@ from sqlalchemy import (
     func,
     or_,
     select,
+    true,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -50,12 +51,16 @@ class Claimed:
     upstream: dict[str, msgspec.Raw]
 
 
-def claim_jobs_stmt() -> Any:
+def claim_jobs_stmt(*, by_queue: bool) -> Any:
+    """Claim up to ``:limit`` runnable jobs; ``by_queue`` adds the ``:queues`` filter."""
+    queue_filter = (
+        jobs.c.queue == func.any(bindparam("queues", type_=ARRAY(Text))) if by_queue else true()
+    )
     picked = (
         select(jobs.c.id)
         .where(
             jobs.c.state == JobState.AVAILABLE.value,
-            jobs.c.queue == func.any(bindparam("queues", type_=ARRAY(Text))),
+            queue_filter,
             jobs.c.scheduled_at <= func.now(),
             or_(
                 jobs.c.workflow == func.any(bindparam("workflows", type_=ARRAY(Text))),
@@ -122,7 +127,8 @@ def claim_jobs_stmt() -> Any:
     ).select_from(claimed.outerjoin(runs, runs.c.id == claimed.c.run_id))
 
 
-_CLAIM = claim_jobs_stmt()
+_CLAIM_ANY_QUEUE = claim_jobs_stmt(by_queue=False)
+_CLAIM_BY_QUEUE = claim_jobs_stmt(by_queue=True)
 _upstream_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 
@@ -130,17 +136,20 @@ def claim_jobs(
     conn: Connection,
     *,
     worker_id: str,
-    queues: Sequence[str],
+    queues: Sequence[str] | None,
     workflows: Sequence[str],
     kinds: Sequence[str],
     limit: int,
 ) -> list[Claimed]:
-    """Claim up to ``limit`` runnable jobs for this worker, highest priority first."""
+    """Claim up to ``limit`` runnable jobs for this worker, highest priority first.
+
+    ``queues=None`` claims from every queue.
+    """
     rows = conn.execute(
-        _CLAIM,
+        _CLAIM_ANY_QUEUE if queues is None else _CLAIM_BY_QUEUE,
         {
             "me": worker_id,
-            "queues": list(queues),
+            "queues": None if queues is None else list(queues),
             "workflows": list(workflows),
             "kinds": list(kinds),
             "limit": limit,

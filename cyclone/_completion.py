@@ -26,6 +26,7 @@ from sqlalchemy import (
     column,
     exists,
     func,
+    or_,
     select,
     update,
 )
@@ -107,13 +108,16 @@ def complete_jobs_stmt() -> Any:
         .subquery("r")
     )
     remaining = runs.c.steps_remaining - per_run.c.n
+    # A run whose deadline passed before its last step ended is left to the deadline
+    # sweep, which fails it: it was still running when its deadline passed.
+    completes = and_(remaining == 0, or_(runs.c.deadline.is_(None), runs.c.deadline > func.now()))
     finished = (
         update(runs)
         .where(runs.c.id == per_run.c.run_id, runs.c.state == RunState.RUNNING.value)
         .values(
             steps_remaining=remaining,
-            state=case((remaining == 0, RunState.COMPLETED.value), else_=runs.c.state),
-            finalized_at=case((remaining == 0, func.now()), else_=None),
+            state=case((completes, RunState.COMPLETED.value), else_=runs.c.state),
+            finalized_at=case((completes, func.now()), else_=None),
         )
         .returning(runs.c.id)
         .cte("finished")

@@ -35,11 +35,16 @@ class InputNotDecodable(_Permanent):
     """The stored input no longer decodes as the step's input type."""
 
 
+def _storable(text: str) -> str:
+    """Text that jsonb accepts: no NUL, no lone surrogates."""
+    return text.replace("\x00", "\\x00").encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _error_record(exc: BaseException, job: Claimed) -> dict[str, Any]:
     return {
-        "type": type(exc).__qualname__,
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(exc)),
+        "type": _storable(type(exc).__qualname__),
+        "message": _storable(str(exc)),
+        "traceback": _storable("".join(traceback.format_exception(exc))),
         "attempt": job.attempt,
         "step": job.kind,
         "at": datetime.now(UTC).isoformat(),

@@ -118,6 +118,7 @@ class Listener:
                 if self._idle():
                     break
                 log.warning("cyclone listener lost its connection (%s); reconnecting", exc)
+                self._stopped.wait(DEFAULT_RECONNECT_DELAY)
             finally:
                 with contextlib.suppress(psycopg.Error):
                     conn.close()

@@ -5,7 +5,19 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Interval, Text, bindparam, case, cast, func, select, update
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Interval,
+    Text,
+    bindparam,
+    case,
+    cast,
+    func,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from cyclone._completion import run_over
 from cyclone.schema import jobs, runs
@@ -13,9 +25,11 @@ from cyclone.states import JobState, RunState
 
 
 def heartbeat_stmt() -> Any:
+    """Mark the jobs this worker is running alive (only those it still tracks)."""
     return (
         update(jobs)
         .where(
+            jobs.c.id == func.any(bindparam("ids", type_=ARRAY(BigInteger))),
             jobs.c.worker_id == bindparam("me", type_=Text),
             jobs.c.state == JobState.RUNNING.value,
         )
@@ -103,8 +117,8 @@ _RESCUE = rescue_jobs_stmt()
 _EXPIRE = expire_runs_stmt()
 
 
-def heartbeat(conn: Connection, worker_id: str) -> None:
-    conn.execute(_HEARTBEAT, {"me": worker_id})
+def heartbeat(conn: Connection, worker_id: str, job_ids: list[int]) -> None:
+    conn.execute(_HEARTBEAT, {"me": worker_id, "ids": job_ids})
 
 
 def rescue(conn: Connection, rescue_after: timedelta) -> list[int]:

@@ -77,7 +77,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     )
     print(
         f"cyclone worker {worker.id}: workflows {sorted(worker.workflows)}, "
-        f"steps {sorted(worker.steps)}, queues {worker.queues}",
+        f"steps {sorted(worker.steps)}, queues {worker.queues or 'all'}",
         flush=True,
     )
     if args.drain:

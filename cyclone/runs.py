@@ -188,6 +188,11 @@ _RESET_ALL = reset_jobs_stmt(every_step=True)
 _RESTART_FAILED = restart_run_stmt(from_states=(RunState.FAILED, RunState.CANCELLED))
 _RESTART_ANY = restart_run_stmt(from_states=tuple(TERMINAL_RUN_STATES))
 _SET_RETENTION = set_retention_stmt()
+_ANY_RUNNING = (
+    select(jobs.c.id)
+    .where(jobs.c.run_id == bindparam("rid"), jobs.c.state == JobState.RUNNING.value)
+    .limit(1)
+)
 _SELECT_RESULT = select_result_stmt()
 
 
@@ -311,23 +316,37 @@ class Run:
 
     def _restart(self, reset: Any, restart: Any, operation: str) -> None:
         def restart_run(conn: Connection) -> None:
-            status = self._read_status_for_update(conn)
+            status, deadline_passed = self._read_status_for_update(conn)
             if operation == "retry" and status not in (RunState.FAILED, RunState.CANCELLED):
                 raise errors.InvalidStateError(operation=operation, run_id=self.id, state=status)
             if operation == "retry_all" and status == RunState.RUNNING:
                 raise errors.InvalidStateError(operation=operation, run_id=self.id, state=status)
+            if deadline_passed:
+                raise errors.InvalidStateError(
+                    operation=operation, run_id=self.id, state=f"{status} and past its deadline"
+                )
+            # A step still running would report into the old run: its outcome is read
+            # against the state before this retry, so wait until it has ended.
+            if operation == "retry" and conn.execute(_ANY_RUNNING, {"rid": self.id}).first():
+                raise errors.InvalidStateError(
+                    operation=operation,
+                    run_id=self.id,
+                    state=f"{status} with steps still running; retry once they end",
+                )
             conn.execute(reset, {"rid": self.id})
             conn.execute(restart, {"rid": self.id})
 
         _pg.in_transaction_retrying_deadlocks(self._engine, restart_run)
 
-    def _read_status_for_update(self, conn: Connection) -> RunState:
+    def _read_status_for_update(self, conn: Connection) -> tuple[RunState, bool]:
         row = conn.execute(
-            select(runs.c.state).where(runs.c.id == self.id).with_for_update()
+            select(runs.c.state, runs.c.deadline <= func.now())
+            .where(runs.c.id == self.id)
+            .with_for_update()
         ).first()
         if row is None:
             raise errors.NotFoundError(f"run {self.id} does not exist")
-        return RunState(row[0])
+        return RunState(row[0]), bool(row[1])
 
     def set_retention(self, retention: timedelta | None) -> None:
         """Keep this run for ``retention`` after it ends (None: the sweeper's default)."""

@@ -29,6 +29,7 @@ from sqlalchemy import (
     case,
     cast,
     column,
+    exists,
     func,
     literal,
     select,
@@ -186,7 +187,7 @@ def insert_run_once_stmt() -> Any:
     )
     new_jobs = _insert_jobs_stmt(inserted).cte("new_jobs")
     created = select(inserted.c.id, literal(True, Boolean).label("created"), literal(True, Boolean))
-    existing = select_run_by_key_stmt()
+    existing = select_run_by_key_stmt().where(~exists(select(inserted.c.id)))
     return union_all(created, existing).add_cte(new_jobs)
 
 
@@ -226,7 +227,8 @@ def insert_runs_once_stmt() -> Any:
         insert(runs)
         .from_select(
             ["submit_key", "input", *values],
-            select(first.c.key, first.c.input, *values.values()).order_by(first.c.i),
+            # Key order, the same in every batch, so overlapping batches cannot deadlock.
+            select(first.c.key, first.c.input, *values.values()).order_by(first.c.key),
         )
         .on_conflict_do_nothing(index_elements=[runs.c.workflow, runs.c.submit_key])
         .returning(runs.c.id, runs.c.workflow, runs.c.deadline, runs.c.submit_key, runs.c.input)
@@ -252,7 +254,8 @@ def insert_runs_once_stmt() -> Any:
         items_cte,
         runs,
         (runs.c.workflow == bindparam("workflow", type_=Text))
-        & (runs.c.submit_key == items_cte.c.key),
+        & (runs.c.submit_key == items_cte.c.key)
+        & ~exists().where(inserted.c.submit_key == items_cte.c.key),
     )
     return union_all(created, existing).add_cte(new_jobs)
 

@@ -46,6 +46,7 @@ DEFAULT_POLL_INTERVAL = 5.0
 DEFAULT_HEARTBEAT_INTERVAL = timedelta(seconds=5)
 DEFAULT_RESCUE_AFTER = timedelta(minutes=1)
 DEFAULT_MAINTENANCE_INTERVAL = 1.0
+MAX_RECORD_TRIES = 3
 
 Outcome = _completion.Success | _completion.Failure
 
@@ -59,8 +60,8 @@ class Worker:
         steps: the standalone step kinds this worker runs.
         concurrency: how many jobs run at once (threads), over all queues.
         queues: ``{"queue": limit}`` to run only these queues, each with its own limit
-            (the total is still capped by ``concurrency``); default: every queue the
-            definitions use, sharing ``concurrency``.
+            (the total is still capped by ``concurrency``); default: every queue, so a
+            run whose step a redeploy moved to another queue still runs.
         poll_interval: seconds between polls when no notification arrives.
         heartbeat_interval: how often running jobs are marked alive.
         rescue_after: a running job whose worker has not beaten for this long is run again.
@@ -105,12 +106,9 @@ class Worker:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
         self.concurrency = concurrency
-        if queues is None:
-            used = {node.queue for wf in self.workflows.values() for node in wf.steps.values()}
-            used |= {st.queue for st in self.steps.values()}
-            self._limits: dict[str, int] | None = None
-            self.queues = sorted(used)
-        else:
+        self.queues: list[str] | None = None
+        self._limits: dict[str, int] | None = None
+        if queues is not None:
             if not queues or any(limit < 1 for limit in queues.values()):
                 raise ValueError("queues= maps queue names to limits >= 1")
             self._limits = dict(queues)
@@ -136,6 +134,8 @@ class Worker:
         self._last_sweep = 0.0
         self._claim_turn = 0
         self._lock = threading.Lock()
+        self._record_failures = 0
+        self._sweeping: threading.Thread | None = None
 
     def __repr__(self) -> str:
         return (
@@ -265,7 +265,7 @@ class Worker:
                     got = _claim.claim_jobs(
                         conn,
                         worker_id=self.id,
-                        queues=self.queues if name == "*" else [name],
+                        queues=None if name == "*" else [name],
                         workflows=list(self.workflows),
                         kinds=list(self.steps),
                         limit=min(limit, left),
@@ -273,6 +273,17 @@ class Worker:
                     claimed += got
                     left -= len(got)
         except Exception:
+            self._record_failures += 1
+            if self._record_failures >= MAX_RECORD_TRIES:
+                # These jobs stop heartbeating, so another worker runs them again after
+                # rescue_after: at least once still holds, and this worker is not stuck.
+                log.exception(
+                    "worker %s gives up recording %d outcomes; their jobs will be rescued",
+                    self.id,
+                    len(outcomes),
+                )
+                self._record_failures = 0
+                return []
             log.exception("worker %s could not record outcomes or claim; retrying", self.id)
             for job, outcome in outcomes:
                 self._inflight[job.id] = job
@@ -280,6 +291,7 @@ class Worker:
                 self._outcomes.put((job, outcome))
             self._stopping.wait(min(1.0, self.poll_interval))
             return []
+        self._record_failures = 0
         self._jobs_run += len(outcomes)
         return claimed
 
@@ -302,12 +314,22 @@ class Worker:
         self._outcomes.put((job, outcome))
         self._wake.set()
 
+    def _sweep(self) -> None:
+        """One retention sweep, off the loop thread so that heartbeats and claims go on."""
+        try:
+            runs_deleted, jobs_deleted = _sweeper.sweep(self.engine, self.sweep_keep)
+        except Exception:
+            log.exception("worker %s retention sweep failed; will try again", self.id)
+            return
+        if runs_deleted or jobs_deleted:
+            log.info("sweeper deleted %d runs and %d jobs", runs_deleted, jobs_deleted)
+
     def _maintain(self, *, force: bool, sweep: bool) -> None:
         now = time.monotonic()
         try:
             if self._inflight and (force or now - self._last_heartbeat >= self.heartbeat_interval):
                 with self.engine.begin() as conn:
-                    _rescue.heartbeat(conn, self.id)
+                    _rescue.heartbeat(conn, self.id, list(self._inflight))
                 self._last_heartbeat = now
             if force or now - self._last_maintenance >= DEFAULT_MAINTENANCE_INTERVAL:
                 with self.engine.begin() as conn:
@@ -320,10 +342,16 @@ class Worker:
                         "handed back %d jobs of workers that stopped: %s", len(rescued), rescued
                     )
                 self._last_maintenance = now
-            if sweep and self.sweep and now - self._last_sweep >= self.sweep_interval:
+            if (
+                sweep
+                and self.sweep
+                and now - self._last_sweep >= self.sweep_interval
+                and not (self._sweeping and self._sweeping.is_alive())
+            ):
                 self._last_sweep = now
-                runs_deleted, jobs_deleted = _sweeper.sweep(self.engine, self.sweep_keep)
-                if runs_deleted or jobs_deleted:
-                    log.info("sweeper deleted %d runs and %d jobs", runs_deleted, jobs_deleted)
+                self._sweeping = threading.Thread(
+                    target=self._sweep, name="cyclone-sweeper", daemon=True
+                )
+                self._sweeping.start()
         except Exception:
             log.exception("worker %s maintenance failed; will try again", self.id)

@@ -246,3 +246,29 @@ def test_eight_processes_submitting_one_key_at_the_same_instant_make_one_run(
             {"r": uuid.UUID(results[0]["run_id"])},
         ).scalar_one()
     assert jobs_of_run == 3
+
+
+@pytest.mark.parametrize("form", ["submit_once", "submit_once_many"])
+def test_a_submit_waiting_on_a_purge_returns_the_new_run_not_the_purged_one(
+    engine: sa.Engine, name: str, form: str
+) -> None:
+    wf = workflow(name)
+    old, _ = wf.submit_once(engine, "k", 1)
+    if form == "submit_once":
+        other = lambda: wf.submit_once(engine, "k", 1)  # noqa: E731
+    else:
+        other = lambda: wf.submit_once_many(engine, [("k", 1)])[0]  # noqa: E731
+    with engine.connect() as a:
+        a.begin()
+        a.execute(sa.delete(runs).where(runs.c.id == old.id))
+        pool, b = in_background(other)
+        try:
+            wait_until(lambda: blocked_by(engine, backend_pid(a)), timeout=30)
+            a.commit()
+            run_b, created_b = b.result(timeout=30)
+        finally:
+            pool.shutdown(wait=True)
+    assert created_b is True
+    assert run_b.id != old.id
+    assert run_b.status().key == "k"
+    assert count_runs(engine, name, "k") == 1

@@ -152,3 +152,42 @@ def test_batch_statements_do_not_grow_with_the_steps(
         wf.submit_once_many(engine, [(f"k{i}", i) for i in range(10)])
         counts.append(statements.count)
     assert counts == [1, 1]
+
+
+def test_overlapping_batches_in_opposite_orders_do_not_deadlock(
+    engine: sa.Engine, name: str
+) -> None:
+    import threading
+
+    wf = cyclone.Workflow(name)
+
+    @wf.step()
+    def only(ctx: cyclone.StepContext, value: int) -> None:
+        return None
+
+    items = [(f"k{i}", i) for i in range(1000)]
+    barrier = threading.Barrier(2, timeout=30)
+    results: dict[str, list[tuple[cyclone.Run, bool]]] = {}
+    errors: list[BaseException] = []
+
+    def submit(label: str, batch: list[tuple[str, int]]) -> None:
+        try:
+            barrier.wait()
+            results[label] = wf.submit_once_many(engine, batch)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=submit, args=("forward", items)),
+        threading.Thread(target=submit, args=("backward", items[::-1])),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors
+    forward = {run.key: run.id for run, _ in results["forward"]}
+    backward = {run.key: run.id for run, _ in results["backward"]}
+    assert forward == backward
+    created = sum(c for _, c in results["forward"]) + sum(c for _, c in results["backward"])
+    assert created == len(items)

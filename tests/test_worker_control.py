@@ -375,3 +375,64 @@ def test_a_step_failing_after_its_run_was_cancelled_is_not_retried(
     assert cyclone.Worker(engine, workflows=[wf], backoff=no_backoff).drain() == 3
     assert attempts == [1, 1, 2, 3]
     assert run.status().state == cyclone.RunState.FAILED
+
+
+def test_retry_refuses_while_a_step_of_the_failed_run_is_still_running(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = cyclone.Workflow(name)
+
+    @wf.step(max_attempts=1)
+    def fails(ctx: cyclone.StepContext, value: Any) -> None:
+        raise RuntimeError("boom")
+
+    @wf.step()
+    def other(ctx: cyclone.StepContext, value: Any) -> None:
+        return None
+
+    run = wf.submit(engine, 1)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE cyclone_jobs SET state = 'running', attempt = 1, worker_id = 'gone',"
+                " heartbeat_at = now() WHERE run_id = :r AND kind = 'other'"
+            ),
+            {"r": run.id},
+        )
+    cyclone.Worker(engine, workflows=[wf]).drain()
+    assert run.status().state == cyclone.RunState.FAILED
+    with pytest.raises(cyclone.InvalidStateError, match="still running"):
+        run.retry()
+    assert run.status().state == cyclone.RunState.FAILED
+
+
+def test_a_last_step_ending_after_the_deadline_fails_the_run(engine: sa.Engine, name: str) -> None:
+    wf = cyclone.Workflow(name)
+
+    @wf.step()
+    def outlives_the_deadline(ctx: cyclone.StepContext, value: Any) -> int:
+        assert ctx.deadline is not None
+        while not ctx.deadline_passed:
+            time.sleep(0.01)
+        return 1
+
+    run = wf.submit(engine, 1, deadline=timedelta(milliseconds=300))
+    cyclone.Worker(engine, workflows=[wf]).drain()
+    status = run.status()
+    assert status.state == cyclone.RunState.FAILED
+    assert status.error is not None
+    assert "deadline exceeded" in status.error["message"]
+
+
+def test_retry_of_a_run_past_its_deadline_is_refused(engine: sa.Engine, name: str) -> None:
+    wf = cyclone.Workflow(name)
+
+    @wf.step()
+    def never(ctx: cyclone.StepContext, value: Any) -> None:
+        raise AssertionError("a step of a run past its deadline must not start")
+
+    run = wf.submit(engine, 1, deadline=datetime.now(UTC) - timedelta(seconds=1))
+    cyclone.Worker(engine, workflows=[wf]).drain()
+    assert run.status().state == cyclone.RunState.FAILED
+    with pytest.raises(cyclone.InvalidStateError, match="deadline"):
+        run.retry()

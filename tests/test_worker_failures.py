@@ -261,3 +261,28 @@ def test_a_job_whose_input_no_longer_decodes_fails_without_retries(
     assert status.error is not None
     assert status.error["type"] == "InputNotDecodable"
     assert job_rows(engine, run.id)["handle"].attempt == 1
+
+
+def test_an_error_message_jsonb_cannot_store_is_recorded_and_the_worker_goes_on(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = cyclone.Workflow(name)
+
+    @wf.step(max_attempts=1)
+    def nasty(ctx: cyclone.StepContext, value: Any) -> None:
+        raise ValueError("NUL \x00 and a lone surrogate \ud800")
+
+    good = cyclone.Workflow(f"{name}-good")
+
+    @good.step()
+    def fine(ctx: cyclone.StepContext, value: Any) -> int:
+        return 1
+
+    bad_run = wf.submit(engine, 1)
+    good_run = good.submit(engine, 1)
+    assert cyclone.Worker(engine, workflows=[wf, good], backoff=no_backoff).drain() == 2
+    status = bad_run.wait(timeout=10)
+    assert status.state == cyclone.RunState.FAILED
+    assert status.error is not None
+    assert "NUL" in status.error["message"]
+    assert good_run.wait(timeout=10).state == cyclone.RunState.COMPLETED
