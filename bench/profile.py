@@ -1,0 +1,273 @@
+"""Profiles behind the benchmark's unmet goals (run by hand; needs pyinstrument).
+
+    .venv/bin/pip install pyinstrument py-spy
+    .venv/bin/python -m bench.profile submit       # pyinstrument of submit_once, new + existing
+    .venv/bin/python -m bench.profile drain        # where a Worker.drain() spends its time
+    .venv/bin/python -m bench.profile ping         # timeline of one submit -> result()
+    .venv/bin/python -m bench.profile explain      # server-side EXPLAIN ANALYZE of hot statements
+
+Each creates and drops its own throwaway database, like ``bench.run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import sqlalchemy as sa
+from sqlalchemy.engine import make_url
+
+import cyclone
+from bench import procs, run, workloads
+
+
+@contextmanager
+def database(url: str) -> Iterator[sa.Engine]:
+    admin = make_url(url)
+    db = run.create_database(admin)
+    engine = sa.create_engine(db, pool_size=10)
+    try:
+        cyclone.upgrade(engine)
+        with engine.begin() as conn:
+            conn.exec_driver_sql(workloads.RAW_DDL)
+        yield engine
+    finally:
+        try:
+            from cyclone import _notify
+
+            _notify.listener(engine).stop()
+        except Exception:
+            pass
+        engine.dispose()
+        run.drop_database(admin, db)
+
+
+class Timings:
+    """Wall time spent inside chosen functions, per thread name."""
+
+    def __init__(self) -> None:
+        self.total: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self.lock = threading.Lock()
+
+    def wrap(self, owner: Any, name: str, label: str) -> Callable[[], None]:
+        original = getattr(owner, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                with self.lock:
+                    self.total[label] += time.perf_counter() - t0
+                    self.calls[label] += 1
+
+        setattr(owner, name, timed)
+        return lambda: setattr(owner, name, original)
+
+    def report(self, wall: float, per: int, what: str) -> None:
+        print(f"wall {wall:.3f} s for {per} {what}: {wall / per * 1e6:.0f} us each")
+        for label, total in sorted(self.total.items(), key=lambda kv: -kv[1]):
+            calls = self.calls[label]
+            print(
+                f"  {label:<48} {total:7.3f} s  {total / wall:6.1%} of wall  "
+                f"{calls:6d} calls  {total / calls * 1e6:8.0f} us/call  "
+                f"{total / per * 1e6:7.0f} us per {what[:-1]}"
+            )
+
+
+def profile_submit(engine: sa.Engine, n: int) -> None:
+    from pyinstrument import Profiler
+
+    wf = workloads.one_step
+    for i in range(50):
+        wf.submit_once(engine, f"w{i}", workloads.payload(i))
+    profiler = Profiler(interval=0.0002)
+    profiler.start()
+    t0 = time.perf_counter()
+    for i in range(n):
+        wf.submit_once(engine, f"k{i}", workloads.payload(i))
+    t1 = time.perf_counter()
+    for i in range(n):
+        wf.submit_once(engine, f"k{i}", workloads.payload(i))
+    t2 = time.perf_counter()
+    profiler.stop()
+    print(f"new key {(t1 - t0) / n * 1e6:.0f} us, existing key {(t2 - t1) / n * 1e6:.0f} us")
+    print(profiler.output_text(unicode=False, color=False, show_all=False))
+
+
+def profile_drain(engine: sa.Engine, n: int, what: str, concurrency: int) -> None:
+    from cyclone import _claim, _completion, _executor
+    from cyclone import worker as worker_mod
+
+    if what == "jobs":
+        with engine.begin() as conn:
+            conn.exec_driver_sql(
+                "INSERT INTO cyclone_jobs (kind, queue, priority, state, args, max_attempts) "
+                "SELECT 'bench.noop', 'default', 0, 'available', to_jsonb(g), 3 "
+                f"FROM generate_series(1, {n}) g"
+            )
+        w = cyclone.Worker(engine, steps=[workloads.noop], concurrency=concurrency, sweep=False)
+    else:
+        items = [(f"p{i}", workloads.payload(i)) for i in range(n // 3)]
+        workloads.three_step.submit_once_many(engine, items)
+        w = cyclone.Worker(
+            engine, workflows=[workloads.three_step], concurrency=concurrency, sweep=False
+        )
+    timings = Timings()
+    undo = [
+        timings.wrap(worker_mod.Worker, "_record_and_claim", "loop: record+claim transaction"),
+        timings.wrap(_completion, "record", "  complete statement"),
+        timings.wrap(_claim, "claim_jobs", "  claim statement"),
+        timings.wrap(worker_mod.Worker, "_maintain", "loop: maintenance"),
+        timings.wrap(_executor, "execute", "pool threads: _executor.execute"),
+    ]
+    batches: list[int] = []
+    original_record = worker_mod.Worker._record_and_claim
+
+    def counting(self: Any, outcomes: Any, free: Any) -> Any:
+        batches.append(len(outcomes))
+        return original_record(self, outcomes, free)
+
+    worker_mod.Worker._record_and_claim = counting  # type: ignore[method-assign]
+    try:
+        t0 = time.perf_counter()
+        ran = w.drain()
+        wall = time.perf_counter() - t0
+    finally:
+        worker_mod.Worker._record_and_claim = original_record  # type: ignore[method-assign]
+        for u in reversed(undo):
+            u()
+    timings.report(wall, ran, "jobs")
+    print(
+        f"  record+claim transactions: {len(batches)}, outcomes recorded per transaction: "
+        f"mean {statistics.mean(batches):.2f}, median {statistics.median(batches)}"
+    )
+
+
+def profile_ping(engine: sa.Engine, tries: int) -> None:
+    """Where the submit -> result() time goes, with an idle worker in another process."""
+    import multiprocessing
+
+    from cyclone import runs as runs_mod
+
+    mp = multiprocessing.get_context("spawn")
+    out: Any = mp.Queue()
+    p = mp.Process(target=procs.cyclone_serve, args=(engine.url.render_as_string(False), 4, out))
+    p.start()
+    try:
+        out.get(timeout=60)
+        time.sleep(1.0)
+        timings = Timings()
+        undo = [
+            timings.wrap(workloads.ping, "submit_once", "submit_once"),
+            timings.wrap(runs_mod.ResultRun, "_read_result", "result(): _read_result"),
+            timings.wrap(runs_mod, "wait_until_finished", "result(): wait_until_finished"),
+        ]
+        samples = []
+        try:
+            for i in range(tries):
+                t0 = time.perf_counter()
+                r, _created = workloads.ping.submit_once(engine, f"ping-{i}", i)
+                assert r.result(timeout=30) == i
+                samples.append(time.perf_counter() - t0)
+                time.sleep(0.05)
+        finally:
+            for u in reversed(undo):
+                u()
+        timings.report(sum(samples), tries, "pings")
+        print(f"  median {statistics.median(samples) * 1e3:.1f} ms")
+        with engine.connect() as conn:
+            rows = conn.exec_driver_sql(
+                "SELECT j.attempted_at - r.created_at, j.finalized_at - j.attempted_at, "
+                "r.finalized_at - r.created_at FROM cyclone_runs r "
+                "JOIN cyclone_jobs j ON j.run_id = r.id WHERE r.workflow = 'bench_ping' "
+                "AND r.submit_key LIKE 'ping-%%'"
+            ).all()
+        claim = statistics.median(r[0].total_seconds() for r in rows) * 1e3
+        run_ = statistics.median(r[1].total_seconds() for r in rows) * 1e3
+        total = statistics.median(r[2].total_seconds() for r in rows) * 1e3
+        print(
+            f"  server clock, medians: created -> claimed {claim:.1f} ms, "
+            f"claimed -> completed {run_:.1f} ms, run created -> finalized {total:.1f} ms"
+        )
+    finally:
+        p.terminate()
+        p.join(timeout=15)
+
+
+def explain(engine: sa.Engine) -> None:
+    from cyclone import _claim, _completion, submit
+
+    plan = workloads.one_step.plan()
+    params = submit._params(plan, '{"order": 1}', None, None)
+    with engine.connect() as conn:
+        compiled = submit._INSERT_RUN_ONCE.compile(dialect=engine.dialect)
+        for key in ("x1", "x1", "x2"):
+            p = compiled.construct_params({**params, "key": key})
+            rows = conn.exec_driver_sql("EXPLAIN (ANALYZE, BUFFERS) " + str(compiled), p).all()
+            print(f"--- submit_once key {key}")
+            print("\n".join(r[0] for r in rows if "Time" in r[0] or "Trigger" in r[0]))
+        conn.exec_driver_sql(
+            "INSERT INTO cyclone_jobs (kind, queue, priority, state, args, max_attempts) "
+            "SELECT 'bench.noop', 'default', 0, 'available', to_jsonb(g), 3 "
+            "FROM generate_series(1, 100) g"
+        )
+        claim = _claim._CLAIM.compile(dialect=engine.dialect)
+        p = claim.construct_params(
+            {"me": "x", "queues": ["default"], "workflows": [], "kinds": ["bench.noop"], "limit": 4}
+        )
+        rows = conn.exec_driver_sql("EXPLAIN (ANALYZE, BUFFERS) " + str(claim), p).all()
+        print("--- claim 4")
+        print("\n".join(r[0] for r in rows if "Time" in r[0] or "Trigger" in r[0]))
+        ids = [
+            r[0]
+            for r in conn.exec_driver_sql("SELECT id FROM cyclone_jobs WHERE worker_id = 'x'").all()
+        ]
+        conn.exec_driver_sql(
+            "UPDATE cyclone_jobs SET state = 'running', attempt = 1, worker_id = 'x' "
+            f"WHERE id IN ({','.join(map(str, ids))})"
+        ) if ids else None
+        done = _completion._COMPLETE.compile(dialect=engine.dialect)
+        items = [_completion.Success(i, 1, "null") for i in ids]
+        p = done.construct_params({"items": _completion._items(items), "me": "x"})
+        rows = conn.exec_driver_sql("EXPLAIN (ANALYZE, BUFFERS) " + str(done), p).all()
+        print(f"--- complete {len(ids)}")
+        print("\n".join(r[0] for r in rows if "Time" in r[0] or "Trigger" in r[0]))
+        conn.rollback()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.profile")
+    parser.add_argument("what", choices=["submit", "drain", "drain-wf", "ping", "explain"])
+    parser.add_argument("-n", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--url", default=os.environ.get("CYCLONE_DATABASE_URL", run.DEFAULT_URL))
+    args = parser.parse_args()
+    with database(args.url) as engine:
+        if args.what == "submit":
+            profile_submit(engine, args.n)
+        elif args.what == "drain":
+            profile_drain(engine, args.n, "jobs", args.concurrency)
+        elif args.what == "drain-wf":
+            profile_drain(engine, args.n, "workflow", args.concurrency)
+        elif args.what == "ping":
+            profile_ping(engine, min(args.n, 50))
+        else:
+            explain(engine)
+
+
+if __name__ == "__main__":
+    main()

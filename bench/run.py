@@ -1,0 +1,1141 @@
+"""cyclone's benchmark: every figure of issue 5 for cyclone and the raw psycopg baseline.
+
+Run from the repository root (never from the test suite)::
+
+    .venv/bin/python -m bench.run                 # full run: 5 rounds, ~15 minutes
+    .venv/bin/python -m bench.run --quick         # small N, a smoke run
+    .venv/bin/python -m bench.run --only a,b      # some figures only
+
+It creates a throwaway database on the server, runs ``cyclone.upgrade``, measures, prints
+a table of medians over rounds with the cyclone/raw ratio and each goal, writes
+``bench/results/latest.json`` and ``bench/results/latest.png`` (copied to
+``docs/bench.png``), and drops the database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import platform
+import shutil
+import signal
+import statistics
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # run as ``python bench/run.py``
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import msgspec
+import psycopg
+import sqlalchemy as sa
+from sqlalchemy.engine import URL, make_url
+
+import cyclone
+from bench import procs, workloads
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+FIGURES = "abcdef"
+
+
+# --- settings --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sizes:
+    new_keys: int
+    duplicates: int
+    jobs: int
+    tries: int
+    batches: tuple[int, ...]
+    small: int
+    large: int
+    grow_ops: int
+
+    @classmethod
+    def full(cls) -> Sizes:
+        return cls(5_000, 1_000, 5_000, 50, (100, 1_000), 10_000, 1_000_000, 500)
+
+    @classmethod
+    def quick(cls) -> Sizes:
+        return cls(500, 200, 1_000, 20, (100, 1_000), 10_000, 100_000, 200)
+
+
+@dataclass
+class Figure:
+    """One row of the table: cyclone's values and the baseline's, one per round."""
+
+    id: str
+    title: str
+    unit: str
+    higher_is_better: bool
+    cyclone: list[float] = field(default_factory=list)
+    raw: list[float] = field(default_factory=list)
+    raw_label: str = "raw psycopg"
+    goal: float | None = None
+    goal_text: str = ""
+    goal_base: list[float] | None = None
+    """The values the goal ratio is taken against (default: ``raw``)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def cyclone_median(self) -> float | None:
+        return statistics.median(self.cyclone) if self.cyclone else None
+
+    @property
+    def raw_median(self) -> float | None:
+        return statistics.median(self.raw) if self.raw else None
+
+    @property
+    def ratio(self) -> float | None:
+        c, r = self.cyclone_median, self.raw_median
+        return None if c is None or not r else c / r
+
+    @property
+    def goal_ratio(self) -> float | None:
+        base = self.raw if self.goal_base is None else self.goal_base
+        c = self.cyclone_median
+        if c is None or not base:
+            return None
+        b = statistics.median(base)
+        return c / b if b else None
+
+    @property
+    def met(self) -> bool | None:
+        if self.goal is None or self.goal_ratio is None:
+            return None
+        if self.higher_is_better:
+            return self.goal_ratio >= self.goal
+        return self.goal_ratio <= self.goal
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(
+            cyclone_median=self.cyclone_median,
+            raw_median=self.raw_median,
+            ratio=self.ratio,
+            goal_ratio=self.goal_ratio,
+            met=self.met,
+        )
+        return data
+
+
+# --- database plumbing -----------------------------------------------------------------------
+
+
+def create_database(admin_url: URL) -> URL:
+    name = f"cyclone_bench_{uuid.uuid4().hex[:8]}"
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    admin.dispose()
+    return admin_url.set(database=name)
+
+
+def drop_database(admin_url: URL, url: URL) -> None:
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{url.database}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def conninfo(url: URL) -> str:
+    """The plain libpq form of a SQLAlchemy URL, for raw psycopg connections."""
+    return url.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+class Bench:
+    def __init__(self, url: URL, sizes: Sizes, rounds: int, concurrency: int) -> None:
+        self.url = url
+        self.sa_url = url.render_as_string(hide_password=False)
+        self.dsn = conninfo(url)
+        self.sizes = sizes
+        self.rounds = rounds
+        self.concurrency = concurrency
+        self.engine = sa.create_engine(url, pool_size=5, max_overflow=5)
+        self.figures: dict[str, Figure] = {}
+        self.statements: dict[str, dict[str, float]] = {}
+        self.mp = multiprocessing.get_context("spawn")
+
+    def close(self) -> None:
+        try:  # stop this process's LISTEN thread before its database goes away
+            from cyclone import _notify
+
+            _notify.listener(self.engine).stop()
+        except Exception:
+            pass
+        self.engine.dispose()
+
+    # plumbing ------------------------------------------------------------------------------
+
+    def fig(self, fid: str, title: str, unit: str, higher: bool, **kw: Any) -> Figure:
+        if fid not in self.figures:
+            self.figures[fid] = Figure(fid, title, unit, higher, **kw)
+        return self.figures[fid]
+
+    def sql(self, statement: str, **params: Any) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            conn.execute(statement, params or None)
+
+    def reset(self) -> None:
+        # TRUNCATE alone leaves the tables' statistics unknown (reltuples -1), as on a fresh
+        # deploy. Do not ANALYZE the empty tables: with autovacuum off (as on the bench
+        # server) the planner would then believe them empty for the whole round and plan
+        # seq scans (the FK check of cyclone_jobs.run_id, the existing-key lookup), cached
+        # per session, which grow with every row the round inserts.
+        self.sql("TRUNCATE cyclone_jobs, cyclone_runs, raw_jobs, raw_runs")
+
+    def raw_conn(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(self.dsn, autocommit=True)
+
+    # a. new keys -------------------------------------------------------------------------
+
+    def fig_a(self, r: int) -> None:
+        n = self.sizes.new_keys
+        raw = self.fig(
+            "a1",
+            "submit_once new key, 1-step",
+            "submits/s",
+            True,
+            goal=0.85,
+            goal_text=">= 0.85x raw",
+        )
+        five = self.fig(
+            "a5",
+            "submit_once new key, 5-step",
+            "submits/s",
+            True,
+            goal=0.85,
+            goal_text=">= 0.85x raw",
+        )
+        raw.raw.append(self._raw_new_keys(f"a-raw-{r}", n))
+        five.raw = raw.raw
+        raw.cyclone.append(self._cyclone_new_keys(workloads.one_step, f"a1-{r}", n))
+        five.cyclone.append(self._cyclone_new_keys(workloads.five_step, f"a5-{r}", n))
+        # Reference points (no goal): the same raw statement through SQLAlchemy Core.
+        ref_auto = self.fig("a-ref-auto", "  ref: raw SQL via Core, autocommit", "submits/s", True)
+        ref_begin = self.fig(
+            "a-ref-begin", "  ref: raw SQL via Core, engine.begin()", "submits/s", True
+        )
+        ref_auto.raw = ref_begin.raw = raw.raw
+        ref_auto.cyclone.append(self._core_new_keys(f"a-auto-{r}", n // 2, autocommit=True))
+        ref_begin.cyclone.append(self._core_new_keys(f"a-begin-{r}", n // 2, autocommit=False))
+
+    def _raw_new_keys(self, prefix: str, n: int) -> float:
+        with self.raw_conn() as conn:
+            for i in range(20):  # warm up: prepared statement, caches
+                conn.execute(workloads.RAW_INSERT_ONCE, ("bench_one", f"{prefix}-w{i}", "{}"))
+            t0 = time.perf_counter()
+            for i in range(n):
+                row = conn.execute(
+                    workloads.RAW_INSERT_ONCE,
+                    ("bench_one", f"{prefix}-{i}", json.dumps(workloads.payload(i))),
+                ).fetchone()
+                assert row is not None
+            return n / (time.perf_counter() - t0)
+
+    def _cyclone_new_keys(self, wf: cyclone.Workflow[Any], prefix: str, n: int) -> float:
+        for i in range(20):
+            wf.submit_once(self.engine, f"{prefix}-w{i}", workloads.payload(i))
+        t0 = time.perf_counter()
+        for i in range(n):
+            _run, created = wf.submit_once(self.engine, f"{prefix}-{i}", workloads.payload(i))
+            assert created
+        return n / (time.perf_counter() - t0)
+
+    def _core_new_keys(self, prefix: str, n: int, *, autocommit: bool) -> float:
+        stmt = sa.text(
+            "INSERT INTO raw_runs (workflow, submit_key, input) "
+            "VALUES (:wf, :key, CAST(:input AS jsonb)) ON CONFLICT DO NOTHING RETURNING id"
+        )
+        engine = (
+            self.engine.execution_options(isolation_level="AUTOCOMMIT")
+            if autocommit
+            else self.engine
+        )
+
+        def one(key: str, i: int) -> None:
+            params = {"wf": "bench_one", "key": key, "input": json.dumps(workloads.payload(i))}
+            if autocommit:
+                with engine.connect() as conn:
+                    conn.execute(stmt, params).first()
+            else:
+                with engine.begin() as conn:
+                    conn.execute(stmt, params).first()
+
+        for i in range(20):
+            one(f"{prefix}-w{i}", i)
+        t0 = time.perf_counter()
+        for i in range(n):
+            one(f"{prefix}-{i}", i)
+        return n / (time.perf_counter() - t0)
+
+    # b. duplicates -------------------------------------------------------------------------
+
+    def fig_b(self, r: int) -> None:
+        n = self.sizes.duplicates
+        f = self.fig(
+            "b",
+            "submit_once existing key",
+            "us/call",
+            False,
+            goal=1.3,
+            goal_text="<= 1.3x raw",
+            raw_label="raw insert-or-select CTE",
+        )
+        keys = [f"b-{r}-{i}" for i in range(n)]
+        inputs = [workloads.payload(i) for i in range(n)]
+        with self.raw_conn() as conn:
+            with conn.cursor() as cur:
+                cur.executemany(
+                    "INSERT INTO raw_runs (workflow, submit_key, input) VALUES (%s, %s, %s)",
+                    [("bench_one", k, json.dumps(v)) for k, v in zip(keys, inputs, strict=True)],
+                )
+            params = [
+                {"wf": "bench_one", "key": k, "input": json.dumps(v)}
+                for k, v in zip(keys, inputs, strict=True)
+            ]
+            for p in params[:20]:
+                conn.execute(workloads.RAW_INSERT_OR_SELECT, p).fetchone()
+            t0 = time.perf_counter()
+            for i in range(n):
+                row = conn.execute(
+                    workloads.RAW_INSERT_OR_SELECT,
+                    {"wf": "bench_one", "key": keys[i], "input": json.dumps(inputs[i])},
+                ).fetchone()
+                assert row is not None
+                assert row[1:] == (False, True)
+            f.raw.append((time.perf_counter() - t0) / n * 1e6)
+        for start in range(0, n, 1000):
+            workloads.one_step.submit_once_many(
+                self.engine, list(zip(keys, inputs, strict=True))[start : start + 1000]
+            )
+        for i in range(20):
+            workloads.one_step.submit_once(self.engine, keys[i], inputs[i])
+        t0 = time.perf_counter()
+        for i in range(n):
+            _run, created = workloads.one_step.submit_once(self.engine, keys[i], inputs[i])
+            assert not created
+        f.cyclone.append((time.perf_counter() - t0) / n * 1e6)
+
+    # c. batches ----------------------------------------------------------------------------
+
+    def fig_c(self, r: int) -> None:
+        n = self.sizes.new_keys
+        single = self.figures.get("a1")
+        for size in self.sizes.batches:
+            f = self.fig(
+                f"c{size}",
+                f"submit_once_many, batch {size}",
+                "submits/s",
+                True,
+                raw_label="raw one-at-a-time",
+                goal=10.0 if size >= 1000 else None,
+                goal_text=">= 10x cyclone one-at-a-time" if size >= 1000 else "",
+            )
+            if single is not None:
+                f.raw = single.raw
+                f.goal_base = single.cyclone
+            items = [(f"c{size}-{r}-{i}", workloads.payload(i)) for i in range(n)]
+            workloads.one_step.submit_once_many(
+                self.engine, [(f"c{size}-{r}-w{i}", workloads.payload(i)) for i in range(size)]
+            )
+            t0 = time.perf_counter()
+            for start in range(0, n, size):
+                out = workloads.one_step.submit_once_many(self.engine, items[start : start + size])
+                assert all(created for _run, created in out)
+            f.cyclone.append(n / (time.perf_counter() - t0))
+
+    # d. worker throughput ------------------------------------------------------------------
+
+    def fig_d(self, r: int) -> None:
+        n = self.sizes.jobs
+        for nproc in (1, 2):
+            jobs = self.fig(
+                f"d-jobs-{nproc}p",
+                f"worker, no-op jobs, {nproc} proc",
+                "jobs/s",
+                True,
+                raw_label="raw SKIP LOCKED, 10/claim",
+                goal=0.8 if nproc == 1 else None,
+                goal_text=">= 0.8x raw" if nproc == 1 else "",
+            )
+            steps = self.fig(
+                f"d-wf-{nproc}p",
+                f"worker, 3-step wf steps, {nproc} proc",
+                "steps/s",
+                True,
+                raw_label="raw SKIP LOCKED, 10/claim",
+                goal=0.5 if nproc == 1 else None,
+                goal_text=">= 0.5x raw" if nproc == 1 else "",
+            )
+            self.sql(
+                "INSERT INTO raw_jobs (kind, args) "
+                "SELECT 'noop', to_jsonb(g) FROM generate_series(1, %(n)s) g",
+                n=n,
+            )
+            raw_rate, raw_done = self._spawn_drain(procs.raw_drain, (self.dsn, 10), nproc)
+            self._expect(raw_done, n, "raw drain")
+            jobs.raw.append(raw_rate)
+            steps.raw = jobs.raw
+            self.sql(
+                "INSERT INTO cyclone_jobs (kind, queue, priority, state, args, max_attempts) "
+                "SELECT 'bench.noop', 'default', 0, 'available', to_jsonb(g), 3 "
+                "FROM generate_series(1, %(n)s) g",
+                n=n,
+            )
+            rate, done = self._spawn_drain(
+                procs.cyclone_drain, (self.sa_url, "jobs", self.concurrency), nproc
+            )
+            self._expect(done, n, "cyclone jobs drain")
+            jobs.cyclone.append(rate)
+            runs = (n + 2) // 3
+            items = [(f"d{nproc}-{r}-{i}", workloads.payload(i)) for i in range(runs)]
+            for start in range(0, runs, 1000):
+                workloads.three_step.submit_once_many(self.engine, items[start : start + 1000])
+            rate, done = self._spawn_drain(
+                procs.cyclone_drain, (self.sa_url, "workflow", self.concurrency), nproc
+            )
+            self._expect(done, runs * 3, "cyclone workflow drain")
+            steps.cyclone.append(rate)
+
+    @staticmethod
+    def _expect(done: int, wanted: int, what: str) -> None:
+        if done != wanted:
+            print(f"  warning: {what} ran {done} jobs, expected {wanted}", file=sys.stderr)
+
+    def _spawn_drain(
+        self, target: Callable[..., None], args: tuple[Any, ...], nproc: int
+    ) -> tuple[float, int]:
+        start = self.mp.Event()
+        out: Any = self.mp.Queue()
+        ps = [self.mp.Process(target=target, args=(*args, start, out)) for _ in range(nproc)]
+        for p in ps:
+            p.start()
+        try:
+            for _ in ps:
+                kind, _payload = out.get(timeout=60)
+                assert kind == "ready"
+            start.set()
+            results = [out.get(timeout=600)[1] for _ in ps]
+        finally:
+            for p in ps:
+                p.join(timeout=30)
+                if p.is_alive():
+                    p.terminate()
+                    p.join()
+        t0 = min(res[0] for res in results)
+        t1 = max(res[1] for res in results)
+        total = sum(res[2] for res in results)
+        return total / (t1 - t0), total
+
+    # e. submit -> result latency -----------------------------------------------------------
+
+    def fig_e(self, r: int) -> None:
+        tries = self.sizes.tries
+        med = self.fig(
+            "e-p50",
+            "submit -> result, median",
+            "ms",
+            False,
+            goal=1.5,
+            goal_text="<= 1.5x raw",
+            raw_label="raw LISTEN/NOTIFY ping-pong",
+        )
+        p99 = self.fig(
+            "e-p99",
+            "submit -> result, p99",
+            "ms",
+            False,
+            raw_label="raw LISTEN/NOTIFY ping-pong",
+        )
+        # raw: a LISTEN/NOTIFY worker process and a client that LISTENs for done.
+        stop = self.mp.Event()
+        out: Any = self.mp.Queue()
+        p = self.mp.Process(target=procs.raw_serve, args=(self.dsn, stop, out))
+        p.start()
+        try:
+            out.get(timeout=60)
+            with self.raw_conn() as conn:
+                conn.execute("LISTEN raw_job_done")
+                for i in range(5):
+                    procs.raw_ping(conn, -i)
+                    time.sleep(0.05)
+                samples = []
+                for i in range(tries):
+                    samples.append(procs.raw_ping(conn, i) * 1e3)
+                    time.sleep(0.05)
+        finally:
+            stop.set()
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+                p.join()
+        med.raw.append(statistics.median(samples))
+        p99.raw.append(percentile(samples, 99))
+        # cyclone: an idle Worker.run() in another process.
+        out = self.mp.Queue()
+        p = self.mp.Process(target=procs.cyclone_serve, args=(self.sa_url, self.concurrency, out))
+        p.start()
+        try:
+            out.get(timeout=60)
+            time.sleep(0.5)
+            for i in range(5):
+                self._ping(f"e-{r}-w{i}", i)
+                time.sleep(0.05)
+            samples = []
+            with self.counting() as counter:
+                for i in range(tries):
+                    samples.append(self._ping(f"e-{r}-{i}", i) * 1e3)
+                    time.sleep(0.05)
+            if r == 0:
+                self.statements["submit -> result() (client side)"] = counter.per(tries)
+        finally:
+            if p.pid is not None:
+                p.terminate()  # SIGTERM: Worker.run() finishes and returns
+            p.join(timeout=15)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        med.cyclone.append(statistics.median(samples))
+        p99.cyclone.append(percentile(samples, 99))
+
+    def _ping(self, key: str, i: int) -> float:
+        t0 = time.perf_counter()
+        run, _created = workloads.ping.submit_once(self.engine, key, i)
+        value = run.result(timeout=30)
+        elapsed = time.perf_counter() - t0
+        assert value == i
+        return elapsed
+
+    # f. cost as the work grows -------------------------------------------------------------
+
+    def fig_f(self) -> None:
+        small, large = self.sizes.small, self.sizes.large
+        label_s, label_l = human(small), human(large)
+        self.reset()
+        measured: dict[int, dict[str, list[float]]] = {}
+        have = 0
+        for size in (small, large):
+            t0 = time.perf_counter()
+            self._fill(have, size)
+            have = size
+            self.sql("VACUUM ANALYZE")
+            print(f"  f: filled to {human(size)} runs in {time.perf_counter() - t0:.0f} s")
+            got: dict[str, list[float]] = {k: [] for k in ("sub", "raw_sub", "claim", "raw_claim")}
+            for r in range(self.rounds):
+                got["sub"].append(self._grow_submit(f"f{size}-{r}"))
+                got["raw_sub"].append(self._grow_raw_submit(f"fr{size}-{r}"))
+                got["claim"].append(self._grow_claim())
+                got["raw_claim"].append(self._grow_raw_claim())
+            measured[size] = got
+        for what, title, unit in (
+            ("sub", "submit_once new key", "us/call"),
+            ("claim", "worker claim+complete, 10 jobs", "us/batch"),
+        ):
+            at_small = self.fig(f"f-{what}-small", f"{title} @ {label_s} runs", unit, False)
+            at_small.cyclone = measured[small][what]
+            at_small.raw = measured[small][f"raw_{what}"]
+            at_large = self.fig(
+                f"f-{what}-large",
+                f"{title} @ {label_l} runs",
+                unit,
+                False,
+                goal=1.3,
+                goal_text=f"<= 1.3x cyclone @ {label_s}",
+            )
+            at_large.cyclone = measured[large][what]
+            at_large.raw = measured[large][f"raw_{what}"]
+            at_large.goal_base = at_small.cyclone
+
+    def _fill(self, lo: int, hi: int) -> None:
+        graph = workloads.one_step.plan().graph
+        chunk = 200_000
+        for start in range(lo, hi, chunk):
+            end = min(hi, start + chunk)
+            self.sql(
+                """
+                WITH r AS (
+                    INSERT INTO cyclone_runs (workflow, submit_key, input, graph, state,
+                        steps_remaining, created_at, finalized_at)
+                    SELECT 'bench_one', 'filler-' || g,
+                        jsonb_build_object('order', g, 'amount', 4200, 'currency', 'EUR'),
+                        %(graph)s::jsonb, 'completed', 0,
+                        now() - interval '1 day', now() - interval '1 day'
+                    FROM generate_series(%(lo)s::int, %(hi)s::int) g
+                    RETURNING id, workflow, input, created_at, finalized_at
+                )
+                INSERT INTO cyclone_jobs (run_id, workflow, kind, queue, priority, state, deps,
+                    pending_deps, attempt, max_attempts, output, created_at, scheduled_at,
+                    attempted_at, finalized_at)
+                SELECT id, workflow, 'only', 'default', 0, 'completed', '{}', 0, 1, 3, 'null',
+                    created_at, created_at, created_at, finalized_at
+                FROM r
+                """,
+                graph=graph,
+                lo=start,
+                hi=end - 1,
+            )
+            self.sql(
+                """
+                WITH r AS (
+                    INSERT INTO raw_runs (workflow, submit_key, input, state, created_at)
+                    SELECT 'bench_one', 'filler-' || g,
+                        jsonb_build_object('order', g, 'amount', 4200, 'currency', 'EUR'),
+                        'completed', now() - interval '1 day'
+                    FROM generate_series(%(lo)s::int, %(hi)s::int) g
+                    RETURNING input
+                )
+                INSERT INTO raw_jobs (kind, state, args, output, attempt, finalized_at)
+                SELECT 'noop', 'completed', input, 'null', 1, now() FROM r
+                """,
+                lo=start,
+                hi=end - 1,
+            )
+
+    def _grow_submit(self, prefix: str) -> float:
+        n = self.sizes.grow_ops
+        for i in range(20):
+            workloads.one_step.submit_once(self.engine, f"{prefix}-w{i}", workloads.payload(i))
+        t0 = time.perf_counter()
+        for i in range(n):
+            workloads.one_step.submit_once(self.engine, f"{prefix}-{i}", workloads.payload(i))
+        return (time.perf_counter() - t0) / n * 1e6
+
+    def _grow_raw_submit(self, prefix: str) -> float:
+        n = self.sizes.grow_ops
+        with self.raw_conn() as conn:
+            for i in range(20):
+                conn.execute(workloads.RAW_INSERT_ONCE, ("bench_one", f"{prefix}-w{i}", "{}"))
+            t0 = time.perf_counter()
+            for i in range(n):
+                conn.execute(
+                    workloads.RAW_INSERT_ONCE,
+                    ("bench_one", f"{prefix}-{i}", json.dumps(workloads.payload(i))),
+                ).fetchone()
+            return (time.perf_counter() - t0) / n * 1e6
+
+    def _grow_claim(self) -> float:
+        """The worker's claim transaction: record the last batch's outcomes, claim 10."""
+        from cyclone import _claim, _completion
+
+        cycles = 50
+        self.sql(
+            "INSERT INTO cyclone_jobs (kind, queue, priority, state, args, max_attempts) "
+            "SELECT 'bench.noop', 'default', 0, 'available', to_jsonb(g), 3 "
+            "FROM generate_series(1, %(n)s) g",
+            n=cycles * 10 + 10,
+        )
+        me = f"bench-{os.getpid()}"
+        done: list[Any] = []
+        times = []
+        for _ in range(cycles + 1):
+            t0 = time.perf_counter()
+            with self.engine.begin() as conn:
+                _completion.record(conn, me, done, [])
+                claimed = _claim.claim_jobs(
+                    conn,
+                    worker_id=me,
+                    queues=["default"],
+                    workflows=[],
+                    kinds=["bench.noop"],
+                    limit=10,
+                )
+            times.append(time.perf_counter() - t0)
+            done = [_completion.Success(c.id, c.attempt, "null") for c in claimed]
+        with self.engine.begin() as conn:
+            _completion.record(conn, me, done, [])
+        return statistics.median(times[1:]) * 1e6
+
+    def _grow_raw_claim(self) -> float:
+        cycles = 50
+        self.sql(
+            "INSERT INTO raw_jobs (kind, args) "
+            "SELECT 'noop', to_jsonb(g) FROM generate_series(1, %(n)s) g",
+            n=cycles * 10,
+        )
+        times = []
+        with self.raw_conn() as conn:
+            for _ in range(cycles):
+                t0 = time.perf_counter()
+                rows = conn.execute(workloads.RAW_CLAIM, (10,)).fetchall()
+                conn.execute(workloads.RAW_COMPLETE, ([row[0] for row in rows],))
+                times.append(time.perf_counter() - t0)
+        return statistics.median(times) * 1e6
+
+    # statements per operation --------------------------------------------------------------
+
+    @contextmanager
+    def counting(self, engine: sa.Engine | None = None) -> Iterator[StatementCounter]:
+        counter = StatementCounter()
+        target = engine or self.engine
+        sa.event.listen(target, "before_cursor_execute", counter.on_execute)
+        sa.event.listen(target, "begin", counter.on_begin)
+        sa.event.listen(target, "commit", counter.on_commit)
+        try:
+            yield counter
+        finally:
+            sa.event.remove(target, "before_cursor_execute", counter.on_execute)
+            sa.event.remove(target, "begin", counter.on_begin)
+            sa.event.remove(target, "commit", counter.on_commit)
+
+    def count_statements(self) -> None:
+        one, five = workloads.one_step, workloads.five_step
+        n = 50
+        for i in range(5):
+            one.submit_once(self.engine, f"st-w{i}", workloads.payload(i))
+        with self.counting() as c:
+            for i in range(n):
+                one.submit_once(self.engine, f"st-{i}", workloads.payload(i))
+        self.statements["submit_once, new key (1-step)"] = c.per(n)
+        with self.counting() as c:
+            for i in range(n):
+                five.submit_once(self.engine, f"st-{i}", workloads.payload(i))
+        self.statements["submit_once, new key (5-step)"] = c.per(n)
+        with self.counting() as c:
+            for i in range(n):
+                one.submit_once(self.engine, f"st-{i}", workloads.payload(i))
+        self.statements["submit_once, existing key"] = c.per(n)
+        items = [(f"stm-{i}", workloads.payload(i)) for i in range(1000)]
+        with self.counting() as c:
+            one.submit_once_many(self.engine, items)
+        self.statements["submit_once_many, batch of 1,000 (per batch)"] = c.per(1)
+        # The worker, in this process: standalone jobs, then 3-step workflow runs.
+        jobs = 200
+        self.sql(
+            "INSERT INTO cyclone_jobs (kind, queue, priority, state, args, max_attempts) "
+            "SELECT 'bench.noop', 'default', 0, 'available', to_jsonb(g), 3 "
+            "FROM generate_series(1, %(n)s) g",
+            n=jobs,
+        )
+        engine = sa.create_engine(self.url, pool_size=self.concurrency + 2)
+        worker = cyclone.Worker(
+            engine, steps=[workloads.noop], concurrency=self.concurrency, sweep=False
+        )
+        with self.counting(engine) as c:
+            ran = worker.drain()
+        self.statements[f"worker drain, per no-op job ({ran} jobs)"] = c.per(ran)
+        runs = 100
+        workloads.three_step.submit_once_many(
+            self.engine, [(f"stw-{i}", workloads.payload(i)) for i in range(runs)]
+        )
+        worker = cyclone.Worker(
+            engine, workflows=[workloads.three_step], concurrency=self.concurrency, sweep=False
+        )
+        with self.counting(engine) as c:
+            ran = worker.drain()
+        self.statements[f"worker drain, per workflow step ({ran} steps)"] = c.per(ran)
+        engine.dispose()
+
+
+class StatementCounter:
+    """Counts statements (by what they do) and transactions through SQLAlchemy events."""
+
+    def __init__(self) -> None:
+        self.kinds: Counter[str] = Counter()
+        self.begins = 0
+        self.commits = 0
+
+    def on_execute(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        self.kinds[classify(statement)] += 1
+
+    def on_begin(self, conn: Any) -> None:
+        self.begins += 1
+
+    def on_commit(self, conn: Any) -> None:
+        self.commits += 1
+
+    def per(self, n: int) -> dict[str, float]:
+        out = {"statements": sum(self.kinds.values()) / n, "transactions": self.commits / n}
+        out.update({f"  {k}": v / n for k, v in sorted(self.kinds.items())})
+        return out
+
+
+def classify(statement: str) -> str:
+    s = " ".join(statement.split())
+    if "SKIP LOCKED" in s and "UPDATE cyclone_jobs" in s:
+        return "claim"
+    if "UPDATE cyclone_jobs" in s and "jsonb_to_recordset" in s:
+        return "complete"
+    if "INSERT INTO cyclone_runs" in s:
+        return "insert run"
+    if s.startswith("SELECT") and "cyclone_runs" in s:
+        return "read run"
+    if "heartbeat_at=now()" in s.replace(" ", "") and "rescue" not in s:
+        return "heartbeat/rescue/expire"
+    if "cyclone_runs" in s and "deadline" in s:
+        return "heartbeat/rescue/expire"
+    return "other"
+
+
+# --- reporting -------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], pct: float) -> float:
+    ordered = sorted(values)
+    if len(ordered) == 1:
+        return ordered[0]
+    rank = (len(ordered) - 1) * pct / 100
+    lo = int(rank)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (rank - lo)
+
+
+def human(n: int) -> str:
+    if n >= 1_000_000 and n % 1_000_000 == 0:
+        return f"{n // 1_000_000}M"
+    if n >= 1_000 and n % 1_000 == 0:
+        return f"{n // 1_000}k"
+    return str(n)
+
+
+def fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value >= 100:
+        return f"{value:,.0f}"
+    if value >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+HEADERS = ["figure", "unit", "cyclone", "raw", "baseline", "cyclone/raw", "goal", "got", "met"]
+
+
+def table_rows(figures: Sequence[Figure]) -> list[list[str]]:
+    rows = []
+    for f in figures:
+        met = {True: "yes", False: "NO", None: ""}[f.met]
+        rows.append(
+            [
+                f.title,
+                f.unit,
+                fmt(f.cyclone_median),
+                fmt(f.raw_median),
+                f.raw_label,
+                "-" if f.ratio is None else f"{f.ratio:.2f}",
+                f.goal_text,
+                "" if f.goal is None or f.goal_ratio is None else f"{f.goal_ratio:.2f}x",
+                met,
+            ]
+        )
+    return rows
+
+
+def print_table(figures: Sequence[Figure], statements: dict[str, dict[str, float]]) -> None:
+    rows = table_rows(figures)
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        widths = [max(len(r[i]) for r in [HEADERS, *rows]) for i in range(len(HEADERS))]
+        for r in [HEADERS, *rows]:
+            print("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)))
+        print()
+        for op, counts in statements.items():
+            print(op + ": " + ", ".join(f"{k.strip()} {v:.2f}" for k, v in counts.items()))
+        return
+    console = Console(width=160)
+    table = Table(title="cyclone vs raw psycopg (medians over rounds)")
+    for h in HEADERS:
+        table.add_column(h, justify="right" if h in ("cyclone", "raw", "cyclone/raw") else "left")
+    for r in rows:
+        style = {"NO": "red", "yes": "green"}.get(r[-1])
+        table.add_row(*r, style=style)
+    console.print(table)
+    st = Table(title="statements per operation (SQLAlchemy before_cursor_execute)")
+    st.add_column("operation")
+    st.add_column("statements", justify="right")
+    st.add_column("transactions", justify="right")
+    st.add_column("by kind")
+    for op, counts in statements.items():
+        kinds = ", ".join(f"{k.strip()} {v:.2f}" for k, v in counts.items() if k.startswith("  "))
+        st.add_row(op, f"{counts['statements']:.2f}", f"{counts['transactions']:.2f}", kinds)
+    console.print(st)
+
+
+def markdown_table(figures: Sequence[Figure]) -> str:
+    rows = table_rows(figures)
+    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def chart(figures: Sequence[Figure], path: Path, meta: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    goals = [f for f in figures if f.goal is not None and f.goal_ratio]
+    rate = [f for f in figures if f.higher_is_better and f.raw and not f.id.startswith("a-ref")]
+    lat = [f for f in figures if not f.higher_is_better and f.raw]
+    fig, axes = plt.subplots(3, 1, figsize=(11, 13), gridspec_kw={"height_ratios": [1, 1.2, 1]})
+
+    ax = axes[0]
+    scores = []
+    for f in goals:
+        assert f.goal is not None
+        assert f.goal_ratio is not None
+        scores.append(f.goal_ratio / f.goal if f.higher_is_better else f.goal / f.goal_ratio)
+    names = [f"{f.title} ({f.goal_text})" for f in goals]
+    colors = ["tab:green" if s >= 1 else "tab:red" for s in scores]
+    ax.barh(names, scores, color=colors)
+    ax.axvline(1.0, color="black", linestyle="--", linewidth=1)
+    ax.invert_yaxis()
+    ax.set_xlabel("goal attainment (>= 1 means the goal is met)")
+    ax.set_title("Goals of issue 5")
+
+    def grouped(ax: Any, figs: Sequence[Figure], unit: str, title: str) -> None:
+        if not figs:
+            ax.set_visible(False)
+            return
+        ys = range(len(figs))
+        c = [f.cyclone_median or 0 for f in figs]
+        r = [f.raw_median or 0 for f in figs]
+        ax.barh([y - 0.2 for y in ys], c, height=0.4, label="cyclone", color="tab:blue")
+        ax.barh([y + 0.2 for y in ys], r, height=0.4, label="baseline", color="tab:gray")
+        ax.set_yticks(list(ys), [f"{f.title}\n[{f.unit}; vs {f.raw_label}]" for f in figs])
+        ax.invert_yaxis()
+        ax.set_xscale("log")
+        ax.set_xlabel(unit)
+        ax.set_title(title)
+        ax.legend(loc="lower right")
+
+    grouped(axes[1], rate, "per second, log scale (higher is better)", "Throughput")
+    grouped(axes[2], lat, "µs / ms, log scale (lower is better)", "Latency")
+    fig.suptitle(
+        f"cyclone benchmark, {meta['date']} — {meta['nproc']} cores, PostgreSQL "
+        f"{meta['postgres']}, Python {meta['python']}, "
+        f"medians of {meta.get('rounds_done', meta['rounds'])} rounds",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def git_describe() -> str:
+    import subprocess
+
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--", "cyclone", "alembic"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+    return head + (" (cyclone/ modified)" if dirty else "")
+
+
+# --- main ------------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=None, help="rounds (default 5; 2 in --quick)")
+    parser.add_argument("--quick", action="store_true", help="small N: a smoke run")
+    parser.add_argument(
+        "--only", default=FIGURES, help="figures to run, e.g. 'a' or 'a,d' (default: all)"
+    )
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("CYCLONE_DATABASE_URL", DEFAULT_URL),
+        help="server URL (a throwaway database is created on it)",
+    )
+    parser.add_argument("--concurrency", type=int, default=4, help="Worker(concurrency=...)")
+    parser.add_argument("--no-statements", action="store_true", help="skip statement counts")
+    parser.add_argument("--no-chart", action="store_true", help="skip the PNG")
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="measure nothing: print the table and redraw the chart from latest.json",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=60.0,
+        help="minutes: start no round that would end after this (default 60)",
+    )
+    return parser.parse_args(argv)
+
+
+STOP = threading.Event()
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    print(f"signal {signum}: finishing the current figure, then reporting", flush=True)
+    STOP.set()
+
+
+def write_results(
+    bench: Bench, meta: dict[str, Any], started: float, *, chart_too: bool, show: bool = False
+) -> None:
+    meta["seconds"] = round(time.perf_counter() - started, 1)
+    meta["loadavg_end"] = os.getloadavg()
+    figures = list(bench.figures.values())
+    order = {fid: i for i, fid in enumerate(FIGURE_ORDER)}
+    figures.sort(key=lambda f: order.get(f.id, len(order)))
+    if show:
+        print()
+        print_table(figures, bench.statements)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    data = {
+        "meta": meta,
+        "figures": [f.to_json() for f in figures],
+        "statements": bench.statements,
+        "markdown": markdown_table(figures),
+    }
+    (RESULTS / "latest.json").write_text(json.dumps(data, indent=2))
+    print(f"wrote {RESULTS / 'latest.json'}", flush=True)
+    if chart_too:
+        try:
+            chart(figures, RESULTS / "latest.png", meta)
+        except Exception as exc:  # the numbers matter more than the picture
+            print(f"no chart: {exc!r}", file=sys.stderr)
+            return
+        (ROOT / "docs").mkdir(exist_ok=True)
+        shutil.copyfile(RESULTS / "latest.png", ROOT / "docs" / "bench.png")
+        print(f"wrote {RESULTS / 'latest.png'} and docs/bench.png")
+
+
+def report_only() -> int:
+    """Print the table and redraw the chart of the last run from ``latest.json``."""
+    data = json.loads((RESULTS / "latest.json").read_text())
+    names = {f.name for f in fields(Figure)}
+    figures = [Figure(**{k: v for k, v in f.items() if k in names}) for f in data["figures"]]
+    print_table(figures, data["statements"])
+    chart(figures, RESULTS / "latest.png", data["meta"])
+    (ROOT / "docs").mkdir(exist_ok=True)
+    shutil.copyfile(RESULTS / "latest.png", ROOT / "docs" / "bench.png")
+    print(f"wrote {RESULTS / 'latest.png'} and docs/bench.png")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.report:
+        return report_only()
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    sizes = Sizes.quick() if args.quick else Sizes.full()
+    rounds = args.rounds or (2 if args.quick else 5)
+    only = {c for c in args.only.lower() if c in FIGURES}
+    admin_url = make_url(args.url)
+    started = time.perf_counter()
+    url = create_database(admin_url)
+    print(f"database {url.database} on {url.host}:{url.port}; rounds={rounds}, {sizes}")
+    bench = Bench(url, sizes, rounds, args.concurrency)
+    try:
+        cyclone.upgrade(bench.engine)
+        bench.sql(workloads.RAW_DDL)
+        with psycopg.connect(bench.dsn) as conn:
+            row = conn.execute("SHOW server_version").fetchone()
+            sync = conn.execute("SHOW synchronous_commit").fetchone()
+        meta = {
+            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+            "nproc": os.cpu_count(),
+            "postgres": row[0] if row else "?",
+            "synchronous_commit": sync[0] if sync else "?",
+            "python": platform.python_version(),
+            "sqlalchemy": sa.__version__,
+            "psycopg": psycopg.__version__,
+            "msgspec": msgspec.__version__,
+            "platform": platform.platform(),
+            "rounds": rounds,
+            "sizes": asdict(sizes),
+            "concurrency": args.concurrency,
+            "quick": args.quick,
+            "only": "".join(sorted(only)),
+            "git": git_describe(),
+            "loadavg_start": os.getloadavg(),
+        }
+        setup = 0.0
+        steps: list[tuple[str, Callable[[int], None]]] = [
+            ("a", bench.fig_a),
+            ("b", bench.fig_b),
+            ("c", bench.fig_c),
+            ("d", bench.fig_d),
+            ("e", bench.fig_e),
+        ]
+        if not args.no_statements:
+            bench.reset()
+            bench.count_statements()
+        if "f" in only:
+            t0 = time.perf_counter()
+            bench.fig_f()
+            print(f"figure f: {time.perf_counter() - t0:.1f} s")
+        done = 0
+        for r in range(rounds):
+            elapsed = time.perf_counter() - started
+            per_round = (elapsed - setup) / done if done else 0.0
+            if STOP.is_set() or (done and elapsed + per_round > args.budget * 60):
+                print(f"stopping after {done} rounds ({elapsed:.0f} s elapsed)")
+                break
+            if r == 0:
+                setup = elapsed
+            bench.reset()
+            for letter, run in steps:
+                if letter in only and not STOP.is_set():
+                    t0 = time.perf_counter()
+                    run(r)
+                    took = time.perf_counter() - t0
+                    print(f"round {r + 1}/{rounds} figure {letter}: {took:.1f} s", flush=True)
+            if STOP.is_set():
+                break
+            done += 1
+            meta["rounds_done"] = done
+            write_results(bench, meta, started, chart_too=False)
+        meta["rounds_done"] = done
+        write_results(bench, meta, started, chart_too=not args.no_chart, show=True)
+        print(f"total {meta['seconds']:.0f} s")
+    finally:
+        bench.close()
+        drop_database(admin_url, url)
+    return 0
+
+
+FIGURE_ORDER = [
+    "a1",
+    "a5",
+    "a-ref-auto",
+    "a-ref-begin",
+    "b",
+    "c100",
+    "c1000",
+    "d-jobs-1p",
+    "d-wf-1p",
+    "d-jobs-2p",
+    "d-wf-2p",
+    "e-p50",
+    "e-p99",
+    "f-sub-small",
+    "f-sub-large",
+    "f-claim-small",
+    "f-claim-large",
+]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
