@@ -393,12 +393,11 @@ class ResultRun(Run, Generic[Out]):
             RunFailedError: the run failed or was cancelled.
             TimeoutError: ``timeout`` seconds passed first.
         """
-        state, result_step, _ = self._read_result()
-        if result_step is None:
-            raise errors.NoOutputError(run_id=self.id, workflow=self.workflow)
 
         def read() -> tuple[RunState, str | None] | None:
-            state, _, output = self._read_result()
+            state, result_step, output = self._read_result()
+            if result_step is None:
+                raise errors.NoOutputError(run_id=self.id, workflow=self.workflow)
             return (state, output) if state in TERMINAL_RUN_STATES else None
 
         state, output = wait_until_finished(self._engine, str(self.id), timeout, read)

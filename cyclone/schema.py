@@ -119,7 +119,6 @@ jobs = Table(
 )
 Index(
     "ix_cyclone_jobs_claim",
-    jobs.c.queue,
     jobs.c.priority,
     jobs.c.scheduled_at,
     jobs.c.id,
@@ -145,7 +144,12 @@ Index(
     jobs.c.finalized_at,
     postgresql_where=text("run_id IS NULL AND finalized_at IS NOT NULL"),
 )
-Index("ix_cyclone_jobs_created_at_id", jobs.c.created_at, jobs.c.id)
+Index(
+    "ix_cyclone_jobs_created_at_id",
+    jobs.c.created_at,
+    jobs.c.id,
+    postgresql_where=text("run_id IS NULL"),
+)
 
 
 def include_name(name: str | None, type_: str, parent_names: object) -> bool:

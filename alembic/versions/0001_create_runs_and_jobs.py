@@ -128,7 +128,7 @@ def upgrade() -> None:
     op.create_index(
         "ix_cyclone_jobs_claim",
         "cyclone_jobs",
-        ["queue", "priority", "scheduled_at", "id"],
+        ["priority", "scheduled_at", "id"],
         postgresql_where=sa.text("state = 'available'"),
     )
     op.create_index("ix_cyclone_jobs_run_id_kind", "cyclone_jobs", ["run_id", "kind"], unique=True)
@@ -153,7 +153,12 @@ def upgrade() -> None:
         ["finalized_at"],
         postgresql_where=sa.text("run_id IS NULL AND finalized_at IS NOT NULL"),
     )
-    op.create_index("ix_cyclone_jobs_created_at_id", "cyclone_jobs", ["created_at", "id"])
+    op.create_index(
+        "ix_cyclone_jobs_created_at_id",
+        "cyclone_jobs",
+        ["created_at", "id"],
+        postgresql_where=sa.text("run_id IS NULL"),
+    )
 
     # Notifications come from triggers, so every path that changes a state rings the bell.
     op.execute(
