@@ -225,7 +225,7 @@ def explain(engine: sa.Engine) -> None:
             "SELECT 'bench.noop', 'default', 0, 'available', to_jsonb(g), 3 "
             "FROM generate_series(1, 100) g"
         )
-        claim = _claim._CLAIM.compile(dialect=engine.dialect)
+        claim = _claim._CLAIM_ANY_QUEUE.compile(dialect=engine.dialect)
         p = claim.construct_params(
             {"me": "x", "queues": ["default"], "workflows": [], "kinds": ["bench.noop"], "limit": 4}
         )

@@ -47,6 +47,7 @@ DEFAULT_HEARTBEAT_INTERVAL = timedelta(seconds=5)
 DEFAULT_RESCUE_AFTER = timedelta(minutes=1)
 DEFAULT_MAINTENANCE_INTERVAL = 1.0
 MAX_RECORD_TRIES = 3
+SHORT_STEP = 0.01
 
 Outcome = _completion.Success | _completion.Failure
 
@@ -135,6 +136,7 @@ class Worker:
         self._claim_turn = 0
         self._lock = threading.Lock()
         self._record_failures = 0
+        self._step_seconds = 1.0
         self._sweeping: threading.Thread | None = None
 
     def __repr__(self) -> str:
@@ -191,16 +193,40 @@ class Worker:
             return self._jobs_run
 
     def _free(self) -> dict[str, int]:
+        """Jobs to claim now, per queue group.
+
+        When steps are short (a running average under ``SHORT_STEP`` seconds), a worker
+        without per-queue limits holds up to three times ``concurrency`` jobs: the extra
+        ones wait in the pool, and outcomes are recorded once ``concurrency`` jobs are
+        done (see :meth:`_batching`), so each claim-and-record transaction carries more
+        jobs. Long steps get no such buffer, so they are never held back from an idle
+        worker.
+        """
+        if self._limits is None:
+            room = self._capacity() - len(self._inflight)
+            return {"*": room} if room > 0 else {}
         total_free = self.concurrency - len(self._inflight)
         if total_free <= 0:
             return {}
-        if self._limits is None:
-            return {"*": total_free}
         return {
             name: min(total_free, limit - self._busy[name])
             for name, limit in self._limits.items()
             if limit - self._busy[name] > 0
         }
+
+    def _capacity(self) -> int:
+        """How many jobs this worker holds at most: running, or waiting in the pool."""
+        return self.concurrency * (3 if self._short_steps() else 1)
+
+    def _short_steps(self) -> bool:
+        return self._limits is None and self._step_seconds < SHORT_STEP
+
+    def _batching(self) -> bool:
+        """True while short steps are still running beyond ``concurrency``: wait for more."""
+        if not self._short_steps() or self._stopping.is_set():
+            return False
+        executing = len(self._inflight) - self._outcomes.qsize()
+        return executing > self.concurrency
 
     def _loop(self, until_idle: bool) -> None:
         """Record outcomes and claim, then sleep until a job ends, a NOTIFY, or a poll is due.
@@ -211,6 +237,10 @@ class Worker:
         poll_due = 0.0
         woken = True
         while True:
+            if self._batching():
+                self._wake.wait(self._idle_timeout(poll_due))
+                self._wake.clear()
+                continue
             outcomes = self._take_outcomes()
             for job, _ in outcomes:
                 self._inflight.pop(job.id, None)
@@ -255,7 +285,7 @@ class Worker:
                 _completion.record(conn, self.id, successes, failures)
                 # Per-queue room can add up to more than concurrency: cap the total, and
                 # start from a different queue each time so none is starved.
-                left = self.concurrency - len(self._inflight)
+                left = self._capacity() - len(self._inflight)
                 turns = list(free.items())
                 self._claim_turn += 1
                 start = self._claim_turn % len(turns) if turns else 0
@@ -302,6 +332,7 @@ class Worker:
         self._pool.submit(self._execute, job)
 
     def _execute(self, job: _claim.Claimed) -> None:
+        started = time.perf_counter()
         try:
             outcome = _executor.execute(job, self.engine, self.workflows, self.steps, self.backoff)
         except BaseException as exc:  # a step that raised SystemExit or KeyboardInterrupt
@@ -311,6 +342,7 @@ class Worker:
                 {"type": type(exc).__qualname__, "message": str(exc), "attempt": job.attempt},
                 None if job.attempt >= job.max_attempts else self.backoff(job.attempt),
             )
+        self._step_seconds = 0.8 * self._step_seconds + 0.2 * (time.perf_counter() - started)
         self._outcomes.put((job, outcome))
         self._wake.set()
 

@@ -187,3 +187,35 @@ def test_without_queues_a_worker_serves_every_queue(engine: sa.Engine, name: str
     assert cyclone.Worker(engine, steps=[step]).drain() == 2
     assert sorted(seen) == [1, 2]
     assert elsewhere.status().state == cyclone.JobState.COMPLETED
+
+
+def test_a_worker_with_long_steps_holds_no_more_jobs_than_its_concurrency(
+    engine: sa.Engine, name: str
+) -> None:
+    release = threading.Event()
+    started = threading.Semaphore(0)
+
+    @cyclone.step(name)
+    def slow(ctx: cyclone.StepContext, value: int) -> None:
+        started.release()
+        assert release.wait(30)
+
+    for i in range(6):
+        slow.enqueue(engine, i)
+    worker = cyclone.Worker(engine, steps=[slow], concurrency=2)
+    drained: list[int] = []
+    thread = threading.Thread(target=lambda: drained.append(worker.drain()))
+    thread.start()
+    try:
+        assert started.acquire(timeout=30)
+        assert started.acquire(timeout=30)
+        with engine.connect() as conn:
+            running = conn.execute(
+                sa.text("SELECT count(*) FROM cyclone_jobs WHERE kind = :k AND state = 'running'"),
+                {"k": name},
+            ).scalar_one()
+        assert running == 2  # the other four stay available for other workers
+    finally:
+        release.set()
+        thread.join(timeout=30)
+    assert drained == [6]
