@@ -281,8 +281,15 @@ class Worker:
         failures = [o for _, o in outcomes if isinstance(o, _completion.Failure)]
         claimed: list[_claim.Claimed] = []
         try:
-            with self.engine.begin() as conn:
-                _completion.record(conn, self.id, successes, failures)
+            # Each statement below is atomic on its own, so they run in autocommit mode:
+            # two round trips a cycle, and a finished run is visible before the next claim.
+            # Recording twice after an error is harmless: every write is guarded by the
+            # job's state, attempt and worker.
+            if failures:
+                with self.engine.begin() as conn:
+                    _completion.record(conn, self.id, (), failures)
+            with _binds.autocommit(self.engine) as conn:
+                _completion.record(conn, self.id, successes, ())
                 # Per-queue room can add up to more than concurrency: cap the total, and
                 # start from a different queue each time so none is starved.
                 left = self._capacity() - len(self._inflight)
