@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import Engine, bindparam, func, select, tuple_
 
-from cyclone import _sweeper
+from cyclone import _binds, _sweeper
 from cyclone.jobs import JOB_STATUS_COLUMNS, JobStatus, job_status_from_row
 from cyclone.runs import STATUS_COLUMNS, RunStatus, status_from_row
 from cyclone.schema import jobs, runs
@@ -62,7 +62,7 @@ class Client:
         if after is not None:
             stmt = stmt.where(tuple_(runs.c.created_at, runs.c.id) < (after.created_at, after.id))
         stmt = stmt.order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(_limit(limit))
-        with self._engine.connect() as conn:
+        with _binds.autocommit(self._engine) as conn:
             return [status_from_row(row) for row in conn.execute(stmt)]
 
     def iter_runs(self, *, page_size: int = DEFAULT_PAGE, **filters: Any) -> Iterator[RunStatus]:
@@ -78,7 +78,7 @@ class Client:
     def get_run(self, run_id: uuid.UUID | str) -> RunStatus | None:
         """The run with this id, or None."""
         run_uuid = run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
-        with self._engine.connect() as conn:
+        with _binds.autocommit(self._engine) as conn:
             row = conn.execute(
                 select(*STATUS_COLUMNS).where(runs.c.id == bindparam("id")), {"id": run_uuid}
             ).first()
@@ -104,12 +104,12 @@ class Client:
         if after is not None:
             stmt = stmt.where(tuple_(jobs.c.created_at, jobs.c.id) < (after.created_at, after.id))
         stmt = stmt.order_by(jobs.c.created_at.desc(), jobs.c.id.desc()).limit(_limit(limit))
-        with self._engine.connect() as conn:
+        with _binds.autocommit(self._engine) as conn:
             return [job_status_from_row(row) for row in conn.execute(stmt)]
 
     def get_job(self, job_id: int) -> JobStatus | None:
         """The standalone job with this id, or None."""
-        with self._engine.connect() as conn:
+        with _binds.autocommit(self._engine) as conn:
             row = conn.execute(
                 select(*JOB_STATUS_COLUMNS).where(jobs.c.id == job_id, jobs.c.run_id.is_(None))
             ).first()
@@ -121,7 +121,7 @@ class Client:
         if workflow is not None:
             stmt = stmt.where(runs.c.workflow == workflow)
         counts = dict.fromkeys(RunState, 0)
-        with self._engine.connect() as conn:
+        with _binds.autocommit(self._engine) as conn:
             for state, count in conn.execute(stmt):
                 counts[RunState(state)] = count
         return counts
@@ -132,7 +132,7 @@ class Client:
         if queue is not None:
             stmt = stmt.where(jobs.c.queue == queue)
         counts = dict.fromkeys(JobState, 0)
-        with self._engine.connect() as conn:
+        with _binds.autocommit(self._engine) as conn:
             for state, count in conn.execute(stmt):
                 counts[JobState(state)] = count
         return counts

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Engine, select
 
-from cyclone import _codec
+from cyclone import _binds, _codec
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
 
@@ -78,7 +78,7 @@ class StepContext:
 
         One query; long steps can call it between chunks of work and return early.
         """
-        with self._engine.connect() as conn:
+        with _binds.autocommit(self._engine) as conn:
             if self.run_id is not None:
                 state = conn.execute(select(runs.c.state).where(runs.c.id == self.run_id)).scalar()
                 if state != RunState.RUNNING.value:

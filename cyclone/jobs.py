@@ -173,7 +173,7 @@ class Job(Generic[R]):
         Raises:
             NotFoundError: the job was pruned, or its transaction did not commit.
         """
-        with self._engine.connect() as conn:
+        with _binds.autocommit(self._engine) as conn:
             row = conn.execute(_SELECT_JOB, {"job_id": self.id}).first()
         if row is None:
             raise errors.NotFoundError(f"job {self.id} does not exist (pruned, or not committed)")
@@ -209,7 +209,7 @@ class Job(Generic[R]):
                 step=self.kind,
                 error=status.errors[-1] if status.errors else None,
             )
-        with self._engine.connect() as conn:
+        with _binds.autocommit(self._engine) as conn:
             output = conn.execute(_SELECT_OUTPUT, {"job_id": self.id}).one()[1]
         value: R = _codec.decode(output or "null", self.output_type)
         return value

@@ -26,7 +26,7 @@ from sqlalchemy import (
     update,
 )
 
-from cyclone import _codec, _completion, _notify, _pg, errors
+from cyclone import _binds, _codec, _completion, _notify, _pg, errors
 from cyclone.schema import jobs, runs
 from cyclone.states import TERMINAL_RUN_STATES, JobState, RunState
 
@@ -265,7 +265,7 @@ class Run:
         Raises:
             NotFoundError: the run was purged, or the submitting transaction did not commit.
         """
-        with self._engine.connect() as conn:
+        with _binds.autocommit(self._engine) as conn:
             return self._read_status(conn)
 
     def wait(self, timeout: float | None = None) -> RunStatus:
@@ -379,7 +379,7 @@ class ResultRun(Run, Generic[Out]):
         self.output_type = output_type
 
     def _read_result(self) -> tuple[RunState, str | None, str | None]:
-        with self._engine.connect() as conn:
+        with _binds.autocommit(self._engine) as conn:
             row = conn.execute(_SELECT_RESULT, {"rid": self.id}).first()
         if row is None:
             raise errors.NotFoundError(f"run {self.id} does not exist (purged, or not committed)")

@@ -256,8 +256,8 @@ class Worker:
                 self._start(job)
             if not self._inflight and not claimed and (until_idle or self._stopping.is_set()):
                 return
-            if claimed and self._free():
-                continue
+            if claimed and len(claimed) >= sum(free.values()) and self._free():
+                continue  # a full batch: more may be waiting
             self._maintain(force=False, sweep=not until_idle)
             woken = not self._outcomes.empty() or self._wake.wait(self._idle_timeout(poll_due))
             self._wake.clear()
