@@ -238,6 +238,7 @@ class Worker:
         woken = True
         while True:
             if self._batching():
+                self._maintain(force=False, sweep=not until_idle)  # heartbeats go on
                 self._wake.wait(self._idle_timeout(poll_due))
                 self._wake.clear()
                 continue
