@@ -239,7 +239,7 @@ class Worker:
         while True:
             if self._batching():
                 self._maintain(force=False, sweep=not until_idle)  # heartbeats go on
-                self._wake.wait(self._idle_timeout(poll_due))
+                self._wake.wait(min(self.heartbeat_interval, DEFAULT_MAINTENANCE_INTERVAL))
                 self._wake.clear()
                 continue
             outcomes = self._take_outcomes()
@@ -260,7 +260,14 @@ class Worker:
             if claimed and len(claimed) >= sum(free.values()) and self._free():
                 continue  # a full batch: more may be waiting
             self._maintain(force=False, sweep=not until_idle)
-            woken = not self._outcomes.empty() or self._wake.wait(self._idle_timeout(poll_due))
+            # A poll is due only when there is room to claim; a full worker waits for a
+            # job to end (or for its next heartbeat), never spins.
+            timeout = (
+                self._idle_timeout(poll_due)
+                if self._free() and not self._stopping.is_set()
+                else min(self.heartbeat_interval, DEFAULT_MAINTENANCE_INTERVAL)
+            )
+            woken = not self._outcomes.empty() or self._wake.wait(timeout)
             self._wake.clear()
 
     def _idle_timeout(self, poll_due: float) -> float:

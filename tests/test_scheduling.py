@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
+import pytest
 import sqlalchemy as sa
 
 import cyclone
@@ -219,3 +221,45 @@ def test_a_worker_with_long_steps_holds_no_more_jobs_than_its_concurrency(
         release.set()
         thread.join(timeout=30)
     assert drained == [6]
+
+
+@pytest.mark.parametrize("short_steps_first", [False, True])
+def test_a_full_worker_waits_without_spinning(
+    engine: sa.Engine, name: str, short_steps_first: bool
+) -> None:
+    release = threading.Event()
+    started = threading.Event()
+
+    @cyclone.step(name)
+    def step(ctx: cyclone.StepContext, value: int) -> None:
+        if value == 0:
+            started.set()
+            assert release.wait(30)
+
+    worker = cyclone.Worker(engine, steps=[step], concurrency=1, poll_interval=0.01)
+    if short_steps_first:
+        for i in range(1, 40):
+            step.enqueue(engine, i)
+        worker.drain()  # the worker now believes its steps are short
+    step.enqueue(engine, 0)
+    for i in range(1, 6):
+        step.enqueue(engine, i)
+    iterations = 0
+    maintain = worker._maintain
+
+    def counting(**kwargs: bool) -> None:
+        nonlocal iterations
+        iterations += 1
+        maintain(**kwargs)
+
+    worker._maintain = counting  # type: ignore[method-assign]
+    thread = threading.Thread(target=worker.drain)
+    thread.start()
+    try:
+        assert started.wait(30)
+        before = iterations
+        time.sleep(1.5)  # the behaviour under test is what the loop does meanwhile
+        assert iterations - before < 30
+    finally:
+        release.set()
+        thread.join(timeout=30)
