@@ -363,6 +363,18 @@ def submit_once_tx(
     return _insert_once(_binds.joined(conn), params, key)
 
 
+def _items_payload(items: Sequence[tuple[str, str]], indexes: Sequence[int]) -> str:
+    """The jsonb array ``[{i, key, input}, ...]`` of the chosen items (inputs pre-encoded)."""
+    return (
+        "["
+        + ",".join(
+            f'{{"i":{i},"key":{msgspec.json.encode(items[i][0]).decode()},"input":{items[i][1]}}}'
+            for i in indexes
+        )
+        + "]"
+    )
+
+
 def submit_once_many(
     bind: _binds.Bind,
     plan: Plan,
@@ -376,34 +388,20 @@ def submit_once_many(
         return []
     params = _params(plan, "null", deadline, retention)
     del params["input"]
-    payload = (
-        "["
-        + ",".join(
-            f'{{"i":{i},"key":{msgspec.json.encode(key).decode()},"input":{value}}}'
-            for i, (key, value) in enumerate(items)
-        )
-        + "]"
-    )
     results: dict[int, Submitted] = {}
+    missing: list[int] = list(range(len(items)))
     with _binds.transaction(bind) as conn:
-        rows = conn.execute(_INSERT_RUNS_ONCE, {**params, "items": payload}).all()
         for _ in range(_MAX_RACE_RETRIES):
+            payload = _items_payload(items, missing)
+            rows = conn.execute(_INSERT_RUNS_ONCE, {**params, "items": payload}).all()
             for i, run_id, created, same_input in sorted(rows, key=lambda r: r[0]):
                 key = items[i][0]
                 if not same_input:
                     raise errors.SubmitConflictError(workflow=plan.workflow, key=key, run_id=run_id)
                 results[i] = Submitted(conn.engine, run_id, key, bool(created))
+            # An item with no row: another transaction committed its key after this
+            # statement's snapshot; the next statement sees it.
             missing = [i for i in range(len(items)) if i not in results]
             if not missing:
                 return [results[i] for i in range(len(items))]
-            retry = (
-                "["
-                + ",".join(
-                    f'{{"i":{i},"key":{msgspec.json.encode(items[i][0]).decode()},'
-                    f'"input":{items[i][1]}}}'
-                    for i in missing
-                )
-                + "]"
-            )
-            rows = conn.execute(_INSERT_RUNS_ONCE, {**params, "items": retry}).all()
     raise RuntimeError("keys kept changing hands while submitting the batch; try again")
