@@ -436,3 +436,23 @@ def test_retry_of_a_run_past_its_deadline_is_refused(engine: sa.Engine, name: st
     assert run.status().state == cyclone.RunState.FAILED
     with pytest.raises(cyclone.InvalidStateError, match="deadline"):
         run.retry()
+
+
+def test_stop_before_run_makes_run_return_and_the_worker_stays_usable(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = cyclone.Workflow(name)
+
+    @wf.step()
+    def only(ctx: cyclone.StepContext, value: Any) -> int:
+        return 1
+
+    worker = cyclone.Worker(engine, workflows=[wf], poll_interval=30)
+    worker.stop()
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    run = wf.submit(engine, 1)
+    assert worker.drain() == 1
+    assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED
