@@ -245,6 +245,11 @@ def record(
         if row is None or row[0] is None:
             continue
         run_id, step = row
-        failed = conn.execute(_FAIL_RUN, {"rid": run_id, "step": step, "error": error})
-        if failed.first() is not None:
-            conn.execute(CANCEL_UNSTARTED, {"rid": run_id})
+        fail_run(conn, run_id, step, failure.error)
+
+
+def fail_run(conn: Connection, run_id: Any, step: str, error: dict[str, Any]) -> None:
+    """Fail a running run because ``step`` failed for good, and cancel its unstarted steps."""
+    params = {"rid": run_id, "step": step, "error": msgspec.json.encode(error).decode()}
+    if conn.execute(_FAIL_RUN, params).first() is not None:
+        conn.execute(CANCEL_UNSTARTED, {"rid": run_id})

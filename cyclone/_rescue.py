@@ -14,14 +14,19 @@ from sqlalchemy import (
     case,
     cast,
     func,
+    literal,
     select,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import ARRAY, JSONPATH
 
+from cyclone import _completion
 from cyclone._completion import run_over
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
+
+MIN_LOSSES = 3
+"""A job is failed, not handed back, once lost with its worker max(max_attempts, this) times."""
 
 
 def heartbeat_stmt() -> Any:
@@ -40,11 +45,17 @@ def heartbeat_stmt() -> Any:
 def rescue_jobs_stmt() -> Any:
     """Hand back running jobs whose worker has not beaten for ``rescue_after``.
 
-    The lost attempt is recorded as an error but not counted: a crash of the worker is
-    not a failure of the step, so the job runs again whatever its attempts. A job whose
-    run ended meanwhile (cancelled, failed, past its deadline) is cancelled instead.
+    The lost attempt is recorded as a ``WorkerLost`` error but not counted as an attempt:
+    a crash of the worker is not a failure of the step, so the job runs again. A job lost
+    ``max(max_attempts, MIN_LOSSES)`` times fails instead (a step that kills its worker
+    every time must not loop forever), and a job whose run ended meanwhile (cancelled,
+    failed, past its deadline) is cancelled.
     """
     over = run_over()
+    lost_before = func.jsonb_array_length(
+        func.jsonb_path_query_array(jobs.c.errors, literal(_LOST_PATH, JSONPATH))
+    )
+    gives_up = lost_before + 1 >= func.greatest(jobs.c.max_attempts, MIN_LOSSES)
     record = func.jsonb_build_array(
         func.jsonb_build_object(
             "type",
@@ -64,15 +75,21 @@ def rescue_jobs_stmt() -> Any:
             jobs.c.heartbeat_at < func.now() - bindparam("rescue_after", type_=Interval),
         )
         .values(
-            state=case((over, JobState.CANCELLED.value), else_=JobState.AVAILABLE.value),
-            finalized_at=case((over, func.now()), else_=None),
-            attempt=case((jobs.c.attempt > 0, jobs.c.attempt - 1), else_=0),
+            state=case(
+                (over, JobState.CANCELLED.value),
+                (gives_up, JobState.FAILED.value),
+                else_=JobState.AVAILABLE.value,
+            ),
+            finalized_at=case((over | gives_up, func.now()), else_=None),
+            attempt=case(
+                (gives_up, jobs.c.attempt), (jobs.c.attempt > 0, jobs.c.attempt - 1), else_=0
+            ),
             worker_id=None,
             heartbeat_at=None,
             scheduled_at=func.now(),
             errors=jobs.c.errors.op("||")(record),
         )
-        .returning(jobs.c.id)
+        .returning(jobs.c.id, jobs.c.run_id, jobs.c.kind, jobs.c.state)
     )
 
 
@@ -112,6 +129,7 @@ def expire_runs_stmt() -> Any:
     )
 
 
+_LOST_PATH = '$[*] ? (@.type == "WorkerLost")'
 _HEARTBEAT = heartbeat_stmt()
 _RESCUE = rescue_jobs_stmt()
 _EXPIRE = expire_runs_stmt()
@@ -122,7 +140,17 @@ def heartbeat(conn: Connection, worker_id: str, job_ids: list[int]) -> None:
 
 
 def rescue(conn: Connection, rescue_after: timedelta) -> list[int]:
-    return list(conn.execute(_RESCUE, {"rescue_after": rescue_after}).scalars())
+    """Hand back (or fail) the jobs of workers that stopped; fail the runs of failed ones."""
+    rows = conn.execute(_RESCUE, {"rescue_after": rescue_after}).all()
+    for _job_id, run_id, kind, state in rows:
+        if state == JobState.FAILED.value and run_id is not None:
+            error = {
+                "type": "WorkerLost",
+                "message": f"step {kind!r} was lost with its worker too many times "
+                "(max(max_attempts, 3)); it may be killing its worker",
+            }
+            _completion.fail_run(conn, run_id, kind, error)
+    return [row[0] for row in rows]
 
 
 def expire_runs(conn: Connection) -> int:

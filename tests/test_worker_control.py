@@ -456,3 +456,40 @@ def test_stop_before_run_makes_run_return_and_the_worker_stays_usable(
     run = wf.submit(engine, 1)
     assert worker.drain() == 1
     assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED
+
+
+def test_a_step_lost_with_its_worker_max_attempts_times_fails_its_run(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = cyclone.Workflow(name)
+
+    @wf.step(max_attempts=2)
+    def crashes(ctx: cyclone.StepContext, value: Any) -> None:
+        raise AssertionError("a job lost as often as its max_attempts must not run again")
+
+    @wf.step(after=[crashes])
+    def later(ctx: cyclone.StepContext, value: Any) -> None:
+        raise AssertionError("a step after a failed one never starts")
+
+    run = wf.submit(engine, 1)
+    lost_before = (
+        '[{"type": "WorkerLost", "message": "a crash", "attempt": 1},'
+        ' {"type": "WorkerLost", "message": "another crash", "attempt": 1}]'
+    )
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE cyclone_jobs SET state = 'running', attempt = 1, worker_id = 'dead',"
+                " heartbeat_at = now() - interval '1 hour', errors = CAST(:lost AS jsonb)"
+                " WHERE run_id = :r AND kind = 'crashes'"
+            ),
+            {"r": run.id, "lost": lost_before},
+        )
+    cyclone.Worker(engine, workflows=[wf], rescue_after=timedelta(seconds=1)).drain()
+    status = run.status()
+    assert status.state == cyclone.RunState.FAILED
+    assert status.failed_step == "crashes"
+    assert status.error is not None
+    assert status.error["type"] == "WorkerLost"
+    rows = job_rows(engine, run.id)
+    assert (rows["crashes"].state, rows["later"].state) == ("failed", "cancelled")
