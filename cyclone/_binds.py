@@ -65,8 +65,3 @@ def joined(conn: Conn) -> Connection:
         f"expected a SQLAlchemy Connection or Session, got {type(conn).__name__}; "
         "the methods without _tx take an Engine or cyclone.Client"
     )
-
-
-def engine_of_conn(conn: Connection) -> Engine:
-    """The Engine a caller's connection came from, for the handles we return."""
-    return conn.engine

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import msgspec
 
@@ -52,8 +52,3 @@ def topological_order(workflow: str, deps: Mapping[str, Sequence[str]]) -> list[
     for name in deps:
         visit(name, [])
     return order
-
-
-def roots(nodes: Iterable[NodeSnapshot]) -> list[str]:
-    """Names of the steps that come after nothing."""
-    return [node.name for node in nodes if not node.after]
