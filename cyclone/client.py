@@ -54,7 +54,8 @@ class Client:
         """
         stmt = select(*STATUS_COLUMNS)
         if workflow is not None:
-            stmt = stmt.where(runs.c.workflow == workflow)
+            # Always true: it lets the planner use the partial (workflow, created_at, id) index.
+            stmt = stmt.where(runs.c.workflow == workflow, runs.c.created_at.is_not(None))
         if state is not None:
             stmt = stmt.where(runs.c.state == RunState(state).value)
         if key is not None:

@@ -71,7 +71,15 @@ runs = Table(
 )
 Index("idx_runs_submit_key", runs.c.workflow, runs.c.submit_key, unique=True)
 Index("ix_cyclone_runs_created_at_id", runs.c.created_at, runs.c.id)
-Index("ix_cyclone_runs_workflow_created_at", runs.c.workflow, runs.c.created_at)
+# Partial on a predicate that is always true, so that a key lookup (which does not state it)
+# can never pick this index over the unique one: see revision cyclone_0002.
+Index(
+    "ix_cyclone_runs_workflow_created_at_id",
+    runs.c.workflow,
+    runs.c.created_at,
+    runs.c.id,
+    postgresql_where=text("created_at IS NOT NULL"),
+)
 Index(
     "ix_cyclone_runs_finalized_at",
     runs.c.finalized_at,

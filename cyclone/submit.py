@@ -11,14 +11,13 @@ atomic on its own, so no BEGIN or COMMIT round trips are needed.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 import msgspec
 from sqlalchemy import (
-    Boolean,
     Connection,
     Engine,
     Integer,
@@ -30,57 +29,92 @@ from sqlalchemy import (
     cast,
     column,
     exists,
+    false,
     func,
-    literal,
+    literal_column,
+    null,
     select,
     true,
     union_all,
+    values,
 )
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 
-from cyclone import _binds, _graph, _keys, errors
+from cyclone import _binds, _fastpath, _graph, _keys, errors
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
 
 _MAX_RACE_RETRIES = 5
 
 
-class _StepRow(msgspec.Struct):
+@dataclass(frozen=True, slots=True)
+class _StepRow:
     kind: str
     queue: str
     priority: int
-    deps: list[str]
+    deps: tuple[str, ...]
     max_attempts: int
+
+
+def _pg_array(items: Sequence[str]) -> str:
+    """A ``text[]`` literal: ``ARRAY[]`` cannot be typed inside ``VALUES``."""
+    quoted = ('"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"' for item in items)
+    return "{" + ",".join(quoted) + "}"
+
+
+_quote_text = Text().literal_processor(postgresql.dialect())  # type: ignore[no-untyped-call]
+
+
+def _const(value: str | int | None, type_: Any) -> Any:
+    """A constant of the definition, rendered into the statement's text as a literal."""
+    if value is None:
+        return cast(null(), type_)
+    if isinstance(value, int):
+        return literal_column(str(int(value)), type_)
+    assert _quote_text is not None
+    return literal_column(_quote_text(value), type_)
 
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """What every run of one workflow inserts, encoded once per definition."""
+    """What every run of one workflow inserts, built once per definition.
+
+    The workflow's name, graph and step rows are rendered into its statements' text, so
+    a prepared statement parses them once rather than on every submit; only the key,
+    the input, the deadline and the retention are parameters.
+    """
 
     workflow: str
     graph: str
-    steps: str
     result_step: str | None
     step_count: int
+    insert_run: Any
+    insert_run_once: Any
+    insert_runs_once: Any
+    fast_insert_run: _fastpath.Compiled
+    fast_insert_run_once: _fastpath.Compiled
 
     @classmethod
     def build(cls, workflow: str, graph: _graph.GraphSnapshot) -> Plan:
-        rows = [
-            _StepRow(
-                kind=node.name,
-                queue=node.queue,
-                priority=node.priority,
-                deps=list(node.after),
-                max_attempts=node.max_attempts,
-            )
+        steps = [
+            _StepRow(node.name, node.queue, node.priority, tuple(node.after), node.max_attempts)
             for node in graph.steps
         ]
+        encoded = msgspec.json.encode(graph).decode()
+        consts = _Consts(workflow, encoded, graph.result, steps)
+        insert_run = consts.insert_run_stmt()
+        insert_run_once = consts.insert_run_once_stmt()
         return cls(
             workflow=workflow,
-            graph=msgspec.json.encode(graph).decode(),
-            steps=msgspec.json.encode(rows).decode(),
+            graph=encoded,
             result_step=graph.result,
-            step_count=len(rows),
+            step_count=len(steps),
+            insert_run=insert_run,
+            insert_run_once=insert_run_once,
+            insert_runs_once=consts.insert_runs_once_stmt(),
+            fast_insert_run=_fastpath.Compiled(insert_run),
+            fast_insert_run_once=_fastpath.Compiled(insert_run_once),
         )
 
 
@@ -94,176 +128,193 @@ class Submitted:
     created: bool
 
 
-def _step_rows() -> Any:
-    return (
-        func.jsonb_to_recordset(cast(bindparam("steps", type_=Text), JSONB))
-        .table_valued(
+@dataclass(frozen=True, slots=True)
+class _Consts:
+    """Builds one workflow's insert statements around its constants."""
+
+    workflow: str
+    graph: str
+    result_step: str | None
+    steps: Sequence[_StepRow]
+
+    def _step_rows(self) -> Any:
+        return values(
             column("kind", Text),
             column("queue", Text),
             column("priority", Integer),
-            column("deps", ARRAY(Text)),
+            column("deps", Text),
+            column("pending", Integer),
             column("max_attempts", Integer),
+            name="s",
+            literal_binds=True,
+        ).data(
+            [
+                (st.kind, st.queue, st.priority, _pg_array(st.deps), len(st.deps), st.max_attempts)
+                for st in self.steps
+            ]
         )
-        .render_derived("s", with_types=True)
-    )
+
+    def _insert_jobs_stmt(self, inserted: Any) -> Any:
+        """Insert one job per step of every run in ``inserted`` (a CTE with id and deadline)."""
+        steps = self._step_rows()
+        return insert(jobs).from_select(
+            [
+                jobs.c.run_id,
+                jobs.c.workflow,
+                jobs.c.kind,
+                jobs.c.queue,
+                jobs.c.priority,
+                jobs.c.state,
+                jobs.c.deps,
+                jobs.c.pending_deps,
+                jobs.c.max_attempts,
+                jobs.c.deadline,
+            ],
+            select(
+                inserted.c.id,
+                inserted.c.workflow,
+                steps.c.kind,
+                steps.c.queue,
+                steps.c.priority,
+                case(
+                    (steps.c.pending == _const(0, Integer), _const(JobState.AVAILABLE.value, Text)),
+                    else_=_const(JobState.BLOCKED.value, Text),
+                ),
+                cast(steps.c.deps, ARRAY(Text)),
+                steps.c.pending,
+                steps.c.max_attempts,
+                inserted.c.deadline,
+            ).select_from(inserted.join(steps, true())),
+        )
+
+    def _run_values(self) -> dict[str, Any]:
+        deadline = func.coalesce(
+            bindparam("deadline_at", type_=runs.c.deadline.type),
+            func.now() + bindparam("deadline_in", type_=Interval),
+        )
+        return {
+            "workflow": _const(self.workflow, Text),
+            "input": cast(bindparam("input", type_=Text), JSONB),
+            "graph": cast(_const(self.graph, Text), JSONB),
+            "result_step": _const(self.result_step, Text),
+            "state": _const(RunState.RUNNING.value, Text),
+            "steps_remaining": _const(len(self.steps), Integer),
+            "deadline": deadline,
+            "retention": bindparam("retention", type_=Interval),
+        }
+
+    def select_run_by_key_stmt(self) -> Select[Any]:
+        return _select_run_by_key(_const(self.workflow, Text))
+
+    def insert_run_stmt(self) -> Select[Any]:
+        """Insert a keyless run and its steps; returns the run id."""
+        inserted = (
+            insert(runs)
+            .values(submit_key=None, **self._run_values())
+            .returning(runs.c.id, runs.c.workflow, runs.c.deadline)
+            .cte("ins")
+        )
+        new_jobs = self._insert_jobs_stmt(inserted).cte("new_jobs")
+        return select(inserted.c.id).add_cte(new_jobs)
+
+    def insert_run_once_stmt(self) -> Any:
+        """Insert the run of a key unless one exists, else read that run and compare inputs.
+
+        Rows: ``(id, created, same_input)``. The insert comes first: its conflict check
+        waits for a transaction that holds the key (inserting or purging it) and sees the
+        outcome, where a read would see the snapshot. No row means another transaction
+        committed the key after this statement's snapshot: read it with
+        :func:`select_run_by_key_stmt`.
+        """
+        inserted = (
+            insert(runs)
+            .values(submit_key=bindparam("key", type_=Text), **self._run_values())
+            .on_conflict_do_nothing(index_elements=[runs.c.workflow, runs.c.submit_key])
+            .returning(runs.c.id, runs.c.workflow, runs.c.deadline)
+            .cte("ins")
+        )
+        new_jobs = self._insert_jobs_stmt(inserted).cte("new_jobs")
+        created = select(inserted.c.id, true().label("created"), true())
+        existing = self.select_run_by_key_stmt().where(~exists(select(inserted.c.id)))
+        return union_all(created, existing).add_cte(new_jobs)
+
+    def insert_runs_once_stmt(self) -> Any:
+        """The batch form of :meth:`insert_run_once_stmt` over a jsonb array of ``{i, key, input}``.
+
+        Rows: ``(i, id, created, same_input)``; an item of a key repeated in the batch gets
+        the first item's run with created False.
+        """
+        items = (
+            func.jsonb_to_recordset(cast(bindparam("items", type_=Text), JSONB))
+            .table_valued(column("i", Integer), column("key", Text), column("input", JSONB))
+            .render_derived("it", with_types=True)
+        )
+        items_cte = select(items.c.i, items.c.key, items.c.input).cte("items")
+        first_i = (
+            select(func.min(items_cte.c.i).label("i")).group_by(items_cte.c.key).subquery("fi")
+        )
+        first = (
+            select(items_cte.c.i, items_cte.c.key, items_cte.c.input)
+            .join_from(items_cte, first_i, first_i.c.i == items_cte.c.i)
+            .cte("first")
+        )
+        values_ = self._run_values()
+        del values_["input"]
+        inserted = (
+            insert(runs)
+            .from_select(
+                ["submit_key", "input", *values_],
+                # Key order, the same in every batch, so overlapping batches cannot deadlock.
+                select(
+                    first.c.key, first.c.input, *(v.label(k) for k, v in values_.items())
+                ).order_by(first.c.key),
+            )
+            .on_conflict_do_nothing(index_elements=[runs.c.workflow, runs.c.submit_key])
+            .returning(runs.c.id, runs.c.workflow, runs.c.deadline, runs.c.submit_key, runs.c.input)
+            .cte("ins")
+        )
+        new_jobs = self._insert_jobs_stmt(inserted).cte("new_jobs")
+        created = (
+            select(
+                items_cte.c.i,
+                inserted.c.id,
+                (items_cte.c.i == first.c.i).label("created"),
+                (items_cte.c.input == inserted.c.input).label("same_input"),
+            )
+            .join_from(items_cte, inserted, inserted.c.submit_key == items_cte.c.key)
+            .join(first, first.c.key == items_cte.c.key)
+        )
+        existing = select(
+            items_cte.c.i,
+            runs.c.id,
+            false(),
+            runs.c.input == items_cte.c.input,
+        ).join_from(
+            items_cte,
+            runs,
+            (runs.c.workflow == _const(self.workflow, Text))
+            & (runs.c.submit_key == items_cte.c.key)
+            & ~exists().where(inserted.c.submit_key == items_cte.c.key),
+        )
+        return union_all(created, existing).add_cte(new_jobs)
 
 
-def _insert_jobs_stmt(inserted: Any) -> Any:
-    """Insert one job per step of every run in ``inserted`` (a CTE with id and deadline)."""
-    steps = _step_rows()
-    pending = func.cardinality(steps.c.deps)
-    return insert(jobs).from_select(
-        [
-            jobs.c.run_id,
-            jobs.c.workflow,
-            jobs.c.kind,
-            jobs.c.queue,
-            jobs.c.priority,
-            jobs.c.state,
-            jobs.c.deps,
-            jobs.c.pending_deps,
-            jobs.c.max_attempts,
-            jobs.c.deadline,
-        ],
-        select(
-            inserted.c.id,
-            inserted.c.workflow,
-            steps.c.kind,
-            steps.c.queue,
-            steps.c.priority,
-            case(
-                (pending == 0, literal(JobState.AVAILABLE.value)),
-                else_=literal(JobState.BLOCKED.value),
-            ),
-            steps.c.deps,
-            pending,
-            steps.c.max_attempts,
-            inserted.c.deadline,
-        ).select_from(inserted.join(steps, true())),
-    )
-
-
-def _run_values() -> dict[str, Any]:
-    deadline = func.coalesce(
-        bindparam("deadline_at", type_=runs.c.deadline.type),
-        func.now() + bindparam("deadline_in", type_=Interval),
-    )
-    return {
-        "workflow": bindparam("workflow", type_=Text),
-        "input": cast(bindparam("input", type_=Text), JSONB),
-        "graph": cast(bindparam("graph", type_=Text), JSONB),
-        "result_step": bindparam("result_step", type_=Text),
-        "state": literal(RunState.RUNNING.value, Text),
-        "steps_remaining": bindparam("step_count", type_=Integer),
-        "deadline": deadline,
-        "retention": bindparam("retention", type_=Interval),
-    }
-
-
-def insert_run_stmt() -> Select[Any]:
-    """Insert a keyless run and its steps; returns the run id."""
-    inserted = (
-        insert(runs)
-        .values(submit_key=None, **_run_values())
-        .returning(runs.c.id, runs.c.workflow, runs.c.deadline)
-        .cte("ins")
-    )
-    new_jobs = _insert_jobs_stmt(inserted).cte("new_jobs")
-    return select(inserted.c.id).add_cte(new_jobs)
-
-
-def insert_run_once_stmt() -> Any:
-    """Insert the run of a key unless one exists, else read that run and compare inputs.
-
-    Rows: ``(id, created, same_input)``. No row means another transaction committed the
-    key after this statement's snapshot: read it with :func:`select_run_by_key_stmt`.
-    """
-    inserted = (
-        insert(runs)
-        .values(submit_key=bindparam("key", type_=Text), **_run_values())
-        .on_conflict_do_nothing(index_elements=[runs.c.workflow, runs.c.submit_key])
-        .returning(runs.c.id, runs.c.workflow, runs.c.deadline)
-        .cte("ins")
-    )
-    new_jobs = _insert_jobs_stmt(inserted).cte("new_jobs")
-    created = select(inserted.c.id, literal(True, Boolean).label("created"), literal(True, Boolean))
-    existing = select_run_by_key_stmt().where(~exists(select(inserted.c.id)))
-    return union_all(created, existing).add_cte(new_jobs)
-
-
-def select_run_by_key_stmt() -> Select[Any]:
+def _select_run_by_key(workflow: Any) -> Select[Any]:
     """The run of ``(workflow, key)`` with whether its input equals ``input`` as jsonb."""
     return select(
         runs.c.id,
-        literal(False, Boolean).label("created"),
+        false().label("created"),
         (runs.c.input == cast(bindparam("input", type_=Text), JSONB)).label("same_input"),
-    ).where(
-        runs.c.workflow == bindparam("workflow", type_=Text),
-        runs.c.submit_key == bindparam("key", type_=Text),
-    )
+    ).where(runs.c.workflow == workflow, runs.c.submit_key == bindparam("key", type_=Text))
 
 
-def insert_runs_once_stmt() -> Any:
-    """The batch form of :func:`insert_run_once_stmt` over a jsonb array of ``{i, key, input}``.
-
-    Rows: ``(i, id, created, same_input)``; an item of a key repeated in the batch gets
-    the first item's run with created False.
-    """
-    items = (
-        func.jsonb_to_recordset(cast(bindparam("items", type_=Text), JSONB))
-        .table_valued(column("i", Integer), column("key", Text), column("input", JSONB))
-        .render_derived("it", with_types=True)
-    )
-    items_cte = select(items.c.i, items.c.key, items.c.input).cte("items")
-    first_i = select(func.min(items_cte.c.i).label("i")).group_by(items_cte.c.key).subquery("fi")
-    first = (
-        select(items_cte.c.i, items_cte.c.key, items_cte.c.input)
-        .join_from(items_cte, first_i, first_i.c.i == items_cte.c.i)
-        .cte("first")
-    )
-    values = _run_values()
-    del values["input"]
-    inserted = (
-        insert(runs)
-        .from_select(
-            ["submit_key", "input", *values],
-            # Key order, the same in every batch, so overlapping batches cannot deadlock.
-            select(first.c.key, first.c.input, *values.values()).order_by(first.c.key),
-        )
-        .on_conflict_do_nothing(index_elements=[runs.c.workflow, runs.c.submit_key])
-        .returning(runs.c.id, runs.c.workflow, runs.c.deadline, runs.c.submit_key, runs.c.input)
-        .cte("ins")
-    )
-    new_jobs = _insert_jobs_stmt(inserted).cte("new_jobs")
-    created = (
-        select(
-            items_cte.c.i,
-            inserted.c.id,
-            (items_cte.c.i == first.c.i).label("created"),
-            (items_cte.c.input == inserted.c.input).label("same_input"),
-        )
-        .join_from(items_cte, inserted, inserted.c.submit_key == items_cte.c.key)
-        .join(first, first.c.key == items_cte.c.key)
-    )
-    existing = select(
-        items_cte.c.i,
-        runs.c.id,
-        literal(False, Boolean),
-        runs.c.input == items_cte.c.input,
-    ).join_from(
-        items_cte,
-        runs,
-        (runs.c.workflow == bindparam("workflow", type_=Text))
-        & (runs.c.submit_key == items_cte.c.key)
-        & ~exists().where(inserted.c.submit_key == items_cte.c.key),
-    )
-    return union_all(created, existing).add_cte(new_jobs)
+def select_run_by_key_stmt() -> Select[Any]:
+    """The run of ``(workflow, key)``, the workflow a parameter: the second statement of a race."""
+    return _select_run_by_key(bindparam("workflow", type_=Text))
 
 
-_INSERT_RUN = insert_run_stmt()
-_INSERT_RUN_ONCE = insert_run_once_stmt()
 _SELECT_RUN_BY_KEY = select_run_by_key_stmt()
-_INSERT_RUNS_ONCE = insert_runs_once_stmt()
+_FAST_SELECT_RUN_BY_KEY = _fastpath.Compiled(_SELECT_RUN_BY_KEY)
 
 
 def _params(
@@ -281,36 +332,47 @@ def _params(
     return {
         "workflow": plan.workflow,
         "input": input,
-        "graph": plan.graph,
-        "steps": plan.steps,
-        "result_step": plan.result_step,
-        "step_count": plan.step_count,
         "deadline_at": deadline if isinstance(deadline, datetime) else None,
         "deadline_in": deadline if isinstance(deadline, timedelta) else None,
         "retention": retention,
     }
 
 
-def _insert(conn: Connection, params: dict[str, Any], key: str | None) -> Submitted:
-    run_id = conn.execute(_INSERT_RUN, params).scalar_one()
+def _insert(conn: Connection, plan: Plan, params: dict[str, Any], key: str | None) -> Submitted:
+    run_id = conn.execute(plan.insert_run, params).scalar_one()
     return Submitted(conn.engine, run_id, key, True)
 
 
-def _insert_once(conn: Connection, params: dict[str, Any], key: str) -> Submitted:
-    params = {**params, "key": key}
-    row = conn.execute(_INSERT_RUN_ONCE, params).first()
+_Row = Sequence[Any] | None
+_Once = Callable[[bool], _Row]
+"""Runs the insert-or-read statement (True) or the read of the key (False); first row."""
+
+
+def _resolve_once(once: _Once, workflow: str, key: str) -> tuple[Any, bool]:
+    """The run of ``key`` and whether this call created it, from the insert-or-read rows."""
+    row = once(True)
     for _ in range(_MAX_RACE_RETRIES):
         if row is None:
-            row = conn.execute(_SELECT_RUN_BY_KEY, params).first()
+            row = once(False)
         if row is None:
             # The committed run was purged between the two statements: try again.
-            row = conn.execute(_INSERT_RUN_ONCE, params).first()
+            row = once(True)
             continue
         run_id, created, same_input = row
         if not same_input:
-            raise errors.SubmitConflictError(workflow=params["workflow"], key=key, run_id=run_id)
-        return Submitted(conn.engine, run_id, key, bool(created))
+            raise errors.SubmitConflictError(workflow=workflow, key=key, run_id=run_id)
+        return run_id, bool(created)
     raise RuntimeError(f"key {key!r} kept changing hands while submitting; try again")
+
+
+def _insert_once(conn: Connection, plan: Plan, params: dict[str, Any], key: str) -> Submitted:
+    params = {**params, "key": key}
+
+    def once(insert: bool) -> _Row:
+        return conn.execute(plan.insert_run_once if insert else _SELECT_RUN_BY_KEY, params).first()
+
+    run_id, created = _resolve_once(once, params["workflow"], key)
+    return Submitted(conn.engine, run_id, key, created)
 
 
 def submit(
@@ -321,8 +383,9 @@ def submit(
     retention: timedelta | None,
 ) -> Submitted:
     params = _params(plan, input, deadline, retention)
-    with _binds.autocommit(bind) as conn:
-        return _insert(conn, params, None)
+    engine = _binds.engine_of(bind)
+    rows = _fastpath.execute(engine, plan.fast_insert_run, params)
+    return Submitted(engine, rows[0][0], None, True)
 
 
 def submit_tx(
@@ -333,7 +396,7 @@ def submit_tx(
     retention: timedelta | None,
 ) -> Submitted:
     params = _params(plan, input, deadline, retention)
-    return _insert(_binds.joined(conn), params, None)
+    return _insert(_binds.joined(conn), plan, params, None)
 
 
 def submit_once(
@@ -346,8 +409,17 @@ def submit_once(
 ) -> Submitted:
     _keys.check_key(key)
     params = _params(plan, input, deadline, retention)
-    with _binds.autocommit(bind) as conn:
-        return _insert_once(conn, params, key)
+    params["key"] = key
+    engine = _binds.engine_of(bind)
+    with _fastpath.connect(engine) as conn:
+
+        def once(insert: bool) -> _Row:
+            stmt = plan.fast_insert_run_once if insert else _FAST_SELECT_RUN_BY_KEY
+            rows = conn.execute(stmt, params)
+            return rows[0] if rows else None
+
+        run_id, created = _resolve_once(once, plan.workflow, key)
+    return Submitted(engine, run_id, key, created)
 
 
 def submit_once_tx(
@@ -360,7 +432,7 @@ def submit_once_tx(
 ) -> Submitted:
     _keys.check_key(key)
     params = _params(plan, input, deadline, retention)
-    return _insert_once(_binds.joined(conn), params, key)
+    return _insert_once(_binds.joined(conn), plan, params, key)
 
 
 def _items_payload(items: Sequence[tuple[str, str]], indexes: Sequence[int]) -> str:
@@ -393,7 +465,7 @@ def submit_once_many(
     with _binds.transaction(bind) as conn:
         for _ in range(_MAX_RACE_RETRIES):
             payload = _items_payload(items, missing)
-            rows = conn.execute(_INSERT_RUNS_ONCE, {**params, "items": payload}).all()
+            rows = conn.execute(plan.insert_runs_once, {**params, "items": payload}).all()
             for i, run_id, created, same_input in sorted(rows, key=lambda r: r[0]):
                 key = items[i][0]
                 if not same_input:

@@ -111,7 +111,6 @@ def test_upgrade_on_a_fresh_database_creates_the_schema(fresh_engine: sa.Engine)
     objects = cyclone_objects(fresh_engine)
     assert objects["tables"] == {"cyclone_runs", "cyclone_jobs", "cyclone_alembic_version"}
     assert objects["functions"] == {
-        "cyclone_notify_jobs_inserted",
         "cyclone_notify_job_changed",
         "cyclone_notify_run_finished",
     }
