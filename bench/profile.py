@@ -126,6 +126,8 @@ def profile_drain(engine: sa.Engine, n: int, what: str, concurrency: int) -> Non
         w = cyclone.Worker(
             engine, workflows=[workloads.three_step], concurrency=concurrency, sweep=False
         )
+    with engine.begin() as conn:  # as autovacuum would after a bulk load (see run.analyze)
+        conn.exec_driver_sql("ANALYZE cyclone_jobs, cyclone_runs")
     timings = Timings()
     undo = [
         timings.wrap(worker_mod.Worker, "_record_and_claim", "loop: record+claim transaction"),

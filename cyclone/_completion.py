@@ -32,6 +32,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB
 
+from cyclone._fastpath import const
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
 
@@ -52,7 +53,12 @@ class Failure:
     """Seconds until the next attempt, or None when the job fails for good."""
 
 
-def complete_jobs_stmt() -> Any:
+def complete_jobs_ctes() -> tuple[Any, Any, Any]:
+    """The CTEs that complete ``:items`` and advance the DAG: ``(done, advanced, finished)``.
+
+    They change rows when a statement carries them, whether or not it reads them, so the
+    worker's claim statement carries them too: one statement records and claims.
+    """
     done_items = (
         func.jsonb_to_recordset(cast(bindparam("items", type_=Text), JSONB))
         .table_valued(column("id", BigInteger), column("attempt", Integer), column("output", Text))
@@ -63,11 +69,11 @@ def complete_jobs_stmt() -> Any:
         .where(
             jobs.c.id == done_items.c.id,
             jobs.c.attempt == done_items.c.attempt,
-            jobs.c.state == JobState.RUNNING.value,
+            jobs.c.state == const(JobState.RUNNING.value),
             jobs.c.worker_id == bindparam("me", type_=Text),
         )
         .values(
-            state=JobState.COMPLETED.value,
+            state=const(JobState.COMPLETED.value),
             output=cast(done_items.c.output, JSONB),
             finalized_at=func.now(),
             heartbeat_at=None,
@@ -86,17 +92,20 @@ def complete_jobs_stmt() -> Any:
                 ),
             )
         )
-        .where(dependent.c.state == JobState.BLOCKED.value)
+        .where(dependent.c.state == const(JobState.BLOCKED.value))
         .group_by(dependent.c.id)
         .subquery("c")
     )
     left = jobs.c.pending_deps - unblocked_counts.c.n
     advanced = (
         update(jobs)
-        .where(jobs.c.id == unblocked_counts.c.id, jobs.c.state == JobState.BLOCKED.value)
+        .where(jobs.c.id == unblocked_counts.c.id, jobs.c.state == const(JobState.BLOCKED.value))
         .values(
             pending_deps=left,
-            state=case((left == 0, JobState.AVAILABLE.value), else_=JobState.BLOCKED.value),
+            state=case(
+                (left == const(0, Integer), const(JobState.AVAILABLE.value)),
+                else_=const(JobState.BLOCKED.value),
+            ),
         )
         .returning(jobs.c.id)
         .cte("advanced")
@@ -110,18 +119,26 @@ def complete_jobs_stmt() -> Any:
     remaining = runs.c.steps_remaining - per_run.c.n
     # A run whose deadline passed before its last step ended is left to the deadline
     # sweep, which fails it: it was still running when its deadline passed.
-    completes = and_(remaining == 0, or_(runs.c.deadline.is_(None), runs.c.deadline > func.now()))
+    completes = and_(
+        remaining == const(0, Integer), or_(runs.c.deadline.is_(None), runs.c.deadline > func.now())
+    )
     finished = (
         update(runs)
-        .where(runs.c.id == per_run.c.run_id, runs.c.state == RunState.RUNNING.value)
+        .where(runs.c.id == per_run.c.run_id, runs.c.state == const(RunState.RUNNING.value))
         .values(
             steps_remaining=remaining,
-            state=case((completes, RunState.COMPLETED.value), else_=runs.c.state),
+            state=case((completes, const(RunState.COMPLETED.value)), else_=runs.c.state),
             finalized_at=case((completes, func.now()), else_=None),
         )
         .returning(runs.c.id)
         .cte("finished")
     )
+    return done, advanced, finished
+
+
+def complete_jobs_stmt() -> Any:
+    """Complete ``:items`` alone; rows: how many jobs completed, advanced, runs finished."""
+    done, advanced, finished = complete_jobs_ctes()
     return select(
         select(func.count()).select_from(done).scalar_subquery(),
         select(func.count()).select_from(advanced).scalar_subquery(),
@@ -131,7 +148,7 @@ def complete_jobs_stmt() -> Any:
 
 def run_over() -> Any:
     """True for a job of a run that is no longer running (cancelled, failed, completed)."""
-    return exists().where(runs.c.id == jobs.c.run_id, runs.c.state != RunState.RUNNING.value)
+    return exists().where(runs.c.id == jobs.c.run_id, runs.c.state != const(RunState.RUNNING.value))
 
 
 def retry_job_stmt() -> Any:
@@ -146,11 +163,13 @@ def retry_job_stmt() -> Any:
         .where(
             jobs.c.id == bindparam("job_id"),
             jobs.c.attempt == bindparam("attempt_no"),
-            jobs.c.state == JobState.RUNNING.value,
+            jobs.c.state == const(JobState.RUNNING.value),
             jobs.c.worker_id == bindparam("me", type_=Text),
         )
         .values(
-            state=case((over, JobState.CANCELLED.value), else_=JobState.AVAILABLE.value),
+            state=case(
+                (over, const(JobState.CANCELLED.value)), else_=const(JobState.AVAILABLE.value)
+            ),
             finalized_at=case((over, func.now()), else_=None),
             worker_id=None,
             heartbeat_at=None,
@@ -168,11 +187,11 @@ def fail_job_stmt() -> Any:
         .where(
             jobs.c.id == bindparam("job_id"),
             jobs.c.attempt == bindparam("attempt_no"),
-            jobs.c.state == JobState.RUNNING.value,
+            jobs.c.state == const(JobState.RUNNING.value),
             jobs.c.worker_id == bindparam("me", type_=Text),
         )
         .values(
-            state=JobState.FAILED.value,
+            state=const(JobState.FAILED.value),
             finalized_at=func.now(),
             heartbeat_at=None,
             errors=jobs.c.errors.op("||")(cast(bindparam("error", type_=Text), JSONB)),
@@ -185,9 +204,9 @@ def fail_run_stmt() -> Any:
     """Fail a running run because one of its steps failed for good."""
     return (
         update(runs)
-        .where(runs.c.id == bindparam("rid"), runs.c.state == RunState.RUNNING.value)
+        .where(runs.c.id == bindparam("rid"), runs.c.state == const(RunState.RUNNING.value))
         .values(
-            state=RunState.FAILED.value,
+            state=const(RunState.FAILED.value),
             finalized_at=func.now(),
             failed_step=bindparam("step", type_=Text),
             error=cast(bindparam("error", type_=Text), JSONB),
@@ -202,9 +221,9 @@ def cancel_unstarted_stmt() -> Any:
         update(jobs)
         .where(
             jobs.c.run_id == bindparam("rid"),
-            jobs.c.state.in_([JobState.BLOCKED.value, JobState.AVAILABLE.value]),
+            jobs.c.state.in_([const(JobState.BLOCKED.value), const(JobState.AVAILABLE.value)]),
         )
-        .values(state=JobState.CANCELLED.value, finalized_at=func.now())
+        .values(state=const(JobState.CANCELLED.value), finalized_at=func.now())
     )
 
 
@@ -215,7 +234,8 @@ _FAIL_RUN = fail_run_stmt()
 CANCEL_UNSTARTED = cancel_unstarted_stmt()
 
 
-def _items(successes: Sequence[Success]) -> str:
+def items_payload(successes: Sequence[Success]) -> str:
+    """The ``:items`` jsonb array of the complete statement."""
     return msgspec.json.encode(
         [{"id": s.job_id, "attempt": s.attempt, "output": s.output} for s in successes]
     ).decode()
@@ -229,7 +249,7 @@ def record(
 ) -> None:
     """Write a batch of outcomes in the caller's transaction."""
     if successes:
-        conn.execute(_COMPLETE, {"items": _items(successes), "me": worker_id})
+        conn.execute(_COMPLETE, {"items": items_payload(successes), "me": worker_id})
     for failure in failures:
         error = msgspec.json.encode(failure.error).decode()
         params = {

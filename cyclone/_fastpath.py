@@ -19,15 +19,31 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
-from sqlalchemy import Engine
+from sqlalchemy import Engine, Text, cast, literal_column, null
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 
 _DIALECT = pg_psycopg.dialect()  # type: ignore[no-untyped-call]
+_quote_text = Text().literal_processor(_DIALECT)  # type: ignore[no-untyped-call]
 
 Row = tuple[Any, ...]
+
+
+def const(value: str | int | None, type_: Any = Text) -> Any:
+    """A constant rendered into the statement's text as a literal, not sent as a parameter.
+
+    A state such as ``'running'`` must be a literal: a generic plan cannot prove that
+    ``state = $1`` implies a partial index's ``WHERE state = 'running'``, so PostgreSQL
+    would keep re-planning the statement with custom plans on every execution.
+    """
+    if value is None:
+        return cast(null(), type_)
+    if isinstance(value, int):
+        return literal_column(str(int(value)), type_)
+    assert _quote_text is not None
+    return literal_column(_quote_text(value), type_)
 
 
 class Compiled:

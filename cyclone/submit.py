@@ -31,14 +31,11 @@ from sqlalchemy import (
     exists,
     false,
     func,
-    literal_column,
-    null,
     select,
     true,
     union_all,
     values,
 )
-from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 
 from cyclone import _binds, _fastpath, _graph, _keys, errors
@@ -63,17 +60,7 @@ def _pg_array(items: Sequence[str]) -> str:
     return "{" + ",".join(quoted) + "}"
 
 
-_quote_text = Text().literal_processor(postgresql.dialect())  # type: ignore[no-untyped-call]
-
-
-def _const(value: str | int | None, type_: Any) -> Any:
-    """A constant of the definition, rendered into the statement's text as a literal."""
-    if value is None:
-        return cast(null(), type_)
-    if isinstance(value, int):
-        return literal_column(str(int(value)), type_)
-    assert _quote_text is not None
-    return literal_column(_quote_text(value), type_)
+_const = _fastpath.const
 
 
 @dataclass(frozen=True, slots=True)

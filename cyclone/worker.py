@@ -31,6 +31,7 @@ from cyclone import (
     _claim,
     _completion,
     _executor,
+    _fastpath,
     _notify,
     _rescue,
     _retry,
@@ -250,11 +251,20 @@ class Worker:
             free = {} if self._stopping.is_set() else self._free()
             if not (woken or until_idle or time.monotonic() >= poll_due):
                 free = {}
+            # The statement that records successes claims in the same snapshot, so it cannot
+            # see the dependents it unblocks: after workflow successes, claim again.
+            unblocking = any(
+                job.run_id is not None and isinstance(outcome, _completion.Success)
+                for job, outcome in outcomes
+            )
             if outcomes or free:
                 claimed = self._record_and_claim(outcomes, free)
                 poll_due = time.monotonic() + self.poll_interval
             for job in claimed:
                 self._start(job)
+            if unblocking and len(claimed) < sum(free.values()) and not self._stopping.is_set():
+                woken = True
+                continue
             if not self._inflight and not claimed and (until_idle or self._stopping.is_set()):
                 return
             if claimed and len(claimed) >= sum(free.values()) and self._free():
@@ -289,32 +299,34 @@ class Worker:
         failures = [o for _, o in outcomes if isinstance(o, _completion.Failure)]
         claimed: list[_claim.Claimed] = []
         try:
-            # Each statement below is atomic on its own, so they run in autocommit mode:
-            # two round trips a cycle, and a finished run is visible before the next claim.
-            # Recording twice after an error is harmless: every write is guarded by the
-            # job's state, attempt and worker.
+            # One autocommit statement records the successes and claims: one round trip
+            # and one commit a cycle. Recording twice after an error is harmless: every
+            # write is guarded by the job's state, attempt and worker.
             if failures:
                 with self.engine.begin() as conn:
                     _completion.record(conn, self.id, (), failures)
-            with _binds.autocommit(self.engine) as conn:
-                _completion.record(conn, self.id, successes, ())
+            with _fastpath.connect(self.engine) as conn:
                 # Per-queue room can add up to more than concurrency: cap the total, and
-                # start from a different queue each time so none is starved.
+                # start from a different queue each time so none is starved. The first
+                # statement also records the successes (limit 0 when there is no room).
                 left = self._capacity() - len(self._inflight)
                 turns = list(free.items())
                 self._claim_turn += 1
                 start = self._claim_turn % len(turns) if turns else 0
-                for name, limit in turns[start:] + turns[:start]:
-                    if left <= 0:
+                pending: list[_completion.Success] = successes
+                for name, limit in turns[start:] + turns[:start] or [("*", 0)]:
+                    if left <= 0 and not pending:
                         break
-                    got = _claim.claim_jobs(
+                    got = _claim.record_and_claim(
                         conn,
                         worker_id=self.id,
+                        successes=pending,
                         queues=None if name == "*" else [name],
                         workflows=list(self.workflows),
                         kinds=list(self.steps),
-                        limit=min(limit, left),
+                        limit=max(0, min(limit, left)),
                     )
+                    pending = []
                     claimed += got
                     left -= len(got)
         except Exception:

@@ -13,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
 import cyclone
+from tests.support.counting import CountingCursor, Recorder
 
 DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
@@ -52,7 +53,12 @@ def database_url() -> Iterator[URL]:
 
 @pytest.fixture(scope="session")
 def engine(database_url: URL) -> Iterator[sa.Engine]:
-    engine = sa.create_engine(database_url, pool_size=20, max_overflow=40)
+    engine = sa.create_engine(
+        database_url,
+        pool_size=20,
+        max_overflow=40,
+        connect_args={"cursor_factory": CountingCursor},
+    )
     yield engine
     engine.dispose()
 
@@ -73,13 +79,13 @@ def name() -> str:
     return f"t{uuid.uuid4().hex[:12]}"
 
 
-class StatementCounter:
-    """Counts the statements an engine sends, by SQLAlchemy's before_cursor_execute event."""
+class StatementCounter(Recorder):
+    """Counts the statements that reach the driver, through SQLAlchemy or cyclone's fast path."""
 
     def __init__(self) -> None:
         self.statements: list[str] = []
 
-    def __call__(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+    def record(self, thread: str, statement: str) -> None:
         self.statements.append(statement)
 
     @property
@@ -92,10 +98,8 @@ class StatementCounter:
 
 @pytest.fixture
 def statements(engine: sa.Engine) -> Iterator[StatementCounter]:
-    counter = StatementCounter()
-    sa.event.listen(engine, "before_cursor_execute", counter)
-    yield counter
-    sa.event.remove(engine, "before_cursor_execute", counter)
+    with StatementCounter() as counter:
+        yield counter
 
 
 @pytest.fixture

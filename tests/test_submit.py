@@ -521,3 +521,16 @@ def test_the_statement_counter_sees_statements_not_begin_or_commit(
         conn.execute(sa.select(sa.literal(1)))
     assert statements.count == 1
     assert statements.statements[0].startswith("SELECT")
+
+
+def test_the_statement_counter_sees_statements_sent_on_the_driver_connection(
+    engine: sa.Engine, statements: StatementCounter
+) -> None:
+    """cyclone's fast path bypasses SQLAlchemy's cursor events; the counter still sees it."""
+    statements.reset()
+    fairy = engine.raw_connection()
+    try:
+        fairy.driver_connection.execute("SELECT 1")  # type: ignore[union-attr]
+    finally:
+        fairy.close()
+    assert statements.statements == ["SELECT 1"]

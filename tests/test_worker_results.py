@@ -6,7 +6,6 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any
 
 import msgspec
 import pytest
@@ -14,6 +13,7 @@ import sqlalchemy as sa
 
 import cyclone
 from tests.conftest import wait_until
+from tests.support.counting import Recorder
 from tests.support.workers import Background
 
 
@@ -46,13 +46,13 @@ def thread_statements(engine: sa.Engine) -> Iterator[dict[str, list[str]]]:
     seen: dict[str, list[str]] = {}
     lock = threading.Lock()
 
-    def on_execute(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        with lock:
-            seen.setdefault(threading.current_thread().name, []).append(statement)
+    class ByThread(Recorder):
+        def record(self, thread: str, statement: str) -> None:
+            with lock:
+                seen.setdefault(thread, []).append(statement)
 
-    sa.event.listen(engine, "before_cursor_execute", on_execute)
-    yield seen
-    sa.event.remove(engine, "before_cursor_execute", on_execute)
+    with ByThread():
+        yield seen
 
 
 def test_result_returns_the_decoded_output(engine: sa.Engine, name: str) -> None:
