@@ -165,7 +165,9 @@ class Bench:
         self.sizes = sizes
         self.rounds = rounds
         self.concurrency = concurrency
-        self.engine = sa.create_engine(url, pool_size=5, max_overflow=5)
+        self.engine = sa.create_engine(
+            url, pool_size=5, max_overflow=5, connect_args={"cursor_factory": CountingCursor}
+        )
         self.figures: dict[str, Figure] = {}
         self.statements: dict[str, dict[str, float]] = {}
         self.mp = multiprocessing.get_context("spawn")
@@ -693,13 +695,13 @@ class Bench:
     def counting(self, engine: sa.Engine | None = None) -> Iterator[StatementCounter]:
         counter = StatementCounter()
         target = engine or self.engine
-        sa.event.listen(target, "before_cursor_execute", counter.on_execute)
         sa.event.listen(target, "begin", counter.on_begin)
         sa.event.listen(target, "commit", counter.on_commit)
+        _COUNTERS.append(counter)
         try:
             yield counter
         finally:
-            sa.event.remove(target, "before_cursor_execute", counter.on_execute)
+            _COUNTERS.remove(counter)
             sa.event.remove(target, "begin", counter.on_begin)
             sa.event.remove(target, "commit", counter.on_commit)
 
@@ -732,7 +734,11 @@ class Bench:
             "FROM generate_series(1, %(n)s) g",
             n=jobs,
         )
-        engine = sa.create_engine(self.url, pool_size=self.concurrency + 2)
+        engine = sa.create_engine(
+            self.url,
+            pool_size=self.concurrency + 2,
+            connect_args={"cursor_factory": CountingCursor},
+        )
         worker = cyclone.Worker(
             engine, steps=[workloads.noop], concurrency=self.concurrency, sweep=False
         )
@@ -752,8 +758,23 @@ class Bench:
         engine.dispose()
 
 
+_COUNTERS: list[StatementCounter] = []
+
+
+class CountingCursor(psycopg.Cursor[Any]):
+    """Reports each statement to the active counters: cyclone's fast path sends statements
+    on the driver connection, where SQLAlchemy's cursor events do not see them."""
+
+    def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        text = query.decode() if isinstance(query, bytes) else str(query)
+        if not text.lstrip().upper().startswith("LISTEN"):
+            for counter in list(_COUNTERS):
+                counter.on_execute(None, self, text)
+        return super().execute(query, params, **kwargs)
+
+
 class StatementCounter:
-    """Counts statements (by what they do) and transactions through SQLAlchemy events."""
+    """Counts statements (by what they do, at the driver) and transactions (SQLAlchemy's)."""
 
     def __init__(self) -> None:
         self.kinds: Counter[str] = Counter()
@@ -777,6 +798,8 @@ class StatementCounter:
 
 def classify(statement: str) -> str:
     s = " ".join(statement.split())
+    if "SKIP LOCKED" in s and "jsonb_to_recordset" in s:
+        return "record+claim"
     if "SKIP LOCKED" in s and "UPDATE cyclone_jobs" in s:
         return "claim"
     if "UPDATE cyclone_jobs" in s and "jsonb_to_recordset" in s:
