@@ -49,6 +49,7 @@ DEFAULT_RESCUE_AFTER = timedelta(minutes=1)
 DEFAULT_MAINTENANCE_INTERVAL = 1.0
 MAX_RECORD_TRIES = 3
 SHORT_STEP = 0.01
+SHORT_STEP_BATCH = 48
 
 Outcome = _completion.Success | _completion.Failure
 
@@ -197,11 +198,11 @@ class Worker:
         """Jobs to claim now, per queue group.
 
         When steps are short (a running average under ``SHORT_STEP`` seconds), a worker
-        without per-queue limits holds up to three times ``concurrency`` jobs: the extra
-        ones wait in the pool, and outcomes are recorded once ``concurrency`` jobs are
-        done (see :meth:`_batching`), so each claim-and-record transaction carries more
-        jobs. Long steps get no such buffer, so they are never held back from an idle
-        worker.
+        without per-queue limits holds up to ``max(3 * concurrency, SHORT_STEP_BATCH)``
+        jobs: the extra ones wait in the pool, and outcomes are recorded once
+        ``concurrency`` jobs are done (see :meth:`_batching`), so each record-and-claim
+        statement carries more jobs. Long steps get no such buffer, so they are never
+        held back from an idle worker.
         """
         if self._limits is None:
             room = self._capacity() - len(self._inflight)
@@ -217,7 +218,9 @@ class Worker:
 
     def _capacity(self) -> int:
         """How many jobs this worker holds at most: running, or waiting in the pool."""
-        return self.concurrency * (3 if self._short_steps() else 1)
+        if self._short_steps():
+            return max(3 * self.concurrency, SHORT_STEP_BATCH)
+        return self.concurrency
 
     def _short_steps(self) -> bool:
         return self._limits is None and self._step_seconds < SHORT_STEP
