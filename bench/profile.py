@@ -132,7 +132,7 @@ def profile_drain(engine: sa.Engine, n: int, what: str, concurrency: int) -> Non
     undo = [
         timings.wrap(worker_mod.Worker, "_record_and_claim", "loop: record+claim transaction"),
         timings.wrap(_completion, "record", "  complete statement"),
-        timings.wrap(_claim, "claim_jobs", "  claim statement"),
+        timings.wrap(_claim, "record_and_claim", "  record+claim statement"),
         timings.wrap(worker_mod.Worker, "_maintain", "loop: maintenance"),
         timings.wrap(_executor, "execute", "pool threads: _executor.execute"),
     ]

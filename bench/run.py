@@ -642,8 +642,8 @@ class Bench:
             return (time.perf_counter() - t0) / n * 1e6
 
     def _grow_claim(self) -> float:
-        """The worker's claim transaction: record the last batch's outcomes, claim 10."""
-        from cyclone import _claim, _completion
+        """The worker's cycle: one statement records the last batch's outcomes and claims 10."""
+        from cyclone import _claim, _completion, _fastpath
 
         cycles = 50
         self.sql(
@@ -653,24 +653,19 @@ class Bench:
             n=cycles * 10 + 10,
         )
         me = f"bench-{os.getpid()}"
+        scope = _claim.Scope(queues=None, workflows=(), kinds=("bench.noop",), cap=48)
         done: list[Any] = []
         times = []
         for _ in range(cycles + 1):
             t0 = time.perf_counter()
-            with self.engine.begin() as conn:
-                _completion.record(conn, me, done, [])
-                claimed = _claim.claim_jobs(
-                    conn,
-                    worker_id=me,
-                    queues=["default"],
-                    workflows=[],
-                    kinds=["bench.noop"],
-                    limit=10,
+            with _fastpath.connect(self.engine) as conn:
+                claimed = _claim.record_and_claim(
+                    conn, worker_id=me, successes=done, scope=scope, limit=10
                 )
             times.append(time.perf_counter() - t0)
             done = [_completion.Success(c.id, c.attempt, "null") for c in claimed]
-        with self.engine.begin() as conn:
-            _completion.record(conn, me, done, [])
+        with _fastpath.connect(self.engine) as conn:
+            _claim.record_and_claim(conn, worker_id=me, successes=done, scope=scope, limit=0)
         return statistics.median(times[1:]) * 1e6
 
     def _grow_raw_claim(self) -> float:

@@ -24,6 +24,7 @@ from sqlalchemy import (
     bindparam,
     cast,
     exists,
+    false,
     func,
     literal_column,
     or_,
@@ -55,34 +56,53 @@ class Claimed:
     upstream: dict[str, msgspec.Raw]
 
 
-def claim_jobs_stmt(*, by_queue: bool, completing: bool = False, limit: int | None = None) -> Any:
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """What one worker claims, rendered into its own claim statement as literals.
+
+    With parameters, a generic plan can see neither how few kinds a worker serves nor
+    how few jobs it claims (it assumes ``LIMIT $1`` returns a tenth of the table), so
+    PostgreSQL would re-plan the statement (1 to 2 ms) on every claim. The scan locks up
+    to ``cap`` jobs, the first ``:limit`` of which are claimed; the others are free
+    again when the statement ends.
+    """
+
+    queues: tuple[str, ...] | None
+    workflows: tuple[str, ...]
+    kinds: tuple[str, ...]
+    cap: int
+
+
+def _one_of(column: Any, values: Sequence[str]) -> Any:
+    return column.in_([const(v) for v in values]) if values else false()
+
+
+def claim_jobs_stmt(*, by_queue: bool, completing: bool = False, scope: Scope | None = None) -> Any:
     """Claim up to ``:limit`` runnable jobs; ``by_queue`` adds the ``:queues`` filter.
 
     ``completing`` adds the CTEs that first record the successes in ``:items`` (see
     :func:`cyclone._completion.complete_jobs_ctes`). They touch other rows than the claim
     (running jobs, blocked dependents, their runs), all in one snapshot: a dependent they
-    unblock is claimed by the next statement.
-
-    ``limit`` renders the limit as a literal. A generic plan assumes ``LIMIT $1`` returns
-    a tenth of the table, so PostgreSQL would keep planning this statement afresh (about
-    2 ms) for every claim.
+    unblock is claimed by the next statement. ``scope`` replaces the ``:queues``,
+    ``:workflows`` and ``:kinds`` parameters with a worker's literals (see :class:`Scope`).
     """
-    queue_filter = (
-        jobs.c.queue == func.any(bindparam("queues", type_=ARRAY(Text))) if by_queue else true()
-    )
-    picked = (
-        select(jobs.c.id)
+    if scope is None:
+        queue_filter = (
+            jobs.c.queue == func.any(bindparam("queues", type_=ARRAY(Text))) if by_queue else true()
+        )
+        workflow_filter = jobs.c.workflow == func.any(bindparam("workflows", type_=ARRAY(Text)))
+        kind_filter = jobs.c.kind == func.any(bindparam("kinds", type_=ARRAY(Text)))
+    else:
+        queue_filter = true() if scope.queues is None else _one_of(jobs.c.queue, scope.queues)
+        workflow_filter = _one_of(jobs.c.workflow, scope.workflows)
+        kind_filter = _one_of(jobs.c.kind, scope.kinds)
+    scan = (
+        select(jobs.c.id, jobs.c.priority, jobs.c.scheduled_at)
         .where(
             jobs.c.state == const(JobState.AVAILABLE.value),
             queue_filter,
             jobs.c.scheduled_at <= func.now(),
-            or_(
-                jobs.c.workflow == func.any(bindparam("workflows", type_=ARRAY(Text))),
-                and_(
-                    jobs.c.workflow.is_(None),
-                    jobs.c.kind == func.any(bindparam("kinds", type_=ARRAY(Text))),
-                ),
-            ),
+            or_(workflow_filter, and_(jobs.c.workflow.is_(None), kind_filter)),
             or_(jobs.c.deadline.is_(None), jobs.c.deadline > func.now()),
             or_(
                 jobs.c.run_id.is_(None),
@@ -92,10 +112,18 @@ def claim_jobs_stmt(*, by_queue: bool, completing: bool = False, limit: int | No
             ),
         )
         .order_by(jobs.c.priority, jobs.c.scheduled_at, jobs.c.id)
-        .limit(bindparam("limit") if limit is None else literal_column(str(int(limit))))
         .with_for_update(skip_locked=True)
-        .cte("picked")
     )
+    if scope is None:
+        picked = scan.limit(bindparam("limit")).cte("picked")
+    else:
+        locked = scan.limit(literal_column(str(int(scope.cap)))).cte("locked")
+        picked = (
+            select(locked.c.id)
+            .order_by(locked.c.priority, locked.c.scheduled_at, locked.c.id)
+            .limit(bindparam("limit"))
+            .cte("picked")
+        )
     claimed = (
         update(jobs)
         .where(jobs.c.id == picked.c.id)
@@ -152,9 +180,9 @@ _CLAIM_BY_QUEUE = claim_jobs_stmt(by_queue=True)
 
 
 @functools.lru_cache(maxsize=256)
-def _fast_claim(by_queue: bool, completing: bool, limit: int) -> _fastpath.Compiled:
+def _fast_claim(scope: Scope, completing: bool) -> _fastpath.Compiled:
     return _fastpath.Compiled(
-        claim_jobs_stmt(by_queue=by_queue, completing=completing, limit=limit)
+        claim_jobs_stmt(by_queue=scope.queues is not None, completing=completing, scope=scope)
     )
 
 
@@ -207,20 +235,12 @@ def record_and_claim(
     *,
     worker_id: str,
     successes: Sequence[_completion.Success],
-    queues: Sequence[str] | None,
-    workflows: Sequence[str],
-    kinds: Sequence[str],
+    scope: Scope,
     limit: int,
 ) -> list[Claimed]:
-    """Record ``successes`` and claim up to ``limit`` jobs in one autocommit statement."""
+    """Record ``successes`` and claim up to ``limit`` (<= ``scope.cap``) jobs in one statement."""
     rows = conn.execute(
-        _fast_claim(queues is not None, bool(successes), limit),
-        {
-            "me": worker_id,
-            "queues": None if queues is None else list(queues),
-            "workflows": list(workflows),
-            "kinds": list(kinds),
-            "items": _completion.items_payload(successes),
-        },
+        _fast_claim(scope, bool(successes)),
+        {"me": worker_id, "limit": limit, "items": _completion.items_payload(successes)},
     )
     return [_claimed(row) for row in rows]

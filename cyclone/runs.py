@@ -26,7 +26,7 @@ from sqlalchemy import (
     update,
 )
 
-from cyclone import _binds, _codec, _completion, _notify, _pg, errors
+from cyclone import _codec, _completion, _fastpath, _notify, _pg, errors
 from cyclone.schema import jobs, runs
 from cyclone.states import TERMINAL_RUN_STATES, JobState, RunState
 
@@ -194,6 +194,8 @@ _ANY_RUNNING = (
     .limit(1)
 )
 _SELECT_RESULT = select_result_stmt()
+_FAST_SELECT_STATUS = _fastpath.Compiled(_SELECT_STATUS)
+_FAST_SELECT_RESULT = _fastpath.Compiled(_SELECT_RESULT)
 
 
 def wait_until_finished(
@@ -265,8 +267,10 @@ class Run:
         Raises:
             NotFoundError: the run was purged, or the submitting transaction did not commit.
         """
-        with _binds.autocommit(self._engine) as conn:
-            return self._read_status(conn)
+        rows = _fastpath.execute(self._engine, _FAST_SELECT_STATUS, {"rid": self.id})
+        if not rows:
+            raise errors.NotFoundError(f"run {self.id} does not exist (purged, or not committed)")
+        return status_from_row(rows[0])
 
     def wait(self, timeout: float | None = None) -> RunStatus:
         """Wait until the run is completed, failed or cancelled; return its status.
@@ -379,8 +383,8 @@ class ResultRun(Run, Generic[Out]):
         self.output_type = output_type
 
     def _read_result(self) -> tuple[RunState, str | None, str | None]:
-        with _binds.autocommit(self._engine) as conn:
-            row = conn.execute(_SELECT_RESULT, {"rid": self.id}).first()
+        rows = _fastpath.execute(self._engine, _FAST_SELECT_RESULT, {"rid": self.id})
+        row = rows[0] if rows else None
         if row is None:
             raise errors.NotFoundError(f"run {self.id} does not exist (purged, or not committed)")
         return RunState(row[0]), row[1], row[2]

@@ -216,6 +216,15 @@ class Worker:
             if limit - self._busy[name] > 0
         }
 
+    def _scope(self, queue: str) -> _claim.Scope:
+        """The literals of this worker's claim statement for one queue group ("*": all)."""
+        return _claim.Scope(
+            queues=None if queue == "*" else (queue,),
+            workflows=tuple(sorted(self.workflows)),
+            kinds=tuple(sorted(self.steps)),
+            cap=max(3 * self.concurrency, SHORT_STEP_BATCH),
+        )
+
     def _capacity(self) -> int:
         """How many jobs this worker holds at most: running, or waiting in the pool."""
         if self._short_steps():
@@ -324,9 +333,7 @@ class Worker:
                         conn,
                         worker_id=self.id,
                         successes=pending,
-                        queues=None if name == "*" else [name],
-                        workflows=list(self.workflows),
-                        kinds=list(self.steps),
+                        scope=self._scope(name),
                         limit=max(0, min(limit, left)),
                     )
                     pending = []
