@@ -99,6 +99,10 @@ class Worker:
                 raise errors.DefinitionError(f"two workflows named {wf.name!r} given to a Worker")
             wf.plan()
             self.workflows[wf.name] = wf
+        self._upstream: dict[str, frozenset[str]] = {
+            name: frozenset(dep for node in wf.graph().steps for dep in node.after)
+            for name, wf in self.workflows.items()
+        }
         self.steps: dict[str, StandaloneStep[Any, Any]] = {}
         for st in steps:
             if st.kind in self.steps and self.steps[st.kind] is not st:
@@ -264,9 +268,13 @@ class Worker:
             if not (woken or until_idle or time.monotonic() >= poll_due):
                 free = {}
             # The statement that records successes claims in the same snapshot, so it cannot
-            # see the dependents it unblocks: after workflow successes, claim again.
+            # see the dependents it unblocks: claim again after a success of a step that
+            # has dependents. Serving, a run of an older graph is still covered: its
+            # unblocked steps ring NOTIFY. A drain, which must not stop early, always does.
             unblocking = any(
-                job.run_id is not None and isinstance(outcome, _completion.Success)
+                job.run_id is not None
+                and isinstance(outcome, _completion.Success)
+                and (until_idle or job.kind in self._upstream.get(job.workflow or "", ()))
                 for job, outcome in outcomes
             )
             if outcomes or free:
