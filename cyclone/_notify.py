@@ -14,8 +14,9 @@ import contextlib
 import logging
 import os
 import threading
+import time
 import weakref
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +30,7 @@ RUN_FINISHED = "cyclone_run_finished"
 CHANNELS = (JOBS_AVAILABLE, RUN_FINISHED)
 
 DEFAULT_RECONNECT_DELAY = 1.0
+RECENT_FINISHED = 16384
 
 
 Callback = Callable[[str], None]
@@ -44,6 +46,9 @@ class Listener:
         self._ready = threading.Event()
         self._stopped = threading.Event()
         self._conn: psycopg.Connection[Any] | None = None
+        self._listening_since: float | None = None
+        self._recent: deque[str] = deque()
+        self._recent_set: set[str] = set()
         self._thread = threading.Thread(target=self._loop, name="cyclone-listener", daemon=True)
         self._thread.start()
 
@@ -75,8 +80,28 @@ class Listener:
             driver.execute(f'LISTEN "{channel}"')
         return driver
 
-    def _dispatch(self, channel: str, payload: str) -> None:
+    def listening_since(self, moment: float) -> bool:
+        """True if this listener has LISTENed without a break since ``moment`` (monotonic)."""
+        since = self._listening_since
+        return since is not None and since <= moment
+
+    def finished_recently(self, payload: str) -> bool:
+        """Whether a ``cyclone_run_finished`` with ``payload`` arrived (of the last many)."""
         with self._lock:
+            return payload in self._recent_set
+
+    def _remember(self, payload: str) -> None:
+        self._recent.append(payload)
+        self._recent_set.add(payload)
+        if len(self._recent) > RECENT_FINISHED:
+            self._recent_set.discard(self._recent.popleft())
+
+    def _dispatch(self, channel: str, payload: str) -> None:
+        # Remember before taking the callbacks: a waiter that subscribes meanwhile either
+        # is among them or, checking after it subscribed, finds the payload remembered.
+        with self._lock:
+            if channel == RUN_FINISHED and payload:
+                self._remember(payload)
             callbacks = list(self._callbacks.get(channel, ()))
         for callback in callbacks:
             try:
@@ -107,6 +132,7 @@ class Listener:
                 log.warning("cyclone listener cannot connect (%s); retrying", exc)
                 self._stopped.wait(DEFAULT_RECONNECT_DELAY)
                 continue
+            self._listening_since = time.monotonic()
             self._ready.set()
             self._wake_all()
             try:
@@ -114,12 +140,14 @@ class Listener:
                     for note in conn.notifies(timeout=1.0):
                         self._dispatch(note.channel, note.payload)
             except Exception as exc:
+                self._listening_since = None
                 self._ready.clear()
                 if self._idle():
                     break
                 log.warning("cyclone listener lost its connection (%s); reconnecting", exc)
                 self._stopped.wait(DEFAULT_RECONNECT_DELAY)
             finally:
+                self._listening_since = None
                 with contextlib.suppress(psycopg.Error):
                     conn.close()
         self._stopped.set()

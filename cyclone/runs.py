@@ -203,10 +203,14 @@ def wait_until_finished(
     token: str,
     timeout: float | None,
     read: Any,
+    started: float | None = None,
 ) -> Any:
     """Call ``read()`` until it returns non-None, woken by notifications carrying ``token``.
 
-    ``token`` is a run id, or ``job:<id>`` for a standalone job.
+    ``token`` is a run id, or ``job:<id>`` for a standalone job. ``started`` is when this
+    process began the statement that created it: if the listener has listened since
+    then and has not seen ``token`` finish, the first read is skipped (it would find the
+    run unfinished) and the wait begins at once; the poll fallback still applies.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     woken = threading.Event()
@@ -220,11 +224,19 @@ def wait_until_finished(
     unsubscribe = listener.subscribe(_notify.RUN_FINISHED, on_finished)
     try:
         listener.wait_ready(1.0 if timeout is None else min(1.0, timeout))
+        skip_read = (
+            started is not None
+            and listener.listening_since(started)
+            and not listener.finished_recently(token)
+        )
         while True:
-            woken.clear()
-            value = read()
-            if value is not None:
-                return value
+            if skip_read:
+                skip_read = False
+            else:
+                woken.clear()
+                value = read()
+                if value is not None:
+                    return value
             left = DEFAULT_POLL_INTERVAL
             if deadline is not None:
                 left = min(left, deadline - time.monotonic())
@@ -239,12 +251,19 @@ class Run:
     """A handle on one run. Reading it opens short transactions on the handle's Engine."""
 
     def __init__(
-        self, engine: Engine, run_id: uuid.UUID, workflow: str, key: str | None = None
+        self,
+        engine: Engine,
+        run_id: uuid.UUID,
+        workflow: str,
+        key: str | None = None,
+        *,
+        started: float | None = None,
     ) -> None:
         self._engine = engine
         self.id = run_id
         self.workflow = workflow
         self.key = key
+        self._started = started
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id} workflow={self.workflow!r} key={self.key!r}>"
@@ -283,7 +302,9 @@ class Run:
             status = self.status()
             return status if status.done else None
 
-        result: RunStatus = wait_until_finished(self._engine, str(self.id), timeout, read)
+        result: RunStatus = wait_until_finished(
+            self._engine, str(self.id), timeout, read, self._started
+        )
         return result
 
     def cancel(self) -> None:
@@ -378,8 +399,10 @@ class ResultRun(Run, Generic[Out]):
         workflow: str,
         key: str | None = None,
         output_type: Any = Any,
+        *,
+        started: float | None = None,
     ) -> None:
-        super().__init__(engine, run_id, workflow, key)
+        super().__init__(engine, run_id, workflow, key, started=started)
         self.output_type = output_type
 
     def _read_result(self) -> tuple[RunState, str | None, str | None]:
@@ -404,7 +427,9 @@ class ResultRun(Run, Generic[Out]):
                 raise errors.NoOutputError(run_id=self.id, workflow=self.workflow)
             return (state, output) if state in TERMINAL_RUN_STATES else None
 
-        state, output = wait_until_finished(self._engine, str(self.id), timeout, read)
+        state, output = wait_until_finished(
+            self._engine, str(self.id), timeout, read, self._started
+        )
         if state != RunState.COMPLETED:
             status = self.status()
             raise errors.RunFailedError(

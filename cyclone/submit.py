@@ -10,6 +10,7 @@ atomic on its own, so no BEGIN or COMMIT round trips are needed.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -113,6 +114,10 @@ class Submitted:
     run_id: uuid.UUID
     key: str | None
     created: bool
+    started: float | None = None
+    """``time.monotonic()`` before the statement that created the run, when this process
+    committed it itself (the bind forms): a waiter whose listener was already listening
+    then need not read the run before its notification."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -371,8 +376,9 @@ def submit(
 ) -> Submitted:
     params = _params(plan, input, deadline, retention)
     engine = _binds.engine_of(bind)
+    started = time.monotonic()
     rows = _fastpath.execute(engine, plan.fast_insert_run, params)
-    return Submitted(engine, rows[0][0], None, True)
+    return Submitted(engine, rows[0][0], None, True, started)
 
 
 def submit_tx(
@@ -398,6 +404,7 @@ def submit_once(
     params = _params(plan, input, deadline, retention)
     params["key"] = key
     engine = _binds.engine_of(bind)
+    started = time.monotonic()
     with _fastpath.connect(engine) as conn:
 
         def once(insert: bool) -> _Row:
@@ -406,7 +413,7 @@ def submit_once(
             return rows[0] if rows else None
 
         run_id, created = _resolve_once(once, plan.workflow, key)
-    return Submitted(engine, run_id, key, created)
+    return Submitted(engine, run_id, key, created, started if created else None)
 
 
 def submit_once_tx(

@@ -240,7 +240,7 @@ class Workflow(Generic[In]):
         return _codec.encode(value, what=f"input of workflow {self.name!r}", type_=self.input_type)
 
     def _handle(self, row: submit.Submitted) -> Run:
-        return Run(row.engine, row.run_id, self.name, row.key)
+        return Run(row.engine, row.run_id, self.name, row.key, started=row.started)
 
     def submit(
         self,
@@ -354,7 +354,9 @@ class ResultWorkflow(Workflow[In], Generic[In, Out]):
         return self._decorator(name, after, max_attempts, queue, priority, is_result=True)
 
     def _handle(self, row: submit.Submitted) -> ResultRun[Out]:
-        return ResultRun(row.engine, row.run_id, self.name, row.key, self.output_type)
+        return ResultRun(
+            row.engine, row.run_id, self.name, row.key, self.output_type, started=row.started
+        )
 
     if TYPE_CHECKING:
 

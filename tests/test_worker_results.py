@@ -148,7 +148,8 @@ def test_a_waiter_is_woken_by_notify(
     engine: sa.Engine, name: str, thread_statements: dict[str, list[str]]
 ) -> None:
     wf = pricing(name)
-    run = wf.submit(engine, Cart(items=[20, 22]))
+    with engine.begin() as conn:  # a handle that must read first: see the test below
+        run = wf.submit_tx(conn, Cart(items=[20, 22]))
     waiter_name = f"waiter-{name}"
     waiter = Background(lambda: run.result(timeout=30), name=waiter_name)
     # The waiter has read the run at least twice (before and inside its wait loop): it now
@@ -163,6 +164,47 @@ def test_a_waiter_is_woken_by_notify(
     assert waiter.finished_at is not None
     assert waiter.finished_at - started < 2.0
     assert worker.join(10) == 2
+
+
+def test_a_fresh_submit_waits_for_its_notification_and_reads_once(
+    engine: sa.Engine, name: str, thread_statements: dict[str, list[str]]
+) -> None:
+    # This process listened before the submit, so the run cannot have finished unseen:
+    # result() waits for the notification instead of reading a run that is not done.
+    wf = pricing(name)
+    warm = wf.submit(engine, Cart(items=[1]))
+    cyclone.Worker(engine, workflows=[wf]).drain()
+    assert warm.result(timeout=10) == Quote(total=1, count=1)
+
+    run = wf.submit(engine, Cart(items=[20, 22]))
+    waiter_name = f"waiter-{name}"
+    waiter = Background(lambda: run.result(timeout=30), name=waiter_name)
+    time.sleep(0.5)
+    assert waiter.alive()
+    assert thread_statements.get(waiter_name, []) == []
+
+    started = time.monotonic()
+    worker = Background(cyclone.Worker(engine, workflows=[wf]).drain)
+    assert waiter.join(10) == Quote(total=42, count=2)
+    assert waiter.finished_at is not None
+    assert waiter.finished_at - started < 2.0
+    assert len(thread_statements[waiter_name]) == 1
+    assert worker.join(10) == 2
+
+
+def test_result_of_a_run_that_finished_before_the_call_returns_at_once(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = pricing(name)
+    warm = wf.submit(engine, Cart(items=[1]))  # this process listens from here on
+    cyclone.Worker(engine, workflows=[wf]).drain()
+    assert warm.result(timeout=10) == Quote(total=1, count=1)
+    run = wf.submit(engine, Cart(items=[2, 3]))
+    cyclone.Worker(engine, workflows=[wf]).drain()
+    started = time.monotonic()
+    assert run.result(timeout=30) == Quote(total=5, count=2)
+    assert run.wait(timeout=30).state == cyclone.RunState.COMPLETED
+    assert time.monotonic() - started < 2.0
 
 
 def test_an_idle_worker_is_woken_by_notify_not_its_poll_interval(
