@@ -2,7 +2,7 @@
 
 Run from the repository root (never from the test suite)::
 
-    .venv/bin/python -m bench.run                 # full run: 5 rounds, ~15 minutes
+    .venv/bin/python -m bench.run                 # full run: 5 rounds, ~6 minutes
     .venv/bin/python -m bench.run --quick         # small N, a smoke run
     .venv/bin/python -m bench.run --only a,b      # some figures only
 
@@ -898,7 +898,7 @@ def print_table(figures: Sequence[Figure], statements: dict[str, dict[str, float
         style = {"NO": "red", "yes": "green"}.get(r[-1])
         table.add_row(*r, style=style)
     console.print(table)
-    st = Table(title="statements per operation (SQLAlchemy before_cursor_execute)")
+    st = Table(title="statements per operation (counted at the driver cursor)")
     st.add_column("operation")
     st.add_column("statements", justify="right")
     st.add_column("transactions", justify="right")
