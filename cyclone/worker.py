@@ -50,6 +50,7 @@ DEFAULT_MAINTENANCE_INTERVAL = 1.0
 MAX_RECORD_TRIES = 3
 SHORT_STEP = 0.01
 SHORT_STEP_BATCH = 48
+MAINTENANCE_JOIN_TIMEOUT = 10.0
 
 Outcome = _completion.Success | _completion.Failure
 
@@ -144,6 +145,7 @@ class Worker:
         self._record_failures = 0
         self._step_seconds = 1.0
         self._sweeping: threading.Thread | None = None
+        self._maintaining: threading.Thread | None = None
 
     def __repr__(self) -> str:
         return (
@@ -193,6 +195,8 @@ class Worker:
                     self._maintain(force=True, sweep=False)
             finally:
                 unsubscribe()
+                if self._maintaining is not None:
+                    self._maintaining.join(MAINTENANCE_JOIN_TIMEOUT)
                 self._pool.shutdown(wait=True)
                 self._pool = None
                 self._stopping.clear()
@@ -401,6 +405,20 @@ class Worker:
         if runs_deleted or jobs_deleted:
             log.info("sweeper deleted %d runs and %d jobs", runs_deleted, jobs_deleted)
 
+    def _expire_and_rescue(self) -> None:
+        """Fail runs past their deadline and hand back jobs of workers that stopped."""
+        try:
+            with self.engine.begin() as conn:
+                expired = _rescue.expire_runs(conn)
+                rescued = _rescue.rescue(conn, self.rescue_after)
+        except Exception:
+            log.exception("worker %s maintenance failed; will try again", self.id)
+            return
+        if expired:
+            log.info("failed %d runs past their deadline", expired)
+        if rescued:
+            log.warning("handed back %d jobs of workers that stopped: %s", len(rescued), rescued)
+
     def _maintain(self, *, force: bool, sweep: bool) -> None:
         now = time.monotonic()
         try:
@@ -409,16 +427,16 @@ class Worker:
                     _rescue.heartbeat(conn, self.id, list(self._inflight))
                 self._last_heartbeat = now
             if force or now - self._last_maintenance >= DEFAULT_MAINTENANCE_INTERVAL:
-                with self.engine.begin() as conn:
-                    expired = _rescue.expire_runs(conn)
-                    rescued = _rescue.rescue(conn, self.rescue_after)
-                if expired:
-                    log.info("failed %d runs past their deadline", expired)
-                if rescued:
-                    log.warning(
-                        "handed back %d jobs of workers that stopped: %s", len(rescued), rescued
-                    )
+                # Off the loop thread, like the sweeper, so that its transaction never holds
+                # up a claim or a record; forced (a drain's first and last), it runs here.
                 self._last_maintenance = now
+                if force:
+                    self._expire_and_rescue()
+                elif not (self._maintaining and self._maintaining.is_alive()):
+                    self._maintaining = threading.Thread(
+                        target=self._expire_and_rescue, name="cyclone-maintenance", daemon=True
+                    )
+                    self._maintaining.start()
             if (
                 sweep
                 and self.sweep
