@@ -62,9 +62,8 @@ class Scope:
 
     With parameters, a generic plan can see neither how few kinds a worker serves nor
     how few jobs it claims (it assumes ``LIMIT $1`` returns a tenth of the table), so
-    PostgreSQL would re-plan the statement (1 to 2 ms) on every claim. The scan locks up
-    to ``cap`` jobs, the first ``:limit`` of which are claimed; the others are free
-    again when the statement ends.
+    PostgreSQL would re-plan the statement (1 to 2 ms) on every claim; the limit is a
+    literal too (one cached statement per limit, at most ``cap`` of them).
     """
 
     queues: tuple[str, ...] | None
@@ -77,7 +76,9 @@ def _one_of(column: Any, values: Sequence[str]) -> Any:
     return column.in_([const(v) for v in values]) if values else false()
 
 
-def claim_jobs_stmt(*, by_queue: bool, completing: bool = False, scope: Scope | None = None) -> Any:
+def claim_jobs_stmt(
+    *, by_queue: bool, completing: bool = False, scope: Scope | None = None, limit: int = 0
+) -> Any:
     """Claim up to ``:limit`` runnable jobs; ``by_queue`` adds the ``:queues`` filter.
 
     ``completing`` adds the CTEs that first record the successes in ``:items`` (see
@@ -117,13 +118,9 @@ def claim_jobs_stmt(*, by_queue: bool, completing: bool = False, scope: Scope | 
     if scope is None:
         picked = scan.limit(bindparam("limit")).cte("picked")
     else:
-        locked = scan.limit(literal_column(str(int(scope.cap)))).cte("locked")
-        picked = (
-            select(locked.c.id)
-            .order_by(locked.c.priority, locked.c.scheduled_at, locked.c.id)
-            .limit(bindparam("limit"))
-            .cte("picked")
-        )
+        # Lock only what is claimed: rows locked and left would be skipped by the other
+        # workers woken by the same NOTIFY, which would then sleep until their next poll.
+        picked = scan.limit(literal_column(str(int(limit)))).cte("picked")
     claimed = (
         update(jobs)
         .where(jobs.c.id == picked.c.id)
@@ -180,9 +177,11 @@ _CLAIM_BY_QUEUE = claim_jobs_stmt(by_queue=True)
 
 
 @functools.lru_cache(maxsize=256)
-def _fast_claim(scope: Scope, completing: bool) -> _fastpath.Compiled:
+def _fast_claim(scope: Scope, completing: bool, limit: int) -> _fastpath.Compiled:
     return _fastpath.Compiled(
-        claim_jobs_stmt(by_queue=scope.queues is not None, completing=completing, scope=scope)
+        claim_jobs_stmt(
+            by_queue=scope.queues is not None, completing=completing, scope=scope, limit=limit
+        )
     )
 
 
@@ -238,9 +237,9 @@ def record_and_claim(
     scope: Scope,
     limit: int,
 ) -> list[Claimed]:
-    """Record ``successes`` and claim up to ``limit`` (<= ``scope.cap``) jobs in one statement."""
+    """Record ``successes`` and claim up to ``limit`` jobs in one autocommit statement."""
     rows = conn.execute(
-        _fast_claim(scope, bool(successes)),
-        {"me": worker_id, "limit": limit, "items": _completion.items_payload(successes)},
+        _fast_claim(scope, bool(successes), limit),
+        {"me": worker_id, "items": _completion.items_payload(successes)},
     )
     return [_claimed(row) for row in rows]

@@ -383,3 +383,21 @@ def test_joins_run_once_when_two_workers_finish_their_branches_at_once(
 
     assert executions == {(str(run.id), step): 1 for run in runs for step in wf.steps}
     assert all(run.status().state == cyclone.RunState.COMPLETED for run in runs)
+
+
+@pytest.mark.parametrize("odd", ["%", "%(x)s", "'", "\\", '"'])
+def test_names_with_quotes_percent_and_backslash_are_stored_and_run_as_given(
+    engine: sa.Engine, name: str, odd: str
+) -> None:
+    wf = cyclone.Workflow(f"{name}{odd}w", input=int)
+
+    @wf.step(name=f"s{odd}1")
+    def first(ctx: cyclone.StepContext, value: int) -> int:
+        return value
+
+    run, created = wf.submit_once(engine, f"k{odd}", 1)
+    again, created_again = wf.submit_once(engine, f"k{odd}", 1)
+    assert (created, created_again, again.id) == (True, False, run.id)
+    assert run.status().workflow == f"{name}{odd}w"
+    assert cyclone.Worker(engine, workflows=[wf]).drain() == 1
+    assert run.status().state == cyclone.RunState.COMPLETED
