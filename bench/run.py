@@ -666,7 +666,7 @@ class Bench:
             n=cycles * 10 + 10,
         )
         me = f"bench-{os.getpid()}"
-        scope = _claim.Scope(queues=None, workflows=(), kinds=("bench.noop",), cap=48)
+        scope = _claim.Scope(queues=None, workflows=(), kinds=("bench.noop",))
         done: list[Any] = []
         times = []
         for _ in range(cycles + 1):

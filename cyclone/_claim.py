@@ -63,13 +63,12 @@ class Scope:
     With parameters, a generic plan can see neither how few kinds a worker serves nor
     how few jobs it claims (it assumes ``LIMIT $1`` returns a tenth of the table), so
     PostgreSQL would re-plan the statement (1 to 2 ms) on every claim; the limit is a
-    literal too (one cached statement per limit, at most ``cap`` of them).
+    literal too (one cached statement per limit value).
     """
 
     queues: tuple[str, ...] | None
     workflows: tuple[str, ...]
     kinds: tuple[str, ...]
-    cap: int
 
 
 def _one_of(column: Any, values: Sequence[str]) -> Any:

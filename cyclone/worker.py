@@ -230,7 +230,6 @@ class Worker:
             queues=None if queue == "*" else (queue,),
             workflows=tuple(sorted(self.workflows)),
             kinds=tuple(sorted(self.steps)),
-            cap=max(3 * self.concurrency, SHORT_STEP_BATCH),
         )
 
     def _capacity(self) -> int:
