@@ -78,11 +78,26 @@ class Direct:
         try:
             return self._driver.execute(stmt.sql, values).fetchall()
         except psycopg.Error as exc:
-            raise _wrap(self._engine, stmt.sql, values, exc) from exc
+            lost = self._driver.closed or self._driver.broken
+            raise _wrap(self._engine, stmt.sql, values, exc, lost) from exc
 
 
-def _wrap(engine: Engine, sql: str, params: Mapping[str, Any], exc: psycopg.Error) -> Exception:
-    return sa_exc.DBAPIError.instance(sql, dict(params), exc, psycopg.Error, dialect=engine.dialect)
+def _wrap(
+    engine: Engine,
+    sql: str,
+    params: Mapping[str, Any],
+    exc: psycopg.Error,
+    lost: bool = False,
+) -> Exception:
+    """The SQLAlchemy exception for ``exc``; ``lost`` marks a connection the pool discards."""
+    return sa_exc.DBAPIError.instance(
+        sql,
+        dict(params),
+        exc,
+        psycopg.Error,
+        connection_invalidated=lost,
+        dialect=engine.dialect,
+    )
 
 
 @contextmanager
@@ -101,7 +116,7 @@ def connect(engine: Engine) -> Iterator[Direct]:
             driver.autocommit = True
         except psycopg.Error as exc:
             fairy.invalidate(exc)
-            raise _wrap(engine, "SET autocommit", {}, exc) from exc
+            raise _wrap(engine, "SET autocommit", {}, exc, lost=True) from exc
         try:
             yield Direct(engine, driver)
         finally:

@@ -16,7 +16,7 @@ import os
 import threading
 import time
 import weakref
-from collections import defaultdict, deque
+from collections import Counter, defaultdict, deque
 from collections.abc import Callable
 from typing import Any
 
@@ -47,8 +47,9 @@ class Listener:
         self._stopped = threading.Event()
         self._conn: psycopg.Connection[Any] | None = None
         self._listening_since: float | None = None
-        self._recent: deque[str] = deque()
-        self._recent_set: set[str] = set()
+        self._recent: deque[tuple[str, float]] = deque()
+        self._recent_set: Counter[str] = Counter()
+        self._forgotten_upto = float("-inf")
         self._thread = threading.Thread(target=self._loop, name="cyclone-listener", daemon=True)
         self._thread.start()
 
@@ -86,15 +87,32 @@ class Listener:
         return since is not None and since <= moment
 
     def finished_recently(self, payload: str) -> bool:
-        """Whether a ``cyclone_run_finished`` with ``payload`` arrived (of the last many)."""
+        """Whether a ``cyclone_run_finished`` with ``payload`` is among those remembered."""
         with self._lock:
             return payload in self._recent_set
 
+    def surely_unfinished(self, payload: str, moment: float) -> bool:
+        """True if no ``cyclone_run_finished`` with ``payload`` can have arrived since ``moment``.
+
+        That holds when the listener has listened without a break since ``moment``, has
+        not seen ``payload``, and has forgotten no payload that arrived since ``moment``
+        (it remembers the last :data:`RECENT_FINISHED`).
+        """
+        with self._lock:
+            return (
+                self.listening_since(moment)
+                and payload not in self._recent_set
+                and self._forgotten_upto < moment
+            )
+
     def _remember(self, payload: str) -> None:
-        self._recent.append(payload)
-        self._recent_set.add(payload)
-        if len(self._recent) > RECENT_FINISHED:
-            self._recent_set.discard(self._recent.popleft())
+        self._recent.append((payload, time.monotonic()))
+        self._recent_set[payload] += 1
+        while len(self._recent) > RECENT_FINISHED:
+            forgotten, self._forgotten_upto = self._recent.popleft()
+            self._recent_set[forgotten] -= 1
+            if not self._recent_set[forgotten]:
+                del self._recent_set[forgotten]
 
     def _dispatch(self, channel: str, payload: str) -> None:
         # Remember before taking the callbacks: a waiter that subscribes meanwhile either

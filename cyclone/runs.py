@@ -209,8 +209,9 @@ def wait_until_finished(
 
     ``token`` is a run id, or ``job:<id>`` for a standalone job. ``started`` is when this
     process began the statement that created it: if the listener has listened since
-    then and has not seen ``token`` finish, the first read is skipped (it would find the
-    run unfinished) and the wait begins at once; the poll fallback still applies.
+    then and cannot have missed ``token`` finishing, the first read is skipped (it would
+    find the run unfinished) and the wait begins at once. The poll fallback still
+    applies, and a timeout is raised only after at least one read.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     woken = threading.Event()
@@ -224,11 +225,8 @@ def wait_until_finished(
     unsubscribe = listener.subscribe(_notify.RUN_FINISHED, on_finished)
     try:
         listener.wait_ready(1.0 if timeout is None else min(1.0, timeout))
-        skip_read = (
-            started is not None
-            and listener.listening_since(started)
-            and not listener.finished_recently(token)
-        )
+        skip_read = started is not None and listener.surely_unfinished(token, started)
+        read_once = False
         while True:
             if skip_read:
                 skip_read = False
@@ -237,11 +235,14 @@ def wait_until_finished(
                 value = read()
                 if value is not None:
                     return value
+                read_once = True
             left = DEFAULT_POLL_INTERVAL
             if deadline is not None:
                 left = min(left, deadline - time.monotonic())
                 if left <= 0:
-                    raise TimeoutError(f"{token} did not finish within {timeout} s")
+                    if read_once:
+                        raise TimeoutError(f"{token} did not finish within {timeout} s")
+                    continue
             woken.wait(left)
     finally:
         unsubscribe()

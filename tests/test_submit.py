@@ -534,3 +534,24 @@ def test_the_statement_counter_sees_statements_sent_on_the_driver_connection(
     finally:
         fairy.close()
     assert statements.statements == ["SELECT 1"]
+
+
+def test_a_connection_lost_under_submit_once_is_discarded_by_the_pool(
+    database_url: sa.URL, engine: sa.Engine, name: str
+) -> None:
+    wf = workflow(name)
+    own = sa.create_engine(database_url, pool_size=1, max_overflow=0)
+    try:
+        wf.submit_once(own, "order:1", {"n": 1})
+        with own.connect() as c:
+            pid = c.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+        with engine.connect() as c:
+            c.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+        with pytest.raises(sa.exc.OperationalError) as lost:
+            wf.submit_once(own, "order:2", {"n": 2})
+        assert lost.value.connection_invalidated is True
+        _run, created = wf.submit_once(own, "order:2", {"n": 2})
+        assert created is True
+        assert count_runs(engine, name) == 2
+    finally:
+        own.dispose()

@@ -12,6 +12,8 @@ import pytest
 import sqlalchemy as sa
 
 import cyclone
+from cyclone import _notify
+from cyclone import runs as _runs
 from tests.conftest import wait_until
 from tests.support.counting import Recorder
 from tests.support.workers import Background
@@ -205,6 +207,50 @@ def test_result_of_a_run_that_finished_before_the_call_returns_at_once(
     assert run.result(timeout=30) == Quote(total=5, count=2)
     assert run.wait(timeout=30).state == cyclone.RunState.COMPLETED
     assert time.monotonic() - started < 2.0
+
+
+def test_a_timeout_is_raised_only_after_reading_the_run(
+    engine: sa.Engine, name: str, thread_statements: dict[str, list[str]]
+) -> None:
+    wf = pricing(name)
+    warm = wf.submit(engine, Cart(items=[1]))  # this process listens from here on
+    cyclone.Worker(engine, workflows=[wf]).drain()
+    assert warm.result(timeout=10) == Quote(total=1, count=1)
+    run = wf.submit(engine, Cart(items=[4]))
+    waiter_name = f"waiter-{name}"
+    waiter = Background(lambda: run.wait(timeout=0), name=waiter_name)
+    with pytest.raises(TimeoutError):
+        waiter.join(10)
+    assert len(thread_statements[waiter_name]) == 1
+
+
+def test_a_run_whose_notification_was_forgotten_is_read_not_awaited(
+    engine: sa.Engine, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The listener remembers only the last RECENT_FINISHED notifications: once it has
+    # forgotten one that arrived after a submit, it can no longer vouch for that run.
+    monkeypatch.setattr(_notify, "RECENT_FINISHED", 2)
+    wf = pricing(name)
+    warm = wf.submit(engine, Cart(items=[1]))
+    cyclone.Worker(engine, workflows=[wf]).drain()
+    assert warm.result(timeout=10) == Quote(total=1, count=1)
+    run = wf.submit(engine, Cart(items=[2, 3]))
+    listener = _notify.listener(engine)
+    token, since = str(run.id), run._started
+    assert since is not None
+    assert listener.surely_unfinished(token, since)
+    cyclone.Worker(engine, workflows=[wf]).drain()
+    wait_until(lambda: not listener.surely_unfinished(token, since), 10)
+    others = [wf.submit(engine, Cart(items=[i])) for i in range(3)]
+    cyclone.Worker(engine, workflows=[wf]).drain()
+    for other in others:
+        other.result(timeout=10)
+    assert not listener.finished_recently(token)
+    assert not listener.surely_unfinished(token, since)
+
+    started = time.monotonic()
+    assert run.result(timeout=30) == Quote(total=5, count=2)
+    assert time.monotonic() - started < _runs.DEFAULT_POLL_INTERVAL
 
 
 def test_an_idle_worker_is_woken_by_notify_not_its_poll_interval(
