@@ -211,44 +211,45 @@ def profile_ping(engine: sa.Engine, tries: int) -> None:
 
 
 def explain(engine: sa.Engine) -> None:
-    from cyclone import _claim, _completion, submit
+    """EXPLAIN (ANALYZE, BUFFERS, WAL) of the hot fast-path statements, in a rolled-back
+    transaction: submit_once of a new and of an existing key, a claim, a record+claim."""
+    from cyclone import _claim, _completion, _fastpath, submit
 
-    plan = workloads.one_step.plan()
-    params = submit._params(plan, '{"order": 1}', None, None)
-    with engine.connect() as conn:
-        compiled = submit._INSERT_RUN_ONCE.compile(dialect=engine.dialect)
-        for key in ("x1", "x1", "x2"):
-            p = compiled.construct_params({**params, "key": key})
-            rows = conn.exec_driver_sql("EXPLAIN (ANALYZE, BUFFERS) " + str(compiled), p).all()
-            print(f"--- submit_once key {key}")
-            print("\n".join(r[0] for r in rows if "Time" in r[0] or "Trigger" in r[0]))
-        conn.exec_driver_sql(
-            "INSERT INTO cyclone_jobs (kind, queue, priority, state, args, max_attempts) "
-            "SELECT 'bench.noop', 'default', 0, 'available', to_jsonb(g), 3 "
-            "FROM generate_series(1, 100) g"
+    def show(title: str, stmt: _fastpath.Compiled, params: dict[str, Any]) -> list[Any]:
+        """EXPLAIN the statement in a rolled-back transaction, then run it in autocommit."""
+        values = {**stmt.defaults, **params}
+        driver.autocommit = False
+        rows = driver.execute("EXPLAIN (ANALYZE, BUFFERS, WAL) " + stmt.sql, values).fetchall()
+        driver.rollback()
+        driver.autocommit = True
+        print(f"--- {title}")
+        keep = ("Time", "Trigger", "WAL")
+        print("\n".join(r[0] for r in rows[:1] + rows[-6:] if any(w in r[0] for w in keep)))
+        return driver.execute(stmt.sql, values).fetchall()
+
+    plan = workloads.ping.plan()
+    params = submit._params(plan, "1", None, None)
+    scope = _claim.Scope(queues=None, workflows=(plan.workflow,), kinds=())
+    fairy = engine.raw_connection()
+    driver = fairy.driver_connection
+    assert driver is not None
+    try:
+        driver.autocommit = True
+        for i in range(20):  # warm the caches; the 20 runs' jobs are the ones claimed below
+            driver.execute(plan.fast_insert_run_once.sql, {**params, "key": f"w{i}"})
+        for key in ("x0", "x1", "x1"):
+            show(f"submit_once key {key}", plan.fast_insert_run_once, {**params, "key": key})
+        claim = _claim._fast_claim(scope, False, 48)
+        got = show("claim (limit 48, 23 available)", claim, {"me": "x", "items": "[]"})
+        items = _completion.items_payload([_completion.Success(r[0], r[5], "1") for r in got])
+        show(
+            f"record {len(got)} successes + claim (limit 48)",
+            _claim._fast_claim(scope, True, 48),
+            {"me": "x", "items": items},
         )
-        claim = _claim._CLAIM_ANY_QUEUE.compile(dialect=engine.dialect)
-        p = claim.construct_params(
-            {"me": "x", "queues": ["default"], "workflows": [], "kinds": ["bench.noop"], "limit": 4}
-        )
-        rows = conn.exec_driver_sql("EXPLAIN (ANALYZE, BUFFERS) " + str(claim), p).all()
-        print("--- claim 4")
-        print("\n".join(r[0] for r in rows if "Time" in r[0] or "Trigger" in r[0]))
-        ids = [
-            r[0]
-            for r in conn.exec_driver_sql("SELECT id FROM cyclone_jobs WHERE worker_id = 'x'").all()
-        ]
-        conn.exec_driver_sql(
-            "UPDATE cyclone_jobs SET state = 'running', attempt = 1, worker_id = 'x' "
-            f"WHERE id IN ({','.join(map(str, ids))})"
-        ) if ids else None
-        done = _completion._COMPLETE.compile(dialect=engine.dialect)
-        items = [_completion.Success(i, 1, "null") for i in ids]
-        p = done.construct_params({"items": _completion._items(items), "me": "x"})
-        rows = conn.exec_driver_sql("EXPLAIN (ANALYZE, BUFFERS) " + str(done), p).all()
-        print(f"--- complete {len(ids)}")
-        print("\n".join(r[0] for r in rows if "Time" in r[0] or "Trigger" in r[0]))
-        conn.rollback()
+    finally:
+        driver.autocommit = False
+        fairy.close()
 
 
 def main() -> None:

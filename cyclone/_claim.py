@@ -18,7 +18,6 @@ from typing import Any
 
 import msgspec
 from sqlalchemy import (
-    Connection,
     Text,
     and_,
     bindparam,
@@ -32,7 +31,6 @@ from sqlalchemy import (
     true,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
 
 from cyclone import _completion, _fastpath
 from cyclone._fastpath import const
@@ -75,27 +73,17 @@ def _one_of(column: Any, values: Sequence[str]) -> Any:
     return column.in_([const(v) for v in values]) if values else false()
 
 
-def claim_jobs_stmt(
-    *, by_queue: bool, completing: bool = False, scope: Scope | None = None, limit: int = 0
-) -> Any:
-    """Claim up to ``:limit`` runnable jobs; ``by_queue`` adds the ``:queues`` filter.
+def claim_jobs_stmt(scope: Scope, limit: int, *, completing: bool = False) -> Any:
+    """Claim up to ``limit`` runnable jobs of ``scope`` for the worker ``:me``.
 
     ``completing`` adds the CTEs that first record the successes in ``:items`` (see
     :func:`cyclone._completion.complete_jobs_ctes`). They touch other rows than the claim
     (running jobs, blocked dependents, their runs), all in one snapshot: a dependent they
-    unblock is claimed by the next statement. ``scope`` replaces the ``:queues``,
-    ``:workflows`` and ``:kinds`` parameters with a worker's literals (see :class:`Scope`).
+    unblock is claimed by the next statement.
     """
-    if scope is None:
-        queue_filter = (
-            jobs.c.queue == func.any(bindparam("queues", type_=ARRAY(Text))) if by_queue else true()
-        )
-        workflow_filter = jobs.c.workflow == func.any(bindparam("workflows", type_=ARRAY(Text)))
-        kind_filter = jobs.c.kind == func.any(bindparam("kinds", type_=ARRAY(Text)))
-    else:
-        queue_filter = true() if scope.queues is None else _one_of(jobs.c.queue, scope.queues)
-        workflow_filter = _one_of(jobs.c.workflow, scope.workflows)
-        kind_filter = _one_of(jobs.c.kind, scope.kinds)
+    queue_filter = true() if scope.queues is None else _one_of(jobs.c.queue, scope.queues)
+    workflow_filter = _one_of(jobs.c.workflow, scope.workflows)
+    kind_filter = _one_of(jobs.c.kind, scope.kinds)
     scan = (
         select(jobs.c.id, jobs.c.priority, jobs.c.scheduled_at)
         .where(
@@ -114,12 +102,9 @@ def claim_jobs_stmt(
         .order_by(jobs.c.priority, jobs.c.scheduled_at, jobs.c.id)
         .with_for_update(skip_locked=True)
     )
-    if scope is None:
-        picked = scan.limit(bindparam("limit")).cte("picked")
-    else:
-        # Lock only what is claimed: rows locked and left would be skipped by the other
-        # workers woken by the same NOTIFY, which would then sleep until their next poll.
-        picked = scan.limit(literal_column(str(int(limit)))).cte("picked")
+    # Lock only what is claimed: rows locked and left would be skipped by the other
+    # workers woken by the same NOTIFY, which would then sleep until their next poll.
+    picked = scan.limit(literal_column(str(int(limit)))).cte("picked")
     claimed = (
         update(jobs)
         .where(jobs.c.id == picked.c.id)
@@ -171,46 +156,12 @@ def claim_jobs_stmt(
     return stmt
 
 
-_CLAIM_ANY_QUEUE = claim_jobs_stmt(by_queue=False)
-_CLAIM_BY_QUEUE = claim_jobs_stmt(by_queue=True)
-
-
 @functools.lru_cache(maxsize=256)
 def _fast_claim(scope: Scope, completing: bool, limit: int) -> _fastpath.Compiled:
-    return _fastpath.Compiled(
-        claim_jobs_stmt(
-            by_queue=scope.queues is not None, completing=completing, scope=scope, limit=limit
-        )
-    )
+    return _fastpath.Compiled(claim_jobs_stmt(scope, limit, completing=completing))
 
 
 _upstream_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
-
-
-def claim_jobs(
-    conn: Connection,
-    *,
-    worker_id: str,
-    queues: Sequence[str] | None,
-    workflows: Sequence[str],
-    kinds: Sequence[str],
-    limit: int,
-) -> list[Claimed]:
-    """Claim up to ``limit`` runnable jobs for this worker, highest priority first.
-
-    ``queues=None`` claims from every queue.
-    """
-    rows = conn.execute(
-        _CLAIM_ANY_QUEUE if queues is None else _CLAIM_BY_QUEUE,
-        {
-            "me": worker_id,
-            "queues": None if queues is None else list(queues),
-            "workflows": list(workflows),
-            "kinds": list(kinds),
-            "limit": limit,
-        },
-    ).all()
-    return [_claimed(row) for row in rows]
 
 
 def _claimed(row: Sequence[Any]) -> Claimed:
