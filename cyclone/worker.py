@@ -318,8 +318,15 @@ class Worker:
     def _record_and_claim(
         self, outcomes: list[tuple[_claim.Claimed, Outcome]], free: dict[str, int]
     ) -> list[_claim.Claimed]:
-        successes = [o for _, o in outcomes if isinstance(o, _completion.Success)]
+        """Record ``outcomes`` and claim into ``free``; the jobs claimed are returned to start.
+
+        Each statement commits on its own. When one fails, the outcomes it did not record
+        go back on the queue for the next cycle, and the jobs that earlier statements
+        claimed are still returned: left unstarted, they would wait for a rescue.
+        """
+        successes = [(j, o) for j, o in outcomes if isinstance(o, _completion.Success)]
         failures = [o for _, o in outcomes if isinstance(o, _completion.Failure)]
+        unrecorded: list[tuple[_claim.Claimed, Outcome]] = list(outcomes)
         claimed: list[_claim.Claimed] = []
         try:
             # One autocommit statement records the successes and claims: one round trip
@@ -328,6 +335,7 @@ class Worker:
             if failures:
                 with self.engine.begin() as conn:
                     _completion.record(conn, self.id, (), failures)
+                unrecorded = list(successes)
             with _fastpath.connect(self.engine) as conn:
                 # Per-queue room can add up to more than concurrency: cap the total, and
                 # start from a different queue each time so none is starved. The first
@@ -336,39 +344,40 @@ class Worker:
                 turns = list(free.items())
                 self._claim_turn += 1
                 start = self._claim_turn % len(turns) if turns else 0
-                pending: list[_completion.Success] = successes
                 for name, limit in turns[start:] + turns[:start] or [("*", 0)]:
-                    if left <= 0 and not pending:
+                    if left <= 0 and not unrecorded:
                         break
                     got = _claim.record_and_claim(
                         conn,
                         worker_id=self.id,
-                        successes=pending,
+                        successes=[o for _, o in unrecorded if isinstance(o, _completion.Success)],
                         scope=self._scope(name),
                         limit=max(0, min(limit, left)),
                     )
-                    pending = []
+                    unrecorded = []
                     claimed += got
                     left -= len(got)
         except Exception:
+            self._jobs_run += len(outcomes) - len(unrecorded)
             self._record_failures += 1
-            if self._record_failures >= MAX_RECORD_TRIES:
+            if self._record_failures >= MAX_RECORD_TRIES and unrecorded:
                 # These jobs stop heartbeating, so another worker runs them again after
                 # rescue_after: at least once still holds, and this worker is not stuck.
                 log.exception(
                     "worker %s gives up recording %d outcomes; their jobs will be rescued",
                     self.id,
-                    len(outcomes),
+                    len(unrecorded),
                 )
                 self._record_failures = 0
-                return []
+                return claimed
             log.exception("worker %s could not record outcomes or claim; retrying", self.id)
-            for job, outcome in outcomes:
+            for job, outcome in unrecorded:
                 self._inflight[job.id] = job
                 self._busy[job.queue] += 1
                 self._outcomes.put((job, outcome))
-            self._stopping.wait(min(1.0, self.poll_interval))
-            return []
+            if not claimed:
+                self._stopping.wait(min(1.0, self.poll_interval))
+            return claimed
         self._record_failures = 0
         self._jobs_run += len(outcomes)
         return claimed

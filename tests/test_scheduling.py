@@ -263,3 +263,35 @@ def test_a_full_worker_waits_without_spinning(
     finally:
         release.set()
         thread.join(timeout=30)
+
+
+def test_jobs_claimed_before_a_failed_statement_still_run_at_once(
+    engine: sa.Engine, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With per-queue limits a cycle claims queue by queue, one committed statement each.
+    # When a later one fails, the jobs the earlier ones claimed must still be started, not
+    # left running unowned until a rescue.
+    from cyclone import _claim
+
+    real = _claim.record_and_claim
+    calls = 0
+
+    def second_fails(*args: object, **kwargs: object) -> list[_claim.Claimed]:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise sa.exc.OperationalError("claim", {}, Exception("injected"))
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_claim, "record_and_claim", second_fails)
+    step, seen = recorder(name)
+    queues = {f"{name}-a": 2, f"{name}-b": 2}
+    with engine.begin() as c:
+        handles = [step.enqueue_tx(c, n, queue=q) for n, q in enumerate(sorted(queues) * 2)]
+    worker = cyclone.Worker(
+        engine, steps=[step], concurrency=4, queues=queues, rescue_after=timedelta(hours=1)
+    )
+    assert worker.drain() == 4
+    assert calls > 2
+    assert sorted(seen) == [0, 1, 2, 3]
+    assert [h.status().state for h in handles] == [cyclone.JobState.COMPLETED] * 4
