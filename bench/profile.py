@@ -5,6 +5,7 @@
     .venv/bin/python -m bench.profile drain        # where a Worker.drain() spends its time
     .venv/bin/python -m bench.profile ping         # timeline of one submit -> result()
     .venv/bin/python -m bench.profile explain      # server-side EXPLAIN ANALYZE of hot statements
+    .venv/bin/python -m bench.profile parts        # the submit statement's cost, part by part
 
 Each creates and drops its own throwaway database, like ``bench.run``.
 """
@@ -26,6 +27,7 @@ from typing import Any
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
@@ -252,13 +254,145 @@ def explain(engine: sa.Engine) -> None:
         fairy.close()
 
 
+_STEPS_TRIGGER = """
+CREATE FUNCTION bench_insert_steps() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO cyclone_jobs (run_id, workflow, kind, queue, priority, state, deps,
+                              pending_deps, max_attempts, deadline)
+    SELECT NEW.id, NEW.workflow, s.name, s.queue, s.priority,
+           CASE WHEN cardinality(s.after) = 0 THEN 'available' ELSE 'blocked' END,
+           s.after, cardinality(s.after), s.max_attempts, NEW.deadline
+    FROM jsonb_to_recordset(NEW.graph -> 'steps')
+         AS s(name text, queue text, priority smallint, after text[], max_attempts int);
+    RETURN NULL;
+END $$;
+CREATE TRIGGER bench_runs_inserted AFTER INSERT ON cyclone_runs
+    FOR EACH ROW EXECUTE FUNCTION bench_insert_steps();
+"""
+
+
+def _drop_checks(conn: Any) -> None:
+    for table in ("cyclone_runs", "cyclone_jobs"):
+        names = conn.execute(
+            "SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'c'",
+            (table,),
+        ).fetchall()
+        for (name,) in names:
+            conn.execute(f"ALTER TABLE {table} DROP CONSTRAINT {name}")
+
+
+_VARIANTS: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "cyclone": ("the schema and statement as shipped", lambda c: None),
+    "no insert trigger": (
+        "without the NOTIFY trigger on new jobs",
+        lambda c: c.execute("DROP TRIGGER cyclone_jobs_inserted ON cyclone_jobs"),
+    ),
+    "no foreign key": (
+        "without cyclone_jobs.run_id -> cyclone_runs",
+        lambda c: c.execute(
+            "ALTER TABLE cyclone_jobs DROP CONSTRAINT fk_cyclone_jobs_run_id_cyclone_runs"
+        ),
+    ),
+    "no checks": ("without the CHECK constraints of both tables", _drop_checks),
+    "no listing/claim indexes": (
+        "without the runs' created_at indexes and the jobs' claim and (run_id, kind) ones",
+        lambda c: c.execute(
+            "DROP INDEX ix_cyclone_runs_created_at_id, ix_cyclone_runs_workflow_created_at_id, "
+            "ix_cyclone_jobs_claim, ix_cyclone_jobs_run_id_kind"
+        ),
+    ),
+    "steps by trigger": (
+        "the run row alone in the statement; a row trigger inserts the steps from the graph",
+        lambda c: c.execute(_STEPS_TRIGGER),
+    ),
+}
+
+
+def parts(url: str, n: int) -> None:
+    """What the new-key and existing-key statement costs on the server, part by part.
+
+    Each variant lives in its own database (cyclone's schema, then one change); calls go
+    round-robin over the variants and the raw baseline, so a swing of the VM's commit
+    latency hits all of them alike. Times are per call from the client, medians.
+    """
+    import json
+
+    admin = make_url(url)
+    plan = workloads.one_step.plan()
+    full = plan.fast_insert_run_once.sql
+    run_only = (
+        full[: full.index("new_jobs AS")].rstrip().rstrip(",")
+        + "\n"
+        + full[full.index(" SELECT ins.id, true") :]
+    )
+    created: list[Any] = []
+    conns: dict[str, tuple[psycopg.Connection[Any], str | None]] = {}
+    try:
+        for label, (_what, change) in _VARIANTS.items():
+            db = run.create_database(admin)
+            created.append(db)
+            engine = sa.create_engine(db, poolclass=sa.NullPool)
+            cyclone.upgrade(engine)
+            with engine.begin() as conn:
+                conn.exec_driver_sql(workloads.RAW_DDL)
+            engine.dispose()
+            c = psycopg.connect(run.conninfo(db), autocommit=True)
+            change(c)
+            conns[label] = (c, run_only if label == "steps by trigger" else full)
+        conns["raw psycopg"] = (conns["cyclone"][0], None)
+        params = {"input": json.dumps(workloads.payload(1)), "deadline_at": None}
+        params |= {"deadline_in": None, "retention": None}
+
+        def call(c: psycopg.Connection[Any], sql: str | None, key: str) -> None:
+            if sql is None:
+                c.execute(workloads.RAW_INSERT_OR_SELECT, {**params, "wf": "w", "key": key})
+            else:
+                c.execute(sql, {**params, "key": key})
+
+        results: dict[str, dict[str, float]] = defaultdict(dict)
+        for phase in ("new key", "existing key"):
+            samples: dict[str, list[float]] = defaultdict(list)
+            for i in range(n):
+                for label, (c, sql) in conns.items():
+                    t0 = time.perf_counter()
+                    call(c, sql, f"k{i}")
+                    samples[label].append(time.perf_counter() - t0)
+            for label, values in samples.items():
+                results[label][phase] = statistics.median(values[n // 20 :]) * 1e6
+        wal: dict[str, float] = {}
+        for label, (c, sql) in conns.items():
+            before = c.execute("SELECT pg_current_wal_insert_lsn()").fetchone()
+            assert before is not None
+            for i in range(200):
+                call(c, sql, f"w{i}")
+            row = c.execute("SELECT pg_current_wal_insert_lsn() - %s::pg_lsn", before).fetchone()
+            assert row is not None
+            wal[label] = float(row[0]) / 200
+        print(f"{n} calls per variant and phase, round-robin, medians (us per call)")
+        print(f"{'variant':<26} {'new key':>8} {'existing':>9} {'WAL B/new':>10}  what")
+        for label, by in results.items():
+            what = _VARIANTS[label][0] if label in _VARIANTS else "one INSERT ... ON CONFLICT"
+            print(
+                f"{label:<26} {by['new key']:8.0f} {by['existing key']:9.0f} "
+                f"{wal[label]:10.0f}  {what}"
+            )
+        for c, _sql in conns.values():
+            c.close()
+    finally:
+        for db in created:
+            run.drop_database(admin, db)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.profile")
-    parser.add_argument("what", choices=["submit", "drain", "drain-wf", "ping", "explain"])
+    parser.add_argument("what", choices=["submit", "drain", "drain-wf", "ping", "explain", "parts"])
     parser.add_argument("-n", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--url", default=os.environ.get("CYCLONE_DATABASE_URL", run.DEFAULT_URL))
     args = parser.parse_args()
+    if args.what == "parts":
+        parts(args.url, args.n)
+        return
     with database(args.url) as engine:
         if args.what == "submit":
             profile_submit(engine, args.n)

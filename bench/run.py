@@ -165,7 +165,10 @@ class Bench:
         self.sizes = sizes
         self.rounds = rounds
         self.concurrency = concurrency
-        self.engine = sa.create_engine(
+        # Timed figures use a plain engine; statements are counted on a second one whose
+        # cursors report what they execute (that costs a few microseconds a statement).
+        self.engine = sa.create_engine(url, pool_size=5, max_overflow=5)
+        self.counted = sa.create_engine(
             url, pool_size=5, max_overflow=5, connect_args={"cursor_factory": CountingCursor}
         )
         self.figures: dict[str, Figure] = {}
@@ -177,9 +180,11 @@ class Bench:
             from cyclone import _notify
 
             _notify.listener(self.engine).stop()
+            _notify.listener(self.counted).stop()
         except Exception:
             pass
         self.engine.dispose()
+        self.counted.dispose()
 
     # plumbing ------------------------------------------------------------------------------
 
@@ -231,42 +236,49 @@ class Bench:
             goal=0.85,
             goal_text=">= 0.85x raw",
         )
-        raw.raw.append(self._raw_new_keys(f"a-raw-{r}", n))
-        five.raw = raw.raw
-        raw.cyclone.append(self._cyclone_new_keys(workloads.one_step, f"a1-{r}", n))
-        five.cyclone.append(self._cyclone_new_keys(workloads.five_step, f"a5-{r}", n))
-        # Reference points (no goal): the same raw statement through SQLAlchemy Core.
         ref_auto = self.fig("a-ref-auto", "  ref: raw SQL via Core, autocommit", "submits/s", True)
         ref_begin = self.fig(
             "a-ref-begin", "  ref: raw SQL via Core, engine.begin()", "submits/s", True
         )
-        ref_auto.raw = ref_begin.raw = raw.raw
-        ref_auto.cyclone.append(self._core_new_keys(f"a-auto-{r}", n // 2, autocommit=True))
-        ref_begin.cyclone.append(self._core_new_keys(f"a-begin-{r}", n // 2, autocommit=False))
+        five.raw = ref_auto.raw = ref_begin.raw = raw.raw
+        raw_conn = self.raw_conn()
+        try:
+            # Reference points (no goal): the same raw statement through SQLAlchemy Core.
+            rates = interleaved(
+                {
+                    "raw": (self._raw_new_key(raw_conn, f"a-raw-{r}"), n),
+                    "one": (self._cyclone_new_key(workloads.one_step, f"a1-{r}"), n),
+                    "five": (self._cyclone_new_key(workloads.five_step, f"a5-{r}"), n),
+                    "auto": (self._core_new_key(f"a-auto-{r}", autocommit=True), n // 2),
+                    "begin": (self._core_new_key(f"a-begin-{r}", autocommit=False), n // 2),
+                }
+            )
+        finally:
+            raw_conn.close()
+        raw.raw.append(rates["raw"])
+        raw.cyclone.append(rates["one"])
+        five.cyclone.append(rates["five"])
+        ref_auto.cyclone.append(rates["auto"])
+        ref_begin.cyclone.append(rates["begin"])
 
-    def _raw_new_keys(self, prefix: str, n: int) -> float:
-        with self.raw_conn() as conn:
-            for i in range(20):  # warm up: prepared statement, caches
-                conn.execute(workloads.RAW_INSERT_ONCE, ("bench_one", f"{prefix}-w{i}", "{}"))
-            t0 = time.perf_counter()
-            for i in range(n):
-                row = conn.execute(
-                    workloads.RAW_INSERT_ONCE,
-                    ("bench_one", f"{prefix}-{i}", json.dumps(workloads.payload(i))),
-                ).fetchone()
-                assert row is not None
-            return n / (time.perf_counter() - t0)
+    def _raw_new_key(self, conn: psycopg.Connection[Any], prefix: str) -> Callable[[int], None]:
+        def one(i: int) -> None:
+            row = conn.execute(
+                workloads.RAW_INSERT_ONCE,
+                ("bench_one", f"{prefix}-{i}", json.dumps(workloads.payload(i))),
+            ).fetchone()
+            assert row is not None
 
-    def _cyclone_new_keys(self, wf: cyclone.Workflow[Any], prefix: str, n: int) -> float:
-        for i in range(20):
-            wf.submit_once(self.engine, f"{prefix}-w{i}", workloads.payload(i))
-        t0 = time.perf_counter()
-        for i in range(n):
+        return one
+
+    def _cyclone_new_key(self, wf: cyclone.Workflow[Any], prefix: str) -> Callable[[int], None]:
+        def one(i: int) -> None:
             _run, created = wf.submit_once(self.engine, f"{prefix}-{i}", workloads.payload(i))
             assert created
-        return n / (time.perf_counter() - t0)
 
-    def _core_new_keys(self, prefix: str, n: int, *, autocommit: bool) -> float:
+        return one
+
+    def _core_new_key(self, prefix: str, *, autocommit: bool) -> Callable[[int], None]:
         stmt = sa.text(
             "INSERT INTO raw_runs (workflow, submit_key, input) "
             "VALUES (:wf, :key, CAST(:input AS jsonb)) ON CONFLICT DO NOTHING RETURNING id"
@@ -277,8 +289,12 @@ class Bench:
             else self.engine
         )
 
-        def one(key: str, i: int) -> None:
-            params = {"wf": "bench_one", "key": key, "input": json.dumps(workloads.payload(i))}
+        def one(i: int) -> None:
+            params = {
+                "wf": "bench_one",
+                "key": f"{prefix}-{i}",
+                "input": json.dumps(workloads.payload(i)),
+            }
             if autocommit:
                 with engine.connect() as conn:
                     conn.execute(stmt, params).first()
@@ -286,12 +302,7 @@ class Bench:
                 with engine.begin() as conn:
                     conn.execute(stmt, params).first()
 
-        for i in range(20):
-            one(f"{prefix}-w{i}", i)
-        t0 = time.perf_counter()
-        for i in range(n):
-            one(f"{prefix}-{i}", i)
-        return n / (time.perf_counter() - t0)
+        return one
 
     # b. duplicates -------------------------------------------------------------------------
 
@@ -306,40 +317,33 @@ class Bench:
             goal_text="<= 1.3x raw",
             raw_label="raw insert-or-select CTE",
         )
-        keys = [f"b-{r}-{i}" for i in range(n)]
-        inputs = [workloads.payload(i) for i in range(n)]
+        keys = [f"b-{r}-{i}" for i in range(n + WARMUP)]
+        inputs = [workloads.payload(i) for i in range(n + WARMUP)]
+        items = list(zip(keys, inputs, strict=True))
         with self.raw_conn() as conn:
             with conn.cursor() as cur:
                 cur.executemany(
                     "INSERT INTO raw_runs (workflow, submit_key, input) VALUES (%s, %s, %s)",
-                    [("bench_one", k, json.dumps(v)) for k, v in zip(keys, inputs, strict=True)],
+                    [("bench_one", k, json.dumps(v)) for k, v in items],
                 )
-            params = [
-                {"wf": "bench_one", "key": k, "input": json.dumps(v)}
-                for k, v in zip(keys, inputs, strict=True)
-            ]
-            for p in params[:20]:
-                conn.execute(workloads.RAW_INSERT_OR_SELECT, p).fetchone()
-            t0 = time.perf_counter()
-            for i in range(n):
+            for start in range(0, len(items), 1000):
+                workloads.one_step.submit_once_many(self.engine, items[start : start + 1000])
+
+            def raw(i: int) -> None:
                 row = conn.execute(
                     workloads.RAW_INSERT_OR_SELECT,
                     {"wf": "bench_one", "key": keys[i], "input": json.dumps(inputs[i])},
                 ).fetchone()
                 assert row is not None
                 assert row[1:] == (False, True)
-            f.raw.append((time.perf_counter() - t0) / n * 1e6)
-        for start in range(0, n, 1000):
-            workloads.one_step.submit_once_many(
-                self.engine, list(zip(keys, inputs, strict=True))[start : start + 1000]
-            )
-        for i in range(20):
-            workloads.one_step.submit_once(self.engine, keys[i], inputs[i])
-        t0 = time.perf_counter()
-        for i in range(n):
-            _run, created = workloads.one_step.submit_once(self.engine, keys[i], inputs[i])
-            assert not created
-        f.cyclone.append((time.perf_counter() - t0) / n * 1e6)
+
+            def once(i: int) -> None:
+                _run, created = workloads.one_step.submit_once(self.engine, keys[i], inputs[i])
+                assert not created
+
+            rates = interleaved({"raw": (raw, n), "cyclone": (once, n)})
+        f.raw.append(1e6 / rates["raw"])
+        f.cyclone.append(1e6 / rates["cyclone"])
 
     # c. batches ----------------------------------------------------------------------------
 
@@ -475,60 +479,59 @@ class Bench:
             False,
             raw_label="raw LISTEN/NOTIFY ping-pong",
         )
-        # raw: a LISTEN/NOTIFY worker process and a client that LISTENs for done.
+        # Both idle workers run at once and the tries alternate, so that both sides see
+        # the same stretch of the VM's commit latency: a raw LISTEN/NOTIFY worker process
+        # with a client that LISTENs for done, and an idle cyclone Worker.run() process.
         stop = self.mp.Event()
+        raw_out: Any = self.mp.Queue()
+        raw_proc = self.mp.Process(target=procs.raw_serve, args=(self.dsn, stop, raw_out))
         out: Any = self.mp.Queue()
-        p = self.mp.Process(target=procs.raw_serve, args=(self.dsn, stop, out))
-        p.start()
+        cyc_proc = self.mp.Process(
+            target=procs.cyclone_serve, args=(self.sa_url, self.concurrency, out)
+        )
+        raw_proc.start()
+        cyc_proc.start()
+        raw_samples: list[float] = []
+        samples: list[float] = []
         try:
+            raw_out.get(timeout=60)
             out.get(timeout=60)
+            time.sleep(0.5)
             with self.raw_conn() as conn:
                 conn.execute("LISTEN raw_job_done")
                 for i in range(5):
                     procs.raw_ping(conn, -i)
                     time.sleep(0.05)
-                samples = []
-                for i in range(tries):
-                    samples.append(procs.raw_ping(conn, i) * 1e3)
+                    self._ping(f"e-{r}-w{i}", i)
                     time.sleep(0.05)
-        finally:
-            stop.set()
-            p.join(timeout=10)
-            if p.is_alive():
-                p.terminate()
-                p.join()
-        med.raw.append(statistics.median(samples))
-        p99.raw.append(percentile(samples, 99))
-        # cyclone: an idle Worker.run() in another process.
-        out = self.mp.Queue()
-        p = self.mp.Process(target=procs.cyclone_serve, args=(self.sa_url, self.concurrency, out))
-        p.start()
-        try:
-            out.get(timeout=60)
-            time.sleep(0.5)
-            for i in range(5):
-                self._ping(f"e-{r}-w{i}", i)
-                time.sleep(0.05)
-            samples = []
-            with self.counting() as counter:
                 for i in range(tries):
+                    raw_samples.append(procs.raw_ping(conn, i) * 1e3)
+                    time.sleep(0.05)
                     samples.append(self._ping(f"e-{r}-{i}", i) * 1e3)
                     time.sleep(0.05)
             if r == 0:
-                self.statements["submit -> result() (client side)"] = counter.per(tries)
+                self._ping(f"e-{r}-cw", 0, self.counted)  # its listener listens from here on
+                with self.counting() as counter:
+                    for i in range(10):
+                        self._ping(f"e-{r}-c{i}", i, self.counted)
+                self.statements["submit -> result() (client side)"] = counter.per(10)
         finally:
-            if p.pid is not None:
-                p.terminate()  # SIGTERM: Worker.run() finishes and returns
-            p.join(timeout=15)
-            if p.is_alive():
-                p.kill()
-                p.join()
+            stop.set()
+            if cyc_proc.pid is not None:
+                cyc_proc.terminate()  # SIGTERM: Worker.run() finishes and returns
+            for proc in (raw_proc, cyc_proc):
+                proc.join(timeout=15)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
+        med.raw.append(statistics.median(raw_samples))
+        p99.raw.append(percentile(raw_samples, 99))
         med.cyclone.append(statistics.median(samples))
         p99.cyclone.append(percentile(samples, 99))
 
-    def _ping(self, key: str, i: int) -> float:
+    def _ping(self, key: str, i: int, engine: sa.Engine | None = None) -> float:
         t0 = time.perf_counter()
-        run, _created = workloads.ping.submit_once(self.engine, key, i)
+        run, _created = workloads.ping.submit_once(engine or self.engine, key, i)
         value = run.result(timeout=30)
         elapsed = time.perf_counter() - t0
         assert value == i
@@ -702,7 +705,7 @@ class Bench:
     @contextmanager
     def counting(self, engine: sa.Engine | None = None) -> Iterator[StatementCounter]:
         counter = StatementCounter()
-        target = engine or self.engine
+        target = engine or self.counted
         sa.event.listen(target, "begin", counter.on_begin)
         sa.event.listen(target, "commit", counter.on_commit)
         _COUNTERS.append(counter)
@@ -717,22 +720,22 @@ class Bench:
         one, five = workloads.one_step, workloads.five_step
         n = 50
         for i in range(5):
-            one.submit_once(self.engine, f"st-w{i}", workloads.payload(i))
+            one.submit_once(self.counted, f"st-w{i}", workloads.payload(i))
         with self.counting() as c:
             for i in range(n):
-                one.submit_once(self.engine, f"st-{i}", workloads.payload(i))
+                one.submit_once(self.counted, f"st-{i}", workloads.payload(i))
         self.statements["submit_once, new key (1-step)"] = c.per(n)
         with self.counting() as c:
             for i in range(n):
-                five.submit_once(self.engine, f"st-{i}", workloads.payload(i))
+                five.submit_once(self.counted, f"st-{i}", workloads.payload(i))
         self.statements["submit_once, new key (5-step)"] = c.per(n)
         with self.counting() as c:
             for i in range(n):
-                one.submit_once(self.engine, f"st-{i}", workloads.payload(i))
+                one.submit_once(self.counted, f"st-{i}", workloads.payload(i))
         self.statements["submit_once, existing key"] = c.per(n)
         items = [(f"stm-{i}", workloads.payload(i)) for i in range(1000)]
         with self.counting() as c:
-            one.submit_once_many(self.engine, items)
+            one.submit_once_many(self.counted, items)
         self.statements["submit_once_many, batch of 1,000 (per batch)"] = c.per(1)
         # The worker, in this process: standalone jobs, then 3-step workflow runs.
         jobs = 200
@@ -824,6 +827,31 @@ def classify(statement: str) -> str:
 
 
 # --- reporting -------------------------------------------------------------------------------
+
+
+CHUNKS = 20
+WARMUP = 20
+
+
+def interleaved(sides: dict[str, tuple[Callable[[int], None], int]]) -> dict[str, float]:
+    """Calls per second of each side, its ``n`` calls run in turns of ``n / CHUNKS``.
+
+    Taking turns spreads the VM's drifting commit latency over every side alike, where
+    one block after another would hand each side a different stretch of it. Each side
+    first makes ``WARMUP`` untimed calls (indexes from ``n`` up).
+    """
+    for fn, n in sides.values():
+        for i in range(n, n + WARMUP):
+            fn(i)
+    spent = dict.fromkeys(sides, 0.0)
+    for chunk in range(CHUNKS):
+        for name, (fn, n) in sides.items():
+            lo, hi = n * chunk // CHUNKS, n * (chunk + 1) // CHUNKS
+            t0 = time.perf_counter()
+            for i in range(lo, hi):
+                fn(i)
+            spent[name] += time.perf_counter() - t0
+    return {name: n / spent[name] for name, (_fn, n) in sides.items()}
 
 
 def percentile(values: Sequence[float], pct: float) -> float:
