@@ -29,6 +29,7 @@ from sqlalchemy import (
     or_,
     select,
     true,
+    union_all,
     update,
 )
 
@@ -73,6 +74,75 @@ def _one_of(column: Any, values: Sequence[str]) -> Any:
     return column.in_([const(v) for v in values]) if values else false()
 
 
+def _served(table: Any) -> Any:
+    """What a worker serves a job by: its workflow, or a standalone job's kind.
+
+    The claim index leads with this expression, so each workflow or kind a worker
+    serves is its own ordered range: available jobs of others are never read.
+    """
+    return func.coalesce(table.c.workflow, table.c.kind)
+
+
+def _pick(scope: Scope, limit: int) -> Any:
+    """Lock up to ``limit`` runnable jobs of ``scope``, in priority order, skipping locked ones.
+
+    One served key is one range of the claim index, read in order under ``LIMIT``. Several
+    are merged: each key's range in order (a Merge Append of index scans), then each
+    candidate is locked and re-checked on its row as it is reached, so only the rows
+    claimed (and those skipped as locked) are ever locked: rows locked and left would be
+    skipped by the other workers woken by the same NOTIFY, who would then sleep until
+    their next poll.
+    """
+    keys = sorted(set(scope.workflows) | set(scope.kinds))
+    runnable = (
+        jobs.c.state == const(JobState.AVAILABLE.value),
+        true() if scope.queues is None else _one_of(jobs.c.queue, scope.queues),
+        jobs.c.scheduled_at <= func.now(),
+        or_(
+            _one_of(jobs.c.workflow, scope.workflows),
+            and_(jobs.c.workflow.is_(None), _one_of(jobs.c.kind, scope.kinds)),
+        ),
+        or_(jobs.c.deadline.is_(None), jobs.c.deadline > func.now()),
+        or_(
+            jobs.c.run_id.is_(None),
+            exists().where(
+                runs.c.id == jobs.c.run_id, runs.c.state == const(RunState.RUNNING.value)
+            ),
+        ),
+    )
+    top: Any = literal_column(str(int(limit)))
+    if len(keys) <= 1:
+        return (
+            select(jobs.c.id)
+            .where(_served(jobs) == const(keys[0]) if keys else false(), *runnable)
+            .order_by(jobs.c.priority, jobs.c.scheduled_at, jobs.c.id)
+            .limit(top)
+            .with_for_update(skip_locked=True)
+        )
+    c = jobs.alias("c")
+    candidates = union_all(
+        *(
+            select(c.c.id, c.c.priority, c.c.scheduled_at)
+            .where(
+                _served(c) == const(key),
+                c.c.state == const(JobState.AVAILABLE.value),
+                true() if scope.queues is None else _one_of(c.c.queue, scope.queues),
+                c.c.scheduled_at <= func.now(),
+            )
+            .order_by(c.c.priority, c.c.scheduled_at, c.c.id)
+            for key in keys
+        )
+    ).subquery("cand")
+    return (
+        select(jobs.c.id)
+        .join_from(candidates, jobs, jobs.c.id == candidates.c.id)
+        .where(*runnable)
+        .order_by(candidates.c.priority, candidates.c.scheduled_at, candidates.c.id)
+        .limit(top)
+        .with_for_update(of=jobs, skip_locked=True)
+    )
+
+
 def claim_jobs_stmt(scope: Scope, limit: int, *, completing: bool = False) -> Any:
     """Claim up to ``limit`` runnable jobs of ``scope`` for the worker ``:me``.
 
@@ -81,30 +151,7 @@ def claim_jobs_stmt(scope: Scope, limit: int, *, completing: bool = False) -> An
     (running jobs, blocked dependents, their runs), all in one snapshot: a dependent they
     unblock is claimed by the next statement.
     """
-    queue_filter = true() if scope.queues is None else _one_of(jobs.c.queue, scope.queues)
-    workflow_filter = _one_of(jobs.c.workflow, scope.workflows)
-    kind_filter = _one_of(jobs.c.kind, scope.kinds)
-    scan = (
-        select(jobs.c.id, jobs.c.priority, jobs.c.scheduled_at)
-        .where(
-            jobs.c.state == const(JobState.AVAILABLE.value),
-            queue_filter,
-            jobs.c.scheduled_at <= func.now(),
-            or_(workflow_filter, and_(jobs.c.workflow.is_(None), kind_filter)),
-            or_(jobs.c.deadline.is_(None), jobs.c.deadline > func.now()),
-            or_(
-                jobs.c.run_id.is_(None),
-                exists().where(
-                    runs.c.id == jobs.c.run_id, runs.c.state == const(RunState.RUNNING.value)
-                ),
-            ),
-        )
-        .order_by(jobs.c.priority, jobs.c.scheduled_at, jobs.c.id)
-        .with_for_update(skip_locked=True)
-    )
-    # Lock only what is claimed: rows locked and left would be skipped by the other
-    # workers woken by the same NOTIFY, which would then sleep until their next poll.
-    picked = scan.limit(literal_column(str(int(limit)))).cte("picked")
+    picked = _pick(scope, limit).cte("picked")
     claimed = (
         update(jobs)
         .where(jobs.c.id == picked.c.id)

@@ -125,8 +125,11 @@ jobs = Table(
     CheckConstraint("attempt >= 0 AND attempt <= max_attempts", name="attempt"),
     CheckConstraint("(run_id IS NULL) = (workflow IS NULL)", name="run_or_standalone"),
 )
+# Led by what a worker serves (a run's workflow, a standalone job's kind), so that a claim
+# reads only its own workers' jobs: see revision cyclone_0003.
 Index(
-    "ix_cyclone_jobs_claim",
+    "ix_cyclone_jobs_claim_served",
+    func.coalesce(jobs.c.workflow, jobs.c.kind),
     jobs.c.priority,
     jobs.c.scheduled_at,
     jobs.c.id,

@@ -6,11 +6,13 @@ import threading
 import time
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
 import cyclone
+from cyclone import _claim
 from cyclone.schema import jobs
 from tests.conftest import wait_until
 
@@ -65,6 +67,75 @@ def test_a_lower_priority_number_runs_first(engine: sa.Engine, name: str) -> Non
             step.enqueue_tx(c, p, priority=p)
     assert cyclone.Worker(engine, steps=[step], concurrency=1).drain() == len(priorities)
     assert seen == sorted(priorities)
+
+
+def test_priorities_order_jobs_across_every_kind_a_worker_serves(
+    engine: sa.Engine, name: str
+) -> None:
+    seen: list[str] = []
+
+    def kind(suffix: str) -> cyclone.StandaloneStep[int, None]:
+        @cyclone.step(f"{name}.{suffix}")
+        def record(ctx: cyclone.StepContext, n: int) -> None:
+            seen.append(f"{suffix}{n}")
+
+        return record
+
+    a, b, c = kind("a"), kind("b"), kind("c")
+    with engine.begin() as conn:
+        for step, priorities in ((a, [4, 1]), (b, [3, 0]), (c, [5, 2])):
+            for p in priorities:
+                step.enqueue_tx(conn, p, priority=p)
+    assert cyclone.Worker(engine, steps=[a, b, c], concurrency=1).drain() == 6
+    assert seen == ["b0", "a1", "c2", "b3", "a4", "c5"]
+
+
+def claim_plan(engine: sa.Engine, scope: _claim.Scope) -> dict[str, Any]:
+    """EXPLAIN ANALYZE of the worker's claim statement for ``scope``, rolled back."""
+    stmt = _claim._fast_claim(scope, False, 10)
+    fairy = engine.raw_connection()
+    try:
+        driver = fairy.driver_connection
+        assert driver is not None
+        row = driver.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + stmt.sql,
+            {**stmt.defaults, "me": "explain", "items": "[]"},
+        ).fetchone()
+        driver.rollback()
+    finally:
+        fairy.close()
+    assert row is not None
+    plan: dict[str, Any] = row[0][0]["Plan"]
+    return plan
+
+
+@pytest.mark.parametrize("served", ["one kind", "kinds and a workflow"])
+def test_a_claim_reads_none_of_the_backlog_of_kinds_it_does_not_serve(
+    engine: sa.Engine, name: str, served: str
+) -> None:
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO cyclone_jobs (kind, queue, priority, state, args, max_attempts) "
+                "SELECT :kind, 'default', 0, 'available', to_jsonb(g), 1 "
+                "FROM generate_series(1, 20000) g"
+            ),
+            {"kind": f"{name}.foreign"},
+        )
+    mine, _seen = recorder(f"{name}.mine")
+    mine.enqueue(engine, 1, priority=0)  # behind all 20,000 in (priority, scheduled_at, id)
+    if served == "one kind":
+        scope = _claim.Scope(queues=None, workflows=(), kinds=(f"{name}.mine",))
+    else:
+        scope = _claim.Scope(
+            queues=None, workflows=(f"{name}.wf",), kinds=(f"{name}.mine", f"{name}.other")
+        )
+    plan = claim_plan(engine, scope)
+    assert plan["Actual Rows"] == 1
+    # The 20,000 foreign jobs fill some 200 pages; reading past them touches every one.
+    assert plan["Shared Hit Blocks"] + plan["Shared Read Blocks"] < 60
+    with engine.begin() as conn:
+        conn.execute(sa.delete(jobs).where(jobs.c.kind == f"{name}.foreign"))
 
 
 def test_equal_priorities_run_in_enqueue_order(engine: sa.Engine, name: str) -> None:
