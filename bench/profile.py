@@ -298,7 +298,7 @@ _VARIANTS: dict[str, tuple[str, Callable[[Any], Any]]] = {
         "without the runs' created_at indexes and the jobs' claim and (run_id, kind) ones",
         lambda c: c.execute(
             "DROP INDEX ix_cyclone_runs_created_at_id, ix_cyclone_runs_workflow_created_at_id, "
-            "ix_cyclone_jobs_claim, ix_cyclone_jobs_run_id_kind"
+            "ix_cyclone_jobs_claim_served, ix_cyclone_jobs_run_id_kind"
         ),
     ),
     "steps by trigger": (

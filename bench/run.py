@@ -428,6 +428,29 @@ class Bench:
             )
             self._expect(done, runs * 3, "cyclone workflow drain")
             steps.cyclone.append(rate)
+        # Reference (no goal): the same 1-process drain behind a backlog of another kind.
+        behind = self.fig(
+            "d-jobs-foreign",
+            f"  ref: no-op jobs, 1 proc, {FOREIGN:,} others' jobs queued",
+            "jobs/s",
+            True,
+            raw_label="raw SKIP LOCKED, 10/claim",
+        )
+        behind.raw = self.figures["d-jobs-1p"].raw
+        for kind, count in (("bench.foreign", FOREIGN), ("bench.noop", n)):
+            self.sql(
+                "INSERT INTO cyclone_jobs (kind, queue, priority, state, args, max_attempts) "
+                "SELECT %(kind)s, 'default', 0, 'available', to_jsonb(g), 3 "
+                "FROM generate_series(1, %(n)s) g",
+                kind=kind,
+                n=count,
+            )
+        self.analyze()
+        rate, done = self._spawn_drain(
+            procs.cyclone_drain, (self.sa_url, "jobs", self.concurrency), 1
+        )
+        self._expect(done, n, "cyclone jobs drain behind a foreign backlog")
+        behind.cyclone.append(rate)
 
     @staticmethod
     def _expect(done: int, wanted: int, what: str) -> None:
@@ -830,6 +853,7 @@ def classify(statement: str) -> str:
 
 
 CHUNKS = 20
+FOREIGN = 25_000
 WARMUP = 20
 
 
