@@ -7,12 +7,12 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Engine, bindparam, func, select, tuple_
+from sqlalchemy import Engine, bindparam, func, literal_column, select, tuple_
 
 from cyclone import _binds, _sweeper
 from cyclone.jobs import JOB_STATUS_COLUMNS, JobStatus, job_status_from_row
 from cyclone.runs import STATUS_COLUMNS, RunStatus, status_from_row
-from cyclone.schema import jobs, runs
+from cyclone.schema import LISTED_SINCE, jobs, runs
 from cyclone.states import JobState, RunState
 
 DEFAULT_PAGE = 100
@@ -55,7 +55,10 @@ class Client:
         stmt = select(*STATUS_COLUMNS)
         if workflow is not None:
             # Always true: it lets the planner use the partial (workflow, created_at, id) index.
-            stmt = stmt.where(runs.c.workflow == workflow, runs.c.created_at.is_not(None))
+            stmt = stmt.where(
+                runs.c.workflow == workflow,
+                runs.c.created_at > literal_column(LISTED_SINCE, runs.c.created_at.type),
+            )
         if state is not None:
             stmt = stmt.where(runs.c.state == RunState(state).value)
         if key is not None:

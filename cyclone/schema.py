@@ -40,6 +40,9 @@ NAMING_CONVENTION = {
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
+LISTED_SINCE = "'-infinity'::timestamp with time zone"
+"""The literal of the listing index's predicate; a listing states it to use the index."""
+
 
 def _in(column: str, values: Iterable[str]) -> str:
     return f"{column} IN ({', '.join(repr(str(v)) for v in sorted(values))})"
@@ -71,14 +74,16 @@ runs = Table(
 )
 Index("idx_runs_submit_key", runs.c.workflow, runs.c.submit_key, unique=True)
 Index("ix_cyclone_runs_created_at_id", runs.c.created_at, runs.c.id)
-# Partial on a predicate that is always true, so that a key lookup (which does not state it)
-# can never pick this index over the unique one: see revision cyclone_0002.
+# Partial on a predicate that is always true (created_at defaults to now()), so that a key
+# lookup, which does not state it, can never pick this index over the unique one; not
+# IS NOT NULL, which PostgreSQL 17 drops from queries on a NOT NULL column, leaving such
+# an index unmatched. See revisions cyclone_0002 and cyclone_0003.
 Index(
     "ix_cyclone_runs_workflow_created_at_id",
     runs.c.workflow,
     runs.c.created_at,
     runs.c.id,
-    postgresql_where=text("created_at IS NOT NULL"),
+    postgresql_where=text(f"created_at > {LISTED_SINCE}"),
 )
 Index(
     "ix_cyclone_runs_finalized_at",

@@ -6,12 +6,13 @@ import itertools
 import threading
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
 import cyclone
-from cyclone.schema import jobs
+from cyclone.schema import jobs, runs
 
 pytestmark = pytest.mark.usefixtures("clean_tables")
 
@@ -288,3 +289,33 @@ def test_count_jobs_returns_every_state_with_zeros(
         **dict.fromkeys(cyclone.JobState, 0),
         cyclone.JobState.AVAILABLE: 1,
     }
+
+
+def test_a_listing_by_workflow_reads_the_listing_index(engine: sa.Engine, name: str) -> None:
+    # The listing states the index's predicate as the same literal, so the planner can
+    # match it (a parameter would not prove it, nor would IS NOT NULL on PostgreSQL 17).
+    with engine.begin() as conn:
+        insert = sa.text(
+            "INSERT INTO cyclone_runs (workflow, input, graph, steps_remaining, created_at) "
+            "SELECT :wf, to_jsonb(g), '{}', 1, now() + g * interval '1 us' "
+            "FROM generate_series(1, :n) g"
+        )
+        conn.execute(insert, {"wf": name, "n": 20})
+        conn.execute(insert, {"wf": f"{name}-newer", "n": 5000})  # newer: the last to list
+        conn.execute(sa.text("ANALYZE cyclone_runs"))
+    sent: list[tuple[str, Any]] = []
+
+    def capture(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        sent.append((statement, parameters))
+
+    sa.event.listen(engine, "before_cursor_execute", capture)
+    try:
+        assert len(cyclone.Client(engine).list_runs(workflow=name, limit=5)) == 5
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", capture)
+    statement, parameters = next((s, p) for s, p in sent if "FROM cyclone_runs" in s)
+    with engine.connect() as conn:
+        plan = conn.exec_driver_sql("EXPLAIN " + statement, parameters).scalars().all()
+    assert any("ix_cyclone_runs_workflow_created_at_id" in line for line in plan), plan
+    with engine.begin() as conn:
+        conn.execute(sa.delete(runs).where(runs.c.workflow.in_([name, f"{name}-newer"])))

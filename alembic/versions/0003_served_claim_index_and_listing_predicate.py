@@ -1,4 +1,4 @@
-"""Lead the claim index with what a worker serves, so claims never read others' backlog.
+"""Claim index led by what a worker serves; a listing predicate PostgreSQL 17 keeps.
 
 Revision ID: cyclone_0003
 Revises: cyclone_0002
@@ -20,6 +20,11 @@ table, build it beforehand without blocking::
 
 and this revision keeps it (``IF NOT EXISTS``); drop it first if that build failed and
 left it invalid.
+
+The listing index ``(workflow, created_at, id)`` was partial on ``created_at IS NOT
+NULL`` (see cyclone_0002). PostgreSQL 17 removes that qual from queries, the column being
+NOT NULL, and then no longer matches the index to a listing. Its predicate is now
+``created_at > '-infinity'``, as true for every run and kept by every version.
 """
 
 from alembic import op
@@ -36,9 +41,19 @@ def upgrade() -> None:
         "(COALESCE(workflow, kind), priority, scheduled_at, id) WHERE state = 'available'"
     )
     op.execute("DROP INDEX ix_cyclone_jobs_claim")
+    _listing_index("created_at > '-infinity'::timestamp with time zone")
+
+
+def _listing_index(predicate: str) -> None:
+    op.execute("DROP INDEX ix_cyclone_runs_workflow_created_at_id")
+    op.execute(
+        "CREATE INDEX ix_cyclone_runs_workflow_created_at_id ON cyclone_runs "
+        f"(workflow, created_at, id) WHERE {predicate}"
+    )
 
 
 def downgrade() -> None:
+    _listing_index("created_at IS NOT NULL")
     op.execute(
         "CREATE INDEX ix_cyclone_jobs_claim ON cyclone_jobs (priority, scheduled_at, id) "
         "WHERE state = 'available'"
