@@ -359,7 +359,8 @@ class Worker:
                     left -= len(got)
         except Exception:
             self._jobs_run += len(outcomes) - len(unrecorded)
-            self._record_failures += 1
+            # Only a failure to record counts towards giving up on the outcomes.
+            self._record_failures = self._record_failures + 1 if unrecorded else 0
             if self._record_failures >= MAX_RECORD_TRIES and unrecorded:
                 # These jobs stop heartbeating, so another worker runs them again after
                 # rescue_after: at least once still holds, and this worker is not stuck.
