@@ -297,8 +297,9 @@ _VARIANTS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "no listing/claim indexes": (
         "without the runs' created_at indexes and the jobs' claim and (run_id, kind) ones",
         lambda c: c.execute(
-            "DROP INDEX ix_cyclone_runs_created_at_id, ix_cyclone_runs_workflow_created_at_id, "
-            "ix_cyclone_jobs_claim_served, ix_cyclone_jobs_run_id_kind"
+            "DROP INDEX ix_cyclone_runs_created_at_id, ix_cyclone_runs_listing, "
+            "ix_cyclone_jobs_claim_workflow, ix_cyclone_jobs_claim_kind, "
+            "ix_cyclone_jobs_run_id_kind"
         ),
     ),
     "steps by trigger": (

@@ -74,34 +74,44 @@ def _one_of(column: Any, values: Sequence[str]) -> Any:
     return column.in_([const(v) for v in values]) if values else false()
 
 
-def _served(table: Any) -> Any:
-    """What a worker serves a job by: its workflow, or a standalone job's kind.
+CANDIDATES_PER_CLAIMED = 4
+"""With several served keys, each key offers this many candidates per job to claim."""
 
-    The claim index leads with this expression, so each workflow or kind a worker
-    serves is its own ordered range: available jobs of others are never read.
+
+def _serves(table: Any, key: tuple[str, str]) -> Any:
+    """The jobs of one served key: a workflow's steps, or a standalone kind's jobs.
+
+    Each is a range of its own claim index (``ix_cyclone_jobs_claim_workflow`` or
+    ``ix_cyclone_jobs_claim_kind``), so a claim never reads the available jobs of
+    workflows and kinds its worker does not serve.
     """
-    return func.coalesce(table.c.workflow, table.c.kind)
+    what, name = key
+    if what == "workflow":
+        return table.c.workflow == const(name)
+    return and_(table.c.workflow.is_(None), table.c.kind == const(name))
 
 
 def _pick(scope: Scope, limit: int) -> Any:
     """Lock up to ``limit`` runnable jobs of ``scope``, in priority order, skipping locked ones.
 
-    One served key is one range of the claim index, read in order under ``LIMIT``. Several
-    are merged: each key's range in order (a Merge Append of index scans), then each
-    candidate is locked and re-checked on its row as it is reached, so only the rows
-    claimed (and those skipped as locked) are ever locked: rows locked and left would be
-    skipped by the other workers woken by the same NOTIFY, who would then sleep until
-    their next poll.
+    A single served key is one index range, read in order and locked row by row under
+    ``LIMIT``. Several are merged: each key offers its first ``CANDIDATES_PER_CLAIMED *
+    limit`` available jobs in order (its own ``LIMIT``, so each is an ordered index
+    scan, never a read and sort of its whole backlog), the candidates are merged in
+    priority order, and each is locked and re-checked on its row as it is reached. So
+    only rows claimed (or skipped as locked) are ever locked: rows locked and left would
+    be skipped by the other workers woken by the same NOTIFY, who would then sleep
+    until their next poll. A key whose first candidates are all taken by other workers
+    at that instant yields fewer jobs this cycle, and more on the next.
     """
-    keys = sorted(set(scope.workflows) | set(scope.kinds))
-    runnable = (
+    keys = sorted({("workflow", w) for w in scope.workflows} | {("kind", k) for k in scope.kinds})
+    available = (
         jobs.c.state == const(JobState.AVAILABLE.value),
         true() if scope.queues is None else _one_of(jobs.c.queue, scope.queues),
         jobs.c.scheduled_at <= func.now(),
-        or_(
-            _one_of(jobs.c.workflow, scope.workflows),
-            and_(jobs.c.workflow.is_(None), _one_of(jobs.c.kind, scope.kinds)),
-        ),
+    )
+    runnable = (
+        *available,
         or_(jobs.c.deadline.is_(None), jobs.c.deadline > func.now()),
         or_(
             jobs.c.run_id.is_(None),
@@ -110,33 +120,39 @@ def _pick(scope: Scope, limit: int) -> Any:
             ),
         ),
     )
+    order = (jobs.c.priority, jobs.c.scheduled_at, jobs.c.id)
     top: Any = literal_column(str(int(limit)))
     if len(keys) <= 1:
         return (
             select(jobs.c.id)
-            .where(_served(jobs) == const(keys[0]) if keys else false(), *runnable)
-            .order_by(jobs.c.priority, jobs.c.scheduled_at, jobs.c.id)
+            .where(_serves(jobs, keys[0]) if keys else false(), *runnable)
+            .order_by(*order)
             .limit(top)
             .with_for_update(skip_locked=True)
         )
     c = jobs.alias("c")
+    offered: Any = literal_column(str(int(limit) * CANDIDATES_PER_CLAIMED))
     candidates = union_all(
         *(
             select(c.c.id, c.c.priority, c.c.scheduled_at)
             .where(
-                _served(c) == const(key),
+                _serves(c, key),
                 c.c.state == const(JobState.AVAILABLE.value),
                 true() if scope.queues is None else _one_of(c.c.queue, scope.queues),
                 c.c.scheduled_at <= func.now(),
             )
             .order_by(c.c.priority, c.c.scheduled_at, c.c.id)
+            .limit(offered)
             for key in keys
         )
     ).subquery("cand")
     return (
         select(jobs.c.id)
         .join_from(candidates, jobs, jobs.c.id == candidates.c.id)
-        .where(*runnable)
+        .where(
+            or_(*(_serves(jobs, key) for key in keys)),
+            *runnable,
+        )
         .order_by(candidates.c.priority, candidates.c.scheduled_at, candidates.c.id)
         .limit(top)
         .with_for_update(of=jobs, skip_locked=True)

@@ -79,7 +79,7 @@ Index("ix_cyclone_runs_created_at_id", runs.c.created_at, runs.c.id)
 # IS NOT NULL, which PostgreSQL 17 drops from queries on a NOT NULL column, leaving such
 # an index unmatched. See revisions cyclone_0002 and cyclone_0003.
 Index(
-    "ix_cyclone_runs_workflow_created_at_id",
+    "ix_cyclone_runs_listing",
     runs.c.workflow,
     runs.c.created_at,
     runs.c.id,
@@ -130,15 +130,23 @@ jobs = Table(
     CheckConstraint("attempt >= 0 AND attempt <= max_attempts", name="attempt"),
     CheckConstraint("(run_id IS NULL) = (workflow IS NULL)", name="run_or_standalone"),
 )
-# Led by what a worker serves (a run's workflow, a standalone job's kind), so that a claim
-# reads only its own workers' jobs: see revision cyclone_0003.
+# The claim indexes, one range per workflow and per standalone kind, so that a claim reads
+# only the jobs its worker serves: see revision cyclone_0003.
 Index(
-    "ix_cyclone_jobs_claim_served",
-    func.coalesce(jobs.c.workflow, jobs.c.kind),
+    "ix_cyclone_jobs_claim_workflow",
+    jobs.c.workflow,
     jobs.c.priority,
     jobs.c.scheduled_at,
     jobs.c.id,
-    postgresql_where=text("state = 'available'"),
+    postgresql_where=text("state = 'available' AND workflow IS NOT NULL"),
+)
+Index(
+    "ix_cyclone_jobs_claim_kind",
+    jobs.c.kind,
+    jobs.c.priority,
+    jobs.c.scheduled_at,
+    jobs.c.id,
+    postgresql_where=text("state = 'available' AND workflow IS NULL"),
 )
 Index("ix_cyclone_jobs_run_id_kind", jobs.c.run_id, jobs.c.kind, unique=True)
 Index(

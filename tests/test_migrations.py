@@ -270,3 +270,38 @@ def test_concurrent_upgrade_from_processes(fresh_database: URL, fresh_engine: sa
         assert out.strip() == "ok"
     assert version_rows(fresh_engine) == [migrations.head_revision()]
     cyclone.check_schema(fresh_engine)
+
+
+CLAIM_KIND_INDEX = (
+    "CREATE INDEX {how} ix_cyclone_jobs_claim_kind ON cyclone_jobs "
+    "(kind, priority, scheduled_at, id) WHERE state = 'available' AND workflow IS NULL"
+)
+
+
+def test_an_index_built_beforehand_concurrently_is_kept(fresh_engine: sa.Engine) -> None:
+    cyclone.upgrade(fresh_engine, "cyclone_0002")
+    with fresh_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql(CLAIM_KIND_INDEX.format(how="CONCURRENTLY"))
+    cyclone.upgrade(fresh_engine)
+    assert version_rows(fresh_engine) == [migrations.head_revision()]
+    assert drift(fresh_engine) == []
+
+
+def test_an_invalid_index_left_by_a_failed_build_stops_the_upgrade(
+    fresh_engine: sa.Engine,
+) -> None:
+    cyclone.upgrade(fresh_engine, "cyclone_0002")
+    with fresh_engine.begin() as conn:
+        conn.exec_driver_sql(CLAIM_KIND_INDEX.format(how=""))
+        # What a CREATE INDEX CONCURRENTLY that failed half-way leaves behind.
+        conn.exec_driver_sql(
+            "UPDATE pg_index SET indisvalid = false "
+            "WHERE indexrelid = 'ix_cyclone_jobs_claim_kind'::regclass"
+        )
+    with pytest.raises(RuntimeError, match="ix_cyclone_jobs_claim_kind exists but is invalid"):
+        cyclone.upgrade(fresh_engine)
+    assert version_rows(fresh_engine) == ["cyclone_0002"]
+    with fresh_engine.begin() as conn:
+        conn.exec_driver_sql("DROP INDEX ix_cyclone_jobs_claim_kind")
+    cyclone.upgrade(fresh_engine)
+    assert drift(fresh_engine) == []
