@@ -8,8 +8,11 @@ round trip itself. Here the statement is compiled once by SQLAlchemy against the
 ``pool_pre_ping`` and pool events still apply), switches psycopg to autocommit, executes,
 and switches back. psycopg prepares the statement after ``prepare_threshold`` executions,
 as configured on the engine. Driver errors are raised as SQLAlchemy's ``DBAPIError``
-subclasses, as through a ``Connection``. SQLAlchemy's cursor events do not see these
-statements.
+subclasses, as through a ``Connection``.
+
+An engine with ``before_cursor_execute`` or ``after_cursor_execute`` listeners (SQL
+logging, OpenTelemetry's instrumentation) gets the same statements through an autocommit
+``Connection`` instead, so that its listeners see every one of them.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
-from sqlalchemy import Engine, Text, cast, literal_column, null
+from sqlalchemy import Connection, Engine, Text, cast, literal_column, null
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
 from sqlalchemy.sql import ClauseElement
@@ -100,9 +103,33 @@ def _wrap(
     )
 
 
+class Observed(Direct):
+    """The same statements through a SQLAlchemy ``Connection``, whose events see them."""
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, engine: Engine, conn: Connection) -> None:
+        self._engine = engine
+        self._conn = conn
+
+    def execute(self, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]:
+        result = self._conn.exec_driver_sql(stmt.sql, {**stmt.defaults, **params})
+        return [tuple(row) for row in result]
+
+
+def observed(engine: Engine) -> bool:
+    """Whether ``engine`` has listeners of the cursor events, which the driver path skips."""
+    dispatch = engine.dispatch
+    return bool(dispatch.before_cursor_execute) or bool(dispatch.after_cursor_execute)
+
+
 @contextmanager
 def connect(engine: Engine) -> Iterator[Direct]:
     """Check a connection out of ``engine``'s pool for a few autocommit statements."""
+    if observed(engine):
+        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            yield Observed(engine, conn)
+        return
     fairy = engine.raw_connection()
     try:
         driver = fairy.driver_connection

@@ -284,3 +284,30 @@ def test_an_idle_worker_is_woken_by_notify_not_its_poll_interval(
     finally:
         worker.stop()
     serving.join(10)
+
+
+def test_cursor_event_listeners_see_submit_claim_record_and_result(
+    database_url: sa.URL, name: str
+) -> None:
+    # An engine with cursor-event listeners (SQL logging, OpenTelemetry) gets the hot
+    # statements through a Connection, so that its listeners see every one of them.
+    engine = sa.create_engine(database_url)
+    seen: list[str] = []
+    sa.event.listen(
+        engine, "before_cursor_execute", lambda _c, _cur, statement, *_: seen.append(statement)
+    )
+    try:
+        wf = pricing(name)
+        run, created = wf.submit_once(engine, "order:1", Cart(items=[2, 3]))
+        assert created
+        assert any("INSERT INTO cyclone_runs" in s for s in seen)
+        assert cyclone.Worker(engine, workflows=[wf], sweep=False).drain() == 2
+        assert any("SKIP LOCKED" in s and "UPDATE cyclone_jobs" in s for s in seen)
+        assert any(s.startswith("WITH done AS") for s in seen)  # a success recorded
+        before = len(seen)
+        assert run.result(timeout=10) == Quote(total=5, count=2)
+        assert run.status().state == cyclone.RunState.COMPLETED
+        assert len(seen) >= before + 2
+    finally:
+        _notify.listener(engine).stop()
+        engine.dispose()
