@@ -22,7 +22,6 @@ from sqlalchemy import (
     and_,
     bindparam,
     cast,
-    exists,
     false,
     func,
     literal_column,
@@ -75,7 +74,8 @@ def _one_of(column: Any, values: Sequence[str]) -> Any:
 
 
 CANDIDATES_PER_CLAIMED = 4
-"""With several served keys, each key offers this many candidates per job to claim."""
+MIN_CANDIDATES = 256
+"""With several served keys, each key offers ``max(4 * limit, 256)`` candidates."""
 
 
 def _serves(table: Any, key: tuple[str, str]) -> Any:
@@ -91,56 +91,63 @@ def _serves(table: Any, key: tuple[str, str]) -> Any:
     return and_(table.c.workflow.is_(None), table.c.kind == const(name))
 
 
+def _runnable(table: Any, scope: Scope) -> tuple[Any, ...]:
+    """What makes an available job of ``scope`` runnable now, checked on ``table``'s row.
+
+    The run's state is read by a scalar probe of its primary key: an ``EXISTS`` here
+    becomes a hashed subplan once many jobs are estimated, which reads every running run
+    on every claim. A standalone job has no run (``run_or_standalone``), a step has one.
+    """
+    run_running = select(runs.c.state).where(
+        runs.c.id == table.c.run_id
+    ).scalar_subquery() == const(RunState.RUNNING.value)
+    run_check: Any
+    if not scope.workflows:
+        run_check = true()
+    elif not scope.kinds:
+        run_check = run_running
+    else:
+        run_check = or_(table.c.run_id.is_(None), run_running)
+    return (
+        table.c.state == const(JobState.AVAILABLE.value),
+        true() if scope.queues is None else _one_of(table.c.queue, scope.queues),
+        table.c.scheduled_at <= func.now(),
+        or_(table.c.deadline.is_(None), table.c.deadline > func.now()),
+        run_check,
+    )
+
+
 def _pick(scope: Scope, limit: int) -> Any:
     """Lock up to ``limit`` runnable jobs of ``scope``, in priority order, skipping locked ones.
 
     A single served key is one index range, read in order and locked row by row under
-    ``LIMIT``. Several are merged: each key offers its first ``CANDIDATES_PER_CLAIMED *
-    limit`` available jobs in order (its own ``LIMIT``, so each is an ordered index
-    scan, never a read and sort of its whole backlog), the candidates are merged in
-    priority order, and each is locked and re-checked on its row as it is reached. So
-    only rows claimed (or skipped as locked) are ever locked: rows locked and left would
-    be skipped by the other workers woken by the same NOTIFY, who would then sleep
-    until their next poll. A key whose first candidates are all taken by other workers
-    at that instant yields fewer jobs this cycle, and more on the next.
+    ``LIMIT``. Several are merged: each key offers its first ``max(4 * limit, 256)``
+    runnable-looking jobs in order (its own ``LIMIT``, so an ordered index scan, never a
+    read and sort of its whole backlog), the candidates are merged in priority order,
+    and each is locked and re-checked on its row as it is reached. So only rows claimed
+    (or skipped as locked) are ever locked: rows locked and left would be skipped by the
+    other workers woken by the same NOTIFY, who would then sleep until their next poll.
+    Candidates come from the statement's snapshot: a key whose offered jobs were all
+    taken by concurrent claims yields none this time (a drain claims once more before
+    it ends). The workflow and kind are not re-checked on the row (they never change):
+    stating them again would let the planner read whole index ranges.
     """
     keys = sorted({("workflow", w) for w in scope.workflows} | {("kind", k) for k in scope.kinds})
-    available = (
-        jobs.c.state == const(JobState.AVAILABLE.value),
-        true() if scope.queues is None else _one_of(jobs.c.queue, scope.queues),
-        jobs.c.scheduled_at <= func.now(),
-    )
-    runnable = (
-        *available,
-        or_(jobs.c.deadline.is_(None), jobs.c.deadline > func.now()),
-        or_(
-            jobs.c.run_id.is_(None),
-            exists().where(
-                runs.c.id == jobs.c.run_id, runs.c.state == const(RunState.RUNNING.value)
-            ),
-        ),
-    )
-    order = (jobs.c.priority, jobs.c.scheduled_at, jobs.c.id)
     top: Any = literal_column(str(int(limit)))
     if len(keys) <= 1:
         return (
             select(jobs.c.id)
-            .where(_serves(jobs, keys[0]) if keys else false(), *runnable)
-            .order_by(*order)
+            .where(_serves(jobs, keys[0]) if keys else false(), *_runnable(jobs, scope))
+            .order_by(jobs.c.priority, jobs.c.scheduled_at, jobs.c.id)
             .limit(top)
             .with_for_update(skip_locked=True)
         )
     c = jobs.alias("c")
-    offered: Any = literal_column(str(int(limit) * CANDIDATES_PER_CLAIMED))
+    offered: Any = literal_column(str(max(int(limit) * CANDIDATES_PER_CLAIMED, MIN_CANDIDATES)))
     candidates = union_all(
         *(
             select(c.c.id, c.c.priority, c.c.scheduled_at)
-            .where(
-                _serves(c, key),
-                c.c.state == const(JobState.AVAILABLE.value),
-                true() if scope.queues is None else _one_of(c.c.queue, scope.queues),
-                c.c.scheduled_at <= func.now(),
-            )
+            .where(_serves(c, key), *_runnable(c, Scope(scope.queues, (), ())))
             .order_by(c.c.priority, c.c.scheduled_at, c.c.id)
             .limit(offered)
             for key in keys
@@ -149,10 +156,7 @@ def _pick(scope: Scope, limit: int) -> Any:
     return (
         select(jobs.c.id)
         .join_from(candidates, jobs, jobs.c.id == candidates.c.id)
-        .where(
-            or_(*(_serves(jobs, key) for key in keys)),
-            *runnable,
-        )
+        .where(*_runnable(jobs, scope))
         .order_by(candidates.c.priority, candidates.c.scheduled_at, candidates.c.id)
         .limit(top)
         .with_for_update(of=jobs, skip_locked=True)
@@ -189,6 +193,8 @@ def claim_jobs_stmt(scope: Scope, limit: int, *, completing: bool = False) -> An
             jobs.c.deadline,
             jobs.c.deps,
             jobs.c.args,
+            jobs.c.priority,
+            jobs.c.scheduled_at,
         )
         .cte("claimed")
     )
@@ -213,6 +219,9 @@ def claim_jobs_stmt(scope: Scope, limit: int, *, completing: bool = False) -> An
         cast(func.coalesce(runs.c.input, claimed.c.args), Text),
         outputs,
     ).select_from(claimed.outerjoin(runs, runs.c.id == claimed.c.run_id))
+    # RETURNING follows the update's plan, not the claim's order: the worker starts jobs
+    # in the order given here, so a concurrency-1 worker runs them by priority.
+    stmt = stmt.order_by(claimed.c.priority, claimed.c.scheduled_at, claimed.c.id)
     if completing:
         for cte in _completion.complete_jobs_ctes():
             stmt = stmt.add_cte(cte)
@@ -243,7 +252,7 @@ def _claimed(row: Sequence[Any]) -> Claimed:
 
 
 def record_and_claim(
-    conn: _fastpath.Direct,
+    conn: _fastpath.Executor,
     *,
     worker_id: str,
     successes: Sequence[_completion.Success],

@@ -256,6 +256,7 @@ class Worker:
         """
         poll_due = 0.0
         woken = True
+        confirmed = len(self.workflows) + len(self.steps) <= 1
         while True:
             if self._batching():
                 self._maintain(force=False, sweep=not until_idle)  # heartbeats go on
@@ -289,7 +290,14 @@ class Worker:
                 woken = True
                 continue
             if not self._inflight and not claimed and (until_idle or self._stopping.is_set()):
+                # A claim over several served keys draws its candidates from its snapshot;
+                # a drain ends only after a second one, in a new snapshot, finds none.
+                if until_idle and not self._stopping.is_set() and not confirmed:
+                    confirmed = True
+                    continue
                 return
+            if claimed or outcomes:
+                confirmed = len(self.workflows) + len(self.steps) <= 1
             if claimed and len(claimed) >= sum(free.values()) and self._free():
                 continue  # a full batch: more may be waiting
             self._maintain(force=False, sweep=not until_idle)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,7 +14,7 @@ import sqlalchemy as sa
 
 import cyclone
 from cyclone import _claim
-from cyclone.schema import jobs
+from cyclone.schema import jobs, runs
 from tests.conftest import wait_until
 
 
@@ -173,6 +174,96 @@ def test_a_claim_over_several_kinds_reads_a_few_jobs_of_each_not_its_whole_backl
     finally:
         with engine.begin() as conn:
             conn.execute(sa.delete(jobs).where(jobs.c.kind.startswith(f"{name}.")))
+
+
+def plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    yield node
+    for child in node.get("Plans", []):
+        yield from plan_nodes(child)
+
+
+def add_running_runs(engine: sa.Engine, workflow: str, runs_: int, available_steps: int) -> None:
+    """``runs_`` running runs of ``workflow``; the first ``available_steps`` have a step to run."""
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO cyclone_runs (workflow, input, graph, steps_remaining) "
+                "SELECT :wf, to_jsonb(g), '{}', 1 FROM generate_series(1, :n) g"
+            ),
+            {"wf": workflow, "n": runs_},
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO cyclone_jobs (run_id, workflow, kind, queue, priority, state, "
+                "max_attempts) SELECT id, workflow, 'only', 'default', 0, 'available', 1 "
+                "FROM cyclone_runs r WHERE workflow = :wf AND NOT EXISTS "
+                "(SELECT FROM cyclone_jobs j WHERE j.run_id = r.id) LIMIT :n"
+            ),
+            {"wf": workflow, "n": available_steps},
+        )
+
+
+def test_a_claim_of_a_workflow_probes_its_runs_never_scans_every_running_run(
+    engine: sa.Engine, name: str
+) -> None:
+    # An EXISTS on the run became a hashed subplan that read every running run per claim.
+    try:
+        add_running_runs(engine, f"{name}.other", 20000, 0)
+        add_running_runs(engine, f"{name}.wf", 3000, 3000)
+        with engine.begin() as conn:
+            conn.execute(sa.text("ANALYZE cyclone_jobs, cyclone_runs"))
+        scope = _claim.Scope(queues=None, workflows=(f"{name}.wf",), kinds=())
+        plan = claim_plan(engine, scope)
+        assert plan["Actual Rows"] == 10
+        picked = picking(plan)
+        assert not any("hashed" in n.get("Subplan Name", "") for n in plan_nodes(picked))
+        assert pages(picked) < 100
+    finally:
+        with engine.begin() as conn:
+            conn.execute(sa.delete(runs).where(runs.c.workflow.startswith(f"{name}.")))
+
+
+def test_a_claim_over_a_workflow_and_kinds_stays_small_after_a_burst_on_stale_statistics(
+    engine: sa.Engine, name: str
+) -> None:
+    # Statistics taken on a near-empty queue, then a burst: the merged claim must still
+    # read a few candidates of each key, not a bitmap of every key's whole range.
+    try:
+        with engine.begin() as conn:  # history: finished jobs make the table large
+            conn.execute(
+                sa.text(
+                    "INSERT INTO cyclone_jobs (kind, queue, priority, state, max_attempts, "
+                    "finalized_at) SELECT :kind, 'default', 0, 'completed', 1, now() "
+                    "FROM generate_series(1, 100000)"
+                ),
+                {"kind": f"{name}.history"},
+            )
+        add_running_runs(engine, f"{name}.wf", 20, 20)
+        for suffix in ("a", "b"):
+            add_available_jobs(engine, f"{name}.{suffix}", 20)
+        with engine.begin() as conn:
+            conn.execute(sa.text("ANALYZE cyclone_jobs, cyclone_runs"))
+        add_running_runs(engine, f"{name}.wf", 5000, 5000)
+        for suffix in ("a", "b"):
+            add_available_jobs(engine, f"{name}.{suffix}", 20000)
+        scope = _claim.Scope(
+            queues=None, workflows=(f"{name}.wf",), kinds=(f"{name}.a", f"{name}.b")
+        )
+        plan = claim_plan(engine, scope)
+        assert plan["Actual Rows"] == 10
+        picked = picking(plan)
+        kinds = {n["Node Type"] for n in plan_nodes(picked)}
+        assert not kinds & {"BitmapOr", "Sort", "Hash Join"}, kinds
+        assert not any(
+            n["Node Type"] == "Bitmap Index Scan" and n["Index Name"].startswith("ix_cyclone_jobs")
+            for n in plan_nodes(picked)
+        )
+        assert pages(picked) < 150
+    finally:
+        with engine.begin() as conn:
+            conn.execute(sa.delete(jobs).where(jobs.c.kind.startswith(f"{name}.")))
+            conn.execute(sa.delete(runs).where(runs.c.workflow.startswith(f"{name}.")))
+            conn.execute(sa.text("ANALYZE cyclone_jobs, cyclone_runs"))
 
 
 def test_equal_priorities_run_in_enqueue_order(engine: sa.Engine, name: str) -> None:
