@@ -10,16 +10,18 @@ and switches back. psycopg prepares the statement after ``prepare_threshold`` ex
 as configured on the engine. Driver errors are raised as SQLAlchemy's ``DBAPIError``
 subclasses, as through a ``Connection``.
 
-An engine with ``before_cursor_execute`` or ``after_cursor_execute`` listeners (SQL
-logging, OpenTelemetry's instrumentation) gets the same statements through an autocommit
-``Connection`` instead, so that its listeners see every one of them.
+An engine that logs its SQL (``echo=True``, or the ``sqlalchemy.engine`` logger at INFO)
+or has ``before_cursor_execute`` / ``after_cursor_execute`` listeners (OpenTelemetry's
+instrumentation, for one) gets the same statements through an autocommit ``Connection``
+instead, so that its log and listeners see every one of them.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 from sqlalchemy import Connection, Engine, Text, cast, literal_column, null
@@ -66,6 +68,12 @@ class Compiled:
         }
 
 
+class Executor(Protocol):
+    """Runs :class:`Compiled` statements, each its own transaction."""
+
+    def execute(self, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]: ...
+
+
 class Direct:
     """A pooled psycopg connection in autocommit mode, for :class:`Compiled` statements."""
 
@@ -103,13 +111,12 @@ def _wrap(
     )
 
 
-class Observed(Direct):
-    """The same statements through a SQLAlchemy ``Connection``, whose events see them."""
+class Observed:
+    """The same statements through a SQLAlchemy ``Connection``, whose log and events see them."""
 
     __slots__ = ("_conn",)
 
-    def __init__(self, engine: Engine, conn: Connection) -> None:
-        self._engine = engine
+    def __init__(self, conn: Connection) -> None:
         self._conn = conn
 
     def execute(self, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]:
@@ -117,18 +124,27 @@ class Observed(Direct):
         return [tuple(row) for row in result]
 
 
+_SQL_LOG = logging.getLogger("sqlalchemy.engine.Engine")
+
+
 def observed(engine: Engine) -> bool:
-    """Whether ``engine`` has listeners of the cursor events, which the driver path skips."""
+    """Whether ``engine`` logs SQL or has cursor-event listeners, which the driver path skips."""
     dispatch = engine.dispatch
-    return bool(dispatch.before_cursor_execute) or bool(dispatch.after_cursor_execute)
+    return (
+        bool(dispatch.before_cursor_execute)
+        or bool(dispatch.after_cursor_execute)
+        or bool(engine.echo)
+        or _SQL_LOG.isEnabledFor(logging.INFO)
+    )
 
 
 @contextmanager
-def connect(engine: Engine) -> Iterator[Direct]:
+def connect(engine: Engine) -> Iterator[Executor]:
     """Check a connection out of ``engine``'s pool for a few autocommit statements."""
     if observed(engine):
-        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            yield Observed(engine, conn)
+        with engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+            yield Observed(conn)
         return
     fairy = engine.raw_connection()
     try:

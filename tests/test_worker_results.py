@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -310,4 +311,17 @@ def test_cursor_event_listeners_see_submit_claim_record_and_result(
         assert len(seen) >= before + 2
     finally:
         _notify.listener(engine).stop()
+        engine.dispose()
+
+
+def test_an_engine_that_logs_its_sql_logs_the_submit_statement(
+    database_url: sa.URL, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = sa.create_engine(database_url)
+    try:
+        with caplog.at_level(logging.INFO, logger="sqlalchemy.engine.Engine"):
+            _run, created = pricing(name).submit_once(engine, "order:1", Cart(items=[1]))
+        assert created
+        assert any("INSERT INTO cyclone_runs" in r.getMessage() for r in caplog.records)
+    finally:
         engine.dispose()
