@@ -272,6 +272,12 @@ def test_concurrent_upgrade_from_processes(fresh_database: URL, fresh_engine: sa
     cyclone.check_schema(fresh_engine)
 
 
+def index_oid(engine: sa.Engine, name: str) -> int:
+    with engine.connect() as conn:
+        oid = conn.execute(sa.text("SELECT CAST(:n AS regclass)::oid"), {"n": name})
+        return int(oid.scalar_one())
+
+
 CLAIM_KIND_INDEX = (
     "CREATE INDEX {how} ix_cyclone_jobs_claim_kind ON cyclone_jobs "
     "(kind, priority, scheduled_at, id) WHERE state = 'available' AND workflow IS NULL"
@@ -282,8 +288,10 @@ def test_an_index_built_beforehand_concurrently_is_kept(fresh_engine: sa.Engine)
     cyclone.upgrade(fresh_engine, "cyclone_0002")
     with fresh_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.exec_driver_sql(CLAIM_KIND_INDEX.format(how="CONCURRENTLY"))
+    built = index_oid(fresh_engine, "ix_cyclone_jobs_claim_kind")
     cyclone.upgrade(fresh_engine)
     assert version_rows(fresh_engine) == [migrations.head_revision()]
+    assert index_oid(fresh_engine, "ix_cyclone_jobs_claim_kind") == built
     assert drift(fresh_engine) == []
 
 

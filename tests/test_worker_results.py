@@ -309,6 +309,11 @@ def test_cursor_event_listeners_see_submit_claim_record_and_result(
         assert run.result(timeout=10) == Quote(total=5, count=2)
         assert run.status().state == cyclone.RunState.COMPLETED
         assert len(seen) >= before + 2
+        fairy = engine.raw_connection()  # handed back as the pool lends it: no autocommit
+        try:
+            assert getattr(fairy.driver_connection, "autocommit", None) is False
+        finally:
+            fairy.close()
     finally:
         _notify.listener(engine).stop()
         engine.dispose()
