@@ -973,6 +973,7 @@ def chart(figures: Sequence[Figure], path: Path, meta: dict[str, Any]) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     goals = [f for f in figures if f.goal is not None and f.goal_ratio]
     rate = [f for f in figures if f.higher_is_better and f.raw and not f.id.startswith("a-ref")]
@@ -1005,9 +1006,10 @@ def chart(figures: Sequence[Figure], path: Path, meta: dict[str, Any]) -> None:
         ax.set_yticks(list(ys), [f"{f.title}\n[{f.unit}; vs {f.raw_label}]" for f in figs])
         ax.invert_yaxis()
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels overlap on short ranges
         ax.set_xlabel(unit)
         ax.set_title(title)
-        ax.legend(loc="lower right")
+        ax.legend(loc="best")
 
     grouped(axes[1], rate, "per second, log scale (higher is better)", "Throughput")
     grouped(axes[2], lat, "µs / ms, log scale (lower is better)", "Latency")
