@@ -122,6 +122,17 @@ def pages(node: dict[str, Any]) -> int:
     return int(node["Shared Hit Blocks"] + node["Shared Read Blocks"])
 
 
+@pytest.fixture
+def own_rows(engine: sa.Engine, name: str) -> Iterator[None]:
+    """Delete the jobs and runs a test bulk-loaded under its name, then ANALYZE (as
+    autovacuum would), so that later tests do not plan on this one's statistics."""
+    yield
+    with engine.begin() as conn:
+        conn.execute(sa.delete(jobs).where(jobs.c.kind.startswith(f"{name}.")))
+        conn.execute(sa.delete(runs).where(runs.c.workflow.startswith(f"{name}.")))
+        conn.execute(sa.text("ANALYZE cyclone_jobs, cyclone_runs"))
+
+
 def add_available_jobs(engine: sa.Engine, kind: str, n: int) -> None:
     with engine.begin() as conn:
         conn.execute(
@@ -136,44 +147,38 @@ def add_available_jobs(engine: sa.Engine, kind: str, n: int) -> None:
 
 @pytest.mark.parametrize("served", ["one kind", "kinds and a workflow"])
 def test_a_claim_reads_none_of_the_backlog_of_kinds_it_does_not_serve(
-    engine: sa.Engine, name: str, served: str
+    engine: sa.Engine, name: str, own_rows: None, served: str
 ) -> None:
-    try:
-        add_available_jobs(engine, f"{name}.foreign", 20000)
-        mine, _seen = recorder(f"{name}.mine")
-        mine.enqueue(engine, 1, priority=0)  # behind all 20,000 in (priority, scheduled_at, id)
-        if served == "one kind":
-            scope = _claim.Scope(queues=None, workflows=(), kinds=(f"{name}.mine",))
-        else:
-            scope = _claim.Scope(
-                queues=None, workflows=(f"{name}.wf",), kinds=(f"{name}.mine", f"{name}.other")
-            )
-        plan = claim_plan(engine, scope)
-        assert plan["Actual Rows"] == 1
-        # The 20,000 foreign jobs fill some 200 pages; reading past them touches every one.
-        assert pages(picking(plan)) < 30
-    finally:
-        with engine.begin() as conn:
-            conn.execute(sa.delete(jobs).where(jobs.c.kind.startswith(f"{name}.")))
+    add_available_jobs(engine, f"{name}.foreign", 20000)
+    mine, _seen = recorder(f"{name}.mine")
+    mine.enqueue(engine, 1, priority=0)  # behind all 20,000 in (priority, scheduled_at, id)
+    with engine.begin() as conn:  # as autovacuum would after the load
+        conn.execute(sa.text("ANALYZE cyclone_jobs"))
+    if served == "one kind":
+        scope = _claim.Scope(queues=None, workflows=(), kinds=(f"{name}.mine",))
+    else:
+        scope = _claim.Scope(
+            queues=None, workflows=(f"{name}.wf",), kinds=(f"{name}.mine", f"{name}.other")
+        )
+    plan = claim_plan(engine, scope)
+    assert plan["Actual Rows"] == 1
+    # The 20,000 foreign jobs fill some 200 pages; reading past them touches every one.
+    assert pages(picking(plan)) < 30
 
 
 def test_a_claim_over_several_kinds_reads_a_few_jobs_of_each_not_its_whole_backlog(
-    engine: sa.Engine, name: str
+    engine: sa.Engine, name: str, own_rows: None
 ) -> None:
     # Each served kind offers a few candidates in order; none is read and sorted whole.
-    try:
-        for suffix in ("a", "b"):
-            add_available_jobs(engine, f"{name}.{suffix}", 20000)
-        with engine.begin() as conn:
-            conn.execute(sa.text("ANALYZE cyclone_jobs"))
-        scope = _claim.Scope(queues=None, workflows=(), kinds=(f"{name}.a", f"{name}.b"))
-        plan = claim_plan(engine, scope)
-        assert plan["Actual Rows"] == 10
-        # Reading either kind's 20,000 jobs whole would touch hundreds of pages.
-        assert pages(picking(plan)) < 100
-    finally:
-        with engine.begin() as conn:
-            conn.execute(sa.delete(jobs).where(jobs.c.kind.startswith(f"{name}.")))
+    for suffix in ("a", "b"):
+        add_available_jobs(engine, f"{name}.{suffix}", 20000)
+    with engine.begin() as conn:
+        conn.execute(sa.text("ANALYZE cyclone_jobs"))
+    scope = _claim.Scope(queues=None, workflows=(), kinds=(f"{name}.a", f"{name}.b"))
+    plan = claim_plan(engine, scope)
+    assert plan["Actual Rows"] == 10
+    # Reading either kind's 20,000 jobs whole would touch hundreds of pages.
+    assert pages(picking(plan)) < 100
 
 
 def plan_nodes(node: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -204,66 +209,54 @@ def add_running_runs(engine: sa.Engine, workflow: str, runs_: int, available_ste
 
 
 def test_a_claim_of_a_workflow_probes_its_runs_never_scans_every_running_run(
-    engine: sa.Engine, name: str
+    engine: sa.Engine, name: str, own_rows: None
 ) -> None:
     # An EXISTS on the run became a hashed subplan that read every running run per claim.
-    try:
-        add_running_runs(engine, f"{name}.other", 20000, 0)
-        add_running_runs(engine, f"{name}.wf", 3000, 3000)
-        with engine.begin() as conn:
-            conn.execute(sa.text("ANALYZE cyclone_jobs, cyclone_runs"))
-        scope = _claim.Scope(queues=None, workflows=(f"{name}.wf",), kinds=())
-        plan = claim_plan(engine, scope)
-        assert plan["Actual Rows"] == 10
-        picked = picking(plan)
-        assert not any("hashed" in n.get("Subplan Name", "") for n in plan_nodes(picked))
-        assert pages(picked) < 100
-    finally:
-        with engine.begin() as conn:
-            conn.execute(sa.delete(runs).where(runs.c.workflow.startswith(f"{name}.")))
+    add_running_runs(engine, f"{name}.other", 20000, 0)
+    add_running_runs(engine, f"{name}.wf", 3000, 3000)
+    with engine.begin() as conn:
+        conn.execute(sa.text("ANALYZE cyclone_jobs, cyclone_runs"))
+    scope = _claim.Scope(queues=None, workflows=(f"{name}.wf",), kinds=())
+    plan = claim_plan(engine, scope)
+    assert plan["Actual Rows"] == 10
+    picked = picking(plan)
+    assert not any("hashed" in n.get("Subplan Name", "") for n in plan_nodes(picked))
+    assert pages(picked) < 100
 
 
 def test_a_claim_over_a_workflow_and_kinds_stays_small_after_a_burst_on_stale_statistics(
-    engine: sa.Engine, name: str
+    engine: sa.Engine, name: str, own_rows: None
 ) -> None:
     # Statistics taken on a near-empty queue, then a burst: the merged claim must still
     # read a few candidates of each key, not a bitmap of every key's whole range.
-    try:
-        with engine.begin() as conn:  # history: finished jobs make the table large
-            conn.execute(
-                sa.text(
-                    "INSERT INTO cyclone_jobs (kind, queue, priority, state, max_attempts, "
-                    "finalized_at) SELECT :kind, 'default', 0, 'completed', 1, now() "
-                    "FROM generate_series(1, 100000)"
-                ),
-                {"kind": f"{name}.history"},
-            )
-        add_running_runs(engine, f"{name}.wf", 20, 20)
-        for suffix in ("a", "b"):
-            add_available_jobs(engine, f"{name}.{suffix}", 20)
-        with engine.begin() as conn:
-            conn.execute(sa.text("ANALYZE cyclone_jobs, cyclone_runs"))
-        add_running_runs(engine, f"{name}.wf", 5000, 5000)
-        for suffix in ("a", "b"):
-            add_available_jobs(engine, f"{name}.{suffix}", 20000)
-        scope = _claim.Scope(
-            queues=None, workflows=(f"{name}.wf",), kinds=(f"{name}.a", f"{name}.b")
+    with engine.begin() as conn:  # history: finished jobs make the table large
+        conn.execute(
+            sa.text(
+                "INSERT INTO cyclone_jobs (kind, queue, priority, state, max_attempts, "
+                "finalized_at) SELECT :kind, 'default', 0, 'completed', 1, now() "
+                "FROM generate_series(1, 100000)"
+            ),
+            {"kind": f"{name}.history"},
         )
-        plan = claim_plan(engine, scope)
-        assert plan["Actual Rows"] == 10
-        picked = picking(plan)
-        kinds = {n["Node Type"] for n in plan_nodes(picked)}
-        assert not kinds & {"BitmapOr", "Sort", "Hash Join"}, kinds
-        assert not any(
-            n["Node Type"] == "Bitmap Index Scan" and n["Index Name"].startswith("ix_cyclone_jobs")
-            for n in plan_nodes(picked)
-        )
-        assert pages(picked) < 150
-    finally:
-        with engine.begin() as conn:
-            conn.execute(sa.delete(jobs).where(jobs.c.kind.startswith(f"{name}.")))
-            conn.execute(sa.delete(runs).where(runs.c.workflow.startswith(f"{name}.")))
-            conn.execute(sa.text("ANALYZE cyclone_jobs, cyclone_runs"))
+    add_running_runs(engine, f"{name}.wf", 20, 20)
+    for suffix in ("a", "b"):
+        add_available_jobs(engine, f"{name}.{suffix}", 20)
+    with engine.begin() as conn:
+        conn.execute(sa.text("ANALYZE cyclone_jobs, cyclone_runs"))
+    add_running_runs(engine, f"{name}.wf", 5000, 5000)
+    for suffix in ("a", "b"):
+        add_available_jobs(engine, f"{name}.{suffix}", 20000)
+    scope = _claim.Scope(queues=None, workflows=(f"{name}.wf",), kinds=(f"{name}.a", f"{name}.b"))
+    plan = claim_plan(engine, scope)
+    assert plan["Actual Rows"] == 10
+    picked = picking(plan)
+    kinds = {n["Node Type"] for n in plan_nodes(picked)}
+    assert not kinds & {"BitmapOr", "Sort", "Hash Join"}, kinds
+    assert not any(
+        n["Node Type"] == "Bitmap Index Scan" and n["Index Name"].startswith("ix_cyclone_jobs")
+        for n in plan_nodes(picked)
+    )
+    assert pages(picked) < 150
 
 
 def test_equal_priorities_run_in_enqueue_order(engine: sa.Engine, name: str) -> None:
