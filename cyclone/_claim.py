@@ -68,6 +68,11 @@ class Scope:
     workflows: tuple[str, ...]
     kinds: tuple[str, ...]
 
+    @property
+    def merges(self) -> bool:
+        """Whether a claim merges several served keys (candidates from one snapshot)."""
+        return len(self.workflows) + len(self.kinds) > 1
+
 
 def _one_of(column: Any, values: Sequence[str]) -> Any:
     return column.in_([const(v) for v in values]) if values else false()
@@ -91,6 +96,16 @@ def _serves(table: Any, key: tuple[str, str]) -> Any:
     return and_(table.c.workflow.is_(None), table.c.kind == const(name))
 
 
+def _available(table: Any, queues: tuple[str, ...] | None) -> tuple[Any, ...]:
+    """An available job of ``queues`` (None: any) that is due and not past its deadline."""
+    return (
+        table.c.state == const(JobState.AVAILABLE.value),
+        true() if queues is None else _one_of(table.c.queue, queues),
+        table.c.scheduled_at <= func.now(),
+        or_(table.c.deadline.is_(None), table.c.deadline > func.now()),
+    )
+
+
 def _runnable(table: Any, scope: Scope) -> tuple[Any, ...]:
     """What makes an available job of ``scope`` runnable now, checked on ``table``'s row.
 
@@ -98,23 +113,13 @@ def _runnable(table: Any, scope: Scope) -> tuple[Any, ...]:
     becomes a hashed subplan once many jobs are estimated, which reads every running run
     on every claim. A standalone job has no run (``run_or_standalone``), a step has one.
     """
+    if not scope.workflows:
+        return _available(table, scope.queues)
     run_running = select(runs.c.state).where(
         runs.c.id == table.c.run_id
     ).scalar_subquery() == const(RunState.RUNNING.value)
-    run_check: Any
-    if not scope.workflows:
-        run_check = true()
-    elif not scope.kinds:
-        run_check = run_running
-    else:
-        run_check = or_(table.c.run_id.is_(None), run_running)
-    return (
-        table.c.state == const(JobState.AVAILABLE.value),
-        true() if scope.queues is None else _one_of(table.c.queue, scope.queues),
-        table.c.scheduled_at <= func.now(),
-        or_(table.c.deadline.is_(None), table.c.deadline > func.now()),
-        run_check,
-    )
+    run_check = run_running if not scope.kinds else or_(table.c.run_id.is_(None), run_running)
+    return (*_available(table, scope.queues), run_check)
 
 
 def _pick(scope: Scope, limit: int) -> Any:
@@ -134,7 +139,7 @@ def _pick(scope: Scope, limit: int) -> Any:
     """
     keys = sorted({("workflow", w) for w in scope.workflows} | {("kind", k) for k in scope.kinds})
     top: Any = literal_column(str(int(limit)))
-    if len(keys) <= 1:
+    if not scope.merges:
         return (
             select(jobs.c.id)
             .where(_serves(jobs, keys[0]) if keys else false(), *_runnable(jobs, scope))
@@ -147,7 +152,7 @@ def _pick(scope: Scope, limit: int) -> Any:
     candidates = union_all(
         *(
             select(c.c.id, c.c.priority, c.c.scheduled_at)
-            .where(_serves(c, key), *_runnable(c, Scope(scope.queues, (), ())))
+            .where(_serves(c, key), *_available(c, scope.queues))
             .order_by(c.c.priority, c.c.scheduled_at, c.c.id)
             .limit(offered)
             for key in keys

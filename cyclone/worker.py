@@ -256,7 +256,8 @@ class Worker:
         """
         poll_due = 0.0
         woken = True
-        confirmed = len(self.workflows) + len(self.steps) <= 1
+        merges = self._scope("*").merges
+        confirmed = not merges
         while True:
             if self._batching():
                 self._maintain(force=False, sweep=not until_idle)  # heartbeats go on
@@ -297,7 +298,7 @@ class Worker:
                     continue
                 return
             if claimed or outcomes:
-                confirmed = len(self.workflows) + len(self.steps) <= 1
+                confirmed = not merges
             if claimed and len(claimed) >= sum(free.values()) and self._free():
                 continue  # a full batch: more may be waiting
             self._maintain(force=False, sweep=not until_idle)

@@ -45,15 +45,14 @@ def upgrade() -> None:
     for name, definition in NEW_INDEXES.items():
         op.execute(f"CREATE INDEX IF NOT EXISTS {name} ON {definition}")
         # A DO block, so that `cyclone migrate --sql` output checks it too.
+        message = (
+            f"index {name} exists but is invalid (a failed CREATE INDEX CONCURRENTLY?): "
+            f"DROP INDEX {name}; then upgrade again"
+        )
         op.execute(
-            f"""
-            DO $$ BEGIN
-                IF NOT (SELECT indisvalid FROM pg_index WHERE indexrelid = '{name}'::regclass)
-                THEN RAISE EXCEPTION 'index {name} exists but is invalid (a failed CREATE INDEX
-                    CONCURRENTLY?): DROP INDEX {name}; then upgrade again';
-                END IF;
-            END $$
-            """
+            f"DO $$ BEGIN IF NOT (SELECT indisvalid FROM pg_index "
+            f"WHERE indexrelid = '{name}'::regclass) THEN RAISE EXCEPTION '{message}'; "
+            f"END IF; END $$"
         )
     op.execute("DROP INDEX ix_cyclone_jobs_claim")
     op.execute("DROP INDEX ix_cyclone_runs_workflow_created_at_id")
