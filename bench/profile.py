@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import sys
 import threading
@@ -271,6 +272,12 @@ CREATE TRIGGER bench_runs_inserted AFTER INSERT ON cyclone_runs
 """
 
 
+_INSERT_TRIGGER = """
+CREATE TRIGGER cyclone_jobs_inserted AFTER INSERT ON cyclone_jobs
+    FOR EACH ROW WHEN (NEW.state = 'available') EXECUTE FUNCTION cyclone_notify_job_changed();
+"""
+
+
 def _drop_checks(conn: Any) -> None:
     for table in ("cyclone_runs", "cyclone_jobs"):
         names = conn.execute(
@@ -283,9 +290,10 @@ def _drop_checks(conn: Any) -> None:
 
 _VARIANTS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "cyclone": ("the schema and statement as shipped", lambda c: None),
-    "no insert trigger": (
-        "without the NOTIFY trigger on new jobs",
-        lambda c: c.execute("DROP TRIGGER cyclone_jobs_inserted ON cyclone_jobs"),
+    "no NOTIFY": ("without the pg_notify of the new available job", lambda c: None),
+    "NOTIFY by trigger": (
+        "the row trigger that notified before revision cyclone_0004",
+        lambda c: c.execute(_INSERT_TRIGGER),
     ),
     "no foreign key": (
         "without cyclone_jobs.run_id -> cyclone_runs",
@@ -312,9 +320,10 @@ _VARIANTS: dict[str, tuple[str, Callable[[Any], Any]]] = {
 def parts(url: str, n: int) -> None:
     """What the new-key and existing-key statement costs on the server, part by part.
 
-    Each variant lives in its own database (cyclone's schema, then one change); calls go
-    round-robin over the variants and the raw baseline, so a swing of the VM's commit
-    latency hits all of them alike. Times are per call from the client, medians.
+    Each variant lives in its own database (cyclone's schema, then one change) and has
+    its own connection; each round calls every variant and the raw baseline once, in a
+    new random order, so a swing of the VM's commit latency hits all of them alike.
+    Times are per call from the client, medians.
     """
     import json
 
@@ -326,6 +335,8 @@ def parts(url: str, n: int) -> None:
         + "\n"
         + full[full.index(" SELECT ins.id, true") :]
     )
+    notify = full.index(" RETURNING CASE WHEN (cyclone_jobs.state")
+    silent = full[:notify] + full[full.index(" AS notified", notify) + len(" AS notified") :]
     created: list[Any] = []
     conns: dict[str, tuple[psycopg.Connection[Any], str | None]] = {}
     try:
@@ -339,8 +350,12 @@ def parts(url: str, n: int) -> None:
             engine.dispose()
             c = psycopg.connect(run.conninfo(db), autocommit=True)
             change(c)
-            conns[label] = (c, run_only if label == "steps by trigger" else full)
-        conns["raw psycopg"] = (conns["cyclone"][0], None)
+            conns[label] = (c, {"steps by trigger": run_only}.get(label, full))
+            if label in ("no NOTIFY", "NOTIFY by trigger"):
+                conns[label] = (c, silent)
+        # The baseline gets a connection of its own: a backend that ran the previous call
+        # is warmer, so sharing one, or a fixed order, favours one side.
+        conns["raw psycopg"] = (psycopg.connect(run.conninfo(created[0]), autocommit=True), None)
         params = {"input": json.dumps(workloads.payload(1)), "deadline_at": None}
         params |= {"deadline_in": None, "retention": None}
 
@@ -353,8 +368,11 @@ def parts(url: str, n: int) -> None:
         results: dict[str, dict[str, float]] = defaultdict(dict)
         for phase in ("new key", "existing key"):
             samples: dict[str, list[float]] = defaultdict(list)
+            order = list(conns)
             for i in range(n):
-                for label, (c, sql) in conns.items():
+                random.shuffle(order)
+                for label in order:
+                    c, sql = conns[label]
                     t0 = time.perf_counter()
                     call(c, sql, f"k{i}")
                     samples[label].append(time.perf_counter() - t0)
@@ -369,9 +387,10 @@ def parts(url: str, n: int) -> None:
             row = c.execute("SELECT pg_current_wal_insert_lsn() - %s::pg_lsn", before).fetchone()
             assert row is not None
             wal[label] = float(row[0]) / 200
-        print(f"{n} calls per variant and phase, round-robin, medians (us per call)")
+        print(f"{n} calls per variant and phase, in random order, medians (us per call)")
         print(f"{'variant':<26} {'new key':>8} {'existing':>9} {'WAL B/new':>10}  what")
-        for label, by in results.items():
+        for label in conns:
+            by = results[label]
             what = _VARIANTS[label][0] if label in _VARIANTS else "one INSERT ... ON CONFLICT"
             print(
                 f"{label:<26} {by['new key']:8.0f} {by['existing key']:9.0f} "

@@ -1,8 +1,10 @@
 """LISTEN/NOTIFY: channel names and one listener thread per engine.
 
-Notifications are sent by triggers (see the first alembic revision): new or re-queued
-jobs notify ``cyclone_jobs_available``; a run that ends, or a standalone job that ends
-(payload ``job:<id>``), notifies ``cyclone_run_finished``.
+New available jobs notify ``cyclone_jobs_available`` from the statements that insert
+them (:func:`when_available`); triggers (see the first alembic revision) notify the same
+channel for jobs that become available by an update (unblocked, retried, rescued), and
+``cyclone_run_finished`` for a run that ends or a standalone job that ends (payload
+``job:<id>``).
 
 A notification is a doorbell, never the message: whoever is woken re-reads the tables,
 and every waiter keeps a slow poll as the fallback for a lost connection.
@@ -21,7 +23,10 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from sqlalchemy import Engine
+from sqlalchemy import Engine, case, func
+
+from cyclone._fastpath import const
+from cyclone.states import JobState
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +39,17 @@ RECENT_FINISHED = 16384
 
 
 Callback = Callable[[str], None]
+
+
+def when_available(state: Any) -> Any:
+    """A ``RETURNING`` column of an insert into ``cyclone_jobs``: NOTIFY for an available job.
+
+    One ``pg_notify`` in the statement costs about 70 us less than the row trigger that
+    did it before revision cyclone_0004; PostgreSQL folds repeats within a transaction.
+    """
+    return case(
+        (state == const(JobState.AVAILABLE.value), func.pg_notify(const(JOBS_AVAILABLE), const("")))
+    ).label("notified")
 
 
 class Listener:

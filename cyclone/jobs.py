@@ -24,7 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, insert
 
-from cyclone import _binds, _codec, errors
+from cyclone import _binds, _codec, _notify, errors
 from cyclone.runs import wait_until_finished
 from cyclone.schema import jobs
 from cyclone.states import ACTIVE_JOB_STATES, TERMINAL_JOB_STATES, JobState
@@ -99,7 +99,7 @@ def insert_job_stmt() -> Any:
         .on_conflict_do_nothing(
             index_elements=[jobs.c.kind, jobs.c.unique_key], index_where=_UNIQUE_WHERE
         )
-        .returning(jobs.c.id)
+        .returning(jobs.c.id, _notify.when_available(jobs.c.state))
     )
 
 

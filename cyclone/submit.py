@@ -39,7 +39,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 
-from cyclone import _binds, _fastpath, _graph, _keys, errors
+from cyclone import _binds, _fastpath, _graph, _keys, _notify, errors
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
 
@@ -147,36 +147,47 @@ class _Consts:
         )
 
     def _insert_jobs_stmt(self, inserted: Any) -> Any:
-        """Insert one job per step of every run in ``inserted`` (a CTE with id and deadline)."""
+        """Insert one job per step of every run in ``inserted`` (a CTE with id and deadline).
+
+        Its ``RETURNING`` rings NOTIFY for each step available at once: the CTE's rows are
+        never read, but PostgreSQL runs a data-modifying CTE, and its ``RETURNING``, to the end.
+        """
         steps = self._step_rows()
-        return insert(jobs).from_select(
-            [
-                jobs.c.run_id,
-                jobs.c.workflow,
-                jobs.c.kind,
-                jobs.c.queue,
-                jobs.c.priority,
-                jobs.c.state,
-                jobs.c.deps,
-                jobs.c.pending_deps,
-                jobs.c.max_attempts,
-                jobs.c.deadline,
-            ],
-            select(
-                inserted.c.id,
-                inserted.c.workflow,
-                steps.c.kind,
-                steps.c.queue,
-                steps.c.priority,
-                case(
-                    (steps.c.pending == _const(0, Integer), _const(JobState.AVAILABLE.value, Text)),
-                    else_=_const(JobState.BLOCKED.value, Text),
-                ),
-                cast(steps.c.deps, ARRAY(Text)),
-                steps.c.pending,
-                steps.c.max_attempts,
-                inserted.c.deadline,
-            ).select_from(inserted.join(steps, true())),
+        return (
+            insert(jobs)
+            .from_select(
+                [
+                    jobs.c.run_id,
+                    jobs.c.workflow,
+                    jobs.c.kind,
+                    jobs.c.queue,
+                    jobs.c.priority,
+                    jobs.c.state,
+                    jobs.c.deps,
+                    jobs.c.pending_deps,
+                    jobs.c.max_attempts,
+                    jobs.c.deadline,
+                ],
+                select(
+                    inserted.c.id,
+                    inserted.c.workflow,
+                    steps.c.kind,
+                    steps.c.queue,
+                    steps.c.priority,
+                    case(
+                        (
+                            steps.c.pending == _const(0, Integer),
+                            _const(JobState.AVAILABLE.value, Text),
+                        ),
+                        else_=_const(JobState.BLOCKED.value, Text),
+                    ),
+                    cast(steps.c.deps, ARRAY(Text)),
+                    steps.c.pending,
+                    steps.c.max_attempts,
+                    inserted.c.deadline,
+                ).select_from(inserted.join(steps, true())),
+            )
+            .returning(_notify.when_available(jobs.c.state))
         )
 
     def _run_values(self) -> dict[str, Any]:

@@ -114,6 +114,16 @@ def test_upgrade_on_a_fresh_database_creates_the_schema(fresh_engine: sa.Engine)
         "cyclone_notify_job_changed",
         "cyclone_notify_run_finished",
     }
+    # New jobs notify from cyclone's insert statements (cyclone_0004), not by trigger.
+    assert objects["triggers"] == {"cyclone_jobs_state_changed", "cyclone_runs_finished"}
+
+
+def test_downgrade_from_0004_restores_the_insert_trigger(fresh_engine: sa.Engine) -> None:
+    cyclone.upgrade(fresh_engine)
+    cyclone.downgrade(fresh_engine, "cyclone_0003")
+    assert "cyclone_jobs_inserted" in cyclone_objects(fresh_engine)["triggers"]
+    cyclone.upgrade(fresh_engine)
+    assert "cyclone_jobs_inserted" not in cyclone_objects(fresh_engine)["triggers"]
 
 
 def test_upgrade_twice_is_fine(fresh_engine: sa.Engine) -> None:

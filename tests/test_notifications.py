@@ -1,0 +1,107 @@
+"""NOTIFY cyclone_jobs_available: every insert of an available job rings it, on commit only."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+import cyclone
+from cyclone import _notify
+from tests.support.factories import workflow
+
+
+@pytest.fixture
+def listening(database_url: sa.URL) -> Iterator[psycopg.Connection[Any]]:
+    """A connection that LISTENs on cyclone_jobs_available, with nothing pending."""
+    conninfo = database_url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(f'LISTEN "{_notify.JOBS_AVAILABLE}"')
+        received(conn, 0.05, quiet=0.05)
+        yield conn
+
+
+def received(conn: psycopg.Connection[Any], timeout: float, quiet: float = 0.3) -> int:
+    """How many notifications ``conn`` gets: the first within ``timeout`` seconds, then
+    any more until none came for ``quiet`` seconds."""
+    count = sum(1 for _ in conn.notifies(timeout=timeout, stop_after=1))
+    while count and any(True for _ in conn.notifies(timeout=quiet, stop_after=1)):
+        count += 1
+    return count
+
+
+def standalone(name: str) -> cyclone.StandaloneStep[Any, Any]:
+    @cyclone.step(f"{name}.job")
+    def job(ctx: cyclone.StepContext, args: Any) -> None:
+        return None
+
+    return job
+
+
+BIND_FORMS: dict[str, Callable[[sa.Engine, str], Any]] = {
+    "submit": lambda e, n: workflow(n, 3).submit(e, {"n": 1}),
+    "submit_once": lambda e, n: workflow(n, 3).submit_once(e, "k", {"n": 1}),
+    "submit_once_many": lambda e, n: workflow(n, 3).submit_once_many(
+        e, [("a", {"n": 1}), ("b", {"n": 2})]
+    ),
+    "enqueue": lambda e, n: standalone(n).enqueue(e, {"n": 1}),
+    "Client.submit_once": lambda e, n: workflow(n).submit_once(cyclone.Client(e), "k", 1),
+}
+
+
+@pytest.mark.parametrize("form", sorted(BIND_FORMS))
+def test_a_new_available_job_notifies(
+    engine: sa.Engine, name: str, listening: psycopg.Connection[Any], form: str
+) -> None:
+    BIND_FORMS[form](engine, name)
+    assert received(listening, 2.0) == 1
+
+
+TX_FORMS: dict[str, Callable[[sa.Connection, str], Any]] = {
+    "submit_tx": lambda c, n: workflow(n, 2).submit_tx(c, {"n": 1}),
+    "submit_once_tx": lambda c, n: workflow(n, 2).submit_once_tx(c, "k", {"n": 1}),
+    "enqueue_tx": lambda c, n: standalone(n).enqueue_tx(c, {"n": 1}),
+}
+
+
+@pytest.mark.parametrize("form", sorted(TX_FORMS))
+def test_a_job_inserted_in_the_callers_transaction_notifies_only_on_commit(
+    engine: sa.Engine, name: str, listening: psycopg.Connection[Any], form: str
+) -> None:
+    with engine.connect() as conn, conn.begin():
+        TX_FORMS[form](conn, name)
+        assert received(listening, 0.3) == 0
+    assert received(listening, 2.0) == 1
+
+
+def test_a_rolled_back_submit_does_not_notify(
+    engine: sa.Engine, name: str, listening: psycopg.Connection[Any]
+) -> None:
+    with Session(engine) as session:
+        workflow(name).submit_once_tx(session, "k", {"n": 1})
+        session.rollback()
+    assert received(listening, 0.5) == 0
+
+
+def test_a_duplicate_submit_does_not_notify(
+    engine: sa.Engine, name: str, listening: psycopg.Connection[Any]
+) -> None:
+    wf = workflow(name)
+    wf.submit_once(engine, "k", {"n": 1})
+    assert received(listening, 2.0) == 1
+    _run, created = wf.submit_once(engine, "k", {"n": 1})
+    assert not created
+    assert received(listening, 0.5) == 0
+
+
+def test_one_notification_per_transaction_however_many_jobs(
+    engine: sa.Engine, name: str, listening: psycopg.Connection[Any]
+) -> None:
+    # PostgreSQL folds equal notifications of one transaction: a batch of 50 runs wakes
+    # the workers once, not 50 times.
+    workflow(name).submit_once_many(engine, [(f"k{i}", {"n": i}) for i in range(50)])
+    assert received(listening, 1.0) == 1
