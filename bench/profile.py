@@ -288,6 +288,19 @@ def _drop_checks(conn: Any) -> None:
             conn.execute(f"ALTER TABLE {table} DROP CONSTRAINT {name}")
 
 
+def _merge_checks(conn: Any) -> None:
+    for table in ("cyclone_runs", "cyclone_jobs"):
+        rows = conn.execute(
+            "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
+            "WHERE conrelid = %s::regclass AND contype = 'c'",
+            (table,),
+        ).fetchall()
+        for name, _ in rows:
+            conn.execute(f"ALTER TABLE {table} DROP CONSTRAINT {name}")
+        body = " AND ".join(d.removeprefix("CHECK ") for _, d in rows)
+        conn.execute(f"ALTER TABLE {table} ADD CONSTRAINT {table}_all CHECK ({body})")
+
+
 _VARIANTS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "cyclone": ("the schema and statement as shipped", lambda c: None),
     "no NOTIFY": ("without the pg_notify of the new available job", lambda c: None),
@@ -295,6 +308,7 @@ _VARIANTS: dict[str, tuple[str, Callable[[Any], Any]]] = {
         "the row trigger that notified before revision cyclone_0004",
         lambda c: c.execute(_INSERT_TRIGGER),
     ),
+    "checks merged (experiment)": ("each table's CHECKs as one constraint", _merge_checks),
     "no foreign key": (
         "without cyclone_jobs.run_id -> cyclone_runs",
         lambda c: c.execute(

@@ -32,6 +32,7 @@ from sqlalchemy import (
     exists,
     false,
     func,
+    literal_column,
     select,
     true,
     union_all,
@@ -223,15 +224,24 @@ class _Consts:
     def insert_run_once_stmt(self) -> Any:
         """Insert the run of a key unless one exists, else read that run and compare inputs.
 
-        Rows: ``(id, created, same_input)``. The insert comes first: its conflict check
-        waits for a transaction that holds the key (inserting or purging it) and sees the
-        outcome, where a read would see the snapshot. No row means another transaction
-        committed the key after this statement's snapshot: read it with
-        :func:`select_run_by_key_stmt`.
+        Rows: ``(id, created, same_input)``. The insert is skipped for a run of the key
+        that no transaction can be deleting (:func:`_settled_run`), which spares a
+        duplicate the insert's per-row work (its CHECK constraints, the speculative
+        insertion): about 45 us, a duplicate then costs what a plain lookup does. Else
+        the insert comes first: its conflict check waits for a transaction that holds
+        the key (inserting or purging it) and sees the outcome, where a read would see
+        the snapshot. No row means another transaction committed the key after this
+        statement's snapshot: read it with :func:`select_run_by_key_stmt`.
         """
+        values_ = {"submit_key": bindparam("key", type_=Text), **self._run_values()}
         inserted = (
             insert(runs)
-            .values(submit_key=bindparam("key", type_=Text), **self._run_values())
+            .from_select(
+                list(values_),
+                select(*(v.label(k) for k, v in values_.items())).where(
+                    ~exists(_settled_run(_const(self.workflow, Text)))
+                ),
+            )
             .on_conflict_do_nothing(index_elements=[runs.c.workflow, runs.c.submit_key])
             .returning(runs.c.id, runs.c.workflow, runs.c.deadline)
             .cte("ins")
@@ -300,6 +310,25 @@ class _Consts:
             & ~exists().where(inserted.c.submit_key == items_cte.c.key),
         )
         return union_all(created, existing).add_cte(new_jobs)
+
+
+def _settled_run(workflow: Any) -> Select[Any]:
+    """The run of ``(workflow, :key)`` in the snapshot, if no transaction can be deleting it.
+
+    A deleting transaction, running or not, leaves its id in the row's ``xmax``. Here
+    ``xmax`` is unset, or the inserting transaction's own (the lock its foreign-key
+    check on the run's steps took; that transaction committed, the row being visible),
+    so no purge of the run is in flight; any other value takes the insert's path,
+    which waits for such a purge. A lock-only ``xmax`` of a live deleter cannot be
+    either: a delete waits for the key lockers it conflicts with and then writes its
+    own id.
+    """
+    held = runs.alias("held")
+    return select(held.c.id).where(
+        held.c.workflow == workflow,
+        held.c.submit_key == bindparam("key", type_=Text),
+        literal_column("held.xmax").in_([literal_column("'0'::xid"), literal_column("held.xmin")]),
+    )
 
 
 def _select_run_by_key(workflow: Any) -> Select[Any]:

@@ -555,3 +555,47 @@ def test_a_connection_lost_under_submit_once_is_discarded_by_the_pool(
         assert count_runs(engine, name) == 2
     finally:
         own.dispose()
+
+
+def test_a_duplicate_of_a_committed_run_does_not_attempt_the_insert(
+    engine: sa.Engine, name: str
+) -> None:
+    # A BEFORE INSERT trigger fires for every row an INSERT proposes, conflicting or
+    # not: the duplicate, fresh or after its run was updated, proposes none.
+    wf = workflow(name)
+    with engine.begin() as conn:
+        conn.execute(sa.text(f"CREATE SEQUENCE {name}_tries"))
+        conn.execute(
+            sa.text(
+                f"CREATE FUNCTION {name}_count() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                f"BEGIN IF NEW.workflow = '{name}' THEN PERFORM nextval('{name}_tries'); END IF; "
+                "RETURN NEW; END $$"
+            )
+        )
+        conn.execute(
+            sa.text(
+                f"CREATE TRIGGER {name}_count BEFORE INSERT ON cyclone_runs "
+                f"FOR EACH ROW EXECUTE FUNCTION {name}_count()"
+            )
+        )
+
+    def tries() -> int:
+        with engine.connect() as conn:
+            row = conn.execute(sa.text(f"SELECT last_value, is_called FROM {name}_tries")).one()
+            return int(row[0]) if row[1] else 0
+
+    try:
+        run, created = wf.submit_once(engine, "k", {"n": 1})
+        assert created
+        assert tries() == 1
+        assert wf.submit_once(engine, "k", {"n": 1}) == (run, False)
+        with engine.begin() as conn:
+            assert wf.submit_once_tx(conn, "k", {"n": 1}) == (run, False)
+        finish(engine, run.id, cyclone.RunState.COMPLETED)
+        assert wf.submit_once(engine, "k", {"n": 1}) == (run, False)
+        assert tries() == 1
+    finally:
+        with engine.begin() as conn:
+            conn.execute(sa.text(f"DROP TRIGGER {name}_count ON cyclone_runs"))
+            conn.execute(sa.text(f"DROP FUNCTION {name}_count()"))
+            conn.execute(sa.text(f"DROP SEQUENCE {name}_tries"))

@@ -272,3 +272,24 @@ def test_a_submit_waiting_on_a_purge_returns_the_new_run_not_the_purged_one(
     assert run_b.id != old.id
     assert run_b.status().key == "k"
     assert count_runs(engine, name, "k") == 1
+
+
+@pytest.mark.parametrize("lock", ["FOR UPDATE", "FOR KEY SHARE"])
+def test_a_duplicate_of_a_locked_run_returns_it_without_waiting(
+    engine: sa.Engine, name: str, lock: str
+) -> None:
+    # A row lock (a cancel holding the run, a foreign-key check) is not a purge: the
+    # duplicate takes the insert's path, whose conflict check does not wait for lockers.
+    wf = workflow(name)
+    run, _ = wf.submit_once(engine, "k", 1)
+    with engine.connect() as a:
+        a.begin()
+        a.execute(sa.text(f"SELECT 1 FROM cyclone_runs WHERE id = :id {lock}"), {"id": run.id})
+        pool, b = in_background(lambda: wf.submit_once(engine, "k", 1))
+        try:
+            again, created = b.result(timeout=10)
+        finally:
+            a.rollback()
+            pool.shutdown(wait=True)
+    assert again.id == run.id
+    assert created is False
