@@ -75,19 +75,28 @@ class Executor(Protocol):
 
 
 class Direct:
-    """A pooled psycopg connection in autocommit mode, for :class:`Compiled` statements."""
+    """A pooled psycopg connection in autocommit mode, for :class:`Compiled` statements.
 
-    __slots__ = ("_driver", "_engine")
+    Statements go through one cursor kept with the connection (in the pool's
+    per-connection ``info``, which lives as long as the DBAPI connection): a new cursor
+    per statement costs about 6 us of the hot paths' Python.
+    """
 
-    def __init__(self, engine: Engine, driver: psycopg.Connection[Any]) -> None:
+    __slots__ = ("_cursor", "_driver", "_engine")
+
+    def __init__(
+        self, engine: Engine, driver: psycopg.Connection[Any], cursor: psycopg.Cursor[Any]
+    ) -> None:
         self._engine = engine
         self._driver = driver
+        self._cursor = cursor
 
     def execute(self, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]:
         """Run one statement (its own transaction) and return its rows; it must return rows."""
         values = {**stmt.defaults, **params}
         try:
-            return self._driver.execute(stmt.sql, values).fetchall()
+            self._cursor.execute(stmt.sql, values)
+            return self._cursor.fetchall()
         except psycopg.Error as exc:
             lost = self._driver.closed or self._driver.broken
             raise _wrap(self._engine, stmt.sql, values, exc, lost) from exc
@@ -125,6 +134,7 @@ class Observed:
 
 
 _SQL_LOG = logging.getLogger("sqlalchemy.engine.Engine")
+_CURSOR = "cyclone.cursor"
 
 
 def observed(engine: Engine) -> bool:
@@ -160,8 +170,11 @@ def connect(engine: Engine) -> Iterator[Executor]:
         except psycopg.Error as exc:
             fairy.invalidate(exc)
             raise _wrap(engine, "SET autocommit", {}, exc, lost=True) from exc
+        cursor = fairy.info.get(_CURSOR)
+        if cursor is None or cursor.connection is not driver or cursor.closed:
+            cursor = fairy.info[_CURSOR] = driver.cursor()
         try:
-            yield Direct(engine, driver)
+            yield Direct(engine, driver, cursor)
         finally:
             if driver.closed or driver.broken:
                 fairy.invalidate()
