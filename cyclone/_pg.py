@@ -14,16 +14,22 @@ DEADLOCK_DETECTED = "40P01"
 MAX_DEADLOCK_RETRIES = 10
 
 
-def in_transaction_retrying_deadlocks(engine: Engine, work: Callable[[Connection], T]) -> T:
+def in_transaction_retrying_deadlocks(
+    bind: Engine | Connection, work: Callable[[Connection], T]
+) -> T:
     """Run ``work`` in a transaction of its own, again if PostgreSQL aborts it for a deadlock.
 
     User calls that lock a run and then its jobs (cancel, retry, purge) meet workers that
     lock a job and then its run; PostgreSQL breaks such a cycle by aborting one side, and
     when it is this side nothing was changed, so the transaction can simply run again.
+    A ``Connection`` (outside a transaction) runs each try in a transaction of its own.
     """
     for attempt in range(MAX_DEADLOCK_RETRIES + 1):
         try:
-            with engine.begin() as conn:
+            if isinstance(bind, Connection):
+                with bind.begin():
+                    return work(bind)
+            with bind.begin() as conn:
                 return work(conn)
         except DBAPIError as exc:
             sqlstate = getattr(exc.orig, "sqlstate", None)

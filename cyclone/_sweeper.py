@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from sqlalchemy import Engine, Interval, bindparam, delete, func, select
+from sqlalchemy import Connection, Engine, Interval, bindparam, delete, func, select
 
 from cyclone import _pg
 from cyclone.schema import jobs, runs
@@ -53,7 +53,7 @@ _PURGE_RUNS = purge_runs_stmt()
 _PURGE_JOBS = purge_jobs_stmt()
 
 
-def _purge(engine: Engine, stmt: object, older_than: timedelta, batch_size: int) -> int:
+def _purge(bind: Engine | Connection, stmt: object, older_than: timedelta, batch_size: int) -> int:
     if not isinstance(older_than, timedelta) or older_than < timedelta():
         raise ValueError("older_than must be a non-negative timedelta")
     if batch_size < 1:
@@ -63,7 +63,7 @@ def _purge(engine: Engine, stmt: object, older_than: timedelta, batch_size: int)
     while True:
         deleted = int(
             _pg.in_transaction_retrying_deadlocks(
-                engine,
+                bind,
                 lambda conn: conn.execute(stmt, params).rowcount,  # type: ignore[call-overload]
             )
         )
@@ -81,12 +81,21 @@ def purge_jobs(engine: Engine, older_than: timedelta, batch_size: int = DEFAULT_
 
 
 def sweep(engine: Engine, keep: timedelta, batch_size: int = DEFAULT_BATCH) -> tuple[int, int]:
-    """One sweep, if no other process is sweeping: (runs deleted, jobs deleted)."""
+    """One sweep, if no other process is sweeping: (runs deleted, jobs deleted).
+
+    The batches run on the connection that holds the lock, so a sweep takes one pool
+    connection, never a second while it holds the first.
+    """
     with engine.connect() as conn:
-        if not _pg.try_advisory_lock(conn, SWEEPER_LOCK):
+        taken = _pg.try_advisory_lock(conn, SWEEPER_LOCK)
+        conn.commit()
+        if not taken:
             return (0, 0)
         try:
-            return purge_runs(engine, keep, batch_size), purge_jobs(engine, keep, batch_size)
+            return (
+                _purge(conn, _PURGE_RUNS, keep, batch_size),
+                _purge(conn, _PURGE_JOBS, keep, batch_size),
+            )
         finally:
             _pg.advisory_unlock(conn, SWEEPER_LOCK)
             conn.commit()

@@ -302,6 +302,21 @@ def test_only_one_sweeper_sweeps_at_a_time(engine: sa.Engine, name: str) -> None
     assert existing(engine, [done]) == set()
 
 
+def test_a_sweep_takes_one_pool_connection(
+    engine: sa.Engine, database_url: sa.URL, name: str
+) -> None:
+    # It held one for its lock and asked for another per batch: a pool of one waited
+    # out its timeout, and blocked the application's calls meanwhile.
+    made = cancelled(engine, workflow(name), 3)
+    age(engine, made, "2 days")
+    one = sa.create_engine(database_url, pool_size=1, max_overflow=0, pool_timeout=2)
+    try:
+        assert _sweeper.sweep(one, timedelta(0), batch_size=2) == (3, 0)
+    finally:
+        one.dispose()
+    assert existing(engine, made) == set()
+
+
 def test_purge_and_sweeper_racing_submit_once_lose_no_run_and_never_share_a_key(
     engine: sa.Engine, client: cyclone.Client, name: str
 ) -> None:
