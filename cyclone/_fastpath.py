@@ -18,6 +18,7 @@ instead, so that its log and listeners see every one of them.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -158,12 +159,7 @@ def connect(engine: Engine) -> Iterator[Executor]:
         return
     fairy = engine.raw_connection()
     try:
-        driver = fairy.driver_connection
-        if not isinstance(driver, psycopg.Connection):
-            raise TypeError(
-                f"cyclone needs the psycopg (3) driver, got {engine.dialect.driver!r}: "
-                "use a postgresql+psycopg:// URL"
-            )
+        driver = _psycopg(engine, fairy.driver_connection)
         previous = driver.autocommit
         try:
             driver.autocommit = True
@@ -182,6 +178,76 @@ def connect(engine: Engine) -> Iterator[Executor]:
                 driver.autocommit = previous
     finally:
         fairy.close()
+
+
+class Held:
+    """A connection of its own for a long-lived loop's statements (a Worker's record and claim).
+
+    It is taken from the engine, so connect events apply, then detached from the pool,
+    so it holds no pool slot for the loop's lifetime; it stays in autocommit. Its
+    statements are prepared on first use and planned once, generically: a statement
+    whose executions are spread over the pool's connections is parsed, then planned
+    afresh (0.5 to 1 ms for a claim), about ten times on each before PostgreSQL keeps a
+    plan. Neither applies when the engine turns prepared statements off
+    (``prepare_threshold=None``, as behind PgBouncer in transaction mode). A lost
+    connection raises as on the pooled path, and the next statement opens a new one. An
+    engine whose SQL is logged or has cursor-event listeners gets pooled ``Connection``
+    calls instead (see :func:`connect`).
+    """
+
+    __slots__ = ("_cursor", "_engine", "_prepare")
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._cursor: psycopg.Cursor[Any] | None = None
+        self._prepare: bool | None = None
+
+    def execute(self, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]:
+        """Run one statement (its own transaction) and return its rows."""
+        if observed(self._engine):
+            with connect(self._engine) as conn:
+                return conn.execute(stmt, params)
+        cursor = self._cursor or self._open()
+        values = {**stmt.defaults, **params}
+        try:
+            cursor.execute(stmt.sql, values, prepare=self._prepare)
+            return cursor.fetchall()
+        except psycopg.Error as exc:
+            lost = cursor.connection.closed or cursor.connection.broken
+            if lost:
+                self.close()
+            raise _wrap(self._engine, stmt.sql, values, exc, lost) from exc
+
+    def _open(self) -> psycopg.Cursor[Any]:
+        fairy = self._engine.raw_connection()
+        driver = _psycopg(self._engine, fairy.driver_connection)
+        fairy.detach()
+        try:
+            driver.autocommit = True
+            self._prepare = None if driver.prepare_threshold is None else True
+            if self._prepare:
+                driver.execute("SET plan_cache_mode = force_generic_plan")
+        except psycopg.Error as exc:
+            driver.close()
+            raise _wrap(self._engine, "SET plan_cache_mode", {}, exc, lost=True) from exc
+        self._cursor = driver.cursor()
+        return self._cursor
+
+    def close(self) -> None:
+        """Close the connection, if one is open; the next statement opens another."""
+        cursor, self._cursor = self._cursor, None
+        if cursor is not None:
+            with contextlib.suppress(psycopg.Error):
+                cursor.connection.close()
+
+
+def _psycopg(engine: Engine, driver: Any) -> psycopg.Connection[Any]:
+    if not isinstance(driver, psycopg.Connection):
+        raise TypeError(
+            f"cyclone needs the psycopg (3) driver, got {engine.dialect.driver!r}: "
+            "use a postgresql+psycopg:// URL"
+        )
+    return driver
 
 
 def execute(engine: Engine, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]:

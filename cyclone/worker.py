@@ -146,6 +146,7 @@ class Worker:
         self._step_seconds = 1.0
         self._sweeping: threading.Thread | None = None
         self._maintaining: threading.Thread | None = None
+        self._held: _fastpath.Held | None = None
 
     def __repr__(self) -> str:
         return (
@@ -188,6 +189,7 @@ class Worker:
                 _notify.JOBS_AVAILABLE, lambda _payload: self._wake.set()
             )
             self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="cyclone-step")
+            self._held = _fastpath.Held(self.engine)
             try:
                 self._maintain(force=True, sweep=not until_idle)
                 self._loop(until_idle)
@@ -199,6 +201,8 @@ class Worker:
                     self._maintaining.join(MAINTENANCE_JOIN_TIMEOUT)
                 self._pool.shutdown(wait=True)
                 self._pool = None
+                self._held.close()
+                self._held = None
                 self._stopping.clear()
             return self._jobs_run
 
@@ -345,27 +349,28 @@ class Worker:
                 with self.engine.begin() as conn:
                     _completion.record(conn, self.id, (), failures)
                 unrecorded = list(successes)
-            with _fastpath.connect(self.engine) as conn:
-                # Per-queue room can add up to more than concurrency: cap the total, and
-                # start from a different queue each time so none is starved. The first
-                # statement also records the successes (limit 0 when there is no room).
-                left = self._capacity() - len(self._inflight)
-                turns = list(free.items())
-                self._claim_turn += 1
-                start = self._claim_turn % len(turns) if turns else 0
-                for name, limit in turns[start:] + turns[:start] or [("*", 0)]:
-                    if left <= 0 and not unrecorded:
-                        break
-                    got = _claim.record_and_claim(
-                        conn,
-                        worker_id=self.id,
-                        successes=[o for _, o in unrecorded if isinstance(o, _completion.Success)],
-                        scope=self._scope(name),
-                        limit=max(0, min(limit, left)),
-                    )
-                    unrecorded = []
-                    claimed += got
-                    left -= len(got)
+            held = self._held
+            assert held is not None, "record_and_claim runs inside _serve"
+            # Per-queue room can add up to more than concurrency: cap the total, and
+            # start from a different queue each time so none is starved. The first
+            # statement also records the successes (limit 0 when there is no room).
+            left = self._capacity() - len(self._inflight)
+            turns = list(free.items())
+            self._claim_turn += 1
+            start = self._claim_turn % len(turns) if turns else 0
+            for name, limit in turns[start:] + turns[:start] or [("*", 0)]:
+                if left <= 0 and not unrecorded:
+                    break
+                got = _claim.record_and_claim(
+                    held,
+                    worker_id=self.id,
+                    successes=[o for _, o in unrecorded if isinstance(o, _completion.Success)],
+                    scope=self._scope(name),
+                    limit=max(0, min(limit, left)),
+                )
+                unrecorded = []
+                claimed += got
+                left -= len(got)
         except Exception:
             self._jobs_run += len(outcomes) - len(unrecorded)
             # Only a failure to record counts towards giving up on the outcomes.

@@ -1,0 +1,98 @@
+"""A worker's own connections: claims and records on one held connection, kept across losses."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+
+import cyclone
+from tests.support.workers import Background
+
+
+def noop_kind(kind: str) -> cyclone.StandaloneStep[int, int]:
+    @cyclone.step(kind)
+    def noop(ctx: cyclone.StepContext, n: int) -> int:
+        return n
+
+    return noop
+
+
+@pytest.fixture
+def own_engine(database_url: sa.URL, name: str) -> Iterator[sa.Engine]:
+    """An engine of one pooled connection whose backends are named for the test."""
+    engine = sa.create_engine(
+        database_url,
+        pool_size=1,
+        max_overflow=0,
+        pool_timeout=5,
+        connect_args={"application_name": name},
+    )
+    yield engine
+    engine.dispose()
+
+
+def checkouts_to_drain(engine: sa.Engine, step: cyclone.StandaloneStep[int, int], n: int) -> int:
+    for i in range(n):
+        step.enqueue(engine, i)
+    seen: list[object] = []
+
+    def on_checkout(dbapi_conn: object, record: object, proxy: object) -> None:
+        seen.append(record)
+
+    sa.event.listen(engine.pool, "checkout", on_checkout)
+    try:
+        assert cyclone.Worker(engine, steps=[step], concurrency=4).drain() == n
+    finally:
+        sa.event.remove(engine.pool, "checkout", on_checkout)
+    return len(seen)
+
+
+def test_a_worker_checks_out_no_connection_per_claim_or_record(
+    own_engine: sa.Engine, name: str
+) -> None:
+    # With 4 at a time, 100 jobs take at least 25 claims and as many records: none of
+    # them checks a connection out of the pool.
+    step = noop_kind(name)
+    checkouts_to_drain(own_engine, step, 0)  # the engine's listener connects once, here
+    assert checkouts_to_drain(own_engine, step, 100) == checkouts_to_drain(own_engine, step, 1)
+
+
+def test_a_running_worker_leaves_the_pool_to_the_application(
+    own_engine: sa.Engine, name: str
+) -> None:
+    step = noop_kind(name)
+    worker = cyclone.Worker(own_engine, steps=[step])
+    running = Background(worker.run)
+    try:
+        for i in range(20):
+            assert step.enqueue(own_engine, i).result(timeout=10) == i
+    finally:
+        worker.stop()
+        running.join(10)
+
+
+def test_a_worker_whose_connections_are_terminated_reconnects_and_runs_the_next_job(
+    engine: sa.Engine, own_engine: sa.Engine, name: str
+) -> None:
+    step = noop_kind(name)
+    worker = cyclone.Worker(own_engine, steps=[step])
+    running = Background(worker.run)
+    try:
+        assert step.enqueue(own_engine, 1).result(timeout=10) == 1
+        with engine.connect() as conn:
+            killed = conn.execute(
+                sa.text(
+                    "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) "
+                    "FROM pg_stat_activity WHERE application_name = :name"
+                ),
+                {"name": name},
+            ).scalar_one()
+        assert killed >= 2  # the listener's and the claim loop's, and the pool's
+        own_engine.dispose()
+        assert step.enqueue(own_engine, 2).result(timeout=20) == 2
+        assert step.enqueue(own_engine, 3).result(timeout=10) == 3
+    finally:
+        worker.stop()
+        running.join(10)
