@@ -83,20 +83,25 @@ class Direct:
     per statement costs about 6 us of the hot paths' Python.
     """
 
-    __slots__ = ("_cursor", "_driver", "_engine")
+    __slots__ = ("_cursor", "_driver", "_engine", "_prepare")
 
     def __init__(
-        self, engine: Engine, driver: psycopg.Connection[Any], cursor: psycopg.Cursor[Any]
+        self,
+        engine: Engine,
+        driver: psycopg.Connection[Any],
+        cursor: psycopg.Cursor[Any],
+        prepare: bool | None = None,
     ) -> None:
         self._engine = engine
         self._driver = driver
         self._cursor = cursor
+        self._prepare = prepare
 
     def execute(self, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]:
         """Run one statement (its own transaction) and return its rows; it must return rows."""
         values = {**stmt.defaults, **params}
         try:
-            self._cursor.execute(stmt.sql, values)
+            self._cursor.execute(stmt.sql, values, prepare=self._prepare)
             return self._cursor.fetchall()
         except psycopg.Error as exc:
             lost = self._driver.closed or self._driver.broken
@@ -195,50 +200,52 @@ class Held:
     calls instead (see :func:`connect`).
     """
 
-    __slots__ = ("_cursor", "_engine", "_prepare")
+    __slots__ = ("_direct", "_engine")
 
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        self._cursor: psycopg.Cursor[Any] | None = None
-        self._prepare: bool | None = None
+        self._direct: Direct | None = None
 
     def execute(self, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]:
         """Run one statement (its own transaction) and return its rows."""
         if observed(self._engine):
             with connect(self._engine) as conn:
                 return conn.execute(stmt, params)
-        cursor = self._cursor or self._open()
-        values = {**stmt.defaults, **params}
         try:
-            cursor.execute(stmt.sql, values, prepare=self._prepare)
-            return cursor.fetchall()
-        except psycopg.Error as exc:
-            lost = cursor.connection.closed or cursor.connection.broken
-            if lost:
+            return (self._direct or self._open()).execute(stmt, params)
+        except sa_exc.DBAPIError as exc:
+            if exc.connection_invalidated:
                 self.close()
-            raise _wrap(self._engine, stmt.sql, values, exc, lost) from exc
+            raise
 
-    def _open(self) -> psycopg.Cursor[Any]:
-        fairy = self._engine.raw_connection()
-        driver = _psycopg(self._engine, fairy.driver_connection)
-        fairy.detach()
-        try:
-            driver.autocommit = True
-            self._prepare = None if driver.prepare_threshold is None else True
-            if self._prepare:
+    def _open(self) -> Direct:
+        driver = detached(self._engine)
+        prepare = None if driver.prepare_threshold is None else True
+        if prepare:
+            try:
                 driver.execute("SET plan_cache_mode = force_generic_plan")
-        except psycopg.Error as exc:
-            driver.close()
-            raise _wrap(self._engine, "SET plan_cache_mode", {}, exc, lost=True) from exc
-        self._cursor = driver.cursor()
-        return self._cursor
+            except psycopg.Error as exc:
+                driver.close()
+                raise _wrap(self._engine, "SET plan_cache_mode", {}, exc, lost=True) from exc
+        self._direct = Direct(self._engine, driver, driver.cursor(), prepare)
+        return self._direct
 
     def close(self) -> None:
         """Close the connection, if one is open; the next statement opens another."""
-        cursor, self._cursor = self._cursor, None
-        if cursor is not None:
+        direct, self._direct = self._direct, None
+        if direct is not None:
             with contextlib.suppress(psycopg.Error):
-                cursor.connection.close()
+                direct._driver.close()
+
+
+def detached(engine: Engine) -> psycopg.Connection[Any]:
+    """A psycopg connection in autocommit, taken from ``engine`` (its connect events
+    apply) and detached from its pool: the caller owns it and closes it."""
+    fairy = engine.raw_connection()
+    driver = _psycopg(engine, fairy.driver_connection)
+    fairy.detach()
+    driver.autocommit = True
+    return driver
 
 
 def _psycopg(engine: Engine, driver: Any) -> psycopg.Connection[Any]:

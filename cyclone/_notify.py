@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 from sqlalchemy import Engine, case, func
 
-from cyclone._fastpath import const
+from cyclone._fastpath import const, detached
 from cyclone.states import JobState
 
 log = logging.getLogger(__name__)
@@ -88,11 +88,7 @@ class Listener:
         self._stopped.set()
 
     def _connect(self) -> psycopg.Connection[Any]:
-        raw = self._engine.raw_connection()
-        driver = raw.driver_connection
-        raw.detach()
-        assert isinstance(driver, psycopg.Connection)
-        driver.autocommit = True
+        driver = detached(self._engine)
         for channel in CHANNELS:
             driver.execute(f'LISTEN "{channel}"')
         return driver
