@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -57,8 +58,13 @@ def execute(
     workflows: Mapping[str, Workflow[Any]],
     steps: Mapping[str, StandaloneStep[Any, Any]],
     backoff: Backoff,
+    step_context: Callable[[], AbstractContextManager[object]] | None = None,
 ) -> Success | Failure:
-    """Run ``job`` and return what to record; never raises for the step's own errors."""
+    """Run ``job`` and return what to record; never raises for the step's own errors.
+
+    ``step_context``, when given, is entered around the step's call (an application's
+    context); what it raises counts as the step's error.
+    """
     started = time.perf_counter()
     extra = {"run_id": str(job.run_id), "step": job.kind, "attempt": job.attempt, "job_id": job.id}
     try:
@@ -81,7 +87,11 @@ def execute(
             deadline=job.deadline,
             upstream=dict(job.upstream),
         )
-        result = fn(ctx, value)
+        if step_context is None:
+            result = fn(ctx, value)
+        else:
+            with step_context():
+                result = fn(ctx, value)
         output = _codec.encode(result, what=f"output of step {job.kind!r}", type_=output_type)
     except Exception as exc:
         duration = time.perf_counter() - started

@@ -20,6 +20,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from types import FrameType
 from typing import Any
@@ -75,6 +76,9 @@ class Worker:
         sweep_keep: how long terminal runs and finished jobs are kept when a run has no
             ``retention`` of its own.
         sweep_interval: how often the sweeper runs.
+        step_context: called before each step; the context manager it returns is entered
+            around the step (a framework's application context, or Django's connection
+            housekeeping). An error it raises counts as the step's error.
     """
 
     def __init__(
@@ -92,6 +96,7 @@ class Worker:
         sweep: bool = True,
         sweep_keep: timedelta = _sweeper.DEFAULT_KEEP,
         sweep_interval: timedelta = _sweeper.DEFAULT_INTERVAL,
+        step_context: Callable[[], AbstractContextManager[object]] | None = None,
     ) -> None:
         self.engine: Engine = _binds.engine_of(bind)
         self.workflows: dict[str, Workflow[Any]] = {}
@@ -128,6 +133,7 @@ class Worker:
         self.sweep = sweep
         self.sweep_keep = sweep_keep
         self.sweep_interval = sweep_interval.total_seconds()
+        self.step_context = step_context
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
         self._outcomes: queue.SimpleQueue[tuple[_claim.Claimed, Outcome]] = queue.SimpleQueue()
@@ -406,7 +412,9 @@ class Worker:
     def _execute(self, job: _claim.Claimed) -> None:
         started = time.perf_counter()
         try:
-            outcome = _executor.execute(job, self.engine, self.workflows, self.steps, self.backoff)
+            outcome = _executor.execute(
+                job, self.engine, self.workflows, self.steps, self.backoff, self.step_context
+            )
         except BaseException as exc:  # a step that raised SystemExit or KeyboardInterrupt
             outcome = _completion.Failure(
                 job.id,

@@ -493,3 +493,46 @@ def test_a_step_lost_with_its_worker_max_attempts_times_fails_its_run(
     assert status.error["type"] == "WorkerLost"
     rows = job_rows(engine, run.id)
     assert (rows["crashes"].state, rows["later"].state) == ("failed", "cancelled")
+
+
+def test_step_context_is_entered_around_every_step_and_its_error_is_the_steps(
+    engine: sa.Engine, name: str
+) -> None:
+    from contextlib import contextmanager
+
+    seen: list[str] = []
+    inside = threading.local()
+
+    @contextmanager
+    def around() -> Any:
+        seen.append("enter")
+        inside.active = True
+        try:
+            yield
+        finally:
+            inside.active = False
+            seen.append("exit")
+
+    wf = cyclone.Workflow(name)
+
+    @wf.step(max_attempts=1)
+    def first(ctx: cyclone.StepContext, _: Any) -> bool:
+        assert getattr(inside, "active", False), "the step ran outside step_context"
+        return True
+
+    run = wf.submit(engine, None)
+    cyclone.Worker(engine, workflows=[wf], step_context=around).drain()
+    assert run.status().state is cyclone.RunState.COMPLETED
+    assert seen == ["enter", "exit"]
+
+    @contextmanager
+    def broken() -> Any:
+        raise RuntimeError("no application context")
+        yield
+
+    run = wf.submit(engine, None)
+    cyclone.Worker(engine, workflows=[wf], step_context=broken).drain()
+    status = run.status()
+    assert status.state is cyclone.RunState.FAILED
+    assert status.error is not None
+    assert "no application context" in str(status.error)
