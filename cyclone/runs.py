@@ -6,13 +6,16 @@ Handles hold the Engine and open short transactions of their own. Waiting is wok
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
+import psycopg
 from sqlalchemy import (
     Connection,
     Engine,
@@ -25,14 +28,20 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
-from cyclone import _codec, _completion, _fastpath, _notify, _pg, errors
+from cyclone import _codec, _completion, _deadline, _fastpath, _notify, _pg, errors
 from cyclone.schema import jobs, runs
 from cyclone.states import TERMINAL_RUN_STATES, JobState, RunState
 
 Out = TypeVar("Out")
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 DEFAULT_POLL_INTERVAL = 5.0
+RECONNECT_FIRST_PAUSE = 0.05
+RECONNECT_MAX_PAUSE = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,20 +207,53 @@ _FAST_SELECT_STATUS = _fastpath.Compiled(_SELECT_STATUS)
 _FAST_SELECT_RESULT = _fastpath.Compiled(_SELECT_RESULT)
 
 
+def lost_connection(exc: BaseException) -> bool:
+    """Whether ``exc`` says the connection failed (server restarting or gone, backend
+    terminated), not that the statement was wrong: a read can simply be tried again."""
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(exc, (OperationalError, InterfaceError, psycopg.OperationalError))
+
+
+def read_within(read: Callable[[], T], deadline: float | None, what: str) -> T:
+    """``read()`` bounded by ``deadline`` (monotonic), tried again after a lost connection.
+
+    Raises TimeoutError once the deadline has passed, whether the read is blocked (a
+    frozen network) or keeps failing to connect (a server still restarting).
+    """
+    pause = RECONNECT_FIRST_PAUSE
+    while True:
+        try:
+            return _deadline.call(read, deadline)
+        except TimeoutError:
+            raise TimeoutError(f"{what} did not finish in time") from None
+        except Exception as exc:
+            if not lost_connection(exc):
+                raise
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"{what} did not finish in time: {exc}") from exc
+            log.info("cyclone lost its connection while reading %s (%s); reading again", what, exc)
+            time.sleep(pause if left is None else min(pause, left))
+            pause = min(pause * 2, RECONNECT_MAX_PAUSE)
+
+
 def wait_until_finished(
     engine: Engine,
     token: str,
     timeout: float | None,
-    read: Any,
+    read: Callable[[], T | None],
     started: float | None = None,
-) -> Any:
+) -> T:
     """Call ``read()`` until it returns non-None, woken by notifications carrying ``token``.
 
     ``token`` is a run id, or ``job:<id>`` for a standalone job. ``started`` is when this
     process began the statement that created it: if the listener has listened since
     then and cannot have missed ``token`` finishing, the first read is skipped (it would
     find the run unfinished) and the wait begins at once. The poll fallback still
-    applies, and a timeout is raised only after at least one read.
+    applies, and a timeout is raised only after at least one read was tried. Each read
+    is bounded by the time left (see :func:`read_within`), so the wait ends by its
+    deadline even when the network to the server is frozen.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     woken = threading.Event()
@@ -232,7 +274,10 @@ def wait_until_finished(
                 skip_read = False
             else:
                 woken.clear()
-                value = read()
+                try:
+                    value = read_within(read, deadline, token)
+                except TimeoutError:
+                    raise TimeoutError(f"{token} did not finish within {timeout} s") from None
                 if value is not None:
                     return value
                 read_once = True
@@ -428,11 +473,12 @@ class ResultRun(Run, Generic[Out]):
                 raise errors.NoOutputError(run_id=self.id, workflow=self.workflow)
             return (state, output) if state in TERMINAL_RUN_STATES else None
 
+        deadline = None if timeout is None else time.monotonic() + timeout
         state, output = wait_until_finished(
             self._engine, str(self.id), timeout, read, self._started
         )
         if state != RunState.COMPLETED:
-            status = self.status()
+            status = read_within(self.status, deadline, str(self.id))
             raise errors.RunFailedError(
                 run_id=self.id,
                 workflow=self.workflow,
