@@ -165,13 +165,16 @@ def test_calling_submit_once_again_after_a_reply_lost_past_the_commit_returns_th
     key = f"order-{uuid.uuid4()}"
     assert wf.submit(client, 0).status()  # the pool's connection is open and warm
 
-    proxy.lose_reply_after(marker)
-    with pytest.raises((OperationalError, psycopg.OperationalError)):
+    def first_call() -> None:
         if variant == "submit_once_tx":
             with client.begin() as conn:
                 wf.submit_once_tx(conn, key, 7)
         else:
             wf.submit_once(client, key, 7)
+
+    proxy.lose_reply_after(marker)
+    with pytest.raises((OperationalError, psycopg.OperationalError)):
+        first_call()
     assert proxy.replies_lost == 1
 
     again, created = wf.submit_once(client, key, 7)
