@@ -31,6 +31,8 @@ from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
 from sqlalchemy.sql import ClauseElement
 from sqlalchemy.sql.compiler import SQLCompiler
 
+from cyclone import _deadline
+
 _DIALECT = pg_psycopg.dialect()  # type: ignore[no-untyped-call]
 
 Row = tuple[Any, ...]
@@ -240,11 +242,13 @@ class Held:
 
 def detached(engine: Engine) -> psycopg.Connection[Any]:
     """A psycopg connection in autocommit, taken from ``engine`` (its connect events
-    apply) and detached from its pool: the caller owns it and closes it."""
+    apply) and detached from its pool: the caller owns it and closes it. TCP keepalives
+    are on (see :func:`cyclone._deadline.keepalive`), as it lives long and may sit idle."""
     fairy = engine.raw_connection()
     driver = _psycopg(engine, fairy.driver_connection)
     fairy.detach()
     driver.autocommit = True
+    _deadline.keepalive(driver)
     return driver
 
 

@@ -92,7 +92,6 @@ class Listener:
 
     def _connect(self) -> psycopg.Connection[Any]:
         driver = detached(self._engine)
-        _deadline.keepalive(driver)
         for channel in CHANNELS:
             driver.execute(f'LISTEN "{channel}"')
         return driver
