@@ -36,14 +36,16 @@ scalars = (
     | st.booleans()
     | st.integers(-SAFE_INT, SAFE_INT)
     | st.floats(allow_nan=False, allow_infinity=False, width=64)
-    | st.text(st.characters(exclude_characters="\x00"), max_size=12)
+    | st.text(st.characters(exclude_characters="\x00", codec="utf-8"), max_size=12)
 )
 json_values = st.recursive(
     scalars,
     lambda inner: (
         st.lists(inner, max_size=4)
         | st.dictionaries(
-            st.text(st.characters(exclude_characters="\x00"), max_size=6), inner, max_size=4
+            st.text(st.characters(exclude_characters="\x00", codec="utf-8"), max_size=6),
+            inner,
+            max_size=4,
         )
     ),
     max_leaves=12,
@@ -127,9 +129,9 @@ def test_inputs_that_are_not_jsonb_equal_conflict(engine: sa.Engine, a: Any, b: 
         count("pairs_conflicting")
 
 
-valid_keys = st.text(st.characters(exclude_characters="\x00"), min_size=1, max_size=256).filter(
-    lambda k: len(k.encode()) <= 256
-)
+valid_keys = st.text(
+    st.characters(exclude_characters="\x00", codec="utf-8"), min_size=1, max_size=256
+).filter(lambda k: len(k.encode()) <= 256)
 
 
 @SETTINGS
@@ -151,7 +153,9 @@ invalid_keys = (
     st.just("")
     | st.text(min_size=0, max_size=20).map(lambda s: s + "\x00" + s)
     | st.text(
-        st.characters(min_codepoint=0x80, exclude_characters="\x00"), min_size=129, max_size=300
+        st.characters(min_codepoint=0x80, exclude_characters="\x00", codec="utf-8"),
+        min_size=129,
+        max_size=300,
     ).filter(lambda k: len(k.encode()) > 256)
     | st.sampled_from(["\ud800", "a\udfffb"])
     | st.one_of(st.integers(), st.binary(min_size=1), st.none(), st.floats())
