@@ -21,6 +21,7 @@ from sqlalchemy.engine import URL
 from tests.reliability.conftest import figures
 from tests.support.load import (
     Submitters,
+    Waiters,
     Workers,
     check_contract,
     check_results,
@@ -57,10 +58,13 @@ def run_scenario(
         submitters = Submitters(
             engine, keys, pause=pause, seed=zlib.crc32(name.encode()), spacing=spacing
         )
+        waiters = Waiters(submitters)
         injected = fault(submitters, pool)
         submitters.join()
         wait_for_runs(engine, pool)
+        waited = waiters.join()
         figures_ = check_contract(engine, submitters)
+        figures_["results_awaited_during_faults"] = waited
         figures_["results_read"] = check_results(engine, submitters)
     finally:
         pool.stop()

@@ -66,6 +66,7 @@ class Submitters:
         self.committed: set[str] = set()
         self.rolled_back: set[str] = set()
         self.created: Counter[str] = Counter()
+        self.handles: dict[str, Any] = {}
         self.calls = 0
         self.connection_errors = 0
         self.failures: list[BaseException] = []
@@ -121,9 +122,9 @@ class Submitters:
             try:
                 if in_transaction:
                     with self.engine.begin() as conn:
-                        _, created = WORKFLOW.submit_once_tx(conn, key, order)
+                        run, created = WORKFLOW.submit_once_tx(conn, key, order)
                 else:
-                    _, created = WORKFLOW.submit_once(self.engine, key, order)
+                    run, created = WORKFLOW.submit_once(self.engine, key, order)
             except (DBAPIError, psycopg.OperationalError) as exc:
                 if not lost_connection(exc) or time.monotonic() > deadline:
                     raise
@@ -134,6 +135,7 @@ class Submitters:
             with self._lock:
                 self.committed.add(key)
                 self.created[key] += created
+                self.handles[key] = run
             return
 
     def join(self, timeout: float = 120) -> None:
@@ -146,6 +148,58 @@ class Submitters:
     @property
     def done(self) -> bool:
         return not any(thread.is_alive() for thread in self._threads)
+
+
+class Waiters:
+    """Threads calling ``result()`` on runs just submitted, while the faults happen.
+
+    A wait must come back with the run's result: neither a lost connection nor a
+    restart may surface as an error while the timeout has time left.
+    """
+
+    def __init__(self, submitters: Submitters, *, threads: int = 2, timeout: float = 90) -> None:
+        self._submitters = submitters
+        self._timeout = timeout
+        self._lock = threading.Lock()
+        self._taken: set[str] = set()
+        self.results_read = 0
+        self.failures: list[BaseException] = []
+        self._threads = [
+            threading.Thread(target=self._loop, name=f"waiter-{i}", daemon=True)
+            for i in range(threads)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _next(self) -> tuple[str, Any] | None:
+        while True:
+            with self._submitters._lock:
+                fresh = [k for k in self._submitters.handles if k not in self._taken]
+                if fresh:
+                    key = fresh[-1]
+                    self._taken.add(key)
+                    return key, self._submitters.handles[key]
+            if self._submitters.done:
+                return None
+            time.sleep(0.01)
+
+    def _loop(self) -> None:
+        try:
+            while (item := self._next()) is not None:
+                key, run = item
+                assert run.result(timeout=self._timeout) == expected_outputs(n_of(key))["join"]
+                with self._lock:
+                    self.results_read += 1
+        except BaseException as exc:
+            self.failures.append(exc)
+
+    def join(self, timeout: float = 120) -> int:
+        for thread in self._threads:
+            thread.join(timeout)
+            assert not thread.is_alive(), f"{thread.name} still waiting after {timeout} s"
+        if self.failures:
+            raise self.failures[0]
+        return self.results_read
 
 
 class Workers:
