@@ -26,12 +26,18 @@ from typing import Any
 import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
-from cyclone.runs import lost_connection
 from cyclone.schema import jobs, runs
 from tests.support.reliability_proc import NAME, WORKFLOW, Order, expected_outputs
 from tests.support.workers import REPO
+
+
+def lost_connection(exc: BaseException) -> bool:
+    """Whether ``exc`` is a connection error, after which the README says: call again."""
+    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(exc, (OperationalError, InterfaceError, psycopg.OperationalError))
 
 
 def key_of(n: int) -> str:
