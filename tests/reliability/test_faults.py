@@ -40,9 +40,33 @@ def engine(scenario_url: URL) -> Iterator[sa.Engine]:
     engine.dispose()
 
 
+@pytest.fixture
+def waiting(scenario_url: URL) -> Iterator[sa.Engine]:
+    """The waiters' engine: no pre-ping, so a restart leaves its pooled connections dead."""
+    engine = sa.create_engine(scenario_url, pool_size=8, max_overflow=8)
+    yield engine
+    engine.dispose()
+
+
+def fill_pool(engine: sa.Engine, count: int = 8) -> None:
+    """Leave ``count`` idle connections in the pool, as a busy application would."""
+    conns = []
+    while len(conns) < count:
+        conn = engine.connect()
+        try:
+            conn.exec_driver_sql("SELECT 1")  # a dead one (an earlier fault) is replaced
+        except sa.exc.DBAPIError:
+            conn.close()
+            continue
+        conns.append(conn)
+    for conn in conns:
+        conn.close()
+
+
 def run_scenario(
     name: str,
     engine: sa.Engine,
+    waiting: sa.Engine,
     url: URL,
     *,
     keys: int,
@@ -58,7 +82,7 @@ def run_scenario(
         submitters = Submitters(
             engine, keys, pause=pause, seed=zlib.crc32(name.encode()), spacing=spacing
         )
-        waiters = Waiters(submitters)
+        waiters = Waiters(submitters, waiting)
         injected = fault(submitters, pool)
         submitters.join()
         wait_for_runs(engine, pool)
@@ -89,15 +113,22 @@ def no_fault(submitters: Submitters, workers: Workers) -> dict[str, int]:
 
 
 def test_load_with_rolled_back_transactions_makes_one_run_per_committed_key(
-    engine: sa.Engine, scenario_url: URL
+    engine: sa.Engine, waiting: sa.Engine, scenario_url: URL
 ) -> None:
     run_scenario(
-        "load_with_rollbacks", engine, scenario_url, keys=400, workers=2, pause=0.0, fault=no_fault
+        "load_with_rollbacks",
+        engine,
+        waiting,
+        scenario_url,
+        keys=400,
+        workers=2,
+        pause=0.0,
+        fault=no_fault,
     )
 
 
 def test_kill_9_of_workers_at_random_points_loses_no_run(
-    engine: sa.Engine, scenario_url: URL
+    engine: sa.Engine, waiting: sa.Engine, scenario_url: URL
 ) -> None:
     rng = random.Random(9)
 
@@ -109,6 +140,7 @@ def test_kill_9_of_workers_at_random_points_loses_no_run(
     run_scenario(
         "kill_9_workers",
         engine,
+        waiting,
         scenario_url,
         keys=150,
         workers=3,
@@ -131,18 +163,20 @@ def terminate_backends(engine: sa.Engine) -> int:
 
 
 def test_every_backend_terminated_mid_load_loses_no_run(
-    engine: sa.Engine, scenario_url: URL
+    engine: sa.Engine, waiting: sa.Engine, scenario_url: URL
 ) -> None:
     def terminate(submitters: Submitters, workers: Workers) -> dict[str, int]:
         terminated = 0
         for _ in range(3):
             time.sleep(0.8)
+            fill_pool(waiting)
             terminated += terminate_backends(engine)
         return {"terminations": 3, "backends_terminated": terminated}
 
     run_scenario(
         "backends_terminated",
         engine,
+        waiting,
         scenario_url,
         keys=300,
         workers=2,
@@ -153,17 +187,19 @@ def test_every_backend_terminated_mid_load_loses_no_run(
 
 
 def test_a_fast_restart_mid_load_loses_no_run(
-    engine: sa.Engine, scenario_url: URL, cluster: Cluster
+    engine: sa.Engine, waiting: sa.Engine, scenario_url: URL, cluster: Cluster
 ) -> None:
     def restart(submitters: Submitters, workers: Workers) -> dict[str, int]:
         for _ in range(2):
             time.sleep(1.0)
+            fill_pool(waiting)
             cluster.restart("fast")
         return {"restarts_survived": 2}
 
     run_scenario(
         "fast_restart",
         engine,
+        waiting,
         scenario_url,
         keys=300,
         workers=2,
@@ -174,11 +210,12 @@ def test_a_fast_restart_mid_load_loses_no_run(
 
 
 def test_an_immediate_stop_and_start_mid_load_loses_no_run(
-    engine: sa.Engine, scenario_url: URL, cluster: Cluster
+    engine: sa.Engine, waiting: sa.Engine, scenario_url: URL, cluster: Cluster
 ) -> None:
     def crash(submitters: Submitters, workers: Workers) -> dict[str, int]:
         time.sleep(1.0)
         before = deadlocks(engine)
+        fill_pool(waiting)
         cluster.stop("immediate")
         time.sleep(0.5)
         cluster.start()
@@ -187,6 +224,7 @@ def test_an_immediate_stop_and_start_mid_load_loses_no_run(
     run_scenario(
         "immediate_stop_start",
         engine,
+        waiting,
         scenario_url,
         keys=300,
         workers=2,

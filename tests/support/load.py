@@ -28,6 +28,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
+import cyclone
 from cyclone.schema import jobs, runs
 from tests.support.reliability_proc import NAME, WORKFLOW, Order, expected_outputs
 from tests.support.workers import REPO
@@ -159,12 +160,23 @@ class Submitters:
 class Waiters:
     """Threads calling ``result()`` on runs just submitted, while the faults happen.
 
+    Their engine has no ``pool_pre_ping``: after a restart its pooled connections are
+    dead, and the waits must read again on new ones.
+
     A wait must come back with the run's result: neither a lost connection nor a
     restart may surface as an error while the timeout has time left.
     """
 
-    def __init__(self, submitters: Submitters, *, threads: int = 2, timeout: float = 90) -> None:
+    def __init__(
+        self,
+        submitters: Submitters,
+        engine: sa.Engine,
+        *,
+        threads: int = 2,
+        timeout: float = 90,
+    ) -> None:
         self._submitters = submitters
+        self._engine = engine
         self._timeout = timeout
         self._lock = threading.Lock()
         self._taken: set[str] = set()
@@ -192,7 +204,8 @@ class Waiters:
     def _loop(self) -> None:
         try:
             while (item := self._next()) is not None:
-                key, run = item
+                key, submitted = item
+                run = cyclone.ResultRun(self._engine, submitted.id, NAME, key, output_type=int)
                 assert run.result(timeout=self._timeout) == expected_outputs(n_of(key))["join"]
                 with self._lock:
                     self.results_read += 1
