@@ -40,6 +40,19 @@ def server_bindir() -> Path | None:
     return Path(found[-1]).parent if found else None
 
 
+def unprivileged_user() -> str | None:
+    """The OS user to run PostgreSQL as when we are root: ``postgres``, else scripts/env.sh's."""
+    if os.getuid() != 0:
+        return None
+    for name in ("postgres", os.environ.get("CYCLONE_PG_USER", "cyclonepg")):
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            continue
+        return name
+    raise RuntimeError("running as root, and no unprivileged user (postgres) to run PostgreSQL")
+
+
 class Cluster:
     """One throwaway cluster: :meth:`start`, :meth:`stop`, :meth:`restart`, :meth:`destroy`."""
 
