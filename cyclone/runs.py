@@ -28,7 +28,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError
 
 from cyclone import _codec, _completion, _deadline, _fastpath, _notify, _pg, errors
 from cyclone.schema import jobs, runs
@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 DEFAULT_POLL_INTERVAL = 5.0
 RECONNECT_FIRST_PAUSE = 0.05
 RECONNECT_MAX_PAUSE = 1.0
+_SHUTDOWN_STATES = frozenset({"57P01", "57P02", "57P03"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,10 +210,22 @@ _FAST_SELECT_RESULT = _fastpath.Compiled(_SELECT_RESULT)
 
 def lost_connection(exc: BaseException) -> bool:
     """Whether ``exc`` says the connection failed (server restarting or gone, backend
-    terminated), not that the statement was wrong: a read can simply be tried again."""
-    if isinstance(exc, DBAPIError) and exc.connection_invalidated:
-        return True
-    return isinstance(exc, (OperationalError, InterfaceError, psycopg.OperationalError))
+    terminated), not that the statement did: a read can simply be tried again.
+
+    That is a connection SQLAlchemy invalidated, or a driver error with no SQLSTATE
+    (the client saw the connection fail), of class 08 (connection exception), or
+    57P01-57P03 (shutdown, crash, not accepting connections yet). A cancelled statement
+    (57014, ``statement_timeout``) is not.
+    """
+    orig: BaseException | None = exc
+    if isinstance(exc, DBAPIError):
+        if exc.connection_invalidated:
+            return True
+        orig = exc.orig
+    if not isinstance(orig, (psycopg.OperationalError, psycopg.InterfaceError)):
+        return False
+    state = orig.sqlstate
+    return state is None or state.startswith("08") or state in _SHUTDOWN_STATES
 
 
 def read_within(read: Callable[[], T], deadline: float | None, what: str) -> T:

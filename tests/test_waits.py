@@ -15,6 +15,7 @@ import sqlalchemy as sa
 
 import cyclone
 from cyclone import _deadline, _fastpath
+from cyclone.runs import lost_connection
 from tests.support.factories import result_workflow
 
 
@@ -72,4 +73,24 @@ def test_keepalive_settings_in_the_url_are_left_as_given(database_url: sa.URL) -
         assert tcp_options(driver) == (0, 0)
     finally:
         driver.close()
+        engine.dispose()
+
+
+def error_of(engine: sa.Engine, sql: str) -> BaseException:
+    with engine.connect() as conn, pytest.raises(sa.exc.DBAPIError) as caught:
+        conn.exec_driver_sql(sql)
+    return caught.value
+
+
+def test_a_terminated_backend_is_a_lost_connection_a_cancelled_statement_is_not(
+    database_url: sa.URL,
+) -> None:
+    engine = sa.create_engine(
+        database_url, poolclass=sa.NullPool, connect_args={"options": "-c statement_timeout=50"}
+    )
+    try:
+        assert lost_connection(error_of(engine, "SELECT pg_terminate_backend(pg_backend_pid())"))
+        assert not lost_connection(error_of(engine, "SELECT pg_sleep(5)"))
+        assert not lost_connection(error_of(engine, "SELECT 1/0"))
+    finally:
         engine.dispose()
