@@ -16,6 +16,7 @@ import sqlalchemy as sa
 import cyclone
 from cyclone import _deadline, _fastpath
 from cyclone.runs import lost_connection
+from tests.conftest import wait_until
 from tests.support.factories import result_workflow
 
 
@@ -33,6 +34,11 @@ def test_a_wait_whose_read_waits_for_a_pool_connection_ends_by_its_timeout(
     run = wf.submit(one_connection, 1)
     with pytest.raises(TimeoutError):
         run.wait(timeout=0.5)  # the listener is up from here on
+    checkins: list[object] = []
+
+    def on_checkin(*args: object) -> None:
+        checkins.append(args)
+
     with one_connection.connect() as held:  # the pool's only connection
         held.exec_driver_sql("SELECT 1")
         for call in (lambda: run.result(timeout=1), lambda: run.wait(timeout=1)):
@@ -40,6 +46,10 @@ def test_a_wait_whose_read_waits_for_a_pool_connection_ends_by_its_timeout(
             with pytest.raises(TimeoutError):
                 call()
             assert time.monotonic() - started < 1 + 2
+        sa.event.listen(one_connection.pool, "checkin", on_checkin)
+    # The two reads left behind get the connection now, and put it back.
+    wait_until(lambda: len(checkins) >= 1 + 2, timeout=30)
+    sa.event.remove(one_connection.pool, "checkin", on_checkin)
 
 
 def test_a_read_that_fails_for_another_reason_raises_at_once(engine: sa.Engine) -> None:
