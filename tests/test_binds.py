@@ -268,3 +268,14 @@ def test_an_adapter_must_return_a_psycopg_connection(engine: sa.Engine, name: st
     _binds.register_adapter(Odd, lambda obj: (object(), engine))
     with pytest.raises(TypeError, match="not a psycopg 3 Connection"):
         workflow(name).submit_once_tx(Odd(), "k", 1)
+
+
+def test_an_engine_of_another_driver_is_refused_with_the_url_to_use(name: str) -> None:
+    other = sa.create_engine("sqlite://")
+    try:
+        with pytest.raises(TypeError, match=r"postgresql\+psycopg:// URL"):
+            workflow(name).submit_once(other, "k", 1)
+        with pytest.raises(TypeError, match=r"sqlite\+pysqlite"):
+            cyclone.Worker(other, workflows=[workflow(name)])
+    finally:
+        other.dispose()
