@@ -37,6 +37,7 @@ from contextlib import contextmanager
 from typing import Any, NoReturn, Protocol
 
 import psycopg
+from psycopg.rows import tuple_row
 from sqlalchemy import Connection, Engine, Text, cast, event, literal, null
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
@@ -224,7 +225,8 @@ class Borrowed:
     def execute(self, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]:
         values = {**stmt.defaults, **params}
         try:
-            with self._driver.cursor() as cursor:
+            # A plain cursor returning tuples, whatever the connection's factories are.
+            with psycopg.Cursor(self._driver, row_factory=tuple_row) as cursor:
                 cursor.execute(stmt.sql, values)
                 return cursor.fetchall()
         except psycopg.Error as exc:
