@@ -648,7 +648,7 @@ def test_worker_rejects_a_bad_queue_spec(database_url: URL, spec: str) -> None:
         ),
         (
             "tests.support.cli_defs:not_a_definition",
-            "cyclone: tests.support.cli_defs:not_a_definition is a int, "
+            "cyclone: tests.support.cli_defs:not_a_definition holds an object of type int, "
             "not a workflow, a step kind or a list of them\n",
         ),
     ],
