@@ -41,7 +41,10 @@ def send_email(ctx: cyclone.StepContext, email: dict[str, str]) -> None:
 
 
 def main() -> None:
-    engine = sa.create_engine(os.environ["CYCLONE_DATABASE_URL"])
+    url = sa.make_url(os.environ["CYCLONE_DATABASE_URL"])
+    if url.drivername in ("postgresql", "postgres"):
+        url = url.set(drivername="postgresql+psycopg")
+    engine = sa.create_engine(url)
     for number, sku in [(1, "tea"), (2, "cake"), (3, "broken")]:
         order = {"id": number, "sku": sku, "quantity": 2, "cents": 450}
         checkout.submit_once(engine, f"order-{number}", order)
