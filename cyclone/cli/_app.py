@@ -20,7 +20,7 @@ from sqlalchemy import Engine
 import cyclone
 from cyclone import migrations
 from cyclone.cli import _db, _definitions, _output
-from cyclone.cli._db import EXIT_INTERRUPTED, EXIT_USAGE, BadInput, CommandError
+from cyclone.cli._db import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, BadInput, CommandError
 from cyclone.client import Client, JobDetail, RunDetail, StepStatus
 from cyclone.jobs import JobStatus
 from cyclone.runs import Run
@@ -143,7 +143,7 @@ def _reported(f: F) -> F:
             if inv.verbose:
                 _db.print_cause(exc)
             raise
-        except (click.ClickException, click.exceptions.Exit, click.Abort):
+        except (click.ClickException, click.exceptions.Exit, click.Abort, BrokenPipeError):
             raise
         except Exception as exc:
             if inv.verbose:
@@ -739,4 +739,9 @@ def run(argv: Sequence[str] | None = None) -> int:
     except (click.Abort, KeyboardInterrupt):
         click.echo("cyclone: interrupted", err=True)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (``| head``): quiet, and no second error when Python
+        # flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     return result if isinstance(result, int) else 0
