@@ -252,7 +252,7 @@ def build_cli(
 
 
 def _add_commands(group: click.Group) -> None:
-    @_command(group, "migrate")
+    @_command(group, "migrate", short_help="Apply cyclone's schema revisions, or print their SQL.")
     @click.option("--sql", is_flag=True, help="Print the SQL instead of applying it (no database).")
     @click.option(
         "--from",
@@ -277,7 +277,7 @@ def _add_commands(group: click.Group) -> None:
         else:
             click.echo(f"cyclone schema upgraded from {before or 'nothing'} to {after}")
 
-    @_command(group, "check")
+    @_command(group, "check", short_help="Show the schema revision found and expected.")
     def check() -> None:
         """Compare the database's schema revision with the one this version needs.
 
@@ -290,7 +290,7 @@ def _add_commands(group: click.Group) -> None:
         _output.fields([("found", found or "nothing"), ("expected", expected)])
         _db.require_schema(engine, inv.command_path)
 
-    @_command(group, "worker")
+    @_command(group, "worker", short_help="Run workflows and step kinds from Python modules.")
     @click.argument("targets", nargs=-1, metavar="MODULE[:ATTR]...")
     @click.option(
         "-q",
@@ -395,7 +395,7 @@ def _add_commands(group: click.Group) -> None:
             return
         _output.table(_RUN_COLUMNS, found)
 
-    @_command(runs, "show")
+    @_command(runs, "show", short_help="Show a run: input, result, steps and errors.")
     @click.argument("run_id", required=False, metavar="[RUN_ID]")
     @click.option("--workflow", help="With --key: the run of this workflow...")
     @click.option("--key", help="...with this submit key.")
@@ -429,11 +429,7 @@ def _add_commands(group: click.Group) -> None:
         act.help = verb
 
     _act("cancel", "Cancel a running run: steps not yet started never start.", "cancelled")
-    _act(
-        "retry",
-        "Run the failed and cancelled steps of a failed or cancelled run again.",
-        "retrying",
-    )
+    _act("retry", "Run a failed or cancelled run's unfinished steps again.", "retrying")
     _act("retry-all", "Run every step of a finished run again, from the roots.", "retrying")
 
     jobs = click.Group("jobs", help="List and inspect standalone jobs; cancel them.")
@@ -500,7 +496,7 @@ def _add_commands(group: click.Group) -> None:
         click.echo(f"cyclone dashboard on http://{host}:{port}/", err=True)
         web.serve(engine, host=host, port=port)
 
-    @_command(group, "purge")
+    @_command(group, "purge", short_help="Delete finished runs and standalone jobs.")
     @click.option(
         "--older-than",
         callback=_converted(duration),
@@ -723,12 +719,20 @@ _JOB_STATES = [s.value for s in JobState]
 
 cli: click.Group = build_cli()
 
+# click >= 8.2 raises this for a group given no command; older versions print the help.
+_NO_ARGS: type[click.UsageError] = getattr(
+    click.exceptions, "NoArgsIsHelpError", type("_Never", (click.UsageError,), {})
+)
+
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Run :data:`cli` as the ``cyclone`` program; every error is one line on stderr."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         result = cli.main(args=args, prog_name="cyclone", standalone_mode=False)
+    except _NO_ARGS as exc:
+        click.echo(exc.ctx.get_help() if exc.ctx else exc.format_message(), err=True)
+        return EXIT_USAGE
     except click.UsageError as exc:
         where = exc.ctx.command_path if exc.ctx is not None else "cyclone"
         click.echo(f"cyclone: {exc.format_message()} (see '{where} --help')", err=True)
