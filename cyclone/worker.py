@@ -578,7 +578,7 @@ class Worker:
         except Exception as exc:
             self._db_failures += 1
             log.warning(
-                "worker %s cannot reach the database (%s); %d outcomes kept, retrying in %.1fs",
+                "worker %s could not record or claim (%s); %d outcomes kept, retrying in %.1fs",
                 self.id,
                 _first_line(exc),
                 len(self._pending),
