@@ -262,6 +262,16 @@ def claim_jobs_stmt(scope: Scope, limit: int, *, completing: bool = False) -> An
     return stmt.order_by(claimed.c.priority, claimed.c.scheduled_at, claimed.c.id)
 
 
+def _record_and_claim_one() -> Any:
+    return claim_jobs_stmt(Scope(queues=None, workflows=("w",), kinds=()), 1, completing=True)
+
+
+TRANSITIONS = {
+    _record_and_claim_one: ("job.claim", "job.complete", "job.unblock", "run.complete"),
+}
+"""The edges of :data:`cyclone.states.EDGES` each statement of this module implements."""
+
+
 @functools.lru_cache(maxsize=256)
 def _fast_claim(scope: Scope, completing: bool, limit: int) -> _fastpath.Compiled:
     return _fastpath.Compiled(claim_jobs_stmt(scope, limit, completing=completing))

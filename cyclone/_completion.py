@@ -160,16 +160,6 @@ def complete_jobs_ctes(runs_locked: Any) -> tuple[Any, Any, Any]:
     return done, advanced, finished
 
 
-def complete_jobs_stmt() -> Any:
-    """Complete ``:items`` alone; one row: the ids of the jobs completed (the others refused)."""
-    done, advanced, finished = complete_jobs_ctes(runs_locked_first())
-    return (
-        select(select(func.array_agg(done.c.id)).scalar_subquery())
-        .add_cte(advanced)
-        .add_cte(finished)
-    )
-
-
 def run_over() -> Any:
     """True for a job of a run that is no longer running (cancelled, failed, completed)."""
     return exists().where(runs.c.id == jobs.c.run_id, runs.c.state != const(RunState.RUNNING.value))
@@ -267,7 +257,14 @@ def cancel_unstarted_stmt() -> Any:
     )
 
 
-_COMPLETE = complete_jobs_stmt()
+TRANSITIONS = {
+    retry_job_stmt: ("job.retry_attempt", "job.cancel_ended"),
+    fail_job_stmt: ("job.fail",),
+    fail_run_stmt: ("run.fail",),
+    cancel_unstarted_stmt: ("job.cancel_unstarted",),
+}
+"""The edges of :data:`cyclone.states.EDGES` each statement of this module implements."""
+
 _LOCK_RUNS = lock_runs_of_jobs_stmt()
 _RETRY = retry_job_stmt()
 _FAIL_JOB = fail_job_stmt()
@@ -285,21 +282,15 @@ def items_payload(successes: Sequence[Success]) -> str:
     ).decode()
 
 
-def record(
-    conn: Connection,
-    successes: Sequence[Success],
-    failures: Sequence[Failure],
-) -> set[int]:
-    """Write a batch of outcomes in the caller's transaction; return the ids recorded.
+def record_failures(conn: Connection, failures: Sequence[Failure]) -> set[int]:
+    """Write failed attempts in the caller's transaction; return the ids recorded.
 
-    An outcome whose lease is no longer the job's (the job was rescued, handed back,
+    A failure whose lease is no longer the job's (the job was rescued, handed back,
     retried or cancelled meanwhile) is refused: its id is not in the result. The runs of
-    the jobs are locked first, then the jobs in id order.
+    the jobs are locked first, then the jobs in id order. Successes are recorded by the
+    claim statement (:func:`cyclone._claim.record_and_claim`).
     """
     recorded: set[int] = set()
-    if successes:
-        done = conn.execute(_COMPLETE, {"items": items_payload(successes)}).scalar()
-        recorded.update(done or ())
     if not failures:
         return recorded
     conn.execute(_LOCK_RUNS, {"ids": sorted(f.job_id for f in failures)}).all()

@@ -127,7 +127,7 @@ class Leader:
                 )
             self._stop.wait(delay)
 
-    def tick(self, *, now: float | None = None) -> bool:
+    def tick(self) -> bool:
         """One pass: become leader if free, then maintain if leading; True when leading.
 
         Callers hold ``self._lock``.
@@ -148,7 +148,7 @@ class Leader:
             log.info("failed %d runs past their deadline", expired)
         if rescued:
             log.warning("handed back %d jobs of workers that stopped: %s", len(rescued), rescued)
-        moment = time.monotonic() if now is None else now
+        moment = time.monotonic()
         if self.sweep and (
             self._last_sweep is None or moment - self._last_sweep >= self.sweep_interval
         ):

@@ -162,9 +162,9 @@ def rescue_jobs_stmt() -> Any:
         .where(jobs.c.id.in_(taken.scalar_subquery()), *_stale())
         .values(
             state=case(
-                (over, JobState.CANCELLED.value),
-                (gives_up, JobState.FAILED.value),
-                else_=JobState.AVAILABLE.value,
+                (over, const(JobState.CANCELLED.value)),
+                (gives_up, const(JobState.FAILED.value)),
+                else_=const(JobState.AVAILABLE.value),
             ),
             finalized_at=case((over | gives_up, func.now()), else_=None),
             attempt=case(
@@ -185,7 +185,7 @@ def expire_runs_stmt() -> Any:
     """Fail running runs past their deadline and cancel their steps not yet started."""
     due = (
         select(runs.c.id)
-        .where(runs.c.state == RunState.RUNNING.value, runs.c.deadline <= func.now())
+        .where(runs.c.state == const(RunState.RUNNING.value), runs.c.deadline <= func.now())
         .order_by(runs.c.id)
         .with_for_update(key_share=True, skip_locked=True)
     )
@@ -193,11 +193,11 @@ def expire_runs_stmt() -> Any:
         update(runs)
         .where(
             runs.c.id.in_(due.scalar_subquery()),
-            runs.c.state == RunState.RUNNING.value,
+            runs.c.state == const(RunState.RUNNING.value),
             runs.c.deadline <= func.now(),
         )
         .values(
-            state=RunState.FAILED.value,
+            state=const(RunState.FAILED.value),
             finalized_at=func.now(),
             error=func.jsonb_build_object(
                 "type",
@@ -215,9 +215,9 @@ def expire_runs_stmt() -> Any:
         update(jobs)
         .where(
             jobs.c.run_id.in_(select(expired.c.id)),
-            jobs.c.state.in_([JobState.BLOCKED.value, JobState.AVAILABLE.value]),
+            jobs.c.state.in_([const(JobState.BLOCKED.value), const(JobState.AVAILABLE.value)]),
         )
-        .values(state=JobState.CANCELLED.value, finalized_at=func.now())
+        .values(state=const(JobState.CANCELLED.value), finalized_at=func.now())
         .returning(jobs.c.id)
         .cte("cancelled")
     )
@@ -226,6 +226,13 @@ def expire_runs_stmt() -> Any:
         select(func.count()).select_from(cancelled).scalar_subquery(),
     )
 
+
+TRANSITIONS = {
+    hand_back_stmt: ("job.hand_back", "job.cancel_ended"),
+    rescue_jobs_stmt: ("job.rescue", "job.rescue_give_up", "job.cancel_ended"),
+    expire_runs_stmt: ("run.expire", "job.cancel_unstarted"),
+}
+"""The edges of :data:`cyclone.states.EDGES` each statement of this module implements."""
 
 _HEARTBEAT = heartbeat_stmt()
 _HAND_BACK = hand_back_stmt()

@@ -27,8 +27,9 @@ from sqlalchemy import (
 )
 
 from cyclone import _codec, _completion, _fastpath, _notify, errors
+from cyclone._fastpath import const
 from cyclone.schema import jobs, runs
-from cyclone.states import TERMINAL_RUN_STATES, JobState, RunState
+from cyclone.states import EDGES, TERMINAL_RUN_STATES, JobState, RunState
 
 Out = TypeVar("Out")
 
@@ -94,8 +95,8 @@ def cancel_run_stmt() -> Any:
     """Move a running run to cancelled; returns nothing if it was not running."""
     return (
         update(runs)
-        .where(runs.c.id == bindparam("rid"), runs.c.state == RunState.RUNNING.value)
-        .values(state=RunState.CANCELLED.value, finalized_at=func.now())
+        .where(runs.c.id == bindparam("rid"), runs.c.state == const(RunState.RUNNING.value))
+        .values(state=const(RunState.CANCELLED.value), finalized_at=func.now())
         .returning(runs.c.id)
     )
 
@@ -114,20 +115,18 @@ def reset_jobs_stmt(*, every_step: bool) -> Any:
     )
     pending_all = func.cardinality(jobs.c.deps)
     count = pending_all if every_step else pending
-    which = (
-        jobs.c.run_id == bindparam("rid")
-        if every_step
-        else and_(
-            jobs.c.run_id == bindparam("rid"),
-            jobs.c.state.in_([JobState.FAILED.value, JobState.CANCELLED.value]),
-        )
-    )
+    edge = EDGES["job.reset_all" if every_step else "job.reset"]
     return (
         update(jobs)
-        .where(which)
+        .where(
+            jobs.c.run_id == bindparam("rid"), jobs.c.state.in_([const(s) for s in edge.sources])
+        )
         .values(
             pending_deps=count,
-            state=case((count == 0, JobState.AVAILABLE.value), else_=JobState.BLOCKED.value),
+            state=case(
+                (count == 0, const(JobState.AVAILABLE.value)),
+                else_=const(JobState.BLOCKED.value),
+            ),
             attempt=0,
             lost=0,
             worker_id=None,
@@ -148,9 +147,11 @@ def restart_run_stmt(*, from_states: tuple[RunState, ...]) -> Any:
     )
     return (
         update(runs)
-        .where(runs.c.id == bindparam("rid"), runs.c.state.in_([s.value for s in from_states]))
+        .where(
+            runs.c.id == bindparam("rid"), runs.c.state.in_([const(s.value) for s in from_states])
+        )
         .values(
-            state=RunState.RUNNING.value,
+            state=const(RunState.RUNNING.value),
             finalized_at=None,
             error=None,
             failed_step=None,
@@ -181,6 +182,15 @@ def select_result_stmt() -> Any:
         .where(runs.c.id == bindparam("rid"))
     )
 
+
+TRANSITIONS = {
+    cancel_run_stmt: ("run.cancel",),
+    (lambda: reset_jobs_stmt(every_step=False)): ("job.reset", "job.reset_blocked"),
+    (lambda: reset_jobs_stmt(every_step=True)): ("job.reset_all", "job.reset_all_blocked"),
+    (lambda: restart_run_stmt(from_states=(RunState.FAILED, RunState.CANCELLED))): ("run.retry",),
+    (lambda: restart_run_stmt(from_states=tuple(TERMINAL_RUN_STATES))): ("run.retry_all",),
+}
+"""The edges of :data:`cyclone.states.EDGES` each statement of this module implements."""
 
 _SELECT_STATUS = select_status_stmt()
 _CANCEL_RUN = cancel_run_stmt()

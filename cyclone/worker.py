@@ -548,7 +548,7 @@ class Worker:
         try:
             if failures:
                 with self.engine.begin() as conn:
-                    recorded = _completion.record(conn, (), failures)
+                    recorded = _completion.record_failures(conn, failures)
                 self._settle(failures, recorded)
             held = self._held
             assert held is not None, "record_and_claim runs inside _serve"

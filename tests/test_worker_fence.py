@@ -89,7 +89,7 @@ def test_a_stale_owners_outcome_is_refused_even_when_the_same_worker_claimed_the
         assert _job_of(engine, name)[:2] == ("running", second.lease)
         with engine.begin() as conn:
             failure = _completion.Failure(first.id, first.lease, {"type": "Late"}, 0.0)
-            assert _completion.record(conn, [], [failure]) == set()
+            assert _completion.record_failures(conn, [failure]) == set()
         assert _job_of(engine, name)[:2] == ("running", second.lease)
 
         current = _completion.Success(second.id, second.lease, "2")
