@@ -1,6 +1,8 @@
 """Retention: delete terminal runs and finished standalone jobs in bounded batches.
 
-The worker's sweeper runs this under an advisory lock, so one worker sweeps at a time.
+The maintenance leader (:mod:`cyclone._leader`) sweeps, so one worker sweeps at a time.
+Each batch locks its runs in id order (skipping locked ones), then the delete cascades
+to their jobs: the lock order of :mod:`cyclone.states`.
 """
 
 from __future__ import annotations
@@ -11,14 +13,12 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Interval, bindparam, delete, func, select
 
-from cyclone import _pg
 from cyclone.schema import jobs, runs
 from cyclone.states import TERMINAL_JOB_STATES, TERMINAL_RUN_STATES
 
 DEFAULT_BATCH = 1000
 DEFAULT_KEEP = timedelta(days=7)
 DEFAULT_INTERVAL = timedelta(minutes=5)
-SWEEPER_LOCK = 0x6379636C73776570  # "cyclswep"
 
 
 def _runs_due() -> list[Any]:
@@ -42,6 +42,7 @@ def purge_runs_stmt() -> object:
     doomed = (
         select(runs.c.id)
         .where(*_runs_due())
+        .order_by(runs.c.id)
         .limit(bindparam("batch"))
         .with_for_update(skip_locked=True)
     )
@@ -53,6 +54,7 @@ def purge_jobs_stmt() -> object:
     doomed = (
         select(jobs.c.id)
         .where(*_jobs_due())
+        .order_by(jobs.c.id)
         .limit(bindparam("batch"))
         .with_for_update(skip_locked=True)
     )
@@ -95,12 +97,12 @@ def _purge(
     params = {"older_than": older_than, "batch": batch_size}
     total = 0
     while True:
-        deleted = int(
-            _pg.in_transaction_retrying_deadlocks(
-                bind,
-                lambda conn: conn.execute(stmt, params).rowcount,  # type: ignore[call-overload]
-            )
-        )
+        if isinstance(bind, Connection):
+            with bind.begin():
+                deleted = int(bind.execute(stmt, params).rowcount)  # type: ignore[call-overload]
+        else:
+            with bind.begin() as conn:
+                deleted = int(conn.execute(stmt, params).rowcount)  # type: ignore[call-overload]
         total += deleted
         if progress is not None:
             progress(deleted)
@@ -126,22 +128,9 @@ def purge_jobs(
     return _purge(engine, _PURGE_JOBS, older_than, batch_size, progress)
 
 
-def sweep(engine: Engine, keep: timedelta, batch_size: int = DEFAULT_BATCH) -> tuple[int, int]:
-    """One sweep, if no other process is sweeping: (runs deleted, jobs deleted).
-
-    The batches run on the connection that holds the lock, so a sweep takes one pool
-    connection, never a second while it holds the first.
-    """
-    with engine.connect() as conn:
-        taken = _pg.try_advisory_lock(conn, SWEEPER_LOCK)
-        conn.commit()
-        if not taken:
-            return (0, 0)
-        try:
-            return (
-                _purge(conn, _PURGE_RUNS, keep, batch_size),
-                _purge(conn, _PURGE_JOBS, keep, batch_size),
-            )
-        finally:
-            _pg.advisory_unlock(conn, SWEEPER_LOCK)
-            conn.commit()
+def sweep_on(conn: Connection, keep: timedelta, batch_size: int = DEFAULT_BATCH) -> tuple[int, int]:
+    """One sweep on the leader's connection: (runs deleted, jobs deleted)."""
+    return (
+        _purge(conn, _PURGE_RUNS, keep, batch_size),
+        _purge(conn, _PURGE_JOBS, keep, batch_size),
+    )

@@ -26,9 +26,10 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB, insert
 
 from cyclone import _binds, _codec, _notify, errors
+from cyclone._fastpath import const
 from cyclone.runs import wait_until_finished
 from cyclone.schema import jobs
-from cyclone.states import ACTIVE_JOB_STATES, TERMINAL_JOB_STATES, JobState
+from cyclone.states import ACTIVE_JOB_STATES, EDGES, TERMINAL_JOB_STATES, JobState
 
 R = TypeVar("R")
 
@@ -151,17 +152,27 @@ _SELECT_JOB = select(*JOB_STATUS_COLUMNS).where(jobs.c.id == bindparam("job_id")
 _SELECT_OUTPUT = select(jobs.c.state, cast(jobs.c.output, Text)).where(
     jobs.c.id == bindparam("job_id")
 )
-_CANCELLABLE = (JobState.AVAILABLE.value, JobState.BLOCKED.value)
-_CANCEL_JOB = (
-    update(jobs)
-    .where(
-        jobs.c.id == bindparam("job_id"),
-        jobs.c.run_id.is_(None),
-        jobs.c.state.in_(_CANCELLABLE),
+
+
+def cancel_job_stmt() -> Any:
+    """Cancel a standalone job that has not started; returns nothing otherwise."""
+    edge = EDGES["job.cancel_unstarted"]
+    return (
+        update(jobs)
+        .where(
+            jobs.c.id == bindparam("job_id"),
+            jobs.c.run_id.is_(None),
+            jobs.c.state.in_([const(s) for s in edge.sources]),
+        )
+        .values(state=const(edge.target), finalized_at=func.now())
+        .returning(jobs.c.id)
     )
-    .values(state=JobState.CANCELLED.value, finalized_at=func.now())
-    .returning(jobs.c.id)
-)
+
+
+TRANSITIONS = {cancel_job_stmt: ("job.cancel_unstarted",)}
+"""The edges of :data:`cyclone.states.EDGES` each statement of this module implements."""
+
+_CANCEL_JOB = cancel_job_stmt()
 _SELECT_STANDALONE_STATE = select(jobs.c.state).where(
     jobs.c.id == bindparam("job_id"), jobs.c.run_id.is_(None)
 )

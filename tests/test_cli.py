@@ -82,7 +82,7 @@ def test_worker_drain_runs_the_workflows_of_a_module(
         env={"CYCLONE_CLI_WORKFLOW": name},
     )
     assert done.returncode == 0, done.stderr
-    assert "ran 1 job\n" in done.stdout
+    assert "ran 1 job: 1 completed, 0 retried, 0 failed\n" in done.stdout
     assert run.result(timeout=10) == "hello ada"
 
     listed = cli(database_url, "runs", "list", "--workflow", name)

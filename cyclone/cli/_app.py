@@ -351,12 +351,13 @@ def _add_commands(group: click.Group) -> None:
         )
         if drain:
             ran = the_worker.drain()
-            click.echo(f"ran {ran} job{'' if ran == 1 else 's'}")
-        elif grace is None:
-            the_worker.run()
+            stats = the_worker.stats
+            click.echo(
+                f"ran {ran} job{'' if ran == 1 else 's'}: {stats.completed} completed, "
+                f"{stats.retried} retried, {stats.failed} failed"
+            )
         else:
-            run: Callable[..., None] = the_worker.run
-            run(grace=grace)
+            the_worker.run(grace=grace)
 
     runs = click.Group("runs", help="List and inspect runs; cancel and retry them.")
     group.add_command(runs)
