@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ import cyclone
 from cyclone import migrations
 from cyclone.schema import jobs
 from tests.conftest import wait_until
+from tests.support.factories import finish
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -201,14 +203,8 @@ def test_without_click_the_command_names_the_cli_extra() -> None:
     )
 
 
-def test_a_terminal_gets_a_coloured_table_and_a_pipe_plain_columns(
-    engine: sa.Engine, database_url: URL, name: str
-) -> None:
-    wf = cyclone.Workflow(name)
-    wf.step("only")(lambda ctx, value: None)
-    wf.submit_once(engine, "k", 1)
-    url = database_url.render_as_string(hide_password=False)
-    args = [CYCLONE, "runs", "list", "--workflow", name, "--url", url]
+def in_terminal(args: list[str]) -> str:
+    """Run a command with a pseudo-terminal as stdout and stderr; return what it showed."""
     controller, terminal = pty.openpty()
     with subprocess.Popen(
         args, stdout=terminal, stderr=terminal, cwd=ROOT, env={**os.environ, "COLUMNS": "200"}
@@ -223,9 +219,36 @@ def test_a_terminal_gets_a_coloured_table_and_a_pipe_plain_columns(
             if not chunk:
                 break
             seen += chunk
-        assert proc.wait(timeout=60) == 0
+        assert proc.wait(timeout=60) == 0, seen.decode()
     os.close(controller)
-    shown = seen.decode()
+    return seen.decode()
+
+
+def test_purge_shows_a_progress_bar_on_a_terminal(fresh_database: URL) -> None:
+    engine = sa.create_engine(fresh_database, poolclass=sa.NullPool)
+    cyclone.upgrade(engine)
+    wf = cyclone.Workflow("purged")
+    wf.step("only")(lambda ctx, value: None)
+    for i in range(3):
+        run, _ = wf.submit_once(engine, f"k{i}", i)
+        finish(engine, run.id, cyclone.RunState.COMPLETED, ago=timedelta(days=30))
+    engine.dispose()
+    url = fresh_database.render_as_string(hide_password=False)
+    shown = in_terminal([CYCLONE, "purge", "--older-than", "7d", "--url", url])
+    assert "deleting runs" in shown
+    assert "3/3" in shown
+    assert "deleted 3 runs and 0 standalone jobs" in shown
+
+
+def test_a_terminal_gets_a_coloured_table_and_a_pipe_plain_columns(
+    engine: sa.Engine, database_url: URL, name: str
+) -> None:
+    wf = cyclone.Workflow(name)
+    wf.step("only")(lambda ctx, value: None)
+    wf.submit_once(engine, "k", 1)
+    url = database_url.render_as_string(hide_password=False)
+    args = [CYCLONE, "runs", "list", "--workflow", name, "--url", url]
+    shown = in_terminal(args)
     assert "\x1b[" in shown
     assert "WORKFLOW" in shown
     assert "running" in shown

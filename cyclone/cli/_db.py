@@ -147,7 +147,11 @@ def schema_error(engine: Engine, command_path: str, exc: BaseException) -> Comma
     found = migrations.current_revision(engine)
     expected = migrations.head_revision()
     migrate = f"run `{command_path} migrate`"
-    if found is None:
+    if "`cyclone migrate`" not in str(exc):
+        # Another fix than migrate (cyclone's revisions in the application's alembic
+        # history, or a newer revision than this version knows): the error says which.
+        message = str(exc)
+    elif found is None:
         message = f"the database at {where(engine.url)} has no cyclone schema: {migrate}"
     elif found == expected:
         message = str(exc)
