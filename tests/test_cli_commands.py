@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import click
 import pytest
 import sqlalchemy as sa
 from alembic.script import ScriptDirectory
@@ -720,3 +721,44 @@ def test_dashboard_without_its_extra_is_one_line(
         "cyclone: the dashboard needs the dashboard extra (no module cyclone.dashboard): "
         "pip install 'cyclone[dashboard]'\n"
     )
+
+
+# -- mounted under a host's command line; -v -----------------------------------------------
+
+
+def test_a_mounted_group_names_its_own_command_path_and_keeps_the_host_obj(
+    fresh_database: URL,
+) -> None:
+    seen: list[object] = []
+    marker = object()
+
+    @click.group("host")
+    @click.pass_context
+    def host(ctx: click.Context) -> None:
+        ctx.obj = marker
+
+    @host.result_callback()
+    @click.pass_context
+    def after(ctx: click.Context, *_: object, **__: object) -> None:
+        seen.append(ctx.obj)
+
+    host.add_command(build_cli(), "cyclone")
+    done = CliRunner().invoke(host, ["cyclone", "runs", "list", "--url", url_text(fresh_database)])
+    assert done.exit_code == 4
+    assert done.stderr.endswith("has no cyclone schema: run `host cyclone migrate`\n")
+
+    listed = CliRunner().invoke(host, ["cyclone", "--version"])
+    assert listed.exit_code == 0
+    ok = CliRunner().invoke(host, ["cyclone", "migrate", "--sql", "--from", revisions()[-2]])
+    assert ok.exit_code == 0, ok.output
+    assert seen == [marker]
+
+
+def test_verbose_after_the_subcommand_shows_the_traceback() -> None:
+    done = CliRunner().invoke(build_cli(), ["check", "--url", "postgresql://u@127.0.0.1:1/d", "-v"])
+    assert done.exit_code == 3
+    lines = done.stderr.splitlines()
+    assert lines[0] == "Traceback (most recent call last):"
+    assert lines[-1].startswith("cyclone: cannot connect to PostgreSQL at 127.0.0.1:1")
+    quiet = CliRunner().invoke(build_cli(), ["check", "--url", "postgresql://u@127.0.0.1:1/d"])
+    assert quiet.stderr.count("\n") == 1
