@@ -21,7 +21,6 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select
-from sqlalchemy.exc import DBAPIError
 
 from cyclone import _rescue, _sweeper
 
@@ -158,21 +157,15 @@ class Leader:
                 log.info("sweeper deleted %d runs and %d jobs", runs_deleted, jobs_deleted)
         return True
 
-    def once(self, *, sweep: bool = False) -> bool:
-        """A pass on the caller's thread (a drain's first and last): lead if free, maintain.
-
-        Returns whether this worker led; when another worker leads, its own passes apply
-        the deadlines and rescues instead.
+    def once(self) -> bool:
+        """A pass on the caller's thread (a drain's first and last), without a sweep: lead
+        if free, then apply deadlines and rescue. Returns whether this worker led; when
+        another worker leads, its own passes apply them instead.
         """
-        previous = self.sweep
-        self.sweep = sweep and previous
+        previous, self.sweep = self.sweep, False
         try:
             with self._lock:
                 return self.tick()
-        except DBAPIError:
-            with self._lock:
-                self._close()
-            raise
         finally:
             self.sweep = previous
 

@@ -221,6 +221,7 @@ class Worker:
         self._stopping = threading.Event()
         self._abandon = threading.Event()
         self._stop_deadline: float | None = None
+        self._grace: float | None = None
         self._inflight: dict[int, _claim.Claimed] = {}
         self._pending: dict[int, tuple[_claim.Claimed, Outcome]] = {}
         self._busy: Counter[str] = Counter()
@@ -284,7 +285,7 @@ class Worker:
             self._abandon.set()
             self._wake.set()
             return
-        grace = getattr(self, "_grace", None)
+        grace = self._grace
         log.info(
             "worker %s stopping on signal %d; jobs in flight get %s",
             self.id,
