@@ -762,3 +762,19 @@ def test_verbose_after_the_subcommand_shows_the_traceback() -> None:
     assert lines[-1].startswith("cyclone: cannot connect to PostgreSQL at 127.0.0.1:1")
     quiet = CliRunner().invoke(build_cli(), ["check", "--url", "postgresql://u@127.0.0.1:1/d"])
     assert quiet.stderr.count("\n") == 1
+
+
+def test_a_newer_schema_lets_a_worker_start_but_says_upgrade_cyclone_elsewhere(
+    migrated: URL, caplog: pytest.LogCaptureFixture
+) -> None:
+    with scratch_engine(migrated) as engine, engine.begin() as conn:
+        conn.execute(sa.text("UPDATE cyclone_alembic_version SET version_num = 'cyclone_9999'"))
+    listing = invoke(migrated, "runs", "list")
+    assert listing.exit_code == 4
+    assert listing.stderr.endswith(
+        "has cyclone schema cyclone_9999, newer than this version of cyclone knows "
+        f"(it needs {migrations.head_revision()}): upgrade cyclone\n"
+    )
+    worker = invoke(migrated, "worker", "tests.support.cli_defs", "--drain")
+    assert worker.exit_code == 0, worker.output
+    assert "cyclone schema cyclone_9999, newer than this version knows" in caplog.text

@@ -341,7 +341,9 @@ def _add_commands(group: click.Group) -> None:
             options["concurrency"] = concurrency
         if queues:
             options["queues"] = dict(_queue(q) for q in queues)
-        the_worker = Worker(inv.engine(), workflows=workflows, steps=steps, **options)
+        engine = inv.engine(schema=False)
+        _db.require_schema(engine, inv.command_path, allow_newer=True)
+        the_worker = Worker(engine, workflows=workflows, steps=steps, **options)
         logging.getLogger("cyclone.cli").info(
             "worker %s: workflows %s, step kinds %s, queues %s",
             the_worker.id,

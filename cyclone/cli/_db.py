@@ -6,12 +6,14 @@ exit status from the table below (documented in docs/operations.md).
 
 from __future__ import annotations
 
+import logging
 import re
 import traceback
 from typing import IO, Any
 
 import click
 import psycopg
+from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
@@ -26,6 +28,8 @@ EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
 
 CONNECT_TIMEOUT = 10
+
+log = logging.getLogger("cyclone.cli")
 
 
 class CommandError(click.ClickException):
@@ -135,11 +139,29 @@ def unreachable(engine: Engine, exc: BaseException) -> CommandError:
     return Unreachable(f"cannot connect to PostgreSQL at {where(engine.url)}: {_reason(exc)}")
 
 
-def require_schema(engine: Engine, command_path: str) -> None:
-    """Exit with EXIT_SCHEMA, naming ``migrate``, unless the schema is this version's."""
+def known_revisions() -> frozenset[str]:
+    """Every revision this version of cyclone ships."""
+    script = ScriptDirectory.from_config(migrations.alembic_config())
+    return frozenset(rev.revision for rev in script.walk_revisions())
+
+
+def require_schema(engine: Engine, command_path: str, *, allow_newer: bool = False) -> None:
+    """Exit with EXIT_SCHEMA, naming ``migrate``, unless the schema is this version's.
+
+    ``allow_newer`` lets a worker start on a revision newer than it knows (a rolling
+    deploy that migrated first), with a warning.
+    """
     try:
         migrations.check_schema(engine)
     except errors.SchemaError as exc:
+        found = migrations.current_revision(engine)
+        if allow_newer and found is not None and found not in known_revisions():
+            log.warning(
+                "the database has cyclone schema %s, newer than this version knows (%s)",
+                found,
+                migrations.head_revision(),
+            )
+            return
         raise schema_error(engine, command_path, exc) from exc
 
 
@@ -147,7 +169,12 @@ def schema_error(engine: Engine, command_path: str, exc: BaseException) -> Comma
     found = migrations.current_revision(engine)
     expected = migrations.head_revision()
     migrate = f"run `{command_path} migrate`"
-    if "`cyclone migrate`" not in str(exc):
+    if found is not None and found not in known_revisions():
+        message = (
+            f"the database at {where(engine.url)} has cyclone schema {found}, newer than "
+            f"this version of cyclone knows (it needs {expected}): upgrade cyclone"
+        )
+    elif "`cyclone migrate`" not in str(exc):
         # Another fix than migrate (cyclone's revisions in the application's alembic
         # history, or a newer revision than this version knows): the error says which.
         message = str(exc)
