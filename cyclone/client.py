@@ -169,9 +169,10 @@ class Client:
         return None if row is None else status_from_row(row)
 
     def get_run_detail(self, run_id: uuid.UUID | str) -> RunDetail | None:
-        """The run with its input, result and steps (one read-only transaction), or None."""
+        """The run with its input, result and steps (one snapshot), or None."""
         run_uuid = run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
-        with self._engine.connect() as conn, conn.begin():
+        snapshot = self._engine.connect().execution_options(isolation_level="REPEATABLE READ")
+        with snapshot as conn, conn.begin():
             status_row = conn.execute(
                 select(*STATUS_COLUMNS).where(runs.c.id == bindparam("id")), {"id": run_uuid}
             ).first()
