@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pty
+import re
 import signal
 import socket
 import subprocess
@@ -85,6 +86,12 @@ def test_worker_drain_runs_the_workflows_of_a_module(
     )
     assert done.returncode == 0, done.stderr
     assert "ran 1 job: 1 completed, 0 retried, 0 failed\n" in done.stdout
+    assert re.search(
+        r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO cyclone\.cli: worker \S+: "
+        rf"workflows {name}, step kinds none, queues all$",
+        done.stderr,
+        flags=re.M,
+    ), done.stderr
     assert run.result(timeout=10) == "hello ada"
 
     listed = cli(database_url, "runs", "list", "--workflow", name)

@@ -120,7 +120,7 @@ def _common(f: F) -> F:
         is_flag=True,
         expose_value=False,
         callback=_set_verbose,
-        help="Show tracebacks of errors; log at DEBUG.",
+        help="Show the traceback behind an error; the worker logs cyclone's DEBUG lines.",
     )(f)
     return f
 
@@ -304,7 +304,8 @@ def _add_commands(group: click.Group) -> None:
         "-c",
         "--concurrency",
         type=click.IntRange(min=1),
-        help="Jobs run at once over all queues (threads).",
+        metavar="N",
+        help="Jobs run at once over all queues (threads; default 4).",
     )
     @click.option("--drain", is_flag=True, help="Run what is runnable now, then exit.")
     @click.option(
@@ -323,7 +324,7 @@ def _add_commands(group: click.Group) -> None:
         """Run the workflows and step kinds of MODULE (all it defines) or MODULE:ATTR.
 
         ATTR names one workflow, one step kind, or a list of them. Logs go to stderr
-        at INFO (-v: DEBUG).
+        at INFO (-v: cyclone's own loggers at DEBUG).
         """
         inv = _invocation()
         host = inv.host
@@ -334,8 +335,10 @@ def _add_commands(group: click.Group) -> None:
             workflows, steps = list(found_workflows), list(found_steps)
         else:
             raise click.UsageError("name at least one MODULE[:ATTR] holding workflows or steps")
-        logging.basicConfig(level=logging.DEBUG if inv.verbose else logging.INFO, format=LOG_FORMAT)
+        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
         logging.getLogger("alembic").setLevel(logging.WARNING)
+        if inv.verbose:
+            logging.getLogger("cyclone").setLevel(logging.DEBUG)
         options: dict[str, Any] = dict(host.worker_options()) if host.worker_options else {}
         if concurrency is not None:
             options["concurrency"] = concurrency
