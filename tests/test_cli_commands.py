@@ -445,6 +445,11 @@ def test_jobs_list_filters_by_queue_kind_and_state(
     )
     assert [row["id"] for row in by_queue] == [done_job.id]
 
+    newest = json_lines(
+        invoke(database_url, "jobs", "list", "--kind", name, "--limit", "1", "--json")
+    )
+    assert [row["id"] for row in newest] == [waiting.id]
+
     table = invoke(database_url, "jobs", "list", "--kind", name)
     header, *rows = table.stdout.splitlines()
     assert header.split()[:6] == ["ID", "KIND", "QUEUE", "KEY", "STATE", "ATTEMPTS"]
@@ -707,8 +712,12 @@ def test_dashboard_serves_the_engine_on_the_host_and_port(
     monkeypatch.setitem(sys.modules, "cyclone.dashboard", module)
     done = invoke(database_url, "dashboard", "--host", "0.0.0.0", "--port", "9000")
     assert done.exit_code == 0, done.output
-    [(engine, host, port)] = served
-    assert (engine.url.database, host, port) == (database_url.database, "0.0.0.0", 9000)
+    defaults = invoke(database_url, "dashboard")
+    assert defaults.exit_code == 0, defaults.output
+    assert [(e.url.database, h, p) for e, h, p in served] == [
+        (database_url.database, "0.0.0.0", 9000),
+        (database_url.database, "127.0.0.1", 8421),
+    ]
 
 
 def test_dashboard_without_its_extra_is_one_line(
