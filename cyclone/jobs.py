@@ -19,13 +19,15 @@ from sqlalchemy import (
     cast,
     func,
     select,
+    update,
 )
 from sqlalchemy.dialects.postgresql import JSONB, insert
 
 from cyclone import _binds, _codec, _fastpath, _notify, errors
+from cyclone._fastpath import const
 from cyclone.runs import wait_until_finished
 from cyclone.schema import jobs
-from cyclone.states import ACTIVE_JOB_STATES, TERMINAL_JOB_STATES, JobState
+from cyclone.states import ACTIVE_JOB_STATES, EDGES, TERMINAL_JOB_STATES, JobState
 
 R = TypeVar("R")
 
@@ -150,6 +152,46 @@ _SELECT_OUTPUT = select(jobs.c.state, cast(jobs.c.output, Text)).where(
 )
 
 
+def cancel_job_stmt() -> Any:
+    """Cancel a standalone job that has not started; returns nothing otherwise."""
+    edge = EDGES["job.cancel_unstarted"]
+    return (
+        update(jobs)
+        .where(
+            jobs.c.id == bindparam("job_id"),
+            jobs.c.run_id.is_(None),
+            jobs.c.state.in_([const(s) for s in edge.sources]),
+        )
+        .values(state=const(edge.target), finalized_at=func.now())
+        .returning(jobs.c.id)
+    )
+
+
+TRANSITIONS = {cancel_job_stmt: ("job.cancel_unstarted",)}
+"""The edges of :data:`cyclone.states.EDGES` each statement of this module implements."""
+
+_CANCEL_JOB = cancel_job_stmt()
+_SELECT_STANDALONE_STATE = select(jobs.c.state).where(
+    jobs.c.id == bindparam("job_id"), jobs.c.run_id.is_(None)
+)
+
+
+def cancel_job(engine: Engine, job_id: int) -> None:
+    """Cancel a standalone job that has not started; one guarded UPDATE.
+
+    Raises:
+        NotFoundError: no standalone job has this id.
+        InvalidStateError: the job is running or has ended.
+    """
+    with _binds.autocommit(engine) as conn:
+        if conn.execute(_CANCEL_JOB, {"job_id": job_id}).first() is not None:
+            return
+        state = conn.execute(_SELECT_STANDALONE_STATE, {"job_id": job_id}).scalar()
+    if state is None:
+        raise errors.NotFoundError(f"standalone job {job_id} does not exist")
+    raise errors.InvalidStateError(operation="cancel", run_id=job_id, state=state, what="job")
+
+
 class Job(Generic[R]):
     """A handle on one standalone job."""
 
@@ -176,6 +218,14 @@ class Job(Generic[R]):
         if row is None:
             raise errors.NotFoundError(f"job {self.id} does not exist (pruned, or not committed)")
         return job_status_from_row(row)
+
+    def cancel(self) -> None:
+        """Cancel the job if it has not started (a running job finishes its attempt).
+
+        Raises:
+            InvalidStateError: the job is running or has ended.
+        """
+        cancel_job(self._engine, self.id)
 
     def wait(self, timeout: float | None = None) -> JobStatus:
         """Wait until the job is completed, failed or cancelled; return its status.

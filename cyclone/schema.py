@@ -119,6 +119,8 @@ jobs = Table(
     Column("deps", ARRAY(Text), nullable=False, server_default="{}"),
     Column("pending_deps", Integer, nullable=False, server_default="0"),
     Column("attempt", Integer, nullable=False, server_default="0"),
+    Column("lease", BigInteger, nullable=False, server_default="0"),
+    Column("lost", Integer, nullable=False, server_default="0"),
     Column("max_attempts", Integer, nullable=False),
     Column("errors", JSONB, nullable=False, server_default=text("'[]'::jsonb")),
     Column("unique_key", Text),
@@ -136,6 +138,7 @@ jobs = Table(
     ),
     CheckConstraint("max_attempts > 0", name="max_attempts"),
     CheckConstraint("attempt >= 0 AND attempt <= max_attempts", name="attempt"),
+    CheckConstraint("lost >= 0", name="lost"),
     CheckConstraint("(run_id IS NULL) = (workflow IS NULL)", name="run_or_standalone"),
 )
 # The claim indexes, one range per workflow and per standalone kind, so that a claim reads

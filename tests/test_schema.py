@@ -118,6 +118,7 @@ def test_constraint_names_follow_the_naming_convention(conn: sa.Connection) -> N
         "ck_cyclone_jobs_finalized_at",
         "ck_cyclone_jobs_max_attempts",
         "ck_cyclone_jobs_attempt",
+        "ck_cyclone_jobs_lost",
         "ck_cyclone_jobs_run_or_standalone",
     }
     assert names == metadata_constraint_names()
