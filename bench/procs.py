@@ -26,12 +26,6 @@ def _engine(url: str, pool_size: int = 8) -> sa.Engine:
 def _warm(engine: sa.Engine) -> None:
     with engine.connect() as conn:
         conn.execute(sa.select(1))
-    try:  # start the process's LISTEN thread before the clock does
-        from cyclone import _notify
-
-        _notify.listener(engine).wait_ready(5.0)
-    except Exception:
-        pass
 
 
 def cyclone_drain(

@@ -33,7 +33,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 import cyclone
-from bench import procs, run, workloads
+from bench import capture, procs, run, workloads
 
 
 @contextmanager
@@ -47,12 +47,6 @@ def database(url: str) -> Iterator[sa.Engine]:
             conn.exec_driver_sql(workloads.RAW_DDL)
         yield engine
     finally:
-        try:
-            from cyclone import _notify
-
-            _notify.listener(engine).stop()
-        except Exception:
-            pass
         engine.dispose()
         run.drop_database(admin, db)
 
@@ -112,8 +106,8 @@ def profile_submit(engine: sa.Engine, n: int) -> None:
 
 
 def profile_drain(engine: sa.Engine, n: int, what: str, concurrency: int) -> None:
-    from cyclone import _claim, _completion, _executor
-    from cyclone import worker as worker_mod
+    """A pyinstrument profile of ``Worker.drain()``'s loop thread (the caller's)."""
+    from pyinstrument import Profiler
 
     if what == "jobs":
         with engine.begin() as conn:
@@ -131,42 +125,19 @@ def profile_drain(engine: sa.Engine, n: int, what: str, concurrency: int) -> Non
         )
     with engine.begin() as conn:  # as autovacuum would after a bulk load (see run.analyze)
         conn.exec_driver_sql("ANALYZE cyclone_jobs, cyclone_runs")
-    timings = Timings()
-    undo = [
-        timings.wrap(worker_mod.Worker, "_record_and_claim", "loop: record+claim transaction"),
-        timings.wrap(_completion, "record", "  complete statement"),
-        timings.wrap(_claim, "record_and_claim", "  record+claim statement"),
-        timings.wrap(worker_mod.Worker, "_maintain", "loop: maintenance"),
-        timings.wrap(_executor, "execute", "pool threads: _executor.execute"),
-    ]
-    batches: list[int] = []
-    original_record = worker_mod.Worker._record_and_claim
-
-    def counting(self: Any, outcomes: Any, free: Any) -> Any:
-        batches.append(len(outcomes))
-        return original_record(self, outcomes, free)
-
-    worker_mod.Worker._record_and_claim = counting  # type: ignore[method-assign]
-    try:
-        t0 = time.perf_counter()
-        ran = w.drain()
-        wall = time.perf_counter() - t0
-    finally:
-        worker_mod.Worker._record_and_claim = original_record  # type: ignore[method-assign]
-        for u in reversed(undo):
-            u()
-    timings.report(wall, ran, "jobs")
-    print(
-        f"  record+claim transactions: {len(batches)}, outcomes recorded per transaction: "
-        f"mean {statistics.mean(batches):.2f}, median {statistics.median(batches)}"
-    )
+    profiler = Profiler(interval=0.0002)
+    profiler.start()
+    t0 = time.perf_counter()
+    ran = w.drain()
+    wall = time.perf_counter() - t0
+    profiler.stop()
+    print(f"wall {wall:.3f} s for {ran} jobs: {wall / ran * 1e6:.0f} us each; {w.stats}")
+    print(profiler.output_text(unicode=False, color=False, show_all=False))
 
 
 def profile_ping(engine: sa.Engine, tries: int) -> None:
     """Where the submit -> result() time goes, with an idle worker in another process."""
     import multiprocessing
-
-    from cyclone import runs as runs_mod
 
     mp = multiprocessing.get_context("spawn")
     out: Any = mp.Queue()
@@ -178,8 +149,7 @@ def profile_ping(engine: sa.Engine, tries: int) -> None:
         timings = Timings()
         undo = [
             timings.wrap(workloads.ping, "submit_once", "submit_once"),
-            timings.wrap(runs_mod.ResultRun, "_read_result", "result(): _read_result"),
-            timings.wrap(runs_mod, "wait_until_finished", "result(): wait_until_finished"),
+            timings.wrap(cyclone.ResultRun, "result", "result()"),
         ]
         samples = []
         try:
@@ -214,45 +184,38 @@ def profile_ping(engine: sa.Engine, tries: int) -> None:
 
 
 def explain(engine: sa.Engine) -> None:
-    """EXPLAIN (ANALYZE, BUFFERS, WAL) of the hot fast-path statements, in a rolled-back
-    transaction: submit_once of a new and of an existing key, a claim, a record+claim."""
-    from cyclone import _claim, _completion, _fastpath, submit
+    """EXPLAIN (ANALYZE, BUFFERS, WAL) of the hot statements, in a rolled-back transaction:
+    submit_once of a new and of an existing key, a claim, a record+claim. The statements
+    are those cyclone sends, captured through SQLAlchemy's cursor events."""
+    wf = workloads.ping
+    with capture.captured(engine) as seen:
+        wf.submit_once(engine, "probe", 0)
+        cyclone.Worker(engine, workflows=[wf], concurrency=48).drain()
+    submit_sql, submit_params = capture.first(seen, "WITH")
+    claim_sql, claim_params = capture.first(seen, capture.CLAIM)
+    record_sql, record_params = capture.first(seen, capture.RECORD_AND_CLAIM)
 
-    def show(title: str, stmt: _fastpath.Compiled, params: dict[str, Any]) -> list[Any]:
+    def show(title: str, sql: str, params: dict[str, Any]) -> list[Any]:
         """EXPLAIN the statement in a rolled-back transaction, then run it in autocommit."""
-        values = {**stmt.defaults, **params}
-        driver.autocommit = False
-        rows = driver.execute("EXPLAIN (ANALYZE, BUFFERS, WAL) " + stmt.sql, values).fetchall()
-        driver.rollback()
-        driver.autocommit = True
-        print(f"--- {title}")
-        keep = ("Time", "Trigger", "WAL")
-        print("\n".join(r[0] for r in rows[:1] + rows[-6:] if any(w in r[0] for w in keep)))
-        return driver.execute(stmt.sql, values).fetchall()
+        with psycopg.connect(run.conninfo(engine.url)) as driver:
+            rows = driver.execute("EXPLAIN (ANALYZE, BUFFERS, WAL) " + sql, params).fetchall()
+            driver.rollback()
+            driver.autocommit = True
+            print(f"--- {title}")
+            keep = ("Time", "Trigger", "WAL")
+            print("\n".join(r[0] for r in rows[:1] + rows[-6:] if any(w in r[0] for w in keep)))
+            return driver.execute(sql, params).fetchall()
 
-    plan = workloads.ping.plan()
-    params = submit._params(plan, "1", None, None)
-    scope = _claim.Scope(queues=None, workflows=(plan.workflow,), kinds=())
-    fairy = engine.raw_connection()
-    driver = fairy.driver_connection
-    assert driver is not None
-    try:
-        driver.autocommit = True
-        for i in range(20):  # warm the caches; the 20 runs' jobs are the ones claimed below
-            driver.execute(plan.fast_insert_run_once.sql, {**params, "key": f"w{i}"})
-        for key in ("x0", "x1", "x1"):
-            show(f"submit_once key {key}", plan.fast_insert_run_once, {**params, "key": key})
-        claim = _claim._fast_claim(scope, False, 48)
-        got = show("claim (limit 48, 23 available)", claim, {"me": "x", "items": "[]"})
-        items = _completion.items_payload([_completion.Success(r[0], r[5], "1") for r in got])
-        show(
-            f"record {len(got)} successes + claim (limit 48)",
-            _claim._fast_claim(scope, True, 48),
-            {"me": "x", "items": items},
-        )
-    finally:
-        driver.autocommit = False
-        fairy.close()
+    for i in range(20):  # warm the caches; the 20 runs' jobs are the ones claimed below
+        wf.submit_once(engine, f"w{i}", i)
+    for key in ("x0", "x1", "x1"):
+        show(f"submit_once key {key}", submit_sql, {**submit_params, "key": key})
+    got = show("claim (23 available)", claim_sql, {**claim_params, "me": "x"})
+    show(
+        f"record {len(got)} successes + claim",
+        record_sql,
+        {**record_params, "me": "x", "items": capture.items(got)},
+    )
 
 
 _STEPS_TRIGGER = """

@@ -43,7 +43,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
 import cyclone
-from bench import procs, workloads
+from bench import capture, procs, workloads
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -174,15 +174,11 @@ class Bench:
         self.figures: dict[str, Figure] = {}
         self.statements: dict[str, dict[str, float]] = {}
         self.mp = multiprocessing.get_context("spawn")
+        self._claim_sql: Any = None
 
     def close(self) -> None:
-        try:  # stop this process's LISTEN thread before its database goes away
-            from cyclone import _notify
-
-            _notify.listener(self.engine).stop()
-            _notify.listener(self.counted).stop()
-        except Exception:
-            pass
+        # The database is dropped WITH (FORCE): this process's LISTEN thread, idle, ends
+        # when its connection does.
         self.engine.dispose()
         self.counted.dispose()
 
@@ -681,10 +677,29 @@ class Bench:
             return (time.perf_counter() - t0) / n * 1e6
 
     def _grow_claim(self) -> float:
-        """The worker's cycle: one statement records the last batch's outcomes and claims 10."""
-        from cyclone import _claim, _completion, _fastpath
+        """The worker's cycle: one statement records the last batch's outcomes and claims 10.
 
+        The statements are the ones a Worker sends, captured through SQLAlchemy's cursor
+        events from a drain of 20 jobs with ``concurrency=10`` (see bench/capture.py).
+        """
         cycles = 50
+        if self._claim_sql is None:
+            self.sql(
+                "INSERT INTO cyclone_jobs (kind, queue, priority, state, args, max_attempts) "
+                "SELECT 'bench.noop', 'default', 0, 'available', to_jsonb(g), 3 "
+                "FROM generate_series(1, 20) g"
+            )
+            probe = sa.create_engine(self.engine.url, poolclass=sa.NullPool)
+            try:
+                with capture.captured(probe) as seen:
+                    cyclone.Worker(probe, steps=[workloads.noop], concurrency=10).drain()
+                self._claim_sql = (
+                    capture.first(seen, capture.CLAIM),
+                    capture.first(seen, capture.RECORD_AND_CLAIM),
+                )
+            finally:
+                probe.dispose()
+        (claim_sql, claim_params), (record_sql, record_params) = self._claim_sql
         self.sql(
             "INSERT INTO cyclone_jobs (kind, queue, priority, state, args, max_attempts) "
             "SELECT 'bench.noop', 'default', 0, 'available', to_jsonb(g), 3 "
@@ -692,19 +707,20 @@ class Bench:
             n=cycles * 10 + 10,
         )
         me = f"bench-{os.getpid()}"
-        scope = _claim.Scope(queues=None, workflows=(), kinds=("bench.noop",))
-        done: list[Any] = []
+        rows: list[Any] = []
         times = []
-        for _ in range(cycles + 1):
-            t0 = time.perf_counter()
-            with _fastpath.connect(self.engine) as conn:
-                claimed = _claim.record_and_claim(
-                    conn, worker_id=me, successes=done, scope=scope, limit=10
-                )
-            times.append(time.perf_counter() - t0)
-            done = [_completion.Success(c.id, c.attempt, "null") for c in claimed]
-        with _fastpath.connect(self.engine) as conn:
-            _claim.record_and_claim(conn, worker_id=me, successes=done, scope=scope, limit=0)
+        with self.raw_conn() as conn:
+            conn.autocommit = True
+            for i in range(cycles + 1):
+                t0 = time.perf_counter()
+                if i == 0:
+                    rows = conn.execute(claim_sql, {**claim_params, "me": me}).fetchall()
+                else:
+                    params = {**record_params, "me": me, "items": capture.items(rows)}
+                    rows = conn.execute(record_sql, params).fetchall()
+                times.append(time.perf_counter() - t0)
+            params = {**record_params, "me": me, "items": capture.items(rows)}
+            conn.execute(record_sql.replace("LIMIT 10", "LIMIT 0"), params).fetchall()
         return statistics.median(times[1:]) * 1e6
 
     def _grow_raw_claim(self) -> float:

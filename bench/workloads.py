@@ -12,7 +12,7 @@ import cyclone
 
 # --- cyclone definitions -----------------------------------------------------------------
 
-one_step = cyclone.Workflow("bench_one", input=dict)
+one_step: cyclone.Workflow[dict[str, Any]] = cyclone.Workflow("bench_one", input=dict)
 
 
 @one_step.step()
@@ -20,7 +20,7 @@ def only(ctx: cyclone.StepContext, value: Any) -> None:
     return None
 
 
-five_step = cyclone.Workflow("bench_five", input=dict)
+five_step: cyclone.Workflow[dict[str, Any]] = cyclone.Workflow("bench_five", input=dict)
 
 
 @five_step.step()
@@ -48,7 +48,7 @@ def s5(ctx: cyclone.StepContext, value: Any) -> None:
     return None
 
 
-three_step = cyclone.Workflow("bench_three", input=dict)
+three_step: cyclone.Workflow[dict[str, Any]] = cyclone.Workflow("bench_three", input=dict)
 
 
 @three_step.step()
@@ -66,7 +66,7 @@ def t3(ctx: cyclone.StepContext, value: Any) -> None:
     return None
 
 
-ping = cyclone.ResultWorkflow("bench_ping", input=int, output=int)
+ping: cyclone.ResultWorkflow[int, int] = cyclone.ResultWorkflow("bench_ping", input=int, output=int)
 
 
 @ping.result()

@@ -18,6 +18,8 @@ from typing import Any
 
 import msgspec
 from sqlalchemy import (
+    BigInteger,
+    Integer,
     Text,
     and_,
     bindparam,
@@ -25,12 +27,14 @@ from sqlalchemy import (
     false,
     func,
     literal_column,
+    null,
     or_,
     select,
     true,
     union_all,
     update,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from cyclone import _completion, _fastpath
 from cyclone._fastpath import const
@@ -48,6 +52,8 @@ class Claimed:
     kind: str
     queue: str
     attempt: int
+    lease: int
+    """The claim's fence: every outcome, heartbeat and cancellation check compares it."""
     max_attempts: int
     deadline: datetime | None
     input: str | None
@@ -174,15 +180,24 @@ def claim_jobs_stmt(scope: Scope, limit: int, *, completing: bool = False) -> An
     ``completing`` adds the CTEs that first record the successes in ``:items`` (see
     :func:`cyclone._completion.complete_jobs_ctes`). They touch other rows than the claim
     (running jobs, blocked dependents, their runs), all in one snapshot: a dependent they
-    unblock is claimed by the next statement.
+    unblock is claimed by the next statement. The runs of ``:items`` are locked before
+    the claim locks a job (the lock order), and the statement then returns at least one
+    row, whose first column holds the ids of the jobs recorded (the others were refused:
+    their lease was no longer the job's). The claimed columns follow; all NULL when
+    nothing was claimed.
     """
-    picked = _pick(scope, limit).cte("picked")
+    runs_locked = _completion.runs_locked_first() if completing else None
+    pick = _pick(scope, limit)
+    if runs_locked is not None:
+        pick = pick.where(runs_locked)
+    picked = pick.cte("picked")
     claimed = (
         update(jobs)
         .where(jobs.c.id == picked.c.id)
         .values(
             state=const(JobState.RUNNING.value),
             attempt=jobs.c.attempt + 1,
+            lease=jobs.c.lease + 1,
             worker_id=bindparam("me", type_=Text),
             attempted_at=func.now(),
             heartbeat_at=func.now(),
@@ -194,6 +209,7 @@ def claim_jobs_stmt(scope: Scope, limit: int, *, completing: bool = False) -> An
             jobs.c.kind,
             jobs.c.queue,
             jobs.c.attempt,
+            jobs.c.lease,
             jobs.c.max_attempts,
             jobs.c.deadline,
             jobs.c.deps,
@@ -212,25 +228,48 @@ def claim_jobs_stmt(scope: Scope, limit: int, *, completing: bool = False) -> An
         )
         .scalar_subquery()
     )
+    recorded: Any = cast(null(), ARRAY(BigInteger))
+    done: Any = None
+    extra: tuple[Any, ...] = ()
+    if runs_locked is not None:
+        done, *rest = _completion.complete_jobs_ctes(runs_locked)
+        extra = tuple(rest)
+        recorded = select(func.array_agg(done.c.id)).scalar_subquery()
     stmt = select(
+        recorded,
         claimed.c.id,
         claimed.c.run_id,
         claimed.c.workflow,
         claimed.c.kind,
         claimed.c.queue,
         claimed.c.attempt,
+        claimed.c.lease,
         claimed.c.max_attempts,
         claimed.c.deadline,
         cast(func.coalesce(runs.c.input, claimed.c.args), Text),
         outputs,
-    ).select_from(claimed.outerjoin(runs, runs.c.id == claimed.c.run_id))
+    )
+    claimed_runs = claimed.outerjoin(runs, runs.c.id == claimed.c.run_id)
+    if done is None:
+        stmt = stmt.select_from(claimed_runs)
+    else:
+        one = select(const(1, Integer).label("one")).subquery("one")
+        stmt = stmt.select_from(one.outerjoin(claimed_runs, true()))
+        for cte in extra:
+            stmt = stmt.add_cte(cte)
     # RETURNING follows the update's plan, not the claim's order: the worker starts jobs
     # in the order given here, so a concurrency-1 worker runs them by priority.
-    stmt = stmt.order_by(claimed.c.priority, claimed.c.scheduled_at, claimed.c.id)
-    if completing:
-        for cte in _completion.complete_jobs_ctes():
-            stmt = stmt.add_cte(cte)
-    return stmt
+    return stmt.order_by(claimed.c.priority, claimed.c.scheduled_at, claimed.c.id)
+
+
+def _record_and_claim_one() -> Any:
+    return claim_jobs_stmt(Scope(queues=None, workflows=("w",), kinds=()), 1, completing=True)
+
+
+TRANSITIONS = {
+    _record_and_claim_one: ("job.claim", "job.complete", "job.unblock", "run.complete"),
+}
+"""The edges of :data:`cyclone.states.EDGES` each statement of this module implements."""
 
 
 @functools.lru_cache(maxsize=256)
@@ -243,16 +282,17 @@ _upstream_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 def _claimed(row: Sequence[Any]) -> Claimed:
     return Claimed(
-        id=row[0],
-        run_id=row[1],
-        workflow=row[2],
-        kind=row[3],
-        queue=row[4],
-        attempt=row[5],
-        max_attempts=row[6],
-        deadline=row[7],
-        input=row[8],
-        upstream={} if row[9] is None else _upstream_decoder.decode(row[9]),
+        id=row[1],
+        run_id=row[2],
+        workflow=row[3],
+        kind=row[4],
+        queue=row[5],
+        attempt=row[6],
+        lease=row[7],
+        max_attempts=row[8],
+        deadline=row[9],
+        input=row[10],
+        upstream={} if row[11] is None else _upstream_decoder.decode(row[11]),
     )
 
 
@@ -263,10 +303,14 @@ def record_and_claim(
     successes: Sequence[_completion.Success],
     scope: Scope,
     limit: int,
-) -> list[Claimed]:
-    """Record ``successes`` and claim up to ``limit`` jobs in one autocommit statement."""
+) -> tuple[set[int], list[Claimed]]:
+    """Record ``successes`` and claim up to ``limit`` jobs in one autocommit statement.
+
+    Returns the ids of the successes recorded (the others were refused) and the jobs claimed.
+    """
     rows = conn.execute(
         _fast_claim(scope, bool(successes), limit),
         {"me": worker_id, "items": _completion.items_payload(successes)},
     )
-    return [_claimed(row) for row in rows]
+    recorded: set[int] = set(rows[0][0] or ()) if rows else set()
+    return recorded, [_claimed(row) for row in rows if row[1] is not None]

@@ -1,10 +1,11 @@
 """Persist job outcomes and advance the DAG in the same transaction.
 
-Successes are written in one statement per batch: mark the jobs completed (guarded by
-state, attempt and worker, so a rescued or cancelled job's late outcome is dropped),
-decrement the pending count of their dependents (a join node becomes available exactly
-once, even when its predecessors finish concurrently, because each decrement locks the
-row), and count the run's remaining steps down to completion.
+Successes are written in one statement per batch: lock the runs of the jobs first (the
+lock order, see :mod:`cyclone.states`), mark the jobs completed (guarded by state and
+lease, so a rescued, handed back or cancelled job's late outcome is refused), decrement
+the pending count of their dependents (a join node becomes available exactly once, even
+when its predecessors finish concurrently, because each decrement locks the row), and
+count the run's remaining steps down to completion.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from cyclone._fastpath import const
 from cyclone.schema import jobs, runs
@@ -40,37 +41,60 @@ from cyclone.states import JobState, RunState
 @dataclass(frozen=True, slots=True)
 class Success:
     job_id: int
-    attempt: int
+    lease: int
     output: str
 
 
 @dataclass(frozen=True, slots=True)
 class Failure:
     job_id: int
-    attempt: int
+    lease: int
     error: dict[str, Any]
     retry_in: float | None
     """Seconds until the next attempt, or None when the job fails for good."""
 
 
-def complete_jobs_ctes() -> tuple[Any, Any, Any]:
+def _items() -> Any:
+    return (
+        func.jsonb_to_recordset(cast(bindparam("items", type_=Text), JSONB))
+        .table_valued(column("id", BigInteger), column("lease", BigInteger), column("output", Text))
+        .render_derived("v", with_types=True)
+    )
+
+
+def runs_locked_first() -> Any:
+    """A condition that locks the runs of ``:items`` in id order before anything else.
+
+    An uncorrelated scalar subquery is a one-time filter, evaluated before the scan it
+    guards reads a row: a statement carrying it in every ``WHERE`` that locks rows takes
+    its runs first, in the one lock order of :mod:`cyclone.states`.
+    """
+    items = _items()
+    locked = (
+        select(runs.c.id)
+        .where(runs.c.id.in_(select(jobs.c.run_id).where(jobs.c.id.in_(select(items.c.id)))))
+        .order_by(runs.c.id)
+        .with_for_update(key_share=True)
+        .cte("locked_runs")
+    )
+    return select(func.count()).select_from(locked).scalar_subquery() >= const(0, Integer)
+
+
+def complete_jobs_ctes(runs_locked: Any) -> tuple[Any, Any, Any]:
     """The CTEs that complete ``:items`` and advance the DAG: ``(done, advanced, finished)``.
 
     They change rows when a statement carries them, whether or not it reads them, so the
     worker's claim statement carries them too: one statement records and claims.
+    ``runs_locked`` is :func:`runs_locked_first`, shared with the claim's ``WHERE``.
     """
-    done_items = (
-        func.jsonb_to_recordset(cast(bindparam("items", type_=Text), JSONB))
-        .table_valued(column("id", BigInteger), column("attempt", Integer), column("output", Text))
-        .render_derived("v", with_types=True)
-    )
+    done_items = _items()
     done = (
         update(jobs)
         .where(
+            runs_locked,
             jobs.c.id == done_items.c.id,
-            jobs.c.attempt == done_items.c.attempt,
+            jobs.c.lease == done_items.c.lease,
             jobs.c.state == const(JobState.RUNNING.value),
-            jobs.c.worker_id == bindparam("me", type_=Text),
         )
         .values(
             state=const(JobState.COMPLETED.value),
@@ -136,19 +160,35 @@ def complete_jobs_ctes() -> tuple[Any, Any, Any]:
     return done, advanced, finished
 
 
-def complete_jobs_stmt() -> Any:
-    """Complete ``:items`` alone; rows: how many jobs completed, advanced, runs finished."""
-    done, advanced, finished = complete_jobs_ctes()
-    return select(
-        select(func.count()).select_from(done).scalar_subquery(),
-        select(func.count()).select_from(advanced).scalar_subquery(),
-        select(func.count()).select_from(finished).scalar_subquery(),
-    )
-
-
 def run_over() -> Any:
     """True for a job of a run that is no longer running (cancelled, failed, completed)."""
     return exists().where(runs.c.id == jobs.c.run_id, runs.c.state != const(RunState.RUNNING.value))
+
+
+def lock_runs_of_jobs_stmt() -> Any:
+    """Lock the runs of the jobs ``:ids`` in id order: the first statement of a transaction
+    that then changes those jobs (the lock order of :mod:`cyclone.states`)."""
+    return (
+        select(runs.c.id)
+        .where(
+            runs.c.id.in_(
+                select(jobs.c.run_id).where(
+                    jobs.c.id == func.any(bindparam("ids", type_=ARRAY(BigInteger)))
+                )
+            )
+        )
+        .order_by(runs.c.id)
+        .with_for_update(key_share=True)
+    )
+
+
+def _owned() -> tuple[Any, ...]:
+    """The fence: the job is still running under the lease the outcome was claimed with."""
+    return (
+        jobs.c.id == bindparam("job_id"),
+        jobs.c.lease == bindparam("held_lease"),
+        jobs.c.state == const(JobState.RUNNING.value),
+    )
 
 
 def retry_job_stmt() -> Any:
@@ -160,12 +200,7 @@ def retry_job_stmt() -> Any:
     over = run_over()
     return (
         update(jobs)
-        .where(
-            jobs.c.id == bindparam("job_id"),
-            jobs.c.attempt == bindparam("attempt_no"),
-            jobs.c.state == const(JobState.RUNNING.value),
-            jobs.c.worker_id == bindparam("me", type_=Text),
-        )
+        .where(*_owned())
         .values(
             state=case(
                 (over, const(JobState.CANCELLED.value)), else_=const(JobState.AVAILABLE.value)
@@ -181,22 +216,17 @@ def retry_job_stmt() -> Any:
 
 
 def fail_job_stmt() -> Any:
-    """Record the last failed attempt and fail the job; returns its run, if any."""
+    """Record the last failed attempt and fail the job; returns its id and run, if any."""
     return (
         update(jobs)
-        .where(
-            jobs.c.id == bindparam("job_id"),
-            jobs.c.attempt == bindparam("attempt_no"),
-            jobs.c.state == const(JobState.RUNNING.value),
-            jobs.c.worker_id == bindparam("me", type_=Text),
-        )
+        .where(*_owned())
         .values(
             state=const(JobState.FAILED.value),
             finalized_at=func.now(),
             heartbeat_at=None,
             errors=jobs.c.errors.op("||")(cast(bindparam("error", type_=Text), JSONB)),
         )
-        .returning(jobs.c.run_id, jobs.c.kind)
+        .returning(jobs.c.id, jobs.c.run_id, jobs.c.kind)
     )
 
 
@@ -227,7 +257,15 @@ def cancel_unstarted_stmt() -> Any:
     )
 
 
-_COMPLETE = complete_jobs_stmt()
+TRANSITIONS = {
+    retry_job_stmt: ("job.retry_attempt", "job.cancel_ended"),
+    fail_job_stmt: ("job.fail",),
+    fail_run_stmt: ("run.fail",),
+    cancel_unstarted_stmt: ("job.cancel_unstarted",),
+}
+"""The edges of :data:`cyclone.states.EDGES` each statement of this module implements."""
+
+_LOCK_RUNS = lock_runs_of_jobs_stmt()
 _RETRY = retry_job_stmt()
 _FAIL_JOB = fail_job_stmt()
 _FAIL_RUN = fail_run_stmt()
@@ -235,37 +273,42 @@ CANCEL_UNSTARTED = cancel_unstarted_stmt()
 
 
 def items_payload(successes: Sequence[Success]) -> str:
-    """The ``:items`` jsonb array of the complete statement."""
+    """The ``:items`` jsonb array of the complete statement, in job id order (lock order)."""
     return msgspec.json.encode(
-        [{"id": s.job_id, "attempt": s.attempt, "output": s.output} for s in successes]
+        [
+            {"id": s.job_id, "lease": s.lease, "output": s.output}
+            for s in sorted(successes, key=lambda s: s.job_id)
+        ]
     ).decode()
 
 
-def record(
-    conn: Connection,
-    worker_id: str,
-    successes: Sequence[Success],
-    failures: Sequence[Failure],
-) -> None:
-    """Write a batch of outcomes in the caller's transaction."""
-    if successes:
-        conn.execute(_COMPLETE, {"items": items_payload(successes), "me": worker_id})
-    for failure in failures:
+def record_failures(conn: Connection, failures: Sequence[Failure]) -> set[int]:
+    """Write failed attempts in the caller's transaction; return the ids recorded.
+
+    A failure whose lease is no longer the job's (the job was rescued, handed back,
+    retried or cancelled meanwhile) is refused: its id is not in the result. The runs of
+    the jobs are locked first, then the jobs in id order. Successes are recorded by the
+    claim statement (:func:`cyclone._claim.record_and_claim`).
+    """
+    recorded: set[int] = set()
+    if not failures:
+        return recorded
+    conn.execute(_LOCK_RUNS, {"ids": sorted(f.job_id for f in failures)}).all()
+    for failure in sorted(failures, key=lambda f: f.job_id):
         error = msgspec.json.encode(failure.error).decode()
-        params = {
-            "job_id": failure.job_id,
-            "attempt_no": failure.attempt,
-            "me": worker_id,
-            "error": f"[{error}]",
-        }
+        params = {"job_id": failure.job_id, "held_lease": failure.lease, "error": f"[{error}]"}
         if failure.retry_in is not None:
-            conn.execute(_RETRY, {**params, "delay": failure.retry_in})
+            if conn.execute(_RETRY, {**params, "delay": failure.retry_in}).first() is not None:
+                recorded.add(failure.job_id)
             continue
         row = conn.execute(_FAIL_JOB, params).first()
-        if row is None or row[0] is None:
+        if row is None:
             continue
-        run_id, step = row
-        fail_run(conn, run_id, step, failure.error)
+        recorded.add(failure.job_id)
+        _job_id, run_id, step = row
+        if run_id is not None:
+            fail_run(conn, run_id, step, failure.error)
+    return recorded
 
 
 def fail_run(conn: Connection, run_id: Any, step: str, error: dict[str, Any]) -> None:

@@ -66,7 +66,13 @@ def execute(
     context); what it raises counts as the step's error.
     """
     started = time.perf_counter()
-    extra = {"run_id": str(job.run_id), "step": job.kind, "attempt": job.attempt, "job_id": job.id}
+    extra = {
+        "run_id": str(job.run_id),
+        "workflow": job.workflow,
+        "step": job.kind,
+        "attempt": job.attempt,
+        "job_id": job.id,
+    }
     try:
         fn, input_type, output_type = _resolve(job, workflows, steps)
         try:
@@ -86,6 +92,7 @@ def execute(
             input=value,
             deadline=job.deadline,
             upstream=dict(job.upstream),
+            lease=job.lease,
         )
         if step_context is None:
             result = fn(ctx, value)
@@ -97,28 +104,48 @@ def execute(
         duration = time.perf_counter() - started
         permanent = isinstance(exc, _Permanent)
         retry_in = None if permanent or job.attempt >= job.max_attempts else backoff(job.attempt)
-        log.info(
-            "step %s of run %s failed on attempt %d/%d after %.3fs: %r%s",
-            job.kind,
-            job.run_id,
-            job.attempt,
-            job.max_attempts,
-            duration,
-            exc,
-            "" if retry_in is None else f"; retrying in {retry_in:.2f}s",
-            extra={**extra, "duration": duration},
-        )
-        return Failure(job.id, job.attempt, _error_record(exc, job), retry_in)
+        outcome = "failed" if retry_in is None else "retrying"
+        fields = {**extra, "duration": duration, "outcome": outcome}
+        if retry_in is None:
+            log.error(
+                "%s failed for good on attempt %d/%d after %.3fs: %r",
+                describe(job),
+                job.attempt,
+                job.max_attempts,
+                duration,
+                exc,
+                exc_info=exc,
+                extra=fields,
+            )
+        else:
+            log.warning(
+                "%s failed on attempt %d/%d after %.3fs: %r; retrying in %.2fs",
+                describe(job),
+                job.attempt,
+                job.max_attempts,
+                duration,
+                exc,
+                retry_in,
+                extra=fields,
+            )
+        return Failure(job.id, job.lease, _error_record(exc, job), retry_in)
     duration = time.perf_counter() - started
-    log.debug(
-        "step %s of run %s completed on attempt %d in %.3fs",
-        job.kind,
-        job.run_id,
+    log.info(
+        "%s completed on attempt %d/%d in %.3fs",
+        describe(job),
         job.attempt,
+        job.max_attempts,
         duration,
-        extra={**extra, "duration": duration},
+        extra={**extra, "duration": duration, "outcome": "completed"},
     )
-    return Success(job.id, job.attempt, output)
+    return Success(job.id, job.lease, output)
+
+
+def describe(job: Claimed) -> str:
+    """How log lines name a job: its workflow, step and run, or its kind and id."""
+    if job.workflow is not None:
+        return f"workflow {job.workflow} step {job.kind} run {job.run_id}"
+    return f"job {job.kind} #{job.id}"
 
 
 def _resolve(

@@ -1,27 +1,37 @@
-"""Heartbeats of running jobs, rescue of jobs whose worker stopped beating, and deadlines."""
+"""Heartbeats of running jobs, hand-backs, rescue of jobs whose worker stopped, deadlines.
+
+Every statement here follows the lock order of :mod:`cyclone.states`: runs first, in id
+order, then jobs, in id order; the heartbeat locks jobs only and never waits.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
 
+import msgspec
 from sqlalchemy import (
     BigInteger,
     Connection,
     Interval,
     Text,
+    Uuid,
+    and_,
     bindparam,
     case,
     cast,
+    column,
     func,
-    literal,
+    or_,
     select,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONPATH
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from cyclone import _completion
 from cyclone._completion import run_over
+from cyclone._fastpath import const
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
 
@@ -29,33 +39,100 @@ MIN_LOSSES = 3
 """A job is failed, not handed back, once lost with its worker max(max_attempts, this) times."""
 
 
+def _leases() -> Any:
+    """``:leases``, a jsonb array of ``{"id", "lease"}``: the jobs a worker holds."""
+    return (
+        func.jsonb_to_recordset(cast(bindparam("leases", type_=Text), JSONB))
+        .table_valued(column("id", BigInteger), column("lease", BigInteger))
+        .render_derived("h", with_types=True)
+    )
+
+
 def heartbeat_stmt() -> Any:
-    """Mark the jobs this worker is running alive (only those it still tracks)."""
+    """Mark alive the jobs still held under the leases given; returns their ids.
+
+    Rows another transaction has locked (a record, a rescue) are skipped, not waited
+    for: a heartbeat never waits, so it is in no lock cycle; the next one beats them.
+    """
+    held = _leases()
+    mine = (
+        select(jobs.c.id)
+        .join(held, and_(jobs.c.id == held.c.id, jobs.c.lease == held.c.lease))
+        .where(jobs.c.state == const(JobState.RUNNING.value))
+        .order_by(jobs.c.id)
+        .with_for_update(of=jobs, skip_locked=True)
+    )
     return (
         update(jobs)
-        .where(
-            jobs.c.id == func.any(bindparam("ids", type_=ARRAY(BigInteger))),
-            jobs.c.worker_id == bindparam("me", type_=Text),
-            jobs.c.state == JobState.RUNNING.value,
-        )
+        .where(jobs.c.id.in_(mine.scalar_subquery()))
         .values(heartbeat_at=func.now())
+        .returning(jobs.c.id)
+    )
+
+
+def hand_back_stmt() -> Any:
+    """Make the jobs held under ``:leases`` available again, now, without counting the attempt.
+
+    The lease grows, so the execution still running cannot record its outcome; a job
+    whose run is over is cancelled instead. Locks jobs only, in id order.
+    """
+    held = _leases()
+    over = run_over()
+    mine = (
+        select(jobs.c.id)
+        .join(held, and_(jobs.c.id == held.c.id, jobs.c.lease == held.c.lease))
+        .where(jobs.c.state == const(JobState.RUNNING.value))
+        .order_by(jobs.c.id)
+        .with_for_update(of=jobs)
+    )
+    return (
+        update(jobs)
+        .where(jobs.c.id.in_(mine.scalar_subquery()))
+        .values(
+            state=case(
+                (over, const(JobState.CANCELLED.value)), else_=const(JobState.AVAILABLE.value)
+            ),
+            finalized_at=case((over, func.now()), else_=None),
+            attempt=case((jobs.c.attempt > 0, jobs.c.attempt - 1), else_=0),
+            lease=jobs.c.lease + 1,
+            worker_id=None,
+            heartbeat_at=None,
+            scheduled_at=func.now(),
+        )
+        .returning(jobs.c.id)
+    )
+
+
+def _stale() -> tuple[Any, ...]:
+    return (
+        jobs.c.state == const(JobState.RUNNING.value),
+        jobs.c.heartbeat_at < func.now() - bindparam("rescue_after", type_=Interval),
+    )
+
+
+def lock_runs_of_stale_jobs_stmt() -> Any:
+    """Lock, in id order, the runs of jobs whose worker stopped beating (skip locked runs)."""
+    return (
+        select(runs.c.id)
+        .where(runs.c.id.in_(select(jobs.c.run_id).where(*_stale())))
+        .order_by(runs.c.id)
+        .with_for_update(key_share=True, skip_locked=True)
     )
 
 
 def rescue_jobs_stmt() -> Any:
     """Hand back running jobs whose worker has not beaten for ``rescue_after``.
 
-    The lost attempt is recorded as a ``WorkerLost`` error but not counted as an attempt:
-    a crash of the worker is not a failure of the step, so the job runs again. A job lost
-    ``max(max_attempts, MIN_LOSSES)`` times fails instead (a step that kills its worker
-    every time must not loop forever), and a job whose run ended meanwhile (cancelled,
-    failed, past its deadline) is cancelled.
+    Only jobs whose run is in ``:rids`` (locked first by this transaction) or that have
+    no run are taken, in id order, skipping locked ones. The lost attempt is counted in
+    ``lost``, not as an attempt: a crash of the worker is not a failure of the step, so
+    the job runs again, under a new lease. A job lost ``max(max_attempts, MIN_LOSSES)``
+    times fails instead (a step that kills its worker every time must not loop forever),
+    and a job whose run ended meanwhile (cancelled, failed, past its deadline) is
+    cancelled.
     """
     over = run_over()
-    lost_before = func.jsonb_array_length(
-        func.jsonb_path_query_array(jobs.c.errors, literal(_LOST_PATH, JSONPATH))
-    )
-    gives_up = lost_before + 1 >= func.greatest(jobs.c.max_attempts, MIN_LOSSES)
+    gives_up = jobs.c.lost + 1 >= func.greatest(jobs.c.max_attempts, MIN_LOSSES)
     record = func.jsonb_build_array(
         func.jsonb_build_object(
             "type",
@@ -68,22 +145,33 @@ def rescue_jobs_stmt() -> Any:
             func.now(),
         )
     )
+    taken = (
+        select(jobs.c.id)
+        .where(
+            *_stale(),
+            or_(
+                jobs.c.run_id.is_(None),
+                jobs.c.run_id == func.any(bindparam("rids", type_=ARRAY(Uuid))),
+            ),
+        )
+        .order_by(jobs.c.id)
+        .with_for_update(skip_locked=True)
+    )
     return (
         update(jobs)
-        .where(
-            jobs.c.state == JobState.RUNNING.value,
-            jobs.c.heartbeat_at < func.now() - bindparam("rescue_after", type_=Interval),
-        )
+        .where(jobs.c.id.in_(taken.scalar_subquery()), *_stale())
         .values(
             state=case(
-                (over, JobState.CANCELLED.value),
-                (gives_up, JobState.FAILED.value),
-                else_=JobState.AVAILABLE.value,
+                (over, const(JobState.CANCELLED.value)),
+                (gives_up, const(JobState.FAILED.value)),
+                else_=const(JobState.AVAILABLE.value),
             ),
             finalized_at=case((over | gives_up, func.now()), else_=None),
             attempt=case(
                 (gives_up, jobs.c.attempt), (jobs.c.attempt > 0, jobs.c.attempt - 1), else_=0
             ),
+            lost=jobs.c.lost + 1,
+            lease=jobs.c.lease + 1,
             worker_id=None,
             heartbeat_at=None,
             scheduled_at=func.now(),
@@ -95,11 +183,21 @@ def rescue_jobs_stmt() -> Any:
 
 def expire_runs_stmt() -> Any:
     """Fail running runs past their deadline and cancel their steps not yet started."""
+    due = (
+        select(runs.c.id)
+        .where(runs.c.state == const(RunState.RUNNING.value), runs.c.deadline <= func.now())
+        .order_by(runs.c.id)
+        .with_for_update(key_share=True, skip_locked=True)
+    )
     expired = (
         update(runs)
-        .where(runs.c.state == RunState.RUNNING.value, runs.c.deadline <= func.now())
+        .where(
+            runs.c.id.in_(due.scalar_subquery()),
+            runs.c.state == const(RunState.RUNNING.value),
+            runs.c.deadline <= func.now(),
+        )
         .values(
-            state=RunState.FAILED.value,
+            state=const(RunState.FAILED.value),
             finalized_at=func.now(),
             error=func.jsonb_build_object(
                 "type",
@@ -117,9 +215,9 @@ def expire_runs_stmt() -> Any:
         update(jobs)
         .where(
             jobs.c.run_id.in_(select(expired.c.id)),
-            jobs.c.state.in_([JobState.BLOCKED.value, JobState.AVAILABLE.value]),
+            jobs.c.state.in_([const(JobState.BLOCKED.value), const(JobState.AVAILABLE.value)]),
         )
-        .values(state=JobState.CANCELLED.value, finalized_at=func.now())
+        .values(state=const(JobState.CANCELLED.value), finalized_at=func.now())
         .returning(jobs.c.id)
         .cte("cancelled")
     )
@@ -129,19 +227,43 @@ def expire_runs_stmt() -> Any:
     )
 
 
-_LOST_PATH = '$[*] ? (@.type == "WorkerLost")'
+TRANSITIONS = {
+    hand_back_stmt: ("job.hand_back", "job.cancel_ended"),
+    rescue_jobs_stmt: ("job.rescue", "job.rescue_give_up", "job.cancel_ended"),
+    expire_runs_stmt: ("run.expire", "job.cancel_unstarted"),
+}
+"""The edges of :data:`cyclone.states.EDGES` each statement of this module implements."""
+
 _HEARTBEAT = heartbeat_stmt()
+_HAND_BACK = hand_back_stmt()
+_LOCK_STALE_RUNS = lock_runs_of_stale_jobs_stmt()
 _RESCUE = rescue_jobs_stmt()
 _EXPIRE = expire_runs_stmt()
 
 
-def heartbeat(conn: Connection, worker_id: str, job_ids: list[int]) -> None:
-    conn.execute(_HEARTBEAT, {"me": worker_id, "ids": job_ids})
+def leases_payload(held: Iterable[tuple[int, int]]) -> str:
+    """The ``:leases`` jsonb array of ``(job id, lease)`` pairs, in id order."""
+    return msgspec.json.encode([{"id": i, "lease": lease} for i, lease in sorted(held)]).decode()
+
+
+def heartbeat(conn: Connection, held: Iterable[tuple[int, int]]) -> set[int]:
+    """Beat the jobs held under these ``(id, lease)`` pairs; return the ids beaten."""
+    return set(conn.execute(_HEARTBEAT, {"leases": leases_payload(held)}).scalars())
+
+
+def hand_back(conn: Connection, held: Iterable[tuple[int, int]]) -> set[int]:
+    """Hand back the jobs held under these ``(id, lease)`` pairs; return the ids handed back."""
+    return set(conn.execute(_HAND_BACK, {"leases": leases_payload(held)}).scalars())
 
 
 def rescue(conn: Connection, rescue_after: timedelta) -> list[int]:
-    """Hand back (or fail) the jobs of workers that stopped; fail the runs of failed ones."""
-    rows = conn.execute(_RESCUE, {"rescue_after": rescue_after}).all()
+    """Hand back (or fail) the jobs of workers that stopped; fail the runs of failed ones.
+
+    The runs are locked first (in id order), then the jobs (in id order).
+    """
+    params = {"rescue_after": rescue_after}
+    rids = list(conn.execute(_LOCK_STALE_RUNS, params).scalars())
+    rows = conn.execute(_RESCUE, {**params, "rids": rids}).all()
     for _job_id, run_id, kind, state in rows:
         if state == JobState.FAILED.value and run_id is not None:
             error = {

@@ -34,6 +34,7 @@ class StepContext:
         input: Any,
         deadline: datetime | None,
         upstream: dict[str, Any],
+        lease: int | None = None,
     ) -> None:
         self._engine = engine
         self.job_id = job_id
@@ -45,6 +46,7 @@ class StepContext:
         self.input = input
         self.deadline = deadline
         self._upstream = upstream
+        self._lease = lease
 
     def __repr__(self) -> str:
         return (
@@ -76,7 +78,10 @@ class StepContext:
     def cancelled(self) -> bool:
         """True when the run was cancelled or failed, or this job is no longer ours to finish.
 
-        One query; long steps can call it between chunks of work and return early.
+        The job is ours while it is running under the lease this execution was claimed
+        with: once it is rescued, handed back or retried, the lease has moved on and any
+        outcome of this execution would be refused. One query; long steps can call it
+        between chunks of work and return early.
         """
         with _binds.autocommit(self._engine) as conn:
             if self.run_id is not None:
@@ -84,6 +89,6 @@ class StepContext:
                 if state != RunState.RUNNING.value:
                     return True
             row = conn.execute(
-                select(jobs.c.state, jobs.c.attempt).where(jobs.c.id == self.job_id)
+                select(jobs.c.state, jobs.c.lease).where(jobs.c.id == self.job_id)
             ).first()
-        return row is None or row[0] != JobState.RUNNING.value or row[1] != self.attempt
+        return row is None or row[0] != JobState.RUNNING.value or row[1] != self._lease

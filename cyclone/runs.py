@@ -30,9 +30,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import DBAPIError
 
-from cyclone import _codec, _completion, _deadline, _fastpath, _notify, _pg, errors
+from cyclone import _codec, _completion, _deadline, _fastpath, _notify, errors
+from cyclone._fastpath import const
 from cyclone.schema import jobs, runs
-from cyclone.states import TERMINAL_RUN_STATES, JobState, RunState
+from cyclone.states import EDGES, TERMINAL_RUN_STATES, JobState, RunState
 
 Out = TypeVar("Out")
 T = TypeVar("T")
@@ -104,8 +105,8 @@ def cancel_run_stmt() -> Any:
     """Move a running run to cancelled; returns nothing if it was not running."""
     return (
         update(runs)
-        .where(runs.c.id == bindparam("rid"), runs.c.state == RunState.RUNNING.value)
-        .values(state=RunState.CANCELLED.value, finalized_at=func.now())
+        .where(runs.c.id == bindparam("rid"), runs.c.state == const(RunState.RUNNING.value))
+        .values(state=const(RunState.CANCELLED.value), finalized_at=func.now())
         .returning(runs.c.id)
     )
 
@@ -124,21 +125,20 @@ def reset_jobs_stmt(*, every_step: bool) -> Any:
     )
     pending_all = func.cardinality(jobs.c.deps)
     count = pending_all if every_step else pending
-    which = (
-        jobs.c.run_id == bindparam("rid")
-        if every_step
-        else and_(
-            jobs.c.run_id == bindparam("rid"),
-            jobs.c.state.in_([JobState.FAILED.value, JobState.CANCELLED.value]),
-        )
-    )
+    edge = EDGES["job.reset_all" if every_step else "job.reset"]
     return (
         update(jobs)
-        .where(which)
+        .where(
+            jobs.c.run_id == bindparam("rid"), jobs.c.state.in_([const(s) for s in edge.sources])
+        )
         .values(
             pending_deps=count,
-            state=case((count == 0, JobState.AVAILABLE.value), else_=JobState.BLOCKED.value),
+            state=case(
+                (count == 0, const(JobState.AVAILABLE.value)),
+                else_=const(JobState.BLOCKED.value),
+            ),
             attempt=0,
+            lost=0,
             worker_id=None,
             heartbeat_at=None,
             finalized_at=None,
@@ -157,9 +157,11 @@ def restart_run_stmt(*, from_states: tuple[RunState, ...]) -> Any:
     )
     return (
         update(runs)
-        .where(runs.c.id == bindparam("rid"), runs.c.state.in_([s.value for s in from_states]))
+        .where(
+            runs.c.id == bindparam("rid"), runs.c.state.in_([const(s.value) for s in from_states])
+        )
         .values(
-            state=RunState.RUNNING.value,
+            state=const(RunState.RUNNING.value),
             finalized_at=None,
             error=None,
             failed_step=None,
@@ -190,6 +192,15 @@ def select_result_stmt() -> Any:
         .where(runs.c.id == bindparam("rid"))
     )
 
+
+TRANSITIONS = {
+    cancel_run_stmt: ("run.cancel",),
+    (lambda: reset_jobs_stmt(every_step=False)): ("job.reset", "job.reset_blocked"),
+    (lambda: reset_jobs_stmt(every_step=True)): ("job.reset_all", "job.reset_all_blocked"),
+    (lambda: restart_run_stmt(from_states=(RunState.FAILED, RunState.CANCELLED))): ("run.retry",),
+    (lambda: restart_run_stmt(from_states=tuple(TERMINAL_RUN_STATES))): ("run.retry_all",),
+}
+"""The edges of :data:`cyclone.states.EDGES` each statement of this module implements."""
 
 _SELECT_STATUS = select_status_stmt()
 _CANCEL_RUN = cancel_run_stmt()
@@ -369,16 +380,16 @@ class Run:
     def cancel(self) -> None:
         """Cancel a running run: steps not yet started never start; running ones finish.
 
+        The run's row is locked first, then its jobs (the lock order of
+        :mod:`cyclone.states`).
+
         Raises:
             InvalidStateError: the run is not running.
         """
-
-        def cancel(conn: Connection) -> None:
+        with self._engine.begin() as conn:
             if conn.execute(_CANCEL_RUN, {"rid": self.id}).first() is None:
                 self._raise_state(conn, "cancel")
             conn.execute(_completion.CANCEL_UNSTARTED, {"rid": self.id})
-
-        _pg.in_transaction_retrying_deadlocks(self._engine, cancel)
 
     def retry(self) -> None:
         """Run the failed and cancelled steps of a failed or cancelled run again.
@@ -386,7 +397,9 @@ class Run:
         Completed steps keep their outputs.
 
         Raises:
-            InvalidStateError: the run is running or completed.
+            InvalidStateError: the run is running or completed, past its deadline, or one
+                of its steps is still running (a cancelled run's step runs to its end):
+                retry once it has ended, so that no step ever runs twice at once.
         """
         self._restart(_RESET_FAILED, _RESTART_FAILED, "retry")
 
@@ -394,12 +407,13 @@ class Run:
         """Run every step of a finished run again, from the roots.
 
         Raises:
-            InvalidStateError: the run is still running.
+            InvalidStateError: the run is still running, past its deadline, or one of its
+                steps is still running (as for :meth:`retry`).
         """
         self._restart(_RESET_ALL, _RESTART_ANY, "retry_all")
 
     def _restart(self, reset: Any, restart: Any, operation: str) -> None:
-        def restart_run(conn: Connection) -> None:
+        with self._engine.begin() as conn:
             status, deadline_passed = self._read_status_for_update(conn)
             if operation == "retry" and status not in (RunState.FAILED, RunState.CANCELLED):
                 raise errors.InvalidStateError(operation=operation, run_id=self.id, state=status)
@@ -409,24 +423,24 @@ class Run:
                 raise errors.InvalidStateError(
                     operation=operation, run_id=self.id, state=f"{status} and past its deadline"
                 )
-            # A step still running would report into the old run: its outcome is read
-            # against the state before this retry, so wait until it has ended.
-            if operation == "retry" and conn.execute(_ANY_RUNNING, {"rid": self.id}).first():
+            # A step still running would record into the restarted run, and its step
+            # would be claimed again while it runs: refuse until it has ended. Under the
+            # run's lock, which every recording of an outcome takes first, no step can
+            # end (or start: the run is not running) until this transaction commits.
+            if conn.execute(_ANY_RUNNING, {"rid": self.id}).first():
                 raise errors.InvalidStateError(
                     operation=operation,
                     run_id=self.id,
-                    state=f"{status} with steps still running; retry once they end",
+                    state=f"{status} with steps still running; {operation} once they end",
                 )
             conn.execute(reset, {"rid": self.id})
             conn.execute(restart, {"rid": self.id})
-
-        _pg.in_transaction_retrying_deadlocks(self._engine, restart_run)
 
     def _read_status_for_update(self, conn: Connection) -> tuple[RunState, bool]:
         row = conn.execute(
             select(runs.c.state, runs.c.deadline <= func.now())
             .where(runs.c.id == self.id)
-            .with_for_update()
+            .with_for_update(key_share=True)
         ).first()
         if row is None:
             raise errors.NotFoundError(f"run {self.id} does not exist")

@@ -1,23 +1,22 @@
-"""The run and job state machines, declared once; the database enforces them with CHECKs.
+"""The run and job state machines, declared once in :data:`EDGES`; CHECKs enforce the states.
 
-Run::
+Every state change is a guarded ``UPDATE`` (``WHERE state IN (sources)``) implementing
+one or more edges of the table; the modules that own the statements name the edges each
+implements (their ``TRANSITIONS``), and a test checks each against this table.
 
-    running --> completed
-       |------> failed    --(retry / retry_all)--> running
-       '------> cancelled --(retry / retry_all)--> running
-
-Job (one step of a run, or a standalone job)::
-
-    blocked --(all predecessors completed)--> available --(claimed)--> running
-    running --(ok)--> completed
-    running --(raised, attempts left)--> available (scheduled_at = now + backoff)
-    running --(raised, no attempts left)--> failed
-    blocked / available --(run failed, cancelled or past its deadline)--> cancelled
+Lock order: a statement or transaction that locks both a run and its jobs locks the run
+first (``FOR NO KEY UPDATE``, several runs in id order), then the jobs (in id order).
+Submit inserts the run before its jobs; a claim locks jobs only, skipping locked rows; a
+heartbeat locks jobs only, skipping locked rows; a hand-back locks its own running jobs
+in id order. So no two of them wait for each other in a cycle: there is no deadlock to
+retry.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
+from typing import Literal
 
 
 class RunState(StrEnum):
@@ -47,3 +46,60 @@ TERMINAL_JOB_STATES: frozenset[JobState] = frozenset(
     {JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED}
 )
 ACTIVE_JOB_STATES: frozenset[JobState] = frozenset(JobState) - TERMINAL_JOB_STATES
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    """One transition: ``UPDATE ... SET state = target WHERE state IN sources``."""
+
+    machine: Literal["run", "job"]
+    name: str
+    sources: tuple[str, ...]
+    target: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.machine}.{self.name}"
+
+
+_R, _J = RunState, JobState
+_TERMINAL_JOBS = (_J.COMPLETED.value, _J.FAILED.value, _J.CANCELLED.value)
+_UNSTARTED = (_J.BLOCKED.value, _J.AVAILABLE.value)
+
+EDGES: dict[str, Edge] = {
+    edge.key: edge
+    for edge in (
+        # runs
+        Edge("run", "complete", (_R.RUNNING.value,), _R.COMPLETED.value),
+        Edge("run", "fail", (_R.RUNNING.value,), _R.FAILED.value),
+        Edge("run", "expire", (_R.RUNNING.value,), _R.FAILED.value),
+        Edge("run", "cancel", (_R.RUNNING.value,), _R.CANCELLED.value),
+        Edge("run", "retry", (_R.FAILED.value, _R.CANCELLED.value), _R.RUNNING.value),
+        Edge(
+            "run",
+            "retry_all",
+            (_R.COMPLETED.value, _R.FAILED.value, _R.CANCELLED.value),
+            _R.RUNNING.value,
+        ),
+        # jobs
+        Edge("job", "unblock", (_J.BLOCKED.value,), _J.AVAILABLE.value),
+        Edge("job", "claim", (_J.AVAILABLE.value,), _J.RUNNING.value),
+        Edge("job", "complete", (_J.RUNNING.value,), _J.COMPLETED.value),
+        Edge("job", "retry_attempt", (_J.RUNNING.value,), _J.AVAILABLE.value),
+        Edge("job", "fail", (_J.RUNNING.value,), _J.FAILED.value),
+        Edge("job", "cancel_ended", (_J.RUNNING.value,), _J.CANCELLED.value),
+        Edge("job", "rescue", (_J.RUNNING.value,), _J.AVAILABLE.value),
+        Edge("job", "rescue_give_up", (_J.RUNNING.value,), _J.FAILED.value),
+        Edge("job", "hand_back", (_J.RUNNING.value,), _J.AVAILABLE.value),
+        Edge("job", "cancel_unstarted", _UNSTARTED, _J.CANCELLED.value),
+        Edge("job", "reset", (_J.FAILED.value, _J.CANCELLED.value), _J.AVAILABLE.value),
+        Edge("job", "reset_blocked", (_J.FAILED.value, _J.CANCELLED.value), _J.BLOCKED.value),
+        Edge("job", "reset_all", _TERMINAL_JOBS, _J.AVAILABLE.value),
+        Edge("job", "reset_all_blocked", _TERMINAL_JOBS, _J.BLOCKED.value),
+    )
+}
+"""Every transition of runs and jobs, by ``machine.name``.
+
+A step whose run ended while it ran (cancelled, failed by another step, past its
+deadline) is ``cancel_ended`` when its attempt fails, is rescued or handed back.
+"""

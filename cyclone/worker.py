@@ -1,10 +1,14 @@
 """``Worker``: claims jobs of the workflows and step kinds it knows, runs them, records outcomes.
 
 One loop thread claims in batches (``FOR UPDATE SKIP LOCKED``) and records finished jobs
-in the same transaction as the next claim; a thread pool runs the steps. An idle worker
-sleeps until ``NOTIFY cyclone_jobs_available`` or its poll interval. Steps run at least
-once: a worker that dies mid-step stops heartbeating, and another worker hands its jobs
-back after ``rescue_after``.
+in the same statement as the next claim; daemon threads run the steps. An idle worker
+sleeps until ``NOTIFY cyclone_jobs_available`` or its poll interval. Each claim takes a
+lease (:attr:`cyclone._claim.Claimed.lease`) that every outcome and heartbeat presents:
+a worker that lost a job (rescued, handed back, retried) has its late outcome refused.
+A heartbeat thread on a connection of its own marks held jobs alive; a worker that dies
+mid-step stops beating, and the maintenance leader (:mod:`cyclone._leader`) hands its
+jobs back after ``rescue_after``. An outcome that cannot be recorded (the database is
+away) is kept, still heartbeaten, and recorded when the database answers again.
 """
 
 from __future__ import annotations
@@ -19,13 +23,13 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from datetime import timedelta
 from types import FrameType
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Connection, Engine
 
 from cyclone import (
     _binds,
@@ -33,11 +37,13 @@ from cyclone import (
     _completion,
     _executor,
     _fastpath,
+    _leader,
     _notify,
     _rescue,
     _retry,
     _sweeper,
     errors,
+    migrations,
 )
 from cyclone.workflow import StandaloneStep, Workflow
 
@@ -47,13 +53,85 @@ DEFAULT_CONCURRENCY = 4
 DEFAULT_POLL_INTERVAL = 5.0
 DEFAULT_HEARTBEAT_INTERVAL = timedelta(seconds=5)
 DEFAULT_RESCUE_AFTER = timedelta(minutes=1)
-DEFAULT_MAINTENANCE_INTERVAL = 1.0
-MAX_RECORD_TRIES = 3
+IDLE_WAKE = 1.0
+"""The longest an idle loop sleeps without a NOTIFY, a finished job or a poll due."""
 SHORT_STEP = 0.01
 SHORT_STEP_BATCH = 48
-MAINTENANCE_JOIN_TIMEOUT = 10.0
+JOIN_TIMEOUT = 10.0
+RETRY_FIRST = 0.5
+RETRY_CAP = 30.0
+"""A database that cannot be reached is tried again after 0.5 s, doubling up to 30 s."""
 
 Outcome = _completion.Success | _completion.Failure
+
+
+def _check_sequence(name: str, given: object, example: str) -> None:
+    """Refuse a single definition where a collection of them is expected."""
+    if isinstance(given, Workflow | StandaloneStep | str):
+        raise errors.DefinitionError(
+            f"{name}= takes a list, got a single {type(given).__name__}: pass {example}"
+        )
+
+
+@dataclass
+class WorkerStats:
+    """What the last :meth:`Worker.drain` or :meth:`Worker.run` did, by outcome recorded.
+
+    ``completed``: steps that succeeded; ``retried``: failed attempts with attempts left;
+    ``failed``: final failures; ``refused``: outcomes refused because the job's lease had
+    moved on (rescued, handed back, retried or cancelled meanwhile); ``handed_back``:
+    jobs returned unfinished when the worker stopped.
+    """
+
+    completed: int = 0
+    retried: int = 0
+    failed: int = 0
+    refused: int = 0
+    handed_back: int = 0
+
+    @property
+    def total(self) -> int:
+        """Attempts run and recorded: completed, retried and failed."""
+        return self.completed + self.retried + self.failed
+
+
+def backoff_delay(failures: int) -> float:
+    """Seconds before try ``failures + 1`` of a database that failed ``failures`` times."""
+    return float(min(RETRY_CAP, RETRY_FIRST * 2 ** max(0, failures - 1)))
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+
+
+class _StepThreads:
+    """Daemon threads that run steps: a step still running when its job was handed back
+    does not keep the process alive."""
+
+    def __init__(self, count: int, run: Callable[[_claim.Claimed], None]) -> None:
+        self._queue: queue.SimpleQueue[_claim.Claimed | None] = queue.SimpleQueue()
+        self._run = run
+        self._threads = [
+            threading.Thread(target=self._work, name=f"cyclone-step_{i}", daemon=True)
+            for i in range(count)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, job: _claim.Claimed) -> None:
+        self._queue.put(job)
+
+    def _work(self) -> None:
+        while (job := self._queue.get()) is not None:
+            self._run(job)
+
+    def shutdown(self, *, wait: bool) -> None:
+        for _ in self._threads:
+            self._queue.put(None)
+        if wait:
+            for thread in self._threads:
+                thread.join()
 
 
 class Worker:
@@ -68,17 +146,22 @@ class Worker:
             (the total is still capped by ``concurrency``); default: every queue, so a
             run whose step a redeploy moved to another queue still runs.
         poll_interval: seconds between polls when no notification arrives.
-        heartbeat_interval: how often running jobs are marked alive.
+        heartbeat_interval: how often running jobs are marked alive; less than
+            ``rescue_after``.
         rescue_after: a running job whose worker has not beaten for this long is run again.
         backoff: seconds to wait before attempt ``n + 1`` of a step that raised on
             attempt ``n`` (default: exponential from 1 s, capped at 5 min, with jitter).
-        sweep: run the retention sweeper from :meth:`run` (one worker at a time sweeps).
+        sweep: run the retention sweeper from :meth:`run` (the maintenance leader sweeps).
         sweep_keep: how long terminal runs and finished jobs are kept when a run has no
             ``retention`` of its own.
         sweep_interval: how often the sweeper runs.
         step_context: called before each step; the context manager it returns is entered
             around the step (a framework's application context, or Django's connection
             housekeeping). An error it raises counts as the step's error.
+
+    Raises:
+        ValueError: ``heartbeat_interval`` is not less than ``rescue_after``, or a limit
+            is below 1.
     """
 
     def __init__(
@@ -99,6 +182,8 @@ class Worker:
         step_context: Callable[[], AbstractContextManager[object]] | None = None,
     ) -> None:
         self.engine: Engine = _binds.engine_of(bind)
+        _check_sequence("workflows", workflows, "workflows=[wf]")
+        _check_sequence("steps", steps, "steps=[send_email]")
         self.workflows: dict[str, Workflow[Any]] = {}
         for wf in workflows:
             if wf.name in self.workflows and self.workflows[wf.name] is not wf:
@@ -118,6 +203,11 @@ class Worker:
             raise errors.DefinitionError("a Worker needs at least one workflow or step kind")
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
+        if heartbeat_interval >= rescue_after:
+            raise ValueError(
+                f"heartbeat_interval ({heartbeat_interval}) must be less than rescue_after "
+                f"({rescue_after}): live jobs would be rescued and run twice"
+            )
         self.concurrency = concurrency
         self.queues: list[str] | None = None
         self._limits: dict[str, int] | None = None
@@ -135,41 +225,68 @@ class Worker:
         self.sweep_interval = sweep_interval.total_seconds()
         self.step_context = step_context
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.stats = WorkerStats()
 
         self._outcomes: queue.SimpleQueue[tuple[_claim.Claimed, Outcome]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._stopping = threading.Event()
+        self._abandon = threading.Event()
+        self._stop_deadline: float | None = None
+        self._grace: float | None = None
         self._inflight: dict[int, _claim.Claimed] = {}
+        self._pending: dict[int, tuple[_claim.Claimed, Outcome]] = {}
         self._busy: Counter[str] = Counter()
-        self._pool: ThreadPoolExecutor | None = None
-        self._jobs_run = 0
-        self._last_heartbeat = 0.0
-        self._last_maintenance = 0.0
-        self._last_sweep = 0.0
+        self._steps_pool: _StepThreads | None = None
         self._claim_turn = 0
         self._lock = threading.Lock()
-        self._record_failures = 0
+        self._db_failures = 0
         self._step_seconds = 1.0
-        self._sweeping: threading.Thread | None = None
-        self._maintaining: threading.Thread | None = None
         self._held: _fastpath.Held | None = None
+        self._schema_checked = False
+        self._leader: _leader.Leader | None = None
+        self._beating = threading.Event()
 
     def __repr__(self) -> str:
         return (
             f"<cyclone.Worker {self.id} workflows={list(self.workflows)} steps={list(self.steps)}>"
         )
 
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop, wait for a :meth:`run` or :meth:`drain` in another thread to return, and
+        close the connections this worker opened outside the pool (idempotent)."""
+        self.stop()
+        with self._lock:
+            if self._held is not None:
+                self._held.close()
+            self._stopping.clear()
+
     def drain(self) -> int:
         """Run everything runnable now, including steps unblocked meanwhile; return the count.
 
-        Jobs scheduled for later (a retry's backoff, ``run_at=``) are left for later.
-        Runs past their deadline are failed first and last.
+        The count is :attr:`stats`' ``total``: attempts run and recorded (completed,
+        retried, failed); :attr:`stats` tells them apart. Jobs scheduled for later (a
+        retry's backoff, ``run_at=``) are left for later. Runs past their deadline are
+        failed first and last.
         """
-        return self._serve(until_idle=True)
+        self._serve(until_idle=True)
+        return self.stats.total
 
-    def run(self) -> None:
-        """Run jobs until SIGINT/SIGTERM or :meth:`stop`; jobs in flight finish first."""
+    def run(self, grace: float | None = None) -> None:
+        """Run jobs until SIGINT/SIGTERM or :meth:`stop`.
+
+        On the first signal the worker stops claiming and lets the jobs in flight finish
+        for up to ``grace`` seconds (None: as long as they take); then it hands the rest
+        back (available again at once, under a new lease, the attempt not counted) and
+        returns. A second signal hands them back at once.
+        """
         previous: dict[signal.Signals, Any] = {}
+        self._grace = grace
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 previous[sig] = signal.signal(sig, self._on_signal)
@@ -179,45 +296,132 @@ class Worker:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
-    def stop(self) -> None:
-        """Ask :meth:`run` to stop claiming, finish the jobs in flight and return."""
+    def stop(self, grace: float | None = None) -> None:
+        """Ask :meth:`run` to stop claiming and return once the jobs in flight are done.
+
+        With ``grace``, jobs still running after that many seconds are handed back.
+        """
+        if grace is not None:
+            self._stop_deadline = time.monotonic() + grace
         self._stopping.set()
         self._wake.set()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        log.info("worker %s stopping on signal %d", self.id, signum)
-        self.stop()
+        if self._stopping.is_set():
+            log.warning("worker %s: second signal %d, handing back its jobs now", self.id, signum)
+            self._abandon.set()
+            self._wake.set()
+            return
+        grace = self._grace
+        log.info(
+            "worker %s stopping on signal %d; jobs in flight get %s",
+            self.id,
+            signum,
+            "as long as they take" if grace is None else f"{grace:g}s",
+        )
+        self.stop(grace)
 
-    def _serve(self, *, until_idle: bool) -> int:
+    def _serve(self, *, until_idle: bool) -> None:
         with self._lock:
-            self._jobs_run = 0
+            if not self._schema_checked:
+                migrations.check_schema_at_start(self.engine)  # once: not started without it
+                self._schema_checked = True
+            self.stats = WorkerStats()
             unsubscribe = _notify.listener(self.engine).subscribe(
                 _notify.JOBS_AVAILABLE, lambda _payload: self._wake.set()
             )
-            self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="cyclone-step")
+            self._steps_pool = _StepThreads(self.concurrency, self._execute)
             self._held = _fastpath.Held(self.engine)
+            self._leader = _leader.Leader(
+                self.engine,
+                self.id,
+                rescue_after=self.rescue_after,
+                sweep=self.sweep and not until_idle,
+                sweep_keep=self.sweep_keep,
+                sweep_interval=self.sweep_interval,
+            )
+            beater = threading.Thread(target=self._beat, name="cyclone-heartbeat", daemon=True)
+            self._beating.clear()
+            beater.start()
+            abandoned = False
             try:
-                self._maintain(force=True, sweep=not until_idle)
-                self._loop(until_idle)
                 if until_idle:
-                    self._maintain(force=True, sweep=False)
+                    self._maintain_once()
+                self._leader.start()
+                abandoned = self._loop(until_idle)
+                if until_idle:
+                    self._leader.stop()
+                    self._maintain_once()
             finally:
                 unsubscribe()
-                if self._maintaining is not None:
-                    self._maintaining.join(MAINTENANCE_JOIN_TIMEOUT)
-                self._pool.shutdown(wait=True)
-                self._pool = None
+                self._leader.stop()
+                self._leader = None
+                self._beating.set()
+                beater.join(JOIN_TIMEOUT)
+                self._steps_pool.shutdown(wait=not abandoned)
+                self._steps_pool = None
                 self._held.close()
                 self._held = None
                 self._stopping.clear()
-            return self._jobs_run
+                self._abandon.clear()
+                self._stop_deadline = None
+                self._inflight.clear()
+                self._pending.clear()
+                self._busy.clear()
+
+    def _maintain_once(self) -> None:
+        """A drain's deadline and rescue pass, if no other worker leads maintenance."""
+        assert self._leader is not None
+        try:
+            self._leader.once()
+        except Exception as exc:
+            log.warning("worker %s maintenance failed (%s)", self.id, _first_line(exc))
+        finally:
+            self._leader.release()
+
+    def _beat(self) -> None:
+        """Mark the jobs this worker holds alive, on a connection of its own.
+
+        Neither the application's pool nor the claim loop can hold it up. Jobs whose
+        outcome waits to be recorded are beaten too: their lease stays valid.
+        """
+        conn: Connection | None = None
+        failures = 0
+        delay = self.heartbeat_interval
+        try:
+            while not self._beating.wait(delay):
+                delay = self.heartbeat_interval
+                held = [(j.id, j.lease) for j in self._inflight.copy().values()]
+                held += [(j.id, j.lease) for j, _ in self._pending.copy().values()]
+                if not held:
+                    continue
+                try:
+                    if conn is None:
+                        conn = _leader.dedicated(self.engine, autocommit=True)
+                    _rescue.heartbeat(conn, held)
+                    failures = 0
+                except Exception as exc:
+                    failures += 1
+                    if conn is not None:
+                        _close_quietly(conn)
+                        conn = None
+                    delay = min(self.heartbeat_interval, backoff_delay(failures))
+                    log.warning(
+                        "worker %s heartbeat failed (%s); retrying in %.1fs",
+                        self.id,
+                        _first_line(exc),
+                        delay,
+                    )
+        finally:
+            if conn is not None:
+                _close_quietly(conn)
 
     def _free(self) -> dict[str, int]:
         """Jobs to claim now, per queue group.
 
         When steps are short (a running average under ``SHORT_STEP`` seconds), a worker
         without per-queue limits holds up to ``max(3 * concurrency, SHORT_STEP_BATCH)``
-        jobs: the extra ones wait in the pool, and outcomes are recorded once
+        jobs: the extra ones wait for a step thread, and outcomes are recorded once
         ``concurrency`` jobs are done (see :meth:`_batching`), so each record-and-claim
         statement carries more jobs. Long steps get no such buffer, so they are never
         held back from an idle worker.
@@ -243,7 +447,7 @@ class Worker:
         )
 
     def _capacity(self) -> int:
-        """How many jobs this worker holds at most: running, or waiting in the pool."""
+        """How many jobs this worker holds at most: running, or waiting for a thread."""
         if self._short_steps():
             return max(3 * self.concurrency, SHORT_STEP_BATCH)
         return self.concurrency
@@ -258,26 +462,35 @@ class Worker:
         executing = len(self._inflight) - self._outcomes.qsize()
         return executing > self.concurrency
 
-    def _loop(self, until_idle: bool) -> None:
+    def _stop_now(self) -> bool:
+        """Whether a stopping worker should hand its jobs back now (grace over, 2nd signal)."""
+        if self._abandon.is_set():
+            return True
+        deadline = self._stop_deadline
+        return deadline is not None and time.monotonic() >= deadline
+
+    def _loop(self, until_idle: bool) -> bool:
         """Record outcomes and claim, then sleep until a job ends, a NOTIFY, or a poll is due.
 
-        An idle worker claims again only when woken or after ``poll_interval``; it wakes
-        more often than that only to heartbeat and to fail runs past their deadline.
+        Returns True when it handed jobs back instead of waiting for them (stopping).
         """
         poll_due = 0.0
         woken = True
         merges = self._scope("*").merges
         confirmed = not merges
         while True:
+            if self._stopping.is_set() and self._stop_now():
+                self._hand_back()
+                return True
             if self._batching():
-                self._maintain(force=False, sweep=not until_idle)  # heartbeats go on
-                self._wake.wait(min(self.heartbeat_interval, DEFAULT_MAINTENANCE_INTERVAL))
+                self._wake.wait(min(self.heartbeat_interval, IDLE_WAKE))
                 self._wake.clear()
                 continue
-            outcomes = self._take_outcomes()
-            for job, _ in outcomes:
+            for job, outcome in self._take_outcomes():
                 self._inflight.pop(job.id, None)
                 self._busy[job.queue] -= 1
+                self._pending[job.id] = (job, outcome)
+            outcomes = list(self._pending.values())
             claimed: list[_claim.Claimed] = []
             free = {} if self._stopping.is_set() else self._free()
             if not (woken or until_idle or time.monotonic() >= poll_due):
@@ -292,39 +505,53 @@ class Worker:
                 and (until_idle or job.kind in self._upstream.get(job.workflow or "", ()))
                 for job, outcome in outcomes
             )
+            failed = False
             if outcomes or free:
-                claimed = self._record_and_claim(outcomes, free)
+                claimed, failed = self._record_and_claim(outcomes, free)
                 poll_due = time.monotonic() + self.poll_interval
             for job in claimed:
                 self._start(job)
+            if failed:
+                self._wait_for_database()
+                continue
             if unblocking and len(claimed) < sum(free.values()) and not self._stopping.is_set():
                 woken = True
                 continue
-            if not self._inflight and not claimed and (until_idle or self._stopping.is_set()):
+            idle = not self._inflight and not self._pending and not claimed
+            if idle and (until_idle or self._stopping.is_set()):
                 # A claim over several served keys draws its candidates from its snapshot;
                 # a drain ends only after a second one, in a new snapshot, finds none.
                 if until_idle and not self._stopping.is_set() and not confirmed:
                     confirmed = True
                     continue
-                return
+                return False
             if claimed or outcomes:
                 confirmed = not merges
             if claimed and len(claimed) >= sum(free.values()) and self._free():
                 continue  # a full batch: more may be waiting
-            self._maintain(force=False, sweep=not until_idle)
             # A poll is due only when there is room to claim; a full worker waits for a
-            # job to end (or for its next heartbeat), never spins.
+            # job to end, never spins.
             timeout = (
                 self._idle_timeout(poll_due)
                 if self._free() and not self._stopping.is_set()
-                else min(self.heartbeat_interval, DEFAULT_MAINTENANCE_INTERVAL)
+                else IDLE_WAKE
             )
             woken = not self._outcomes.empty() or self._wake.wait(timeout)
             self._wake.clear()
 
+    def _wait_for_database(self) -> None:
+        """Sleep out the backoff after a failed statement; a stop or 2nd signal cuts it short."""
+        delay = backoff_delay(self._db_failures)
+        end = time.monotonic() + delay
+        while (left := end - time.monotonic()) > 0:
+            if self._abandon.is_set() or (self._stopping.is_set() and self._stop_now()):
+                return
+            self._wake.wait(min(left, IDLE_WAKE))
+            self._wake.clear()
+
     def _idle_timeout(self, poll_due: float) -> float:
         until_poll = max(0.0, poll_due - time.monotonic())
-        return min(until_poll, self.heartbeat_interval, DEFAULT_MAINTENANCE_INTERVAL)
+        return min(until_poll, IDLE_WAKE)
 
     def _take_outcomes(self) -> list[tuple[_claim.Claimed, Outcome]]:
         taken = []
@@ -336,25 +563,24 @@ class Worker:
 
     def _record_and_claim(
         self, outcomes: list[tuple[_claim.Claimed, Outcome]], free: dict[str, int]
-    ) -> list[_claim.Claimed]:
-        """Record ``outcomes`` and claim into ``free``; the jobs claimed are returned to start.
+    ) -> tuple[list[_claim.Claimed], bool]:
+        """Record ``outcomes`` and claim into ``free``: (jobs claimed, whether a statement failed).
 
-        Each statement commits on its own. When one fails, the outcomes it did not record
-        go back on the queue for the next cycle, and the jobs that earlier statements
-        claimed are still returned: left unstarted, they would wait for a rescue.
+        Each statement commits on its own. An outcome stays in ``_pending`` until it is
+        recorded or refused; after a failure it is tried again (with capped backoff) for
+        as long as the worker runs: its job is still heartbeaten, so its lease stays
+        valid unless the job is rescued, and then the outcome is refused. Jobs that
+        earlier statements claimed are still returned: left unstarted, they would wait
+        for a rescue.
         """
-        successes = [(j, o) for j, o in outcomes if isinstance(o, _completion.Success)]
+        successes = [o for _, o in outcomes if isinstance(o, _completion.Success)]
         failures = [o for _, o in outcomes if isinstance(o, _completion.Failure)]
-        unrecorded: list[tuple[_claim.Claimed, Outcome]] = list(outcomes)
         claimed: list[_claim.Claimed] = []
         try:
-            # One autocommit statement records the successes and claims: one round trip
-            # and one commit a cycle. Recording twice after an error is harmless: every
-            # write is guarded by the job's state, attempt and worker.
             if failures:
                 with self.engine.begin() as conn:
-                    _completion.record(conn, self.id, (), failures)
-                unrecorded = list(successes)
+                    recorded = _completion.record_failures(conn, failures)
+                self._settle(failures, recorded)
             held = self._held
             assert held is not None, "record_and_claim runs inside _serve"
             # Per-queue room can add up to more than concurrency: cap the total, and
@@ -364,50 +590,99 @@ class Worker:
             turns = list(free.items())
             self._claim_turn += 1
             start = self._claim_turn % len(turns) if turns else 0
+            carrying = successes
             for name, limit in turns[start:] + turns[:start] or [("*", 0)]:
-                if left <= 0 and not unrecorded:
+                if left <= 0 and not carrying:
                     break
-                got = _claim.record_and_claim(
+                recorded, got = _claim.record_and_claim(
                     held,
                     worker_id=self.id,
-                    successes=[o for _, o in unrecorded if isinstance(o, _completion.Success)],
+                    successes=carrying,
                     scope=self._scope(name),
                     limit=max(0, min(limit, left)),
                 )
-                unrecorded = []
+                if carrying:
+                    self._settle(carrying, recorded)
+                carrying = []
                 claimed += got
                 left -= len(got)
-        except Exception:
-            self._jobs_run += len(outcomes) - len(unrecorded)
-            # Only a failure to record counts towards giving up on the outcomes.
-            self._record_failures = self._record_failures + 1 if unrecorded else 0
-            if self._record_failures >= MAX_RECORD_TRIES and unrecorded:
-                # These jobs stop heartbeating, so another worker runs them again after
-                # rescue_after: at least once still holds, and this worker is not stuck.
-                log.exception(
-                    "worker %s gives up recording %d outcomes; their jobs will be rescued",
+        except Exception as exc:
+            self._db_failures += 1
+            log.warning(
+                "worker %s could not record or claim (%s); %d outcomes kept, retrying in %.1fs",
+                self.id,
+                _first_line(exc),
+                len(self._pending),
+                backoff_delay(self._db_failures),
+            )
+            return claimed, True
+        if self._db_failures:
+            log.info("worker %s reaches the database again", self.id)
+        self._db_failures = 0
+        return claimed, False
+
+    def _settle(self, outcomes: list[Any], recorded: set[int]) -> None:
+        """Count recorded outcomes, log refused ones; neither is pending any more."""
+        for outcome in outcomes:
+            job, _ = self._pending.pop(outcome.job_id, (None, None))
+            if outcome.job_id not in recorded:
+                self.stats.refused += 1
+                log.warning(
+                    "worker %s: outcome of %s refused: lease %d is no longer the job's "
+                    "(rescued, handed back, retried or cancelled meanwhile)",
                     self.id,
-                    len(unrecorded),
+                    _executor.describe(job) if job is not None else f"job #{outcome.job_id}",
+                    outcome.lease,
                 )
-                self._record_failures = 0
-                return claimed
-            log.exception("worker %s could not record outcomes or claim; retrying", self.id)
-            for job, outcome in unrecorded:
-                self._inflight[job.id] = job
-                self._busy[job.queue] += 1
-                self._outcomes.put((job, outcome))
-            if not claimed:
-                self._stopping.wait(min(1.0, self.poll_interval))
-            return claimed
-        self._record_failures = 0
-        self._jobs_run += len(outcomes)
-        return claimed
+            elif isinstance(outcome, _completion.Success):
+                self.stats.completed += 1
+            elif outcome.retry_in is not None:
+                self.stats.retried += 1
+            else:
+                self.stats.failed += 1
+
+    def _hand_back(self) -> None:
+        """Record what has finished, hand back the jobs still running, and stop.
+
+        The jobs become available at once under a new lease (the executions still
+        running can no longer record), their attempt not counted.
+        """
+        for job, outcome in self._take_outcomes():
+            self._inflight.pop(job.id, None)
+            self._pending[job.id] = (job, outcome)
+        if self._pending:
+            _claimed, failed = self._record_and_claim(list(self._pending.values()), {})
+            if failed:
+                log.error(
+                    "worker %s stops with %d outcomes it could not record; their jobs "
+                    "will be rescued and run again",
+                    self.id,
+                    len(self._pending),
+                )
+        held = [(job.id, job.lease) for job in self._inflight.values()]
+        if not held:
+            return
+        try:
+            with self.engine.begin() as conn:
+                handed = _rescue.hand_back(conn, held)
+        except Exception as exc:
+            log.error(
+                "worker %s could not hand back %d jobs (%s); they will be rescued",
+                self.id,
+                len(held),
+                _first_line(exc),
+            )
+            return
+        self.stats.handed_back += len(handed)
+        log.warning(
+            "worker %s handed back %d jobs still running: %s", self.id, len(handed), sorted(handed)
+        )
 
     def _start(self, job: _claim.Claimed) -> None:
-        assert self._pool is not None
+        assert self._steps_pool is not None
         self._inflight[job.id] = job
         self._busy[job.queue] += 1
-        self._pool.submit(self._execute, job)
+        self._steps_pool.submit(job)
 
     def _execute(self, job: _claim.Claimed) -> None:
         started = time.perf_counter()
@@ -418,7 +693,7 @@ class Worker:
         except BaseException as exc:  # a step that raised SystemExit or KeyboardInterrupt
             outcome = _completion.Failure(
                 job.id,
-                job.attempt,
+                job.lease,
                 {"type": type(exc).__qualname__, "message": str(exc), "attempt": job.attempt},
                 None if job.attempt >= job.max_attempts else self.backoff(job.attempt),
             )
@@ -426,58 +701,9 @@ class Worker:
         self._outcomes.put((job, outcome))
         self._wake.set()
 
-    def _sweep(self) -> None:
-        """One retention sweep, off the loop thread so that heartbeats and claims go on."""
-        try:
-            runs_deleted, jobs_deleted = _sweeper.sweep(self.engine, self.sweep_keep)
-        except Exception:
-            log.exception("worker %s retention sweep failed; will try again", self.id)
-            return
-        if runs_deleted or jobs_deleted:
-            log.info("sweeper deleted %d runs and %d jobs", runs_deleted, jobs_deleted)
 
-    def _expire_and_rescue(self) -> None:
-        """Fail runs past their deadline and hand back jobs of workers that stopped."""
-        try:
-            with self.engine.begin() as conn:
-                expired = _rescue.expire_runs(conn)
-                rescued = _rescue.rescue(conn, self.rescue_after)
-        except Exception:
-            log.exception("worker %s maintenance failed; will try again", self.id)
-            return
-        if expired:
-            log.info("failed %d runs past their deadline", expired)
-        if rescued:
-            log.warning("handed back %d jobs of workers that stopped: %s", len(rescued), rescued)
-
-    def _maintain(self, *, force: bool, sweep: bool) -> None:
-        now = time.monotonic()
-        try:
-            if self._inflight and (force or now - self._last_heartbeat >= self.heartbeat_interval):
-                with self.engine.begin() as conn:
-                    _rescue.heartbeat(conn, self.id, list(self._inflight))
-                self._last_heartbeat = now
-            if force or now - self._last_maintenance >= DEFAULT_MAINTENANCE_INTERVAL:
-                # Off the loop thread, like the sweeper, so that its transaction never holds
-                # up a claim or a record; forced (a drain's first and last), it runs here.
-                self._last_maintenance = now
-                if force:
-                    self._expire_and_rescue()
-                elif not (self._maintaining and self._maintaining.is_alive()):
-                    self._maintaining = threading.Thread(
-                        target=self._expire_and_rescue, name="cyclone-maintenance", daemon=True
-                    )
-                    self._maintaining.start()
-            if (
-                sweep
-                and self.sweep
-                and now - self._last_sweep >= self.sweep_interval
-                and not (self._sweeping and self._sweeping.is_alive())
-            ):
-                self._last_sweep = now
-                self._sweeping = threading.Thread(
-                    target=self._sweep, name="cyclone-sweeper", daemon=True
-                )
-                self._sweeping.start()
-        except Exception:
-            log.exception("worker %s maintenance failed; will try again", self.id)
+def _close_quietly(conn: Connection) -> None:
+    try:
+        conn.close()
+    except Exception:
+        log.debug("closing a worker connection failed", exc_info=True)

@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 import cyclone
-from cyclone import _sweeper
+from cyclone._leader import LEADER_LOCK
 from cyclone.schema import jobs, runs
 from tests.conftest import StatementCounter, wait_until
 
@@ -286,35 +286,50 @@ def test_the_worker_sweeper_deletes_old_terminal_runs_and_honours_their_retentio
     assert running.status().state in (cyclone.RunState.RUNNING, cyclone.RunState.COMPLETED)
 
 
-def test_only_one_sweeper_sweeps_at_a_time(engine: sa.Engine, name: str) -> None:
-    (done,) = cancelled(engine, workflow(name), 1)
+def test_only_the_maintenance_leader_sweeps(engine: sa.Engine, name: str) -> None:
+    wf = workflow(name)
+    (done,) = cancelled(engine, wf, 1)
     age(engine, [done], "2 days")
     with engine.connect() as other:
-        other.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": _sweeper.SWEEPER_LOCK})
+        # Another session leads: this worker's sweeper stays idle.
+        other.execute(sa.select(sa.func.pg_advisory_lock(LEADER_LOCK)))
         other.commit()
         try:
-            assert _sweeper.sweep(engine, timedelta(0)) == (0, 0)
-            assert existing(engine, [done]) == {done.id}
+            with run_in_thread(sweeping_worker(engine, wf, keep=timedelta(0))):
+                time.sleep(1.5)  # what the worker does meanwhile is under test
+                assert existing(engine, [done]) == {done.id}
         finally:
-            other.execute(sa.text("SELECT pg_advisory_unlock(:k)"), {"k": _sweeper.SWEEPER_LOCK})
+            other.execute(sa.select(sa.func.pg_advisory_unlock(LEADER_LOCK)))
             other.commit()
-    assert _sweeper.sweep(engine, timedelta(0)) == (1, 0)
-    assert existing(engine, [done]) == set()
+    with run_in_thread(sweeping_worker(engine, wf, keep=timedelta(0))):
+        wait_until(lambda: not existing(engine, [done]))
 
 
-def test_a_sweep_takes_one_pool_connection(
+def test_the_leader_sweeps_on_its_own_connection_while_the_app_holds_the_whole_pool(
     engine: sa.Engine, database_url: sa.URL, name: str
 ) -> None:
-    # It held one for its lock and asked for another per batch: a pool of one waited
-    # out its timeout, and blocked the application's calls meanwhile.
-    made = cancelled(engine, workflow(name), 3)
-    age(engine, made, "2 days")
+    # A sweep once held a pool connection for its lock and asked for another per batch.
+    wf = workflow(name)
+    made = cancelled(engine, wf, 3)
     one = sa.create_engine(database_url, pool_size=1, max_overflow=0, pool_timeout=2)
+    worker = cyclone.Worker(
+        one,
+        workflows=[wf],
+        sweep=True,
+        sweep_keep=timedelta(days=1),
+        sweep_interval=timedelta(milliseconds=50),
+        poll_interval=0.05,
+    )
     try:
-        assert _sweeper.sweep(one, timedelta(0), batch_size=2) == (3, 0)
+        with run_in_thread(worker):
+            wait_until(lambda: worker._leader is not None and worker._leader.leading)
+            # The leader's connection is its own: the app holds the pool's only one.
+            with one.connect() as app:
+                app.execute(sa.text("SELECT 1"))
+                age(engine, made, "2 days")
+                wait_until(lambda: not existing(engine, made))
     finally:
         one.dispose()
-    assert existing(engine, made) == set()
 
 
 def test_purge_and_sweeper_racing_submit_once_lose_no_run_and_never_share_a_key(

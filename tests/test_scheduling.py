@@ -445,14 +445,14 @@ def test_a_full_worker_waits_without_spinning(
     for i in range(1, 6):
         step.enqueue(engine, i)
     iterations = 0
-    maintain = worker._maintain
+    take = worker._take_outcomes
 
-    def counting(**kwargs: bool) -> None:
+    def counting() -> Any:
         nonlocal iterations
         iterations += 1
-        maintain(**kwargs)
+        return take()
 
-    worker._maintain = counting  # type: ignore[method-assign]
+    worker._take_outcomes = counting  # type: ignore[method-assign]
     thread = threading.Thread(target=worker.drain)
     thread.start()
     try:

@@ -482,20 +482,22 @@ def test_a_step_lost_with_its_worker_max_attempts_times_fails_its_run(
         raise AssertionError("a step after a failed one never starts")
 
     run = wf.submit(engine, 1)
-    lost_before = (
-        '[{"type": "WorkerLost", "message": "a crash", "attempt": 1},'
-        ' {"type": "WorkerLost", "message": "another crash", "attempt": 1}]'
-    )
+    # Lost twice before (counted in ``lost``), and now running on a worker that died.
     with engine.begin() as conn:
         conn.execute(
             sa.text(
-                "UPDATE cyclone_jobs SET state = 'running', attempt = 1, worker_id = 'dead',"
-                " heartbeat_at = now() - interval '1 hour', errors = CAST(:lost AS jsonb)"
+                "UPDATE cyclone_jobs SET state = 'running', attempt = 1, lost = 2, lease = 3,"
+                " worker_id = 'dead', heartbeat_at = now() - interval '1 hour'"
                 " WHERE run_id = :r AND kind = 'crashes'"
             ),
-            {"r": run.id, "lost": lost_before},
+            {"r": run.id},
         )
-    cyclone.Worker(engine, workflows=[wf], rescue_after=timedelta(seconds=1)).drain()
+    cyclone.Worker(
+        engine,
+        workflows=[wf],
+        rescue_after=timedelta(seconds=1),
+        heartbeat_interval=timedelta(milliseconds=200),
+    ).drain()
     status = run.status()
     assert status.state == cyclone.RunState.FAILED
     assert status.failed_step == "crashes"

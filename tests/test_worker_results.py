@@ -304,7 +304,7 @@ def test_cursor_event_listeners_see_submit_claim_record_and_result(
         assert any("INSERT INTO cyclone_runs" in s for s in seen)
         assert cyclone.Worker(engine, workflows=[wf], sweep=False).drain() == 2
         assert any("SKIP LOCKED" in s and "UPDATE cyclone_jobs" in s for s in seen)
-        assert any(s.startswith("WITH done AS") for s in seen)  # a success recorded
+        assert any(s.startswith("WITH locked_runs AS") for s in seen)  # a success recorded
         before = len(seen)
         assert run.result(timeout=10) == Quote(total=5, count=2)
         assert run.status().state == cyclone.RunState.COMPLETED

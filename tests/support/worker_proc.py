@@ -12,11 +12,15 @@ Modes:
   and blocks forever, waiting for the test to ``SIGKILL`` the process.
 - ``serve NAME LOCK``: ``Worker.run()`` on :func:`gated` with concurrency 1, until
   SIGTERM; its step waits for ``pg_advisory_lock(LOCK)``, which the test holds.
+- ``grace NAME LOCK,GRACE``: as ``serve``, with ``Worker.run(grace=GRACE)``; prints
+  ``{"pid", "handed_back"}``.
+- ``ops NAME -``: ``Worker.run()`` on :func:`pipeline` with INFO logging on stderr.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import threading
@@ -148,6 +152,26 @@ def main(argv: list[str]) -> int:
             sweep=False,
         ).run()
         print(json.dumps({"pid": os.getpid(), "stopped": True}), flush=True)
+    elif mode == "grace":
+        # ARG is "LOCK,GRACE": serve the gated workflow, stop on signals within GRACE s.
+        lock, grace = arg.split(",")
+        worker = cyclone.Worker(
+            bind,
+            workflows=[gated(name, int(lock))],
+            concurrency=1,
+            heartbeat_interval=HEARTBEAT,
+            sweep=False,
+        )
+        worker.run(grace=float(grace))
+        print(json.dumps({"pid": os.getpid(), "handed_back": worker.stats.handed_back}), flush=True)
+    elif mode == "ops":
+        # Serve ``pipeline(name)`` with INFO logs on stderr, one line per record.
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+        )
+        cyclone.Worker(
+            bind, workflows=[pipeline(name)], heartbeat_interval=HEARTBEAT, poll_interval=0.2
+        ).run(grace=5)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     bind.dispose()

@@ -79,9 +79,14 @@ def job_rows(engine: sa.Engine, run_id: uuid.UUID) -> dict[str, JobRow]:
     return {row[0]: JobRow(*row) for row in rows}
 
 
-def spawn_worker(mode: str, name: str, arg: str) -> subprocess.Popen[str]:
-    """Start ``python -m tests.support.worker_proc MODE NAME ARG`` on the test database."""
+def spawn_worker(
+    mode: str, name: str, arg: str, database_url: str | None = None
+) -> subprocess.Popen[str]:
+    """Start ``python -m tests.support.worker_proc MODE NAME ARG`` on the test database
+    (or on ``database_url``)."""
     env = dict(os.environ)
+    if database_url is not None:
+        env["CYCLONE_TEST_DATABASE_URL"] = database_url
     assert "CYCLONE_TEST_DATABASE_URL" in env, "the database_url fixture sets it"
     return subprocess.Popen(
         [sys.executable, "-m", "tests.support.worker_proc", mode, name, arg],

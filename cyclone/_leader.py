@@ -1,0 +1,180 @@
+"""Maintenance by one leader at a time: deadline expiry, rescue and retention sweeps.
+
+Every worker runs a :class:`Leader` thread with a connection of its own, detached from
+the pool. It tries a session advisory lock (:data:`LEADER_LOCK`) every
+:data:`LEADER_INTERVAL` seconds; the worker that holds it is the leader and, on that same
+connection, fails runs past their deadline and hands back jobs of stopped workers every
+interval, and sweeps retention every ``sweep_interval``. The lock belongs to the
+leader's database session: when the leader's process dies or its connection is
+terminated, PostgreSQL releases it, and another worker takes over at its next try, so
+within :data:`LEADER_INTERVAL` (plus the time to connect) of the session ending. A
+leader host that vanishes without closing its TCP connection holds the lock until the
+server notices (TCP keepalives; see docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine, func, select
+
+from cyclone import _rescue, _sweeper
+
+log = logging.getLogger("cyclone.worker")
+
+LEADER_LOCK = 0x6379636C6C656164  # "cycllead"
+LEADER_INTERVAL = 1.0
+"""Seconds between a leader's maintenance passes, and between the other workers' tries."""
+
+MAX_BACKOFF = 30.0
+
+
+def _try_lock(conn: Connection) -> bool:
+    taken = conn.execute(select(func.pg_try_advisory_lock(LEADER_LOCK))).scalar()
+    conn.commit()
+    return bool(taken)
+
+
+def dedicated(engine: Engine, *, autocommit: bool) -> Connection:
+    """A connection of ``engine`` detached from its pool: it takes no slot from the app."""
+    conn = engine.connect()
+    try:
+        if autocommit:
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+        conn.detach()
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+class Leader:
+    """One worker's candidacy for maintenance; :meth:`start` runs it on a thread of its own."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        worker_id: str,
+        *,
+        rescue_after: timedelta,
+        sweep: bool,
+        sweep_keep: timedelta,
+        sweep_interval: float,
+        interval: float = LEADER_INTERVAL,
+    ) -> None:
+        self.engine = engine
+        self.worker_id = worker_id
+        self.rescue_after = rescue_after
+        self.sweep = sweep
+        self.sweep_keep = sweep_keep
+        self.sweep_interval = sweep_interval
+        self.interval = interval
+        self.leading = False
+        self._conn: Connection | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_sweep: float | None = None
+        self._failures = 0
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="cyclone-leader", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop, give up the lead (closing the connection releases the lock) and wait."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        with self._lock:
+            self._close()
+
+    def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        self.leading = False
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                log.debug("closing the leader connection failed", exc_info=True)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            delay = self.interval
+            try:
+                with self._lock:
+                    self.tick()
+                if self._failures:
+                    log.info("worker %s maintenance connection is back", self.worker_id)
+                self._failures = 0
+            except Exception as exc:
+                with self._lock:
+                    self._close()
+                self._failures += 1
+                delay = min(MAX_BACKOFF, self.interval * 2 ** (self._failures - 1))
+                log.warning(
+                    "worker %s maintenance failed (%s); retrying in %.1fs",
+                    self.worker_id,
+                    _first_line(exc),
+                    delay,
+                )
+            self._stop.wait(delay)
+
+    def tick(self) -> bool:
+        """One pass: become leader if free, then maintain if leading; True when leading.
+
+        Callers hold ``self._lock``.
+        """
+        if self._conn is None:
+            self._conn = dedicated(self.engine, autocommit=False)
+        conn = self._conn
+        if not self.leading:
+            self.leading = _try_lock(conn)
+            if self.leading:
+                log.info("worker %s leads maintenance (rescue, deadlines, sweeps)", self.worker_id)
+        if not self.leading:
+            return False
+        with conn.begin():
+            expired = _rescue.expire_runs(conn)
+            rescued = _rescue.rescue(conn, self.rescue_after)
+        if expired:
+            log.info("failed %d runs past their deadline", expired)
+        if rescued:
+            log.warning("handed back %d jobs of workers that stopped: %s", len(rescued), rescued)
+        moment = time.monotonic()
+        if self.sweep and (
+            self._last_sweep is None or moment - self._last_sweep >= self.sweep_interval
+        ):
+            self._last_sweep = moment
+            runs_deleted, jobs_deleted = _sweeper.sweep_on(conn, self.sweep_keep)
+            if runs_deleted or jobs_deleted:
+                log.info("sweeper deleted %d runs and %d jobs", runs_deleted, jobs_deleted)
+        return True
+
+    def once(self) -> bool:
+        """A pass on the caller's thread (a drain's first and last), without a sweep: lead
+        if free, then apply deadlines and rescue. Returns whether this worker led; when
+        another worker leads, its own passes apply them instead.
+        """
+        previous, self.sweep = self.sweep, False
+        try:
+            with self._lock:
+                return self.tick()
+        finally:
+            self.sweep = previous
+
+    def release(self) -> None:
+        """Give up the lead now (a drain ends), keeping nothing open."""
+        with self._lock:
+            self._close()
+
+
+def _first_line(exc: Any) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__

@@ -1,0 +1,93 @@
+"""The state machines in one table: every guarded UPDATE is tied to its edges, and back.
+
+Each module that owns state-changing statements names, in ``TRANSITIONS``, the edges of
+``cyclone.states.EDGES`` each statement implements. Here each statement's SQL must guard
+on every source state of its edges and set each target, and every edge must be
+implemented by some statement.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from cyclone import _claim, _completion, _fastpath, _rescue, jobs, runs
+from cyclone.states import EDGES, Edge
+
+OWNERS = (_claim, _completion, _rescue, jobs, runs)
+
+
+def implemented() -> list[tuple[str, Any, Edge]]:
+    found = []
+    for module in OWNERS:
+        for build, keys in module.TRANSITIONS.items():
+            for key in keys:
+                assert key in EDGES, f"{module.__name__} names an unknown edge {key!r}"
+                found.append((module.__name__, build, EDGES[key]))
+    return found
+
+
+def sql_of(build: Any) -> str:
+    return " ".join(_fastpath.Compiled(build()).sql.split())
+
+
+def updates_of(sql: str, table: str) -> list[str]:
+    """The text of each ``UPDATE table ...`` in the statement, up to its RETURNING or end."""
+    parts = re.split(r"(?=UPDATE )", sql)
+    return [p for p in parts if p.startswith(f"UPDATE {table} ")]
+
+
+def assigned_states(update: str) -> set[str]:
+    """The state literals an UPDATE's ``state=`` assignment can set."""
+    match = re.search(r"(?:SET |, )state=(CASE .*? END|E'\w+')", update)
+    return set(re.findall(r"E'(\w+)'", match.group(1))) if match else set()
+
+
+def guards(update: str, column: str, state: str) -> bool:
+    literal = f"E'{state}'"
+    equal = re.search(rf"{re.escape(column)} = {re.escape(literal)}", update)
+    listed = re.search(rf"{re.escape(column)} IN \([^)]*{re.escape(literal)}", update)
+    return bool(equal or listed)
+
+
+@pytest.mark.parametrize(
+    ("owner", "build", "edge"),
+    implemented(),
+    ids=[f"{o}:{e.key}" for o, _, e in implemented()],
+)
+def test_each_guarded_update_guards_on_its_edges_sources_and_sets_its_target(
+    owner: str, build: Any, edge: Edge
+) -> None:
+    table = "cyclone_runs" if edge.machine == "run" else "cyclone_jobs"
+    sql = sql_of(build)
+    candidates = [u for u in updates_of(sql, table) if edge.target in assigned_states(u)]
+    assert candidates, f"{owner} sets no {table}.state to {edge.target!r} for {edge.key}"
+    # The claim guards its rows in the CTE that picks (and locks) them.
+    guarded_text = sql if edge.key == "job.claim" else " ".join(candidates)
+    for source in edge.sources:
+        assert guards(guarded_text, f"{table}.state", source), (
+            f"{owner}: {edge.key} does not guard on state {source!r}"
+        )
+
+
+def test_every_edge_is_implemented_by_a_statement() -> None:
+    assert {edge.key for _, _, edge in implemented()} == set(EDGES)
+
+
+def test_every_update_of_a_state_in_the_owners_is_tied_to_an_edge() -> None:
+    tied = {build for module in OWNERS for build in module.TRANSITIONS}
+    for module in OWNERS:
+        for name in dir(module):
+            if name.endswith("_stmt") and callable(getattr(module, name)):
+                build = getattr(module, name)
+                try:
+                    sql = sql_of(build)
+                except TypeError:
+                    continue  # a builder with parameters: registered through a lambda
+                sets_state = re.search(r"UPDATE cyclone_(runs|jobs) SET (.*?)state=", sql)
+                if sets_state and " state=" in f" {sql.split(' SET ', 1)[1]}":
+                    assert build in tied or name in {"claim_jobs_stmt"}, (
+                        f"{module.__name__}.{name} changes a state but names no edge"
+                    )

@@ -1,0 +1,228 @@
+"""The fence: every claim takes a lease that is never reused, and only its holder records.
+
+A worker that lost a job (rescued after ``rescue_after``, handed back, or its run retried)
+has its late outcome refused and logged; ``ctx.cancelled()`` tells its step so; and a run
+is never restarted while one of its steps still runs, so no step runs twice at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import cyclone
+from cyclone import _claim, _completion, _fastpath, _rescue
+from cyclone.schema import jobs
+from tests.conftest import wait_until
+from tests.support.workers import Background, job_rows
+
+QUICK = {"heartbeat_interval": timedelta(milliseconds=200), "poll_interval": 0.05}
+
+
+def leader_pids(engine: sa.Engine) -> list[int]:
+    """The backends holding the maintenance leader's advisory lock."""
+    from cyclone._leader import LEADER_LOCK
+
+    with engine.connect() as conn:
+        return list(
+            conn.execute(
+                sa.text(
+                    "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
+                    "AND ((classid::bigint << 32) | objid::bigint) = :key "
+                    "AND database = "
+                    "(SELECT oid FROM pg_database WHERE datname = current_database())"
+                ),
+                {"key": LEADER_LOCK},
+            ).scalars()
+        )
+
+
+def _job_of(engine: sa.Engine, kind: str) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(
+            sa.select(jobs.c.state, jobs.c.lease, jobs.c.attempt, jobs.c.lost, jobs.c.output).where(
+                jobs.c.kind == kind
+            )
+        ).one()
+
+
+def test_a_stale_owners_outcome_is_refused_even_when_the_same_worker_claimed_the_job_again(
+    engine: sa.Engine, name: str
+) -> None:
+    @cyclone.step(name)
+    def step(ctx: cyclone.StepContext, value: int) -> int:
+        return value
+
+    step.enqueue(engine, 1)
+    scope = _claim.Scope(queues=None, workflows=(), kinds=(name,))
+    held = _fastpath.Held(engine)
+    try:
+        _, (first,) = _claim.record_and_claim(
+            held, worker_id="w", successes=[], scope=scope, limit=1
+        )
+        with engine.begin() as conn:
+            conn.execute(
+                sa.update(jobs)
+                .where(jobs.c.id == first.id)
+                .values(heartbeat_at=sa.func.now() - sa.text("interval '1 hour'"))
+            )
+            assert _rescue.rescue(conn, timedelta(minutes=1)) == [first.id]
+        _, (second,) = _claim.record_and_claim(
+            held, worker_id="w", successes=[], scope=scope, limit=1
+        )
+        assert second.id == first.id
+        assert second.lease > first.lease
+        # The same worker, the same attempt number: only the lease tells them apart.
+        assert second.attempt == first.attempt
+
+        stale = _completion.Success(first.id, first.lease, "111")
+        recorded, _ = _claim.record_and_claim(
+            held, worker_id="w", successes=[stale], scope=scope, limit=0
+        )
+        assert recorded == set()
+        assert _job_of(engine, name)[:2] == ("running", second.lease)
+        with engine.begin() as conn:
+            failure = _completion.Failure(first.id, first.lease, {"type": "Late"}, 0.0)
+            assert _completion.record_failures(conn, [failure]) == set()
+        assert _job_of(engine, name)[:2] == ("running", second.lease)
+
+        current = _completion.Success(second.id, second.lease, "2")
+        recorded, _ = _claim.record_and_claim(
+            held, worker_id="w", successes=[current], scope=scope, limit=0
+        )
+        assert recorded == {second.id}
+        state, _lease, _attempt, lost, output = _job_of(engine, name)
+        assert (state, lost, output) == ("completed", 1, 2)
+    finally:
+        held.close()
+
+
+def test_a_rescued_jobs_old_execution_sees_cancelled_and_its_outcome_is_refused_and_logged(
+    engine: sa.Engine, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    other = cyclone.Workflow(f"{name}-other")
+
+    @other.step()
+    def nothing(ctx: cyclone.StepContext, value: Any) -> None:
+        return None
+
+    wf = cyclone.Workflow(name)
+    executions: list[str] = []
+    lock = threading.Lock()
+
+    @wf.step()
+    def only(ctx: cyclone.StepContext, value: Any) -> str:
+        with lock:
+            executions.append("started")
+            first = len(executions) == 1
+        if not first:
+            return "second"
+        deadline = time.monotonic() + 30
+        while not ctx.cancelled():  # until the job is no longer this execution's
+            assert time.monotonic() < deadline, "ctx.cancelled() never saw the lease move on"
+            time.sleep(0.05)
+        return "first"
+
+    # The rescuer leads maintenance and rescues after 1 s; the worker beats every 20 s.
+    rescuer = cyclone.Worker(
+        engine, workflows=[other], rescue_after=timedelta(seconds=1), sweep=False, **QUICK
+    )
+    rescuing = Background(rescuer.run)
+    worker = cyclone.Worker(
+        engine,
+        workflows=[wf],
+        concurrency=2,
+        heartbeat_interval=timedelta(seconds=20),
+        rescue_after=timedelta(seconds=30),
+        poll_interval=0.05,
+        sweep=False,
+    )
+    serving = None
+    try:
+        wait_until(lambda: leader_pids(engine), timeout=10)
+        run = wf.submit(engine, None)
+        with caplog.at_level(logging.WARNING, logger="cyclone.worker"):
+            serving = Background(worker.run)
+            assert run.wait(timeout=30).state == cyclone.RunState.COMPLETED
+            wait_until(lambda: worker.stats.refused == 1, timeout=30)
+    finally:
+        worker.stop()
+        rescuer.stop()
+        if serving is not None:
+            serving.join(30)
+        rescuing.join(30)
+    row = job_rows(engine, run.id)["only"]
+    assert (row.state, row.output) == ("completed", "second")
+    assert len(executions) == 2
+    assert worker.stats.completed == 1
+    refused = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert len(refused) == 1
+    assert refused[0].levelno == logging.WARNING
+
+
+def test_retry_all_refuses_a_cancelled_run_whose_step_is_still_running(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = cyclone.Workflow(name)
+    release = threading.Event()
+    started = threading.Semaphore(0)
+    running = 0
+    most = 0
+    lock = threading.Lock()
+
+    @wf.step()
+    def slow(ctx: cyclone.StepContext, value: Any) -> int:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        started.release()
+        try:
+            assert release.wait(30)
+            return 1
+        finally:
+            with lock:
+                running -= 1
+
+    worker = cyclone.Worker(engine, workflows=[wf], concurrency=2, sweep=False, **QUICK)
+    serving = Background(worker.run)
+    try:
+        run = wf.submit(engine, None)
+        assert started.acquire(timeout=30)
+        run.cancel()
+        for restart in (run.retry_all, run.retry):
+            with pytest.raises(cyclone.InvalidStateError, match="still running"):
+                restart()
+        assert run.status().state == cyclone.RunState.CANCELLED
+        release.set()
+        wait_until(lambda: job_rows(engine, run.id)["slow"].state != "running", timeout=30)
+        run.retry_all()
+        assert started.acquire(timeout=30)
+        assert run.wait(timeout=30).state == cyclone.RunState.COMPLETED
+    finally:
+        release.set()
+        worker.stop()
+        serving.join(30)
+    assert most == 1
+
+
+def test_a_heartbeat_interval_not_below_rescue_after_is_refused(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = cyclone.Workflow(name)
+
+    @wf.step()
+    def only(ctx: cyclone.StepContext, value: Any) -> None:
+        return None
+
+    for beat in (timedelta(seconds=60), timedelta(seconds=61)):
+        with pytest.raises(ValueError, match="heartbeat_interval"):
+            cyclone.Worker(
+                engine, workflows=[wf], heartbeat_interval=beat, rescue_after=timedelta(seconds=60)
+            )

@@ -1,0 +1,162 @@
+"""Worker operability: a log line per finished step, counts by outcome, a database that
+goes away and comes back, and signals that finish, or hand back, the jobs in flight."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import signal
+import time
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import cyclone
+from tests.conftest import wait_until
+from tests.support import worker_proc
+from tests.support.cluster import Cluster
+from tests.support.workers import job_rows, spawn_worker, stop_all, waiting_advisory_locks
+
+
+def no_backoff(attempt: int) -> float:
+    return 0.0
+
+
+def test_each_finished_attempt_logs_one_line_at_the_level_of_its_outcome(
+    engine: sa.Engine, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    wf = cyclone.Workflow(name)
+    calls = 0
+
+    @wf.step(max_attempts=2)
+    def flaky(ctx: cyclone.StepContext, value: Any) -> int:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("first try fails")
+        return 1
+
+    @wf.step(max_attempts=1, after=[flaky])
+    def broken(ctx: cyclone.StepContext, value: Any) -> None:
+        raise ValueError("always fails")
+
+    @cyclone.step(f"{name}.job")
+    def job(ctx: cyclone.StepContext, value: int) -> int:
+        return value
+
+    run = wf.submit(engine, None)
+    standalone = job.enqueue(engine, 7)
+    worker = cyclone.Worker(engine, workflows=[wf], steps=[job], backoff=no_backoff)
+    with caplog.at_level(logging.INFO, logger="cyclone.worker"):
+        assert worker.drain() == 4
+    assert (worker.stats.completed, worker.stats.retried, worker.stats.failed) == (2, 1, 1)
+    assert worker.stats.total == 4
+
+    lines = [r for r in caplog.records if getattr(r, "outcome", None) is not None]
+    seen = [(r.levelno, r.step, r.attempt, r.outcome) for r in lines]
+    assert sorted(seen, key=str) == sorted(
+        [
+            (logging.WARNING, "flaky", 1, "retrying"),
+            (logging.INFO, "flaky", 2, "completed"),
+            (logging.ERROR, "broken", 1, "failed"),
+            (logging.INFO, f"{name}.job", 1, "completed"),
+        ],
+        key=str,
+    )
+    for record in lines:
+        message = record.getMessage()
+        assert isinstance(record.duration, float)
+        if record.step == f"{name}.job":
+            assert f"job {name}.job #{standalone.id}" in message
+        else:
+            assert f"workflow {name} step {record.step} run {run.id}" in message
+    final = next(r for r in lines if r.outcome == "failed")
+    assert "always fails" in final.getMessage()
+    assert final.exc_info is not None
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("second_signal", [False, True])
+def test_sigterm_finishes_within_grace_then_hands_the_step_back_and_a_second_signal_at_once(
+    engine: sa.Engine, name: str, second_signal: bool
+) -> None:
+    lock = random.randrange(1, 2**31)
+    wf = worker_proc.gated(name, lock)
+    grace = 60.0 if second_signal else 1.0
+    with engine.connect() as holder:
+        holder.execute(sa.select(sa.func.pg_advisory_lock(lock)))
+        holder.commit()
+        run = wf.submit(engine, worker_proc.Item(n=1))
+        proc = spawn_worker("grace", name, f"{lock},{grace}")
+        try:
+            wait_until(lambda: waiting_advisory_locks(engine, lock) == 1, timeout=30)
+            before = job_rows(engine, run.id)["wait_for_lock"]
+            proc.send_signal(signal.SIGTERM)
+            if second_signal:
+                time.sleep(0.5)  # a first signal alone: the step keeps its grace
+                assert proc.poll() is None
+                proc.send_signal(signal.SIGTERM)
+            # The step still waits for the lock held here: the worker hands it back.
+            out, err = proc.communicate(timeout=30)
+        finally:
+            stop_all([proc])
+        assert proc.returncode == 0, err
+        assert json.loads(out.splitlines()[-1])["handed_back"] == 1
+        with engine.connect() as conn:
+            state, attempt, lease, lost, worker_id = conn.execute(
+                sa.text(
+                    "SELECT state, attempt, lease, lost, worker_id FROM cyclone_jobs"
+                    " WHERE run_id = :r"
+                ),
+                {"r": run.id},
+            ).one()
+        assert (state, attempt, lost, worker_id) == ("available", 0, 0, None)
+        assert before.attempt == 1
+        holder.execute(sa.select(sa.func.pg_advisory_unlock(lock)))
+        holder.commit()
+    with engine.connect() as conn:
+        assert lease == 2  # claimed (1), handed back (2): the old execution is fenced off
+    assert cyclone.Worker(engine, workflows=[wf]).drain() == 1
+    assert run.status().state == cyclone.RunState.COMPLETED
+
+
+@pytest.mark.processes
+def test_a_worker_rides_out_a_database_restart_with_few_log_lines_and_runs_new_jobs(
+    name: str,
+) -> None:
+    cluster = Cluster()
+    proc = None
+    try:
+        cluster.start()
+        engine = sa.create_engine(cluster.url, poolclass=sa.NullPool)
+        cyclone.upgrade(engine)
+        worker_proc.create_results_table(engine, name)
+        wf = worker_proc.pipeline(name)
+        first = wf.submit(engine, worker_proc.Item(n=1))
+        url = cluster.url.render_as_string(hide_password=False)
+        proc = spawn_worker("ops", name, "-", database_url=url)
+        assert first.wait(timeout=60).state == cyclone.RunState.COMPLETED
+
+        cluster.stop()
+        down = time.monotonic()
+        time.sleep(8)  # the server is away meanwhile: what the worker logs is under test
+        cluster.start()
+        second = wf.submit(engine, worker_proc.Item(n=2))
+        assert second.wait(timeout=60).state == cyclone.RunState.COMPLETED
+        elapsed = time.monotonic() - down
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=30)
+        engine.dispose()
+    finally:
+        if proc is not None:
+            stop_all([proc])
+        cluster.remove()
+    assert proc.returncode == 0, err
+    lines = err.splitlines()
+    outage = [line for line in lines if " WARNING " in line or " ERROR " in line]
+    # Each of the worker's connections retries with capped backoff, one line a try.
+    assert 0 < len(outage) <= 5 * elapsed, "\n".join(lines)
+    assert len(lines) < 200, "\n".join(lines)
+    assert any("completed on attempt 1/1" in line for line in lines)
