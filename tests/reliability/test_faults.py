@@ -92,6 +92,7 @@ def run_scenario(
         figures_["results_read"] = check_results(engine, submitters)
     finally:
         pool.stop()
+    pool.remove_logs()
     # An immediate stop resets the statistics: count the deadlocks before it, then after.
     reset_at = injected.pop("deadlocks_before_reset", None)
     seen = deadlocks(engine) - before if reset_at is None else reset_at - before + deadlocks(engine)

@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 import pytest
 import sqlalchemy as sa
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy.engine import URL
 
@@ -99,6 +99,7 @@ def jsonb_equal(engine: sa.Engine, a: Any, b: Any) -> bool:
 
 @SETTINGS
 @given(value=json_values, seed=st.integers(0, 2**32))
+@example(value={"a": None, "b": [1, 2.5, {"c": 3}]}, seed=1)  # a null in a Raw spelling
 def test_jsonb_equal_inputs_are_the_same_input(engine: sa.Engine, value: Any, seed: int) -> None:
     wf = any_workflow()
     key = f"k-{uuid.uuid4()}"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -299,6 +300,10 @@ class Workers:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(10)
+
+    def remove_logs(self) -> None:
+        """Delete the workers' logs (kept when a scenario fails, for its message)."""
+        shutil.rmtree(self.logs, ignore_errors=True)
 
     def tail(self) -> str:
         """The end of each worker's log, for a failure message."""
