@@ -1,0 +1,55 @@
+"""The shop's workflows, found by ``manage.py cyclone worker`` in this ``workflows`` module."""
+
+from __future__ import annotations
+
+import msgspec
+from django.db import connections
+
+import cyclone
+from shop.models import Shipment
+
+
+class OrderPlaced(msgspec.Struct):
+    order_id: int
+    item: str
+    quantity: int
+
+
+fulfil = cyclone.Workflow("shop.fulfil", input=OrderPlaced)
+
+
+@fulfil.step()
+def reserve(ctx: cyclone.StepContext, order: OrderPlaced) -> str:
+    return f"{order.quantity} x {order.item}"
+
+
+@fulfil.step(after=[reserve])
+def ship(ctx: cyclone.StepContext, order: OrderPlaced) -> int:
+    # Steps use the ORM as views do; the worker closes stale connections around each step.
+    shipment = Shipment.objects.create(order_id=order.order_id, label=ctx.output(reserve))
+    return shipment.id
+
+
+restock = cyclone.Workflow("shop.restock", input=str)
+
+
+@restock.step(max_attempts=1)
+def order_from_supplier(ctx: cyclone.StepContext, item: str) -> None:
+    raise RuntimeError(f"supplier has no {item}")
+
+
+backend = cyclone.Workflow("shop.backend", input=str)
+
+
+@backend.step()
+def first(ctx: cyclone.StepContext, alias: str) -> int:
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return int(cursor.fetchone()[0])
+
+
+@backend.step(after=[first])
+def second(ctx: cyclone.StepContext, alias: str) -> int:
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return int(cursor.fetchone()[0])
