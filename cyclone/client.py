@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from datetime import timedelta
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Engine, bindparam, func, literal_column, select, tuple_
@@ -44,10 +44,13 @@ class Client:
         workflow: str | None = None,
         state: RunState | str | None = None,
         key: str | None = None,
+        since: datetime | None = None,
         limit: int = DEFAULT_PAGE,
         after: RunStatus | None = None,
     ) -> list[RunStatus]:
         """Runs newest first. Pass the last run of a page as ``after`` for the next page.
+
+        ``since`` (an aware datetime) keeps runs created at or after it.
 
         Pagination is by ``(created_at, id)``, so pages neither repeat nor skip runs
         while new runs are submitted.
@@ -63,6 +66,8 @@ class Client:
             stmt = stmt.where(runs.c.state == RunState(state).value)
         if key is not None:
             stmt = stmt.where(runs.c.submit_key == key)
+        if since is not None:
+            stmt = stmt.where(runs.c.created_at >= _aware(since))
         if after is not None:
             stmt = stmt.where(tuple_(runs.c.created_at, runs.c.id) < (after.created_at, after.id))
         stmt = stmt.order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(_limit(limit))
@@ -141,22 +146,41 @@ class Client:
                 counts[JobState(state)] = count
         return counts
 
+    def count_purgeable(self, *, older_than: timedelta) -> tuple[int, int]:
+        """How many runs and standalone jobs a purge with ``older_than`` would delete now."""
+        return _sweeper.count_due(self._engine, older_than)
+
     def purge_terminal_runs(
-        self, *, older_than: timedelta, batch_size: int = _sweeper.DEFAULT_BATCH
+        self,
+        *,
+        older_than: timedelta,
+        batch_size: int = _sweeper.DEFAULT_BATCH,
+        progress: Callable[[int], None] | None = None,
     ) -> int:
         """Delete runs that ended more than ``older_than`` ago (or their own ``retention``).
 
         A run's own retention, when set, replaces ``older_than`` for it. Deletes in
         batches of ``batch_size``, frees the deleted runs' keys, and returns how many runs
-        it deleted. Running runs are never deleted.
+        it deleted. Running runs are never deleted. ``progress`` is called with the
+        number deleted after each batch.
         """
-        return _sweeper.purge_runs(self._engine, older_than, batch_size)
+        return _sweeper.purge_runs(self._engine, older_than, batch_size, progress)
 
     def purge_finished_jobs(
-        self, *, older_than: timedelta, batch_size: int = _sweeper.DEFAULT_BATCH
+        self,
+        *,
+        older_than: timedelta,
+        batch_size: int = _sweeper.DEFAULT_BATCH,
+        progress: Callable[[int], None] | None = None,
     ) -> int:
         """Delete standalone jobs that ended more than ``older_than`` ago; returns how many."""
-        return _sweeper.purge_jobs(self._engine, older_than, batch_size)
+        return _sweeper.purge_jobs(self._engine, older_than, batch_size, progress)
+
+
+def _aware(moment: datetime) -> datetime:
+    if not isinstance(moment, datetime) or moment.tzinfo is None:
+        raise ValueError("since must be an aware datetime")
+    return moment
 
 
 def _limit(limit: int) -> int:
