@@ -38,18 +38,31 @@ def order_from_supplier(ctx: cyclone.StepContext, item: str) -> None:
     raise RuntimeError(f"supplier has no {item}")
 
 
-backend = cyclone.Workflow("shop.backend", input=str)
+class Probe(msgspec.Struct):
+    alias: str
+    terminate: bool = False
 
 
-@backend.step()
-def first(ctx: cyclone.StepContext, alias: str) -> int:
+reconnect = cyclone.Workflow("shop.reconnect", input=Probe)
+"""Two steps reading their connection's server process; the first may terminate it."""
+
+
+def backend_pid(alias: str) -> int:
     with connections[alias].cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
         return int(cursor.fetchone()[0])
 
 
-@backend.step(after=[first])
-def second(ctx: cyclone.StepContext, alias: str) -> int:
-    with connections[alias].cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        return int(cursor.fetchone()[0])
+@reconnect.step()
+def first(ctx: cyclone.StepContext, probe: Probe) -> int:
+    pid = backend_pid(probe.alias)
+    if probe.terminate:
+        # As a database restart would, from another connection; waits until it is gone.
+        with connections["default"].cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s, 10000)", [pid])
+    return pid
+
+
+@reconnect.step(after=[first])
+def second(ctx: cyclone.StepContext, probe: Probe) -> int:
+    return backend_pid(probe.alias)

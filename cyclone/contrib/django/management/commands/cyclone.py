@@ -8,6 +8,8 @@ and Django's connection housekeeping around each step.
 
 from __future__ import annotations
 
+import os
+import sys
 from argparse import REMAINDER, ArgumentParser
 from typing import Any
 
@@ -36,13 +38,28 @@ class Command(BaseCommand):
         parser.add_argument("args", nargs=REMAINDER, help="a cyclone command and its options")
 
     def run_from_argv(self, argv: list[str]) -> None:
-        """Hand the arguments to click untouched: its options are not Django's."""
-        prog = f"{click.format_filename(argv[0])} {argv[1]}"
+        """Hand the arguments to click untouched (its options are not Django's); exit with its code.
+
+        Errors are one line on stderr, as from the ``cyclone`` console script.
+        """
+        prog = f"{os.path.basename(argv[0])} {argv[1]}"
         try:
-            group().main(args=argv[2:], prog_name=prog, standalone_mode=True)
+            result = group().main(args=argv[2:], prog_name=prog, standalone_mode=False)
+            code = result if isinstance(result, int) else 0
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else prog
+            click.echo(f"cyclone: {exc.format_message()} (see '{where} --help')", err=True)
+            code = exc.exit_code
+        except click.ClickException as exc:
+            exc.show()
+            code = exc.exit_code
+        except (click.Abort, KeyboardInterrupt):
+            click.echo("cyclone: interrupted", err=True)
+            code = 130
         finally:
             _engines.close_engines()
             connections.close_all()
+        sys.exit(code)
 
     def handle(self, *args: Any, **options: Any) -> None:
         """``call_command("cyclone", "worker", "--drain")``: the same, raising CommandError."""
