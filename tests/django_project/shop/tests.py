@@ -23,11 +23,11 @@ from django.db import IntegrityError, connection, connections, transaction
 from django.db.transaction import TransactionManagementError
 from django.test import TestCase, TransactionTestCase, override_settings
 from django.utils.connection import ConnectionDoesNotExist
+from project.settings import BASE_DIR
 
 import cyclone
 from cyclone.contrib.django import engine, worker
 from cyclone.contrib.django.models import Job, Run
-from project.settings import BASE_DIR
 from shop.models import Order, Shipment
 from shop.workflows import OrderPlaced, Probe, fulfil, reconnect, restock
 
@@ -77,9 +77,10 @@ class SubmitInTransactionTests(TestCase):
                 raise Rollback
             self.assertFalse(Run.objects.filter(submit_key=inner_key).exists())
             self.assertTrue(Run.objects.filter(id=outer.id).exists())
-        self.assertEqual(list(Run.objects.filter(submit_key__in=[outer_key, inner_key])), [
-            Run.objects.get(id=outer.id)
-        ])
+        self.assertEqual(
+            list(Run.objects.filter(submit_key__in=[outer_key, inner_key])),
+            [Run.objects.get(id=outer.id)],
+        )
 
     def test_same_key_twice_in_one_transaction_returns_the_first_run(self) -> None:
         key = new_key()
@@ -97,7 +98,9 @@ class SubmitInTransactionTests(TestCase):
         with transaction.atomic():
             place(key)
             with self.assertRaises(cyclone.SubmitConflictError):
-                fulfil.submit_once_tx(connection, key, OrderPlaced(order_id=0, item="x", quantity=1))
+                fulfil.submit_once_tx(
+                    connection, key, OrderPlaced(order_id=0, item="x", quantity=1)
+                )
             Order.objects.create(request_id=f"{key}:after", item="tea", quantity=1)
         self.assertEqual(Order.objects.filter(request_id__startswith=key).count(), 2)
 
@@ -266,9 +269,7 @@ class WorkerTests(EmptiesCycloneTables):
         with worker(concurrency=1) as w:
             w.drain()
         self.assertEqual(run.status().state, cyclone.RunState.COMPLETED)
-        first, second = (
-            Job.objects.get(run_id=run.id, kind=kind) for kind in ("first", "second")
-        )
+        first, second = (Job.objects.get(run_id=run.id, kind=kind) for kind in ("first", "second"))
         self.assertEqual((second.attempt, second.errors), (1, []))
         return first.output, second.output
 

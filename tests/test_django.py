@@ -1,0 +1,168 @@
+"""The Django app, driven the way a Django project drives it: manage.py in a subprocess.
+
+``manage.py test`` runs the test project's own suite (tests/django_project/shop/tests.py:
+TestCase and TransactionTestCase, the admin, the worker command) through Django's test
+runner, which creates the test databases with ``migrate`` and drops them at the end.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import URL
+
+from cyclone import migrations
+from tests.conftest import admin_url
+
+pytest.importorskip("django", reason="the django extra is not installed")
+
+PROJECT = Path(__file__).parent / "django_project"
+DOCS = Path(__file__).parent.parent / "docs" / "django.md"
+
+
+def manage(*args: str, database: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "CYCLONE_DATABASE_URL": admin_url().render_as_string(hide_password=False),
+        "SHOP_DATABASE_NAME": database,
+        "SHOP_ARCHIVE_NAME": f"{database}_archive",
+    }
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=PROJECT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def databases_named(*names: str) -> list[str]:
+    admin = sa.create_engine(admin_url(), poolclass=sa.NullPool)
+    with admin.connect() as conn:
+        found = conn.execute(
+            sa.text("SELECT datname FROM pg_database WHERE datname = ANY(:names)"),
+            {"names": list(names)},
+        )
+        rows = [row[0] for row in found]
+    admin.dispose()
+    return rows
+
+
+def sessions_on(*names: str) -> int:
+    admin = sa.create_engine(admin_url(), poolclass=sa.NullPool)
+    with admin.connect() as conn:
+        count = conn.execute(
+            sa.text("SELECT count(*) FROM pg_stat_activity WHERE datname = ANY(:names)"),
+            {"names": list(names)},
+        ).scalar_one()
+    admin.dispose()
+    return int(count)
+
+
+def test_django_test_runner_passes_and_drops_its_test_databases() -> None:
+    name = f"cyclone_dj_{uuid.uuid4().hex[:10]}"
+    test_databases = (f"test_{name}", f"test_{name}_archive")
+    try:
+        done = manage("test", "--noinput", "-v", "2", database=name)
+        output = done.stdout + done.stderr
+        assert done.returncode == 0, output
+        assert re.search(r"^Ran \d+ tests? in", output, re.MULTILINE), output
+        assert "OK" in output
+        assert "being accessed by other users" not in output
+        assert databases_named(*test_databases) == []
+        assert sessions_on(*test_databases) == 0
+    finally:
+        admin = sa.create_engine(admin_url(), isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+        with admin.connect() as conn:
+            for database in test_databases:
+                conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def test_manage_py_migrate_applies_cyclone_revisions_and_reverses_them(
+    fresh_database: URL,
+) -> None:
+    database = fresh_database.database
+    assert database is not None
+    engine = sa.create_engine(fresh_database, poolclass=sa.NullPool)
+    try:
+        done = manage("migrate", "--noinput", "--database", "default", database=database)
+        assert done.returncode == 0, done.stderr
+        assert migrations.current_revision(engine) == migrations.head_revision()
+
+        done = manage("migrate", "cyclone", "zero", "--noinput", database=database)
+        assert done.returncode == 0, done.stderr
+        assert migrations.current_revision(engine) is None
+        assert not sa.inspect(engine).has_table("cyclone_runs")
+
+        done = manage("migrate", "--noinput", database=database)
+        assert done.returncode == 0, done.stderr
+        assert migrations.current_revision(engine) == migrations.head_revision()
+
+        done = manage("cyclone", "check", database=database)
+        assert done.returncode == 0, done.stderr
+    finally:
+        engine.dispose()
+
+
+def test_manage_py_cyclone_on_an_unmigrated_database_says_to_migrate(
+    fresh_database: URL,
+) -> None:
+    database = fresh_database.database
+    assert database is not None
+    done = manage("cyclone", "runs", "list", database=database)
+    assert done.returncode == 4
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "migrate" in done.stderr
+
+
+def test_models_match_the_shipped_django_migrations(fresh_database: URL) -> None:
+    database = fresh_database.database
+    assert database is not None
+    done = manage("makemigrations", "--check", "--dry-run", database=database)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "No changes detected" in done.stdout
+
+
+def test_newest_django_migration_is_written_for_cyclones_head_revision() -> None:
+    """A cyclone release adding alembic revisions must add a Django migration too.
+
+    Each Django migration upgrades to head, so a fresh database gets everything from
+    0001; a database that applied the older ones gets the new revisions only through a
+    new Django migration (or ``manage.py cyclone migrate``).
+    """
+    folder = Path(migrations.__file__).parent / "contrib" / "django" / "migrations"
+    names = sorted(path.stem for path in folder.glob("[0-9][0-9][0-9][0-9]_*.py"))
+    newest = importlib.import_module(f"cyclone.contrib.django.migrations.{names[-1]}")
+    assert newest.Migration.revision == migrations.head_revision(), (
+        f"add cyclone/contrib/django/migrations/{int(names[-1][:4]) + 1:04d}_....py "
+        f"(revision = {migrations.head_revision()!r}, depending on {names[-1]!r})"
+    )
+
+
+def _snippets() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", DOCS.read_text(), flags=re.DOTALL)
+
+
+def test_every_python_snippet_of_docs_django_md_is_taken_from_the_test_project() -> None:
+    """The docs show code the Django test run executes: each snippet is a verbatim excerpt."""
+    sources = {
+        path: path.read_text() for path in PROJECT.rglob("*.py") if "migrations" not in path.parts
+    }
+    snippets = _snippets()
+    assert snippets
+    for snippet in snippets:
+        homes = [path for path, text in sources.items() if snippet in text]
+        assert homes, (
+            f"this snippet of docs/django.md is in no file of the test project:\n{snippet}"
+        )
