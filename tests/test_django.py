@@ -8,8 +8,10 @@ runner, which creates the test databases with ``migrate`` and drops them at the 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import os
 import re
+import signal
 import subprocess
 import sys
 import uuid
@@ -19,8 +21,9 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
+import cyclone
 from cyclone import migrations
-from tests.conftest import admin_url
+from tests.conftest import admin_url, wait_until
 
 pytest.importorskip("django", reason="the django extra is not installed")
 
@@ -28,17 +31,21 @@ PROJECT = Path(__file__).parent / "django_project"
 DOCS = Path(__file__).parent.parent / "docs" / "django.md"
 
 
-def manage(*args: str, database: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {
+def environment(database: str) -> dict[str, str]:
+    """The test project's settings take the server and the database names from here."""
+    return {
         **os.environ,
         "CYCLONE_DATABASE_URL": admin_url().render_as_string(hide_password=False),
         "SHOP_DATABASE_NAME": database,
         "SHOP_ARCHIVE_NAME": f"{database}_archive",
     }
+
+
+def manage(*args: str, database: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "manage.py", *args],
         cwd=PROJECT,
-        env=env,
+        env=environment(database),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -109,10 +116,48 @@ def test_manage_py_migrate_applies_cyclone_revisions_and_reverses_them(
         assert done.returncode == 0, done.stderr
         assert migrations.current_revision(engine) == migrations.head_revision()
 
+        done = manage("cyclone", "migrate", database=database)
+        assert done.returncode == 0, done.stderr
         done = manage("cyclone", "check", database=database)
         assert done.returncode == 0, done.stderr
     finally:
         engine.dispose()
+
+
+def test_manage_py_cyclone_worker_runs_runs_until_sigterm(fresh_database: URL) -> None:
+    database = fresh_database.database
+    assert database is not None
+    assert manage("migrate", "--noinput", database=database).returncode == 0
+    key = uuid.uuid4().hex
+    submit = (
+        "from cyclone.contrib.django import engine\n"
+        "from shop.workflows import Probe, reconnect\n"
+        f"reconnect.submit_once(engine(), {key!r}, Probe(alias='default'))\n"
+    )
+    assert manage("shell", "-c", submit, database=database).returncode == 0
+    engine = sa.create_engine(fresh_database, poolclass=sa.NullPool)
+    client = cyclone.Client(engine)
+    worker = subprocess.Popen(
+        [sys.executable, "manage.py", "cyclone", "worker", "--concurrency", "2"],
+        cwd=PROJECT,
+        env=environment(database),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(
+            lambda: (
+                [run.state for run in client.list_runs(key=key)] == [cyclone.RunState.COMPLETED]
+            ),
+            timeout=60,
+        )
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        _, err = worker.communicate(timeout=60)
+        engine.dispose()
+    assert worker.returncode == 0, err
+    assert sessions_on(database) == 0
 
 
 def test_manage_py_cyclone_on_an_unmigrated_database_says_to_migrate(
@@ -150,19 +195,45 @@ def test_newest_django_migration_is_written_for_cyclones_head_revision() -> None
     )
 
 
-def _snippets() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", DOCS.read_text(), flags=re.DOTALL)
+COMMANDS_RUN_BY_TESTS = {
+    "pip install 'cyclone[django]'": "test_the_django_extra_brings_django_and_click",
+    "python manage.py migrate": (
+        "test_manage_py_migrate_applies_cyclone_revisions_and_reverses_them"
+    ),
+    "python manage.py cyclone migrate": (
+        "test_manage_py_migrate_applies_cyclone_revisions_and_reverses_them"
+    ),
+    "python manage.py cyclone worker": "test_manage_py_cyclone_worker_runs_runs_until_sigterm",
+    "python manage.py cyclone worker --drain": (
+        "shop.tests.WorkerTests.test_manage_py_cyclone_worker_drain_runs_the_run"
+    ),
+    "python manage.py test": "test_django_test_runner_passes_and_drops_its_test_databases",
+}
+
+
+def _blocks(language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", DOCS.read_text(), flags=re.DOTALL)
 
 
 def test_every_python_snippet_of_docs_django_md_is_taken_from_the_test_project() -> None:
     """The docs show code the Django test run executes: each snippet is a verbatim excerpt."""
-    sources = {
-        path: path.read_text() for path in PROJECT.rglob("*.py") if "migrations" not in path.parts
-    }
-    snippets = _snippets()
+    sources = [path.read_text() for path in PROJECT.rglob("*.py") if "migrations" not in path.parts]
+    snippets = _blocks("python")
     assert snippets
     for snippet in snippets:
-        homes = [path for path, text in sources.items() if snippet in text]
-        assert homes, (
+        assert any(snippet in text for text in sources), (
             f"this snippet of docs/django.md is in no file of the test project:\n{snippet}"
         )
+
+
+def test_every_command_of_docs_django_md_is_run_by_a_test() -> None:
+    commands = [line for block in _blocks("bash") for line in block.splitlines() if line]
+    assert commands
+    for command in commands:
+        assert command in COMMANDS_RUN_BY_TESTS, f"no test runs `{command}` from docs/django.md"
+
+
+def test_the_django_extra_brings_django_and_click() -> None:
+    requires = importlib.metadata.requires("cyclone") or []
+    extra = [req.split(";")[0].strip() for req in requires if 'extra == "django"' in req]
+    assert {re.split(r"[<>=!~ ]", req)[0].lower() for req in extra} >= {"django", "click"}
