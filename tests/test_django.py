@@ -28,6 +28,8 @@ from tests.conftest import admin_url, wait_until
 pytest.importorskip("django", reason="the django extra is not installed")
 
 PROJECT = Path(__file__).parent / "django_project"
+PYTHON = os.environ.get("CYCLONE_DJANGO_PYTHON", sys.executable)
+"""The interpreter running the project: set it to another virtualenv's to test another Django."""
 DOCS = Path(__file__).parent.parent / "docs" / "django.md"
 
 
@@ -43,7 +45,7 @@ def environment(database: str) -> dict[str, str]:
 
 def manage(*args: str, database: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "manage.py", *args],
+        [PYTHON, "manage.py", *args],
         cwd=PROJECT,
         env=environment(database),
         capture_output=True,
@@ -76,11 +78,12 @@ def sessions_on(*names: str) -> int:
     return int(count)
 
 
+@pytest.mark.timeout(900)
 def test_django_test_runner_passes_and_drops_its_test_databases() -> None:
     name = f"cyclone_dj_{uuid.uuid4().hex[:10]}"
     test_databases = (f"test_{name}", f"test_{name}_archive")
     try:
-        done = manage("test", "--noinput", "-v", "2", database=name)
+        done = manage("test", "--noinput", "-v", "2", database=name, timeout=840)
         output = done.stdout + done.stderr
         assert done.returncode == 0, output
         assert re.search(r"^Ran \d+ tests? in", output, re.MULTILINE), output
@@ -138,7 +141,7 @@ def test_manage_py_cyclone_worker_runs_runs_until_sigterm(fresh_database: URL) -
     engine = sa.create_engine(fresh_database, poolclass=sa.NullPool)
     client = cyclone.Client(engine)
     worker = subprocess.Popen(
-        [sys.executable, "manage.py", "cyclone", "worker", "--concurrency", "2"],
+        [PYTHON, "manage.py", "cyclone", "worker", "--concurrency", "2"],
         cwd=PROJECT,
         env=environment(database),
         stdout=subprocess.PIPE,
