@@ -4,18 +4,93 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, bindparam, func, literal_column, select, tuple_
+from sqlalchemy import Engine, Text, bindparam, cast, func, literal_column, select, tuple_
 
-from cyclone import _binds, _sweeper
-from cyclone.jobs import JOB_STATUS_COLUMNS, JobStatus, job_status_from_row
+from cyclone import _binds, _codec, _sweeper
+from cyclone.jobs import JOB_STATUS_COLUMNS, JobStatus, cancel_job, job_status_from_row
 from cyclone.runs import STATUS_COLUMNS, RunStatus, status_from_row
 from cyclone.schema import LISTED_SINCE, jobs, runs
 from cyclone.states import JobState, RunState
 
 DEFAULT_PAGE = 100
+
+
+@dataclass(frozen=True, slots=True)
+class StepStatus:
+    """One step of a run as its job stands: state, attempts, timing and every error.
+
+    Each error is a dict with ``type``, ``message``, ``traceback``, ``attempt`` and ``at``.
+    """
+
+    name: str
+    job_id: int
+    state: JobState
+    queue: str
+    attempt: int
+    max_attempts: int
+    scheduled_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    errors: list[dict[str, Any]]
+
+    @property
+    def duration(self) -> timedelta | None:
+        """How long the last attempt took, once it has ended."""
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return max(self.finished_at - self.started_at, timedelta())
+
+
+@dataclass(frozen=True, slots=True)
+class RunDetail:
+    """A run with its input, its result node's output (if any) and its steps in order."""
+
+    status: RunStatus
+    input: Any
+    result_step: str | None
+    result: Any
+    steps: list[StepStatus]
+
+
+@dataclass(frozen=True, slots=True)
+class JobDetail:
+    """A standalone job with its arguments, its output and when its last attempt started."""
+
+    status: JobStatus
+    args: Any
+    output: Any
+    started_at: datetime | None
+
+
+_RUN_DATA = select(cast(runs.c.input, Text), runs.c.result_step).where(runs.c.id == bindparam("id"))
+_STEPS = (
+    select(
+        jobs.c.kind,
+        jobs.c.id,
+        jobs.c.state,
+        jobs.c.queue,
+        jobs.c.attempt,
+        jobs.c.max_attempts,
+        jobs.c.scheduled_at,
+        jobs.c.attempted_at,
+        jobs.c.finalized_at,
+        cast(jobs.c.errors, Text),
+        cast(jobs.c.output, Text),
+    )
+    .where(jobs.c.run_id == bindparam("id"))
+    .order_by(jobs.c.id)
+)
+_JOB_DATA = select(
+    *JOB_STATUS_COLUMNS, cast(jobs.c.args, Text), cast(jobs.c.output, Text), jobs.c.attempted_at
+).where(jobs.c.id == bindparam("id"), jobs.c.run_id.is_(None))
+
+
+def _json(text: str | None) -> Any:
+    return None if text is None else _codec.decode(text)
 
 
 class Client:
@@ -92,6 +167,65 @@ class Client:
                 select(*STATUS_COLUMNS).where(runs.c.id == bindparam("id")), {"id": run_uuid}
             ).first()
         return None if row is None else status_from_row(row)
+
+    def get_run_detail(self, run_id: uuid.UUID | str) -> RunDetail | None:
+        """The run with its input, result and steps (one read-only transaction), or None."""
+        run_uuid = run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
+        with self._engine.connect() as conn, conn.begin():
+            status_row = conn.execute(
+                select(*STATUS_COLUMNS).where(runs.c.id == bindparam("id")), {"id": run_uuid}
+            ).first()
+            if status_row is None:
+                return None
+            data = conn.execute(_RUN_DATA, {"id": run_uuid}).one()
+            step_rows = conn.execute(_STEPS, {"id": run_uuid}).all()
+        steps = [
+            StepStatus(
+                name=row[0],
+                job_id=row[1],
+                state=JobState(row[2]),
+                queue=row[3],
+                attempt=row[4],
+                max_attempts=row[5],
+                scheduled_at=row[6],
+                started_at=row[7],
+                finished_at=row[8],
+                errors=_codec.decode(row[9]),
+            )
+            for row in step_rows
+        ]
+        outputs = {row[0]: row[10] for row in step_rows}
+        result_step = data[1]
+        return RunDetail(
+            status=status_from_row(status_row),
+            input=_json(data[0]),
+            result_step=result_step,
+            result=_json(outputs.get(result_step)) if result_step else None,
+            steps=steps,
+        )
+
+    def get_job_detail(self, job_id: int) -> JobDetail | None:
+        """The standalone job with its arguments and output, or None."""
+        with _binds.autocommit(self._engine) as conn:
+            row = conn.execute(_JOB_DATA, {"id": job_id}).first()
+        if row is None:
+            return None
+        width = len(JOB_STATUS_COLUMNS)
+        return JobDetail(
+            status=job_status_from_row(row),
+            args=_json(row[width]),
+            output=_json(row[width + 1]),
+            started_at=row[width + 2],
+        )
+
+    def cancel_job(self, job_id: int) -> None:
+        """Cancel a standalone job that has not started.
+
+        Raises:
+            NotFoundError: no standalone job has this id.
+            InvalidStateError: the job is running or has ended.
+        """
+        cancel_job(self._engine, job_id)
 
     def list_jobs(
         self,

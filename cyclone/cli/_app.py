@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import os
 import re
 import sys
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -19,7 +21,9 @@ import cyclone
 from cyclone import migrations
 from cyclone.cli import _db, _definitions, _output
 from cyclone.cli._db import EXIT_INTERRUPTED, EXIT_USAGE, BadInput, CommandError
-from cyclone.client import Client
+from cyclone.client import Client, JobDetail, RunDetail, StepStatus
+from cyclone.jobs import JobStatus
+from cyclone.runs import Run
 from cyclone.states import JobState, RunState
 from cyclone.worker import Worker
 from cyclone.workflow import StandaloneStep, Workflow
@@ -331,6 +335,7 @@ def _add_commands(group: click.Group) -> None:
         else:
             raise click.UsageError("name at least one MODULE[:ATTR] holding workflows or steps")
         logging.basicConfig(level=logging.DEBUG if inv.verbose else logging.INFO, format=LOG_FORMAT)
+        logging.getLogger("alembic").setLevel(logging.WARNING)
         options: dict[str, Any] = dict(host.worker_options()) if host.worker_options else {}
         if concurrency is not None:
             options["concurrency"] = concurrency
@@ -390,6 +395,111 @@ def _add_commands(group: click.Group) -> None:
             return
         _output.table(_RUN_COLUMNS, found)
 
+    @_command(runs, "show")
+    @click.argument("run_id", required=False, metavar="[RUN_ID]")
+    @click.option("--workflow", help="With --key: the run of this workflow...")
+    @click.option("--key", help="...with this submit key.")
+    @_json_option
+    def runs_show(run_id: str | None, workflow: str | None, key: str | None, as_json: bool) -> None:
+        """Show one run: input, result, and each step's state, attempts, timing and errors.
+
+        Name the run by RUN_ID, or by --workflow and --key.
+        """
+        client = _invocation().client()
+        detail = client.get_run_detail(_find_run(client, run_id, workflow, key))
+        if detail is None:
+            raise CommandError(f"run {run_id} does not exist")
+        if as_json:
+            _output.json_line(_run_detail_record(detail))
+        else:
+            _print_run_detail(detail)
+
+    def _act(name: str, verb: str, done: str) -> None:
+        @_command(runs, name)
+        @click.argument("run_id", metavar="RUN_ID")
+        def act(run_id: str) -> None:
+            client = _invocation().client()
+            status = client.get_run(_run_uuid(run_id))
+            if status is None:
+                raise CommandError(f"run {run_id} does not exist")
+            handle = Run(client.engine, status.id, status.workflow, status.key)
+            getattr(handle, name.replace("-", "_"))()
+            click.echo(f"{done} run {status.id} of workflow {status.workflow}")
+
+        act.help = verb
+
+    _act("cancel", "Cancel a running run: steps not yet started never start.", "cancelled")
+    _act(
+        "retry",
+        "Run the failed and cancelled steps of a failed or cancelled run again.",
+        "retrying",
+    )
+    _act("retry-all", "Run every step of a finished run again, from the roots.", "retrying")
+
+    jobs = click.Group("jobs", help="List and inspect standalone jobs; cancel them.")
+    group.add_command(jobs)
+
+    @_command(jobs, "list")
+    @click.option("--queue", help="Only jobs of this queue.")
+    @click.option("--kind", help="Only jobs of this step kind.")
+    @click.option("--state", type=click.Choice(_JOB_STATES), help="Only jobs in this state.")
+    @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+    @_json_option
+    def jobs_list(
+        queue: str | None, kind: str | None, state: str | None, limit: int, as_json: bool
+    ) -> None:
+        """List standalone jobs, newest first."""
+        found = _invocation().client().list_jobs(queue=queue, kind=kind, state=state, limit=limit)
+        if as_json:
+            for job in found:
+                _output.json_line(_job_record(job))
+            return
+        _output.table(_JOB_COLUMNS, found)
+
+    @_command(jobs, "show")
+    @click.argument("job_id", type=int, metavar="JOB_ID")
+    @_json_option
+    def jobs_show(job_id: int, as_json: bool) -> None:
+        """Show one standalone job: arguments, output, attempts and errors."""
+        detail = _invocation().client().get_job_detail(job_id)
+        if detail is None:
+            raise CommandError(f"standalone job {job_id} does not exist")
+        if as_json:
+            _output.json_line(
+                {
+                    **_job_record(detail.status),
+                    "started_at": detail.started_at,
+                    "args": detail.args,
+                    "output": detail.output,
+                    "errors": detail.status.errors,
+                }
+            )
+        else:
+            _print_job_detail(detail)
+
+    @_command(jobs, "cancel")
+    @click.argument("job_id", type=int, metavar="JOB_ID")
+    def jobs_cancel(job_id: int) -> None:
+        """Cancel a standalone job that has not started."""
+        _invocation().client().cancel_job(job_id)
+        click.echo(f"cancelled job {job_id}")
+
+    @_command(group, "dashboard")
+    @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+    @click.option("--port", type=click.IntRange(0, 65535), default=8421, show_default=True)
+    def dashboard(host: str, port: int) -> None:
+        """Serve the web dashboard (needs the dashboard extra)."""
+        try:
+            web = importlib.import_module("cyclone.dashboard")
+        except ModuleNotFoundError as exc:
+            raise CommandError(
+                f"the dashboard needs the dashboard extra (no module {exc.name}): "
+                "pip install 'cyclone[dashboard]'"
+            ) from exc
+        engine = _invocation().engine()
+        click.echo(f"cyclone dashboard on http://{host}:{port}/", err=True)
+        web.serve(engine, host=host, port=port)
+
     @_command(group, "purge")
     @click.option(
         "--older-than",
@@ -442,11 +552,139 @@ def _run_record(run: cyclone.RunStatus) -> dict[str, Any]:
     }
 
 
-def _error_summary(error: Mapping[str, Any] | None) -> str:
+def _error_summary(error: Mapping[str, Any] | None, width: int = 60) -> str:
     if not error:
         return ""
-    text = f"{error.get('type', 'Error')}: {error.get('message', '')}"
-    return text if len(text) <= 60 else f"{text[:59]}…"
+    text = " ".join(f"{error.get('type', 'Error')}: {error.get('message', '')}".split())
+    return text if len(text) <= width else f"{text[: width - 1]}…"
+
+
+def _run_uuid(value: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise BadInput(f"{value!r} is not a run id (a UUID)") from None
+
+
+def _find_run(
+    client: Client, run_id: str | None, workflow: str | None, key: str | None
+) -> uuid.UUID:
+    if run_id is not None:
+        if workflow is not None or key is not None:
+            raise click.UsageError("give RUN_ID or --workflow with --key, not both")
+        return _run_uuid(run_id)
+    if workflow is None or key is None:
+        raise click.UsageError("give RUN_ID, or --workflow and --key")
+    found = client.list_runs(workflow=workflow, key=key, limit=1)
+    if not found:
+        raise CommandError(f"workflow {workflow!r} has no run with key {key!r}")
+    return found[0].id
+
+
+def _step_record(step: StepStatus) -> dict[str, Any]:
+    return {
+        "name": step.name,
+        "job_id": step.job_id,
+        "state": step.state.value,
+        "queue": step.queue,
+        "attempt": step.attempt,
+        "max_attempts": step.max_attempts,
+        "scheduled_at": step.scheduled_at,
+        "started_at": step.started_at,
+        "finished_at": step.finished_at,
+        "duration": step.duration,
+        "errors": step.errors,
+    }
+
+
+def _run_detail_record(detail: RunDetail) -> dict[str, Any]:
+    return {
+        **_run_record(detail.status),
+        "retention": detail.status.retention,
+        "input": detail.input,
+        "result_step": detail.result_step,
+        "result": detail.result,
+        "steps": [_step_record(step) for step in detail.steps],
+    }
+
+
+def _print_errors(errors: Sequence[Mapping[str, Any]], title: str) -> None:
+    for error in errors:
+        _output.heading(
+            f"{title}, attempt {error.get('attempt', '?')} at {error.get('at', '?')}: "
+            f"{error.get('type', 'Error')}: {error.get('message', '')}"
+        )
+        if error.get("traceback"):
+            _output.block(str(error["traceback"]))
+
+
+def _print_run_detail(detail: RunDetail) -> None:
+    run = detail.status
+    pairs = [
+        ("run", str(run.id)),
+        ("workflow", run.workflow),
+        ("key", run.key or "-"),
+        ("state", run.state.value),
+        ("created", _output.when(run.created_at)),
+        ("finished", _output.when(run.finished_at)),
+        ("deadline", _output.when(run.deadline)),
+        ("retention", _output.duration(run.retention) if run.retention else "default"),
+    ]
+    if run.error:
+        where = f"step {run.failed_step}: " if run.failed_step else ""
+        pairs.append(("error", f"{where}{_error_summary(run.error, width=200)}"))
+    _output.fields(pairs)
+    _output.heading("input")
+    _output.block(_output.pretty_json(detail.input))
+    if detail.result_step is not None and run.state == RunState.COMPLETED:
+        _output.heading(f"result (step {detail.result_step})")
+        _output.block(_output.pretty_json(detail.result))
+    _output.heading("steps")
+    _output.table(_STEP_COLUMNS, detail.steps)
+    for step in detail.steps:
+        _print_errors(step.errors, f"step {step.name}")
+
+
+def _print_job_detail(detail: JobDetail) -> None:
+    job = detail.status
+    _output.fields(
+        [
+            ("job", str(job.id)),
+            ("kind", job.kind),
+            ("key", job.key or "-"),
+            ("queue", job.queue),
+            ("priority", str(job.priority)),
+            ("state", job.state.value),
+            ("attempts", f"{job.attempt}/{job.max_attempts}"),
+            ("created", _output.when(job.created_at)),
+            ("scheduled", _output.when(job.scheduled_at)),
+            ("started", _output.when(detail.started_at)),
+            ("finished", _output.when(job.finished_at)),
+        ]
+    )
+    _output.heading("args")
+    _output.block(_output.pretty_json(detail.args))
+    if job.state == JobState.COMPLETED:
+        _output.heading("output")
+        _output.block(_output.pretty_json(detail.output))
+    _print_errors(job.errors, f"job {job.id}")
+
+
+def _job_record(job: JobStatus) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "kind": job.kind,
+        "key": job.key,
+        "queue": job.queue,
+        "priority": job.priority,
+        "state": job.state.value,
+        "attempt": job.attempt,
+        "max_attempts": job.max_attempts,
+        "created_at": job.created_at,
+        "scheduled_at": job.scheduled_at,
+        "finished_at": job.finished_at,
+        "error": job.errors[-1] if job.errors else None,
+    }
 
 
 _RUN_COLUMNS: list[_output.Column] = [
@@ -457,6 +695,28 @@ _RUN_COLUMNS: list[_output.Column] = [
     ("CREATED (UTC)", lambda r: _output.when(r.created_at)),
     ("FINISHED (UTC)", lambda r: _output.when(r.finished_at)),
     ("ERROR", lambda r: _error_summary(r.error)),
+]
+
+_STEP_COLUMNS: list[_output.Column] = [
+    ("STEP", lambda s: s.name),
+    ("STATE", lambda s: s.state.value),
+    ("ATTEMPTS", lambda s: f"{s.attempt}/{s.max_attempts}"),
+    ("QUEUE", lambda s: s.queue),
+    ("STARTED (UTC)", lambda s: _output.when(s.started_at)),
+    ("DURATION", lambda s: _output.duration(s.duration)),
+    ("ERROR", lambda s: _error_summary(s.errors[-1] if s.errors else None)),
+]
+
+_JOB_COLUMNS: list[_output.Column] = [
+    ("ID", lambda j: str(j.id)),
+    ("KIND", lambda j: j.kind),
+    ("QUEUE", lambda j: j.queue),
+    ("KEY", lambda j: j.key or "-"),
+    ("STATE", lambda j: j.state.value),
+    ("ATTEMPTS", lambda j: f"{j.attempt}/{j.max_attempts}"),
+    ("CREATED (UTC)", lambda j: _output.when(j.created_at)),
+    ("SCHEDULED (UTC)", lambda j: _output.when(j.scheduled_at)),
+    ("ERROR", lambda j: _error_summary(j.errors[-1] if j.errors else None)),
 ]
 
 _JOB_STATES = [s.value for s in JobState]
