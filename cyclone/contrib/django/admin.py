@@ -1,8 +1,9 @@
-"""Read-only admin pages for runs and jobs, with actions that retry and cancel runs.
+"""Read-only admin pages for runs and jobs, with actions that retry and cancel.
 
 Nothing here writes to cyclone's tables through the ORM: the pages only read, and the
-actions call the run handles' ``retry()`` and ``cancel()``, which keep cyclone's rules
-(a running run cannot be retried, a finished one cannot be cancelled).
+actions call the run handles' ``retry()`` and ``cancel()`` and ``Client.cancel_job()``,
+which keep cyclone's rules (a running run cannot be retried, a finished one cannot be
+cancelled, a step is cancelled with its run).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from cyclone.client import Client
 from cyclone.contrib.django._engines import engine
 from cyclone.contrib.django.models import Job, Run
 from cyclone.errors import CycloneError
@@ -66,24 +68,32 @@ class StepInline(admin.TabularInline):
 
 
 def _operate(
-    modeladmin: RunAdmin,
+    modeladmin: admin.ModelAdmin,
     request: HttpRequest,
-    queryset: QuerySet[Run],
+    rows: QuerySet[Any],
     verb: str,
-    call: Callable[[RunHandle], None],
+    call: Callable[[Any], None],
 ) -> None:
-    bind = engine(queryset.db)
+    """Call ``call`` on each selected row; report what was done and each refusal."""
     done = 0
-    for run in queryset:
+    for row in rows:
         try:
-            call(RunHandle(bind, run.id, run.workflow, run.submit_key))
+            call(row)
         except CycloneError as exc:
-            modeladmin.message_user(request, f"{run}: {exc}", messages.ERROR)
+            modeladmin.message_user(request, f"{row}: {exc}", messages.ERROR)
         else:
             done += 1
     if done:
-        noun = "run" if done == 1 else "runs"
-        modeladmin.message_user(request, f"{verb} {done} {noun}.", messages.SUCCESS)
+        noun = rows.model._meta.verbose_name
+        plural = rows.model._meta.verbose_name_plural
+        modeladmin.message_user(
+            request, f"{verb} {done} {noun if done == 1 else plural}.", messages.SUCCESS
+        )
+
+
+def _handle(queryset: QuerySet[Run]) -> Callable[[Run], RunHandle]:
+    bind = engine(queryset.db)
+    return lambda run: RunHandle(bind, run.id, run.workflow, run.submit_key)
 
 
 @admin.register(Run)
@@ -98,16 +108,17 @@ class RunAdmin(ReadOnlyAdmin):
     actions = ("retry_runs", "cancel_runs")
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
-        opts = self.opts
-        return bool(request.user.has_perm(f"{opts.app_label}.operate_run"))
+        return bool(request.user.has_perm(f"{self.opts.app_label}.operate_run"))
 
     @admin.action(description="Retry the failed and cancelled steps", permissions=("operate",))
     def retry_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
-        _operate(self, request, queryset, "Retried", RunHandle.retry)
+        handle = _handle(queryset)
+        _operate(self, request, queryset, "Retried", lambda run: handle(run).retry())
 
     @admin.action(description="Cancel the selected runs", permissions=("operate",))
     def cancel_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
-        _operate(self, request, queryset, "Cancelled", RunHandle.cancel)
+        handle = _handle(queryset)
+        _operate(self, request, queryset, "Cancelled", lambda run: handle(run).cancel())
 
 
 @admin.register(Job)
@@ -128,3 +139,17 @@ class JobAdmin(ReadOnlyAdmin):
     search_fields = ("=unique_key",)
     show_full_result_count = False
     list_select_related = ("run",)
+    actions = ("cancel_jobs",)
+
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm(f"{self.opts.app_label}.operate_job"))
+
+    @admin.action(description="Cancel the selected standalone jobs", permissions=("operate",))
+    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        for step in queryset.filter(run__isnull=False):
+            self.message_user(
+                request, f"{step} is a step of run {step.run_id}: cancel the run", messages.ERROR
+            )
+        client = Client(engine(queryset.db))
+        standalone = queryset.filter(run__isnull=True)
+        _operate(self, request, standalone, "Cancelled", lambda job: client.cancel_job(job.id))

@@ -75,6 +75,7 @@ class Job(models.Model):
         db_table = "cyclone_jobs"
         ordering = ("-created_at", "-id")
         default_permissions = ("view",)
+        permissions = (("operate_job", "Can cancel standalone jobs"),)
 
     def __str__(self) -> str:
         return f"{self.kind} #{self.id}"

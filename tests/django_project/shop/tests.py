@@ -29,7 +29,7 @@ import cyclone
 from cyclone.contrib.django import engine, worker
 from cyclone.contrib.django.models import Job, Run
 from shop.models import Order, Shipment
-from shop.workflows import OrderPlaced, Probe, fulfil, reconnect, restock
+from shop.workflows import OrderPlaced, Probe, fulfil, reconnect, restock, send_receipt
 
 
 class Rollback(Exception):
@@ -358,6 +358,25 @@ class AdminTests(EmptiesCycloneTables):
         refused = self.act("cancel_runs", self.done)
         self.assertContains(refused, "cannot cancel")
         self.assertEqual(self.done.status().state, cyclone.RunState.COMPLETED)
+
+    def test_cancel_action_cancels_a_standalone_job_and_refuses_a_step(self) -> None:
+        job = send_receipt.enqueue(engine(), 7)
+        page = self.client.post(
+            "/admin/cyclone/job/",
+            {"action": "cancel_jobs", "_selected_action": [str(job.id)]},
+            follow=True,
+        )
+        self.assertContains(page, "Cancelled 1 job.")
+        self.assertEqual(job.status().state, cyclone.JobState.CANCELLED)
+        step = Job.objects.get(run_id=self.running.id, kind="reserve")
+        refused = self.client.post(
+            "/admin/cyclone/job/",
+            {"action": "cancel_jobs", "_selected_action": [str(step.id)]},
+            follow=True,
+        )
+        self.assertContains(refused, "cancel the run")
+        step.refresh_from_db()
+        self.assertEqual(step.state, "available")
 
     def test_staff_without_the_operate_permission_can_view_but_not_act(self) -> None:
         viewer = User.objects.create_user("viewer", password="pw", is_staff=True)

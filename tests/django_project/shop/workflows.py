@@ -66,3 +66,9 @@ def first(ctx: cyclone.StepContext, probe: Probe) -> int:
 @reconnect.step(after=[first])
 def second(ctx: cyclone.StepContext, probe: Probe) -> int:
     return backend_pid(probe.alias)
+
+
+@cyclone.step("shop.receipt")
+def send_receipt(ctx: cyclone.StepContext, order_id: int) -> str:
+    """A standalone step kind: a job enqueued on its own, outside any run."""
+    return f"receipt for order {order_id}"

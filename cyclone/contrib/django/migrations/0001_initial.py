@@ -57,6 +57,7 @@ class Migration(migrations.Migration):
             options={
                 "db_table": "cyclone_jobs",
                 "ordering": ("-created_at", "-id"),
+                "permissions": (("operate_job", "Can cancel standalone jobs"),),
                 "managed": False,
                 "default_permissions": ("view",),
             },
