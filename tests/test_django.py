@@ -3,6 +3,9 @@
 ``manage.py test`` runs the test project's own suite (tests/django_project/shop/tests.py:
 TestCase and TransactionTestCase, the admin, the worker command) through Django's test
 runner, which creates the test databases with ``migrate`` and drops them at the end.
+
+To check another Django version, point CYCLONE_DJANGO_PYTHON at the interpreter of a
+virtualenv holding it and cyclone[django], e.g. Django 4.2 LTS.
 """
 
 from __future__ import annotations
