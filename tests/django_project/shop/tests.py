@@ -21,15 +21,41 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.db import IntegrityError, connection, connections, transaction
 from django.db.transaction import TransactionManagementError
-from django.test import TestCase, TransactionTestCase, override_settings
+from django.test import SimpleTestCase, TestCase, TransactionTestCase, override_settings
 from django.utils.connection import ConnectionDoesNotExist
 from project.settings import BASE_DIR
 
 import cyclone
-from cyclone.contrib.django import engine, worker
+from cyclone.contrib.django import definitions, engine, worker
 from cyclone.contrib.django.models import Job, Run
 from shop.models import Order, Shipment
 from shop.workflows import OrderPlaced, Probe, fulfil, reconnect, restock, send_receipt
+
+
+class DiscoveryTests(SimpleTestCase):
+    """The worker's definitions: the apps' ``workflows`` modules, or the modules listed."""
+
+    def test_the_workflows_modules_of_installed_apps_are_found(self) -> None:
+        workflows, steps = definitions()
+        self.assertEqual(
+            {wf.name for wf in workflows}, {"shop.fulfil", "shop.restock", "shop.reconnect"}
+        )
+        self.assertEqual({step.kind for step in steps}, {"shop.receipt"})
+
+    @override_settings(CYCLONE_WORKFLOW_MODULES=["shop.workflows"])
+    def test_listed_modules_replace_discovery(self) -> None:
+        workflows, _ = definitions()
+        self.assertIn(fulfil, workflows)
+
+    @override_settings(CYCLONE_WORKFLOW_MODULES=["shop.models"])
+    def test_a_listed_module_defining_nothing_is_named(self) -> None:
+        with self.assertRaisesMessage(ImproperlyConfigured, "'shop.models' defines no"):
+            definitions()
+
+    @override_settings(CYCLONE_WORKFLOW_MODULES=["shop.nowhere"])
+    def test_a_listed_module_that_does_not_import_is_named(self) -> None:
+        with self.assertRaisesMessage(ImproperlyConfigured, "cannot import 'shop.nowhere'"):
+            definitions()
 
 
 class Rollback(Exception):
