@@ -29,14 +29,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, NoReturn, Protocol
 
 import psycopg
-from sqlalchemy import Connection, Engine, Text, cast, literal, null
+from psycopg.rows import tuple_row
+from sqlalchemy import Connection, Engine, Text, cast, event, literal, null
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
 from sqlalchemy.ext.compiler import compiles
@@ -223,7 +225,8 @@ class Borrowed:
     def execute(self, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]:
         values = {**stmt.defaults, **params}
         try:
-            with self._driver.cursor() as cursor:
+            # A plain cursor returning tuples, whatever the connection's factories are.
+            with psycopg.Cursor(self._driver, row_factory=tuple_row) as cursor:
                 cursor.execute(stmt.sql, values)
                 return cursor.fetchall()
         except psycopg.Error as exc:
@@ -330,29 +333,35 @@ class Held:
                 direct._driver.close()
 
 
-_detached: weakref.WeakKeyDictionary[Engine, weakref.WeakSet[psycopg.Connection[Any]]] = (
-    weakref.WeakKeyDictionary()
-)
+_detached: weakref.WeakKeyDictionary[
+    Engine, weakref.WeakKeyDictionary[psycopg.Connection[Any], int]
+] = weakref.WeakKeyDictionary()
 _detached_lock = threading.Lock()
 
 
 def detached(engine: Engine) -> psycopg.Connection[Any]:
     """A psycopg connection in autocommit, taken from ``engine`` (its connect events
     apply) and detached from its pool: the caller owns it and closes it, and
-    :func:`close_detached` closes it too."""
+    :func:`close_detached` (or ``engine.dispose()``) closes it too."""
     fairy = engine.raw_connection()
     driver = _psycopg(engine, fairy.driver_connection)
     fairy.detach()
     driver.autocommit = True
     with _detached_lock:
-        _detached.setdefault(engine, weakref.WeakSet()).add(driver)
+        _detached.setdefault(engine, weakref.WeakKeyDictionary())[driver] = os.getpid()
+    on_dispose(engine, close_detached)
     return driver
 
 
 def close_detached(engine: Engine) -> int:
-    """Close every connection :func:`detached` opened for ``engine``; return how many were open."""
+    """Close the connections :func:`detached` opened for ``engine`` in this process.
+
+    Returns how many were open. Connections a parent process opened are left alone: a
+    forked child closing them would end the parent's sessions.
+    """
     with _detached_lock:
-        drivers = list(_detached.pop(engine, ()))
+        opened = _detached.pop(engine, weakref.WeakKeyDictionary())
+        drivers = [driver for driver, pid in opened.items() if pid == os.getpid()]
     closed = 0
     for driver in drivers:
         if not driver.closed:
@@ -360,6 +369,12 @@ def close_detached(engine: Engine) -> int:
             with contextlib.suppress(psycopg.Error):
                 driver.close()
     return closed
+
+
+def on_dispose(engine: Engine, hook: Callable[[Engine], object]) -> None:
+    """Call ``hook(engine)`` when ``engine.dispose()`` is called (registered once per hook)."""
+    if not event.contains(engine, "engine_disposed", hook):
+        event.listen(engine, "engine_disposed", hook)
 
 
 def _psycopg(engine: Engine, driver: Any) -> psycopg.Connection[Any]:
