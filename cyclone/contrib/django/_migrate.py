@@ -5,7 +5,14 @@ cyclone's alembic revisions, applied on the database of the connection being mig
 Each Django migration upgrades to the newest revision the installed cyclone ships, so a
 fresh database gets the whole schema from the first one; a cyclone release that adds
 revisions adds a Django migration too, and ``manage.py cyclone migrate`` does the same
-upgrade by hand.
+upgrade by hand. The next one reads (``revision`` is the new head; ``down_to`` the
+previous migration's ``revision``)::
+
+    class Migration(migrations.Migration):
+        atomic = False
+        revision = "cyclone_0007"
+        dependencies = [("cyclone", "0001_initial")]
+        operations = [apply_revisions(down_to="cyclone_0004")]
 """
 
 from __future__ import annotations
