@@ -16,6 +16,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from cyclone.client import Client
+from cyclone.contrib.django._discovery import definitions
 from cyclone.contrib.django._engines import engine
 from cyclone.contrib.django.models import Job, Run
 from cyclone.errors import CycloneError
@@ -33,6 +34,21 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+class WorkflowFilter(admin.SimpleListFilter):
+    """Filter by the project's workflows, without scanning the table for its distinct names."""
+
+    title = "workflow"
+    parameter_name = "workflow"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        workflows, _ = definitions()
+        return sorted((wf.name, wf.name) for wf in workflows)
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return queryset.filter(workflow=value) if value else queryset
 
 
 class StepInline(admin.TabularInline):
@@ -101,7 +117,7 @@ class RunAdmin(ReadOnlyAdmin):
     """Runs newest first, filtered by state and workflow; a run's page lists its steps."""
 
     list_display = ("id", "workflow", "submit_key", "state", "created_at", "finalized_at")
-    list_filter = ("state", "workflow")
+    list_filter = ("state", WorkflowFilter)
     search_fields = ("=submit_key",)
     show_full_result_count = False
     inlines = (StepInline,)
@@ -123,7 +139,7 @@ class RunAdmin(ReadOnlyAdmin):
 
 @admin.register(Job)
 class JobAdmin(ReadOnlyAdmin):
-    """Jobs newest first: the steps of runs and standalone jobs, filtered by state and kind."""
+    """Jobs newest first: the steps of runs and standalone jobs; search by exact kind or key."""
 
     list_display = (
         "id",
@@ -135,8 +151,8 @@ class JobAdmin(ReadOnlyAdmin):
         "created_at",
         "finalized_at",
     )
-    list_filter = ("state", "workflow", "kind", "queue")
-    search_fields = ("=unique_key",)
+    list_filter = ("state", WorkflowFilter)
+    search_fields = ("=kind", "=unique_key")
     show_full_result_count = False
     list_select_related = ("run",)
     actions = ("cancel_jobs",)
