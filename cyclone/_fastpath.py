@@ -119,7 +119,7 @@ class Direct:
     per statement costs about 6 us of the hot paths' Python.
     """
 
-    __slots__ = ("_cursor", "_driver", "_engine", "_prepare")
+    __slots__ = ("_cursor", "_driver", "_engine", "_prepare", "_translate")
 
     def __init__(
         self,
@@ -127,11 +127,13 @@ class Direct:
         driver: psycopg.Connection[Any],
         cursor: psycopg.Cursor[Any],
         prepare: bool | None = None,
+        translate: bool = True,
     ) -> None:
         self._engine = engine
         self._driver = driver
         self._cursor = cursor
         self._prepare = prepare
+        self._translate = translate
 
     def execute(self, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]:
         """Run one statement (its own transaction) and return its rows; it must return rows."""
@@ -141,7 +143,7 @@ class Direct:
             return self._cursor.fetchall()
         except psycopg.Error as exc:
             lost = self._driver.closed or self._driver.broken
-            _raise(self._engine, stmt.sql, values, exc, lost)
+            _raise(self._engine, stmt.sql, values, exc, lost, translate=self._translate)
 
 
 SCHEMA_SQLSTATES = frozenset({"42P01", "42703", "42883"})
@@ -163,9 +165,16 @@ def _raise(
     params: Mapping[str, Any],
     exc: psycopg.Error,
     lost: bool = False,
+    *,
+    translate: bool = True,
 ) -> NoReturn:
-    """Raise ``exc`` as SQLAlchemy would, or as the SchemaError it stands for (without the SQL)."""
-    schema = schema_problem(engine, exc)
+    """Raise ``exc`` as SQLAlchemy would, or as the SchemaError it stands for (without the SQL).
+
+    ``translate=False`` leaves the translation to the caller, which first gives its pooled
+    connection back: the revision lookup takes a connection of the pool, which may have
+    only the one.
+    """
+    schema = schema_problem(engine, exc) if translate else None
     if schema is not None:
         raise schema from None
     raise _wrap(engine, sql, params, exc, lost) from exc
@@ -192,16 +201,17 @@ def _wrap(
 class Observed:
     """The same statements through a SQLAlchemy ``Connection``, whose log and events see them."""
 
-    __slots__ = ("_conn",)
+    __slots__ = ("_conn", "_translate")
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, *, translate: bool = True) -> None:
         self._conn = conn
+        self._translate = translate
 
     def execute(self, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]:
         try:
             result = self._conn.exec_driver_sql(stmt.sql, {**stmt.defaults, **params})
         except sa_exc.DBAPIError as exc:
-            schema = schema_problem(self._conn.engine, exc)
+            schema = schema_problem(self._conn.engine, exc) if self._translate else None
             if schema is not None:
                 raise schema from None
             raise
@@ -251,11 +261,27 @@ def observed(engine: Engine) -> bool:
 
 @contextmanager
 def connect(engine: Engine) -> Iterator[Executor]:
-    """Check a connection out of ``engine``'s pool for a few autocommit statements."""
+    """Check a connection out of ``engine``'s pool for a few autocommit statements.
+
+    A statement that finds cyclone's schema missing raises SchemaError once the
+    connection is back in the pool (see :func:`schema_problem`).
+    """
+    try:
+        with _checkout(engine) as conn:
+            yield conn
+    except sa_exc.DBAPIError as exc:
+        schema = schema_problem(engine, exc)
+        if schema is not None:
+            raise schema from None
+        raise
+
+
+@contextmanager
+def _checkout(engine: Engine) -> Iterator[Executor]:
     if observed(engine):
         with engine.connect() as conn:
             conn.execution_options(isolation_level="AUTOCOMMIT")
-            yield Observed(conn)
+            yield Observed(conn, translate=False)
         return
     fairy = engine.raw_connection()
     try:
@@ -270,7 +296,7 @@ def connect(engine: Engine) -> Iterator[Executor]:
         if cursor is None or cursor.connection is not driver or cursor.closed:
             cursor = fairy.info[_CURSOR] = driver.cursor()
         try:
-            yield Direct(engine, driver, cursor)
+            yield Direct(engine, driver, cursor, translate=False)
         finally:
             if driver.closed or driver.broken:
                 fairy.invalidate()

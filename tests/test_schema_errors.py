@@ -161,3 +161,21 @@ def test_a_worker_starts_on_a_newer_revision_it_does_not_know_with_a_warning(
     with cyclone.Worker(bare_engine, workflows=[wf]) as worker:
         assert worker.drain() == 1
     assert any("cyclone_9999" in record.getMessage() for record in caplog.records)
+
+
+def test_schema_error_on_a_pool_of_one_does_not_wait_for_a_second_connection(
+    fresh_database: URL, name: str
+) -> None:
+    """The revision lookup runs once the failed statement's connection is back in the pool."""
+    engine = sa.create_engine(fresh_database, pool_size=1, max_overflow=0, pool_timeout=60)
+    try:
+        wf = workflow(name)
+        for call in (
+            lambda: wf.submit_once(engine, "k", 1),
+            lambda: wf.submit(engine, 1),
+            lambda: cyclone.Client(engine).list_runs(),
+        ):
+            with pytest.raises(cyclone.SchemaError, match="no cyclone revision found"):
+                call()
+    finally:
+        engine.dispose()
