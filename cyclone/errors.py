@@ -78,17 +78,13 @@ class NotFoundError(_Message, LookupError):
 
 
 class InvalidStateError(_Message):
-    """An operation is not allowed in the run's current state (e.g. retry of a running run).
+    """An operation is not allowed in the run's current state (e.g. retry of a running run)."""
 
-    ``subject`` is ``"job"`` when ``run_id`` is a standalone job's id (cancelling a job).
-    """
-
-    def __init__(self, *, operation: str, run_id: object, state: str, subject: str = "run") -> None:
+    def __init__(self, *, operation: str, run_id: object, state: str) -> None:
         self.operation = operation
         self.run_id = run_id
         self.state = state
-        self.subject = subject
-        super().__init__(f"cannot {operation} {subject} {run_id}: it is {state}")
+        super().__init__(f"cannot {operation} run {run_id}: it is {state}")
 
 
 class NoOutputError(_Message):

@@ -21,7 +21,6 @@ from sqlalchemy import (
     func,
     literal,
     select,
-    update,
 )
 from sqlalchemy.dialects.postgresql import JSONB, insert
 
@@ -148,16 +147,6 @@ def job_status_from_row(row: Any) -> JobStatus:
 _INSERT_JOB = insert_job_stmt()
 _SELECT_HOLDER = select_active_holder_stmt()
 _SELECT_JOB = select(*JOB_STATUS_COLUMNS).where(jobs.c.id == bindparam("job_id"))
-_CANCEL_JOB = (
-    update(jobs)
-    .where(
-        jobs.c.id == bindparam("job_id"),
-        jobs.c.run_id.is_(None),
-        jobs.c.state.in_([JobState.AVAILABLE.value, JobState.BLOCKED.value]),
-    )
-    .values(state=JobState.CANCELLED.value, finalized_at=func.now())
-    .returning(jobs.c.id)
-)
 _SELECT_OUTPUT = select(jobs.c.state, cast(jobs.c.output, Text)).where(
     jobs.c.id == bindparam("job_id")
 )
@@ -203,23 +192,6 @@ class Job(Generic[R]):
 
         result: JobStatus = wait_until_finished(self._engine, f"job:{self.id}", timeout, read)
         return result
-
-    def cancel(self) -> None:
-        """Cancel a job that has not started (available or scheduled): it never runs.
-
-        Raises:
-            InvalidStateError: the job is running or has ended.
-            NotFoundError: the job was pruned, or its transaction did not commit.
-        """
-        with _binds.autocommit(self._engine) as conn:
-            if conn.execute(_CANCEL_JOB, {"job_id": self.id}).first() is not None:
-                return
-            row = conn.execute(_SELECT_JOB, {"job_id": self.id}).first()
-        if row is None:
-            raise errors.NotFoundError(f"job {self.id} does not exist (pruned, or not committed)")
-        raise errors.InvalidStateError(
-            operation="cancel", run_id=self.id, state=row.state, subject="job"
-        )
 
     def result(self, timeout: float | None = None) -> R:
         """Wait for the job and return its output, decoded to the step's return type.
