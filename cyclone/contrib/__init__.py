@@ -1,0 +1,1 @@
+"""Integrations with web frameworks, each installed through its own optional extra."""
