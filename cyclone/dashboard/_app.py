@@ -95,6 +95,7 @@ class Dashboard:
         )
         self._templates.filters.update(
             when=_format.when,
+            hhmm=_format.hhmm,
             duration=_format.duration,
             pretty_json=_format.pretty_json,
             short_id=_format.short_id,

@@ -14,6 +14,11 @@ def when(value: datetime | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def hhmm(value: datetime) -> str:
+    """Hours and minutes in UTC, for the chart's axis."""
+    return value.astimezone(UTC).strftime("%H:%M")
+
+
 def duration(value: timedelta | float | None) -> str:
     """``850 ms``, ``12.3 s``, ``4 min 05 s``, ``3 h 02 min`` or ``2 d 04 h``."""
     if value is None:
