@@ -1,8 +1,9 @@
 """Drive the dashboard mounted in a minimal Django project, through Django's test client.
 
 Run as ``python -m tests.support.django_dashboard DATABASE_URL RUN_ID``: it configures
-settings in this process, migrates Django's auth tables, and prints one JSON object with
-what each request answered.
+settings in this process, takes its URLconf from the ``django-urls`` snippet of
+docs/dashboard.md, migrates Django's auth tables, and prints one JSON object with what
+each request answered.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ def main(url_text: str, run_id: str) -> None:
         ALLOWED_HOSTS=["testserver"],
         ROOT_URLCONF=__name__,
         INSTALLED_APPS=[
+            "cyclone.contrib.django",
             "django.contrib.auth",
             "django.contrib.contenttypes",
             "django.contrib.sessions",
@@ -79,10 +81,13 @@ def main(url_text: str, run_id: str) -> None:
     print(json.dumps(out))
 
 
-def _urls() -> list[object]:
-    from django.urls import include, path
+def _urls() -> object:
+    """The URLconf of docs/dashboard.md, as the docs show it."""
+    from tests.support.docs import snippet
 
-    return [path("ops/cyclone/", include("cyclone.contrib.django.dashboard"))]
+    namespace: dict[str, object] = {}
+    exec(snippet("docs/dashboard.md", "django-urls"), namespace)
+    return namespace["urlpatterns"]
 
 
 def __getattr__(name: str) -> object:
