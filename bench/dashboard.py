@@ -107,6 +107,11 @@ def load(engine: sa.Engine, runs: int) -> None:
         c.execute(sa.text("UPDATE cyclone_jobs SET max_attempts = 3 WHERE kind = 'charge'"))
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
         c.execute(sa.text("VACUUM ANALYZE cyclone_runs, cyclone_jobs"))
+    with engine.connect() as c:
+        pages = c.execute(
+            sa.text("SELECT relpages FROM pg_class WHERE relname = 'cyclone_runs'")
+        ).scalar_one()
+    print(f"cyclone_runs: {pages:,} pages of 8 kB")
     print(f"loaded {runs:,} runs ({4 * runs:,} steps) in {time.perf_counter() - started:.1f} s")
 
 
@@ -159,8 +164,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "runs list, page 41 (keyset)": deep_page(client, "/runs", 40),
             "runs list, workflow filter": "/runs?workflow=refund",
             "runs list, state=failed": "/runs?state=failed",
-            "runs list, key prefix search": "/runs?key=order:4242",
-            "runs list, workflow + key": "/runs?workflow=checkout&key=order:1",
+            "runs list, key (exact, any workflow)": "/runs?key=order:4242",
+            "runs list, key prefix order:4242*": "/runs?key=order:4242*",
+            "runs list, workflow + key prefix": "/runs?workflow=checkout&key=order:1*",
+            "runs list, state=cancelled (none)": "/runs?state=cancelled",
             "runs list, since 12 h ago": f"/runs?since={since}",
             "overview": "/",
             "jobs page": "/jobs",

@@ -208,7 +208,7 @@ def test_script_in_names_keys_inputs_and_errors_renders_as_text(
     pages = [
         "/",
         f"/runs?workflow={name}%3Cscript%3Ealert(1)%3C/script%3E",
-        "/runs?key=key",
+        "/runs?key=key*",
         f"/runs/{run.id}",
         "/jobs",
         f"/jobs/{job.id}",

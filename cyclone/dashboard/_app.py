@@ -183,7 +183,7 @@ class Dashboard:
     def _page_overview(self, request: Request, csrf: str) -> Response:
         with self._connect() as conn:
             by_workflow = _queries.runs_by_workflow(conn)
-            backlog = _queries.backlog_by_queue(conn)
+            active = _queries.active_jobs(conn)
             minutes = _queries.finished_per_minute(conn)
         chart = _chart(minutes)
         return self._render(
@@ -191,7 +191,7 @@ class Dashboard:
             "overview.html",
             csrf,
             by_workflow=by_workflow,
-            backlog=backlog,
+            backlog=_queries.backlog_by_queue(active),
             chart=chart,
         )
 
@@ -286,7 +286,7 @@ class Dashboard:
         state = _choice(JobState, args.get("state"))
         after = _cursor(args.get("after"), int)
         with self._connect() as conn:
-            kinds = _queries.jobs_by_queue_and_kind(conn)
+            kinds = _queries.active_jobs(conn)
             rows, next_cursor = _queries.list_jobs(
                 conn, queue=queue, kind=kind, state=state, after=after
             )

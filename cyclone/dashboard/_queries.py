@@ -19,7 +19,9 @@ from sqlalchemy import (
     func,
     literal_column,
     select,
+    true,
     tuple_,
+    union_all,
 )
 
 from cyclone.schema import LISTED_SINCE, jobs, runs
@@ -75,38 +77,74 @@ def runs_by_workflow(conn: Connection) -> list[tuple[str, dict[RunState, int]]]:
 
 
 @dataclass(frozen=True, slots=True)
+class Active:
+    """Active jobs of one queue and kind: due now, scheduled later, running.
+
+    ``workflow`` is None for standalone jobs. Steps blocked on their upstream steps are
+    not counted: they wait on their run, not on a queue.
+    """
+
+    queue: str
+    workflow: str | None
+    kind: str
+    ready: int
+    scheduled: int
+    running: int
+
+
+def active_jobs(conn: Connection) -> list[Active]:
+    """Available and running jobs per queue, workflow and kind.
+
+    Each arm states the predicate of a partial index (the two claim indexes and the
+    heartbeat index), so the read costs the active jobs, never the finished history.
+    """
+    due = jobs.c.scheduled_at <= func.now()
+    available = jobs.c.state == JobState.AVAILABLE.value
+    arms = [
+        select(jobs.c.queue, jobs.c.workflow, jobs.c.kind, due.label("due"), jobs.c.state).where(
+            available, where
+        )
+        for where in (jobs.c.workflow.is_not(None), jobs.c.workflow.is_(None))
+    ]
+    running = select(jobs.c.queue, jobs.c.workflow, jobs.c.kind, true(), jobs.c.state).where(
+        jobs.c.state == JobState.RUNNING.value
+    )
+    active = union_all(*arms, running).subquery()
+    is_available = active.c.state == JobState.AVAILABLE.value
+    rows = conn.execute(
+        select(
+            active.c.queue,
+            active.c.workflow,
+            active.c.kind,
+            func.count().filter(and_(is_available, active.c.due)),
+            func.count().filter(and_(is_available, ~active.c.due)),
+            func.count().filter(active.c.state == JobState.RUNNING.value),
+        )
+        .group_by(active.c.queue, active.c.workflow, active.c.kind)
+        .order_by(active.c.queue, active.c.workflow.nulls_first(), active.c.kind)
+    )
+    return [Active(*row) for row in rows]
+
+
+@dataclass(frozen=True, slots=True)
 class Backlog:
-    """Active jobs of one queue: due now, scheduled later, blocked on upstream steps, running."""
+    """Active jobs of one queue: due now, scheduled later, running."""
 
     queue: str
     ready: int
     scheduled: int
-    blocked: int
     running: int
 
 
-def backlog_by_queue(conn: Connection) -> list[Backlog]:
-    """Active jobs (workflow steps and standalone) per queue."""
-    active = [JobState.AVAILABLE.value, JobState.BLOCKED.value, JobState.RUNNING.value]
-    available = jobs.c.state == JobState.AVAILABLE.value
-    due = jobs.c.scheduled_at <= func.now()
-
-    def count_when(cond: Any) -> Any:
-        return func.count().filter(cond)
-
-    rows = conn.execute(
-        select(
-            jobs.c.queue,
-            count_when(and_(available, due)),
-            count_when(and_(available, ~due)),
-            count_when(jobs.c.state == JobState.BLOCKED.value),
-            count_when(jobs.c.state == JobState.RUNNING.value),
-        )
-        .where(jobs.c.state.in_(active))
-        .group_by(jobs.c.queue)
-        .order_by(jobs.c.queue)
-    )
-    return [Backlog(*row) for row in rows]
+def backlog_by_queue(active: list[Active]) -> list[Backlog]:
+    """:func:`active_jobs` summed per queue."""
+    queues: dict[str, list[int]] = {}
+    for a in active:
+        total = queues.setdefault(a.queue, [0, 0, 0])
+        total[0] += a.ready
+        total[1] += a.scheduled
+        total[2] += a.running
+    return [Backlog(queue, *counts) for queue, counts in sorted(queues.items())]
 
 
 def finished_per_minute(conn: Connection, minutes: int = 60) -> list[tuple[datetime, int, int]]:
@@ -182,8 +220,14 @@ def list_runs(
         )
     if filters.state is not None:
         stmt = stmt.where(runs.c.state == filters.state.value)
-    if filters.key is not None:
-        stmt = stmt.where(runs.c.submit_key.startswith(filters.key, autoescape=True))
+    if filters.key is not None and filters.key.endswith("*"):
+        stmt = stmt.where(runs.c.submit_key.startswith(filters.key[:-1], autoescape=True))
+    elif filters.key is not None:
+        stmt = stmt.where(runs.c.submit_key == filters.key)
+        if filters.workflow is None:
+            # The key index leads with the workflow: naming every workflow turns the
+            # lookup into one index probe per workflow instead of a scan of the runs.
+            stmt = stmt.where(runs.c.workflow == func.any(_workflow_names_array()))
     if filters.since is not None:
         stmt = stmt.where(runs.c.created_at >= filters.since)
     if filters.until is not None:
@@ -201,15 +245,28 @@ def list_runs(
     return rows[:limit], Cursor(last.created_at, last.id)
 
 
-def workflow_names(conn: Connection) -> list[str]:
-    """The workflows that have runs, for the filter's choices (a loose index scan)."""
+def _workflow_names() -> Any:
+    """The distinct workflow names of the runs, by a loose scan of the key index.
+
+    A recursive CTE steps from one name to the next with ``min(workflow) > previous``, so
+    it reads one index entry per workflow, not one per run.
+    """
     name = runs.c.workflow
     first = select(func.min(name).label("name")).cte("names", recursive=True)
     following = select(select(func.min(name)).where(name > first.c.name).scalar_subquery()).where(
         first.c.name.is_not(None)
     )
     names = first.union_all(following)
-    return [n for (n,) in conn.execute(select(names.c.name).where(names.c.name.is_not(None)))]
+    return select(names.c.name).where(names.c.name.is_not(None))
+
+
+def _workflow_names_array() -> Any:
+    return func.array(_workflow_names().scalar_subquery())
+
+
+def workflow_names(conn: Connection) -> list[str]:
+    """The workflows that have runs, for the filter's choices."""
+    return [n for (n,) in conn.execute(_workflow_names())]
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,31 +353,6 @@ def run_steps(conn: Connection, run_id: uuid.UUID) -> list[StepRow]:
         ).where(jobs.c.run_id == run_id)
     )
     return [StepRow(row[0], JobState(row[1]), *row[2:]) for row in rows]
-
-
-@dataclass(frozen=True, slots=True)
-class KindCount:
-    """Jobs of one queue and kind, per state (workflow steps are counted under their step)."""
-
-    queue: str
-    workflow: str | None
-    kind: str
-    counts: dict[JobState, int]
-
-
-def jobs_by_queue_and_kind(conn: Connection) -> list[KindCount]:
-    """Job counts per queue, workflow (None for standalone) and kind, for every state."""
-    rows = conn.execute(
-        select(jobs.c.queue, jobs.c.workflow, jobs.c.kind, jobs.c.state, func.count())
-        .group_by(jobs.c.queue, jobs.c.workflow, jobs.c.kind, jobs.c.state)
-        .order_by(jobs.c.queue, jobs.c.workflow.nulls_first(), jobs.c.kind)
-    )
-    table: dict[tuple[str, str | None, str], dict[JobState, int]] = {}
-    for queue, workflow, kind, state, count in rows:
-        table.setdefault((queue, workflow, kind), dict.fromkeys(JobState, 0))[JobState(state)] = (
-            count
-        )
-    return [KindCount(q, w, k, counts) for (q, w, k), counts in table.items()]
 
 
 @dataclass(frozen=True, slots=True)
