@@ -14,7 +14,7 @@ NODE_WIDTH = 168
 NODE_HEIGHT = 40
 COLUMN_GAP = 56
 ROW_GAP = 18
-MARGIN = 8
+MARGIN = 12
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +108,22 @@ def _mean(values: list[float], default: float) -> float:
 
 
 def _curve(source: Node, target: Node) -> str:
+    """A path from the source's right side to the target's left side, around other nodes.
+
+    An edge to the next column is one S-curve through the gap between the columns. A
+    longer edge would cross the nodes of the columns between, so it turns into the
+    channel between rows above the higher of its two ends, runs along it, and turns
+    down to the target in the gap before the target's column.
+    """
     x1, y1 = source.x + NODE_WIDTH, source.y + NODE_HEIGHT // 2
-    x2, y2 = target.x, target.y + NODE_HEIGHT // 2
-    bend = (x2 - x1) // 2
-    return f"M{x1},{y1} C{x1 + bend},{y1} {x2 - bend},{y2} {x2 - 6},{y2}"
+    x2, y2 = target.x - 6, target.y + NODE_HEIGHT // 2
+    if target.depth - source.depth == 1:
+        bend = (x2 - x1) // 2
+        return f"M{x1},{y1} C{x1 + bend},{y1} {x2 - bend},{y2} {x2},{y2}"
+    channel = min(source.y, target.y) - ROW_GAP // 2
+    gap1, gap2 = x1 + COLUMN_GAP // 2, target.x - COLUMN_GAP // 2
+    d = COLUMN_GAP // 4
+    return (
+        f"M{x1},{y1} C{x1 + d},{y1} {gap1 - d},{channel} {gap1},{channel} L{gap2},{channel}"
+        f" C{gap2 + d},{channel} {x2 - d},{y2} {x2},{y2}"
+    )
