@@ -47,7 +47,11 @@ def page(live_url: str) -> Iterator[Any]:
     assert os.path.exists(CHROMIUM), f"{CHROMIUM} is missing: apt-get install chromium"
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=["--no-sandbox", "--disable-dev-shm-usage"],
+        )
         context = browser.new_context(
             viewport={"width": 1280, "height": 900}, java_script_enabled=False
         )
