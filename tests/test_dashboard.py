@@ -324,10 +324,13 @@ def test_create_app_refuses_what_is_not_an_engine() -> None:
         create_app("postgresql://x")  # type: ignore[arg-type]
 
 
-def test_json_helper_keeps_unparseable_text() -> None:
+def test_formatting_of_json_durations_and_times() -> None:
     from cyclone.dashboard import _format
 
     assert _format.pretty_json('{"a": [1]}') == json.dumps({"a": [1]}, indent=2)
+    assert _format.pretty_json("{not json") == "{not json"
+    huge = _format.pretty_json(json.dumps("x" * (_format.MAX_SHOWN + 10)))
+    assert huge.endswith("… (12 more characters not shown)")  # 10 and the two quotes
     assert _format.duration(timedelta(milliseconds=850)) == "850 ms"
     assert _format.duration(timedelta(seconds=245)) == "4 min 05 s"
     assert _format.when(datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)) == "2026-01-02 03:04:05 UTC"

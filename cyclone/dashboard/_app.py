@@ -176,7 +176,10 @@ class Dashboard:
         )
 
     def _connect(self) -> Connection:
-        return self.engine.connect()
+        """A read-only snapshot: a run and its steps are read as of the same moment."""
+        return self.engine.connect().execution_options(
+            isolation_level="REPEATABLE READ", postgresql_readonly=True
+        )
 
     # Pages
 

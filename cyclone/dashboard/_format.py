@@ -43,14 +43,21 @@ def between(start: datetime | None, end: datetime | None) -> str:
     return duration(end - start)
 
 
+MAX_SHOWN = 100_000
+"""Characters of one JSON value a page shows; the rest is cut, with a note saying how much."""
+
+
 def pretty_json(text: str | None) -> str:
-    """Stored JSON indented for reading; the text as stored when it does not parse."""
+    """Stored JSON indented for reading (the text as stored when it does not parse)."""
     if text is None:
         return "null"
     try:
-        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+        shown = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
     except ValueError:
-        return text
+        shown = text
+    if len(shown) > MAX_SHOWN:
+        return f"{shown[:MAX_SHOWN]}\n… ({len(shown) - MAX_SHOWN:,} more characters not shown)"
+    return shown
 
 
 def records(text: str | None) -> list[dict[str, Any]]:
