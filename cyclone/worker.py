@@ -38,6 +38,7 @@ from cyclone import (
     _retry,
     _sweeper,
     errors,
+    migrations,
 )
 from cyclone.workflow import StandaloneStep, Workflow
 
@@ -54,6 +55,14 @@ SHORT_STEP_BATCH = 48
 MAINTENANCE_JOIN_TIMEOUT = 10.0
 
 Outcome = _completion.Success | _completion.Failure
+
+
+def _check_sequence(name: str, given: object, example: str) -> None:
+    """Refuse a single definition where a collection of them is expected."""
+    if isinstance(given, Workflow | StandaloneStep | str):
+        raise errors.DefinitionError(
+            f"{name}= takes a list, got a single {type(given).__name__}: pass {example}"
+        )
 
 
 class Worker:
@@ -99,6 +108,8 @@ class Worker:
         step_context: Callable[[], AbstractContextManager[object]] | None = None,
     ) -> None:
         self.engine: Engine = _binds.engine_of(bind)
+        _check_sequence("workflows", workflows, "workflows=[wf]")
+        _check_sequence("steps", steps, "steps=[send_email]")
         self.workflows: dict[str, Workflow[Any]] = {}
         for wf in workflows:
             if wf.name in self.workflows and self.workflows[wf.name] is not wf:
@@ -153,11 +164,27 @@ class Worker:
         self._sweeping: threading.Thread | None = None
         self._maintaining: threading.Thread | None = None
         self._held: _fastpath.Held | None = None
+        self._schema_checked = False
 
     def __repr__(self) -> str:
         return (
             f"<cyclone.Worker {self.id} workflows={list(self.workflows)} steps={list(self.steps)}>"
         )
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop, wait for a :meth:`run` or :meth:`drain` in another thread to return, and
+        close the connections this worker opened outside the pool (idempotent)."""
+        self.stop()
+        with self._lock:
+            if self._held is not None:
+                self._held.close()
+            self._stopping.clear()
 
     def drain(self) -> int:
         """Run everything runnable now, including steps unblocked meanwhile; return the count.
@@ -190,6 +217,9 @@ class Worker:
 
     def _serve(self, *, until_idle: bool) -> int:
         with self._lock:
+            if not self._schema_checked:
+                migrations.check_schema(self.engine)  # once: a worker does not start without it
+                self._schema_checked = True
             self._jobs_run = 0
             unsubscribe = _notify.listener(self.engine).subscribe(
                 _notify.JOBS_AVAILABLE, lambda _payload: self._wake.set()

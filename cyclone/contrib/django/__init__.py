@@ -1,34 +1,34 @@
-"""cyclone for Django (interim stand-in on the dashboard branch: the django branch owns this file).
+"""cyclone for Django: add ``"cyclone.contrib.django"`` to ``INSTALLED_APPS``.
 
-Only :func:`engine` is here, with the signature of the django branch's, so that
-``cyclone.contrib.django.dashboard`` can be built and tested; the merge takes that
-branch's module in place of this one.
+The app lets the ``_tx`` calls take Django's connection (``django.db.connection`` or
+``connections[alias]``) and join its transaction, creates cyclone's schema through
+``manage.py migrate``, adds ``manage.py cyclone ...`` (worker, migrate, runs, ...) and
+read-only admin pages for runs and jobs. Settings:
+
+- ``CYCLONE_DATABASE``: the ``DATABASES`` alias the worker and the commands use
+  (default ``"default"``);
+- ``CYCLONE_WORKFLOW_MODULES``: modules defining the workflows and step kinds (default:
+  the ``workflows`` module of every installed app);
+- ``CYCLONE_ENGINE_OPTIONS``: keyword arguments for the Engines' ``create_engine`` (pool size).
 """
 
 from __future__ import annotations
 
-import threading
+from typing import Any
 
-import psycopg
-import sqlalchemy as sa
-from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connections
+from cyclone.contrib.django._discovery import definitions
+from cyclone.contrib.django._engines import close_engines, engine
+from cyclone.contrib.django._steps import step_context
+from cyclone.worker import Worker
 
-__all__ = ["engine"]
-
-_lock = threading.Lock()
-_engines: dict[str, sa.Engine] = {}
+__all__ = ["close_engines", "definitions", "engine", "step_context", "worker"]
 
 
-def engine(alias: str | None = None) -> sa.Engine:
-    """The Engine of the ``DATABASES`` alias (``settings.CYCLONE_DATABASE``, default "default")."""
-    name = alias or getattr(settings, "CYCLONE_DATABASE", DEFAULT_DB_ALIAS)
-    with _lock:
-        if name not in _engines:
-            params = dict(connections[name].get_connection_params())
-            for key in ("cursor_factory", "context"):
-                params.pop(key, None)
-            _engines[name] = sa.create_engine(
-                "postgresql+psycopg://", creator=lambda: psycopg.connect(**params), pool_size=2
-            )
-        return _engines[name]
+def worker(**options: Any) -> Worker:
+    """A Worker for ``settings.CYCLONE_DATABASE`` running the project's definitions.
+
+    Keyword arguments go to :class:`cyclone.Worker` (``concurrency=``, ``queues=``, ...).
+    """
+    workflows, steps = definitions()
+    options.setdefault("step_context", step_context)
+    return Worker(engine(), workflows=workflows, steps=steps, **options)

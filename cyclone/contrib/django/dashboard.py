@@ -26,14 +26,16 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import re_path
 from django.utils.module_loading import import_string
 from django.views.decorators.csrf import csrf_exempt
+from sqlalchemy import Engine
 
+from cyclone.contrib.django import engine
 from cyclone.dashboard import Dashboard, create_app
 
 app_name = "cyclone_dashboard"
 
 _AUTHORIZED = "cyclone.contrib.django.authorized"
 _lock = threading.Lock()
-_apps: dict[str, Dashboard] = {}
+_apps: dict[Engine, Dashboard] = {}
 
 
 def _is_staff(request: HttpRequest) -> bool:
@@ -50,17 +52,17 @@ def _authorize() -> Callable[[HttpRequest], bool]:
 
 
 def _dashboard() -> Dashboard:
-    from cyclone.contrib.django import engine
-
+    """The dashboard of the engine of ``settings.CYCLONE_DATABASE``, one per engine."""
+    current = engine()
     with _lock:
-        if "app" not in _apps:
-            _apps["app"] = create_app(
-                engine(),
+        if current not in _apps:
+            _apps[current] = create_app(
+                current,
                 authorize=lambda environ: bool(environ.get(_AUTHORIZED)),
                 title=getattr(settings, "CYCLONE_DASHBOARD_TITLE", "cyclone"),
                 secret=f"cyclone.dashboard:{settings.SECRET_KEY}",
             )
-        return _apps["app"]
+        return _apps[current]
 
 
 @csrf_exempt
