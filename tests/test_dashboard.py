@@ -301,6 +301,7 @@ def test_static_stylesheet_ships_in_the_package_and_pages_send_security_headers(
     assert "default-src 'none'" in policy
     assert "script-src" not in policy  # no script runs at all
     assert page.headers["X-Content-Type-Options"] == "nosniff"
+    assert page.headers["Cache-Control"] == "no-store"
     assert "<script" not in page.get_data(as_text=True)
 
 

@@ -36,7 +36,7 @@ _NOTICES = {
     "cancel": "Cancelled.",
 }
 
-_STATIC_TYPES = {"css": "text/css; charset=utf-8", "svg": "image/svg+xml"}
+_STATIC_TYPES = {"css": "text/css; charset=utf-8"}
 
 _SECURITY_HEADERS = {
     "Content-Security-Policy": (
@@ -160,7 +160,9 @@ class Dashboard:
             can_act=self._allowed(request),
             **context,
         )
-        return Response(page, status=status, mimetype="text/html")
+        response = Response(page, status=status, mimetype="text/html")
+        response.headers["Cache-Control"] = "no-store"  # Back shows the state now, not then
+        return response
 
     def _error(self, request: Request, exc: HTTPException) -> Response:
         if exc.code in (301, 302, 303, 307, 308):
