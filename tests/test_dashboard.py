@@ -335,3 +335,32 @@ def test_formatting_of_json_durations_and_times() -> None:
     assert _format.duration(timedelta(milliseconds=850)) == "850 ms"
     assert _format.duration(timedelta(seconds=245)) == "4 min 05 s"
     assert _format.when(datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)) == "2026-01-02 03:04:05 UTC"
+
+
+def test_a_filter_no_index_serves_reads_a_bounded_window_per_page(
+    engine: sa.Engine, client: Client, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cyclone.dashboard import _queries
+
+    monkeypatch.setattr(_queries, "SCAN_LIMIT", 5)
+    s = shop(name)
+    s.workflow.submit_once_many(engine, [(f"old{i}", Order(i)) for i in range(2)])
+    s.worker(engine).drain()  # the two oldest runs fail
+    s.workflow.submit_once_many(engine, [(f"new{i:02d}", Order(i)) for i in range(10)])
+
+    found: list[str] = []
+    notices = 0
+    url: str | None = f"/runs?workflow={name}&state=failed"
+    while url is not None:
+        html = client.get(url).get_data(as_text=True)
+        found += re.findall(r'<td class="key">(.*?)</td>', html)
+        notices += "the next page searches the runs created before" in html
+        following = re.search(r'<a class="next" href="([^"]+)"', html)
+        url = None if following is None else following.group(1).replace("&amp;", "&")
+    assert sorted(found) == ["old0", "old1"]
+    assert notices == 2  # 12 runs, 5 read per page: two pages stop at the window's edge
+    prefix = client.get("/runs", query_string={"workflow": name, "key": "new0*"})
+    assert "the next page searches" in prefix.get_data(as_text=True)
+    shown = re.findall(r'<td class="key">(.*?)</td>', prefix.get_data(as_text=True))
+    assert len(shown) == 5  # the five runs of the window, all matching
+    assert all(key.startswith("new0") for key in shown)

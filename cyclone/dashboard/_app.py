@@ -211,19 +211,21 @@ class Dashboard:
         )
         after = _cursor(args.get("after"), uuid.UUID)
         with self._connect() as conn:
-            rows, next_cursor = _queries.list_runs(conn, filters, after)
+            page = _queries.list_runs(conn, filters, after)
             names = _queries.workflow_names(conn)
         query = {k: v for k, v in args.items() if k != "after" and v}
         return self._render(
             request,
             "runs.html",
             csrf,
-            rows=rows,
+            rows=page.rows,
             names=names,
             filters=filters,
             raw={k: args.get(k, "") for k in ("workflow", "state", "key", "since", "until")},
             query=query,
-            next_cursor=next_cursor.encode() if next_cursor else None,
+            next_cursor=page.next.encode() if page.next else None,
+            searched_to=page.searched_to,
+            scan_limit=_queries.SCAN_LIMIT,
             paged=after is not None,
         )
 

@@ -200,29 +200,57 @@ class RunRow:
     failed_step: str | None
 
 
+SCAN_LIMIT = 10_000
+"""Runs a listing reads, at most, to fill a page with filters no index serves."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunPage:
+    """A page of runs and where the next one starts.
+
+    ``next`` is None on the last page. ``searched_to`` is set when the page stopped short
+    because it read :data:`SCAN_LIMIT` runs without filling up: the next page goes on
+    with the runs created before that moment.
+    """
+
+    rows: list[RunRow]
+    next: Cursor | None
+    searched_to: datetime | None = None
+
+
+_RUN_ROW = (
+    runs.c.id,
+    runs.c.workflow,
+    runs.c.submit_key,
+    runs.c.state,
+    runs.c.created_at,
+    runs.c.finalized_at,
+    runs.c.failed_step,
+)
+
+
 def list_runs(
-    conn: Connection, filters: RunFilters, after: Cursor | None, limit: int = PAGE_SIZE
-) -> tuple[list[RunRow], Cursor | None]:
-    """A page of runs newest first and the cursor of the next page (None on the last)."""
-    stmt = select(
-        runs.c.id,
-        runs.c.workflow,
-        runs.c.submit_key,
-        runs.c.state,
-        runs.c.created_at,
-        runs.c.finalized_at,
-        runs.c.failed_step,
-    )
+    conn: Connection,
+    filters: RunFilters,
+    after: Cursor | None,
+    limit: int = PAGE_SIZE,
+    scan: int | None = None,
+) -> RunPage:
+    """A page of runs newest first.
+
+    The workflow, an exact key, the time range and the cursor are served by indexes. A
+    state or a key prefix is not: those filters are applied to at most ``scan`` runs
+    (default :data:`SCAN_LIMIT`) in the order of the listing, so a state that few runs
+    are in costs a bounded read per page instead of a read of the whole table.
+    """
+    stmt = select(*_RUN_ROW)
     if filters.workflow is not None:
         stmt = stmt.where(
             runs.c.workflow == filters.workflow,
             runs.c.created_at > literal_column(LISTED_SINCE, runs.c.created_at.type),
         )
-    if filters.state is not None:
-        stmt = stmt.where(runs.c.state == filters.state.value)
-    if filters.key is not None and filters.key.endswith("*"):
-        stmt = stmt.where(runs.c.submit_key.startswith(filters.key[:-1], autoescape=True))
-    elif filters.key is not None:
+    exact_key = filters.key is not None and not filters.key.endswith("*")
+    if exact_key:
         stmt = stmt.where(runs.c.submit_key == filters.key)
         if filters.workflow is None:
             # The key index leads with the workflow: naming every workflow turns the
@@ -234,15 +262,42 @@ def list_runs(
         stmt = stmt.where(runs.c.created_at < filters.until)
     if after is not None:
         stmt = stmt.where(tuple_(runs.c.created_at, runs.c.id) < (after.created_at, after.id))
-    stmt = stmt.order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit + 1)
-    rows = [
-        RunRow(row[0], row[1], row[2], RunState(row[3]), row[4], row[5], row[6])
-        for row in conn.execute(stmt)
-    ]
-    if len(rows) <= limit:
-        return rows, None
-    last = rows[limit - 1]
-    return rows[:limit], Cursor(last.created_at, last.id)
+    newest_first = (runs.c.created_at.desc(), runs.c.id.desc())
+    state, key = filters.state, filters.key
+
+    def unindexed(c: Any) -> list[Any]:
+        """The filters no index serves, on the columns ``c`` of the runs or of a window."""
+        found = [] if state is None else [c.state == state.value]
+        if key is not None and not exact_key:
+            found.append(c.submit_key.startswith(key[:-1], autoescape=True))
+        return found
+
+    if not unindexed(runs.c) or exact_key:
+        page = stmt.where(*unindexed(runs.c)).order_by(*newest_first).limit(limit + 1)
+        return _page(list(conn.execute(page)), limit)
+    budget = SCAN_LIMIT if scan is None else scan
+    window = stmt.order_by(*newest_first).limit(budget).subquery()
+    page = (
+        select(*window.c)
+        .where(*unindexed(window.c))
+        .order_by(window.c.created_at.desc(), window.c.id.desc())
+        .limit(limit + 1)
+    )
+    found = _page(list(conn.execute(page)), limit)
+    if found.next is not None:
+        return found
+    edge = conn.execute(stmt.order_by(*newest_first).offset(budget - 1).limit(1)).first()
+    if edge is None:
+        return found
+    return RunPage(found.rows, Cursor(edge.created_at, edge.id), edge.created_at)
+
+
+def _page(rows: list[Any], limit: int) -> RunPage:
+    found = [RunRow(r[0], r[1], r[2], RunState(r[3]), r[4], r[5], r[6]) for r in rows]
+    if len(found) <= limit:
+        return RunPage(found, None)
+    last = found[limit - 1]
+    return RunPage(found[:limit], Cursor(last.created_at, last.id))
 
 
 def _workflow_names() -> Any:
