@@ -32,7 +32,7 @@ from sqlalchemy import (
     update,
 )
 
-from cyclone import _completion, _fastpath
+from cyclone import _completion, _fastpath, _observe
 from cyclone._fastpath import const
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
@@ -52,6 +52,8 @@ class Claimed:
     deadline: datetime | None
     input: str | None
     upstream: dict[str, msgspec.Raw]
+    key: str | None = None
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +202,8 @@ def claim_jobs_stmt(scope: Scope, limit: int, *, completing: bool = False) -> An
             jobs.c.args,
             jobs.c.priority,
             jobs.c.scheduled_at,
+            jobs.c.unique_key,
+            jobs.c.trace_context,
         )
         .cte("claimed")
     )
@@ -223,6 +227,8 @@ def claim_jobs_stmt(scope: Scope, limit: int, *, completing: bool = False) -> An
         claimed.c.deadline,
         cast(func.coalesce(runs.c.input, claimed.c.args), Text),
         outputs,
+        func.coalesce(runs.c.submit_key, claimed.c.unique_key),
+        func.coalesce(runs.c.trace_context, claimed.c.trace_context),
     ).select_from(claimed.outerjoin(runs, runs.c.id == claimed.c.run_id))
     # RETURNING follows the update's plan, not the claim's order: the worker starts jobs
     # in the order given here, so a concurrency-1 worker runs them by priority.
@@ -253,9 +259,12 @@ def _claimed(row: Sequence[Any]) -> Claimed:
         deadline=row[7],
         input=row[8],
         upstream={} if row[9] is None else _upstream_decoder.decode(row[9]),
+        key=row[10],
+        trace_context=row[11],
     )
 
 
+@_observe.claims
 def record_and_claim(
     conn: _fastpath.Executor,
     *,

@@ -24,7 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, insert
 
-from cyclone import _binds, _codec, _notify, errors
+from cyclone import _binds, _codec, _notify, _observe, errors
 from cyclone.runs import wait_until_finished
 from cyclone.schema import jobs
 from cyclone.states import ACTIVE_JOB_STATES, TERMINAL_JOB_STATES, JobState
@@ -90,6 +90,7 @@ def insert_job_stmt() -> Any:
             args=cast(bindparam("args", type_=Text), JSONB),
             max_attempts=bindparam("max_attempts"),
             unique_key=bindparam("unique", type_=Text),
+            trace_context=bindparam("trace_context", type_=Text),
             scheduled_at=func.coalesce(
                 bindparam("run_at", type_=jobs.c.scheduled_at.type),
                 func.now()
@@ -225,6 +226,7 @@ def _enqueue(conn: Connection, req: EnqueueRequest) -> Job[Any]:
         "unique": req.unique,
         "run_at": req.run_at,
         "delay": req.delay,
+        "trace_context": _observe.trace_context(),
     }
     for _ in range(_MAX_RACE_RETRIES):
         job_id = conn.execute(_INSERT_JOB, params).scalar()
@@ -237,10 +239,12 @@ def _enqueue(conn: Connection, req: EnqueueRequest) -> Job[Any]:
     raise RuntimeError(f"unique key {req.unique!r} kept changing hands while enqueueing")
 
 
+@_observe.submits
 def enqueue(bind: _binds.Bind, req: EnqueueRequest) -> Job[Any]:
     with _binds.autocommit(bind) as conn:
         return _enqueue(conn, req)
 
 
+@_observe.submits
 def enqueue_tx(conn: _binds.Conn, req: EnqueueRequest) -> Job[Any]:
     return _enqueue(_binds.joined(conn), req)

@@ -65,6 +65,7 @@ runs = Table(
     Column("retention", Interval),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("finalized_at", DateTime(timezone=True)),
+    Column("trace_context", Text),
     CheckConstraint(_in("state", RunState), name="state"),
     CheckConstraint(
         f"({_in('state', TERMINAL_RUN_STATES)}) = (finalized_at IS NOT NULL)",
@@ -121,6 +122,7 @@ jobs = Table(
     Column("attempted_at", DateTime(timezone=True)),
     Column("heartbeat_at", DateTime(timezone=True)),
     Column("finalized_at", DateTime(timezone=True)),
+    Column("trace_context", Text),
     CheckConstraint(_in("state", JobState), name="state"),
     CheckConstraint(
         f"({_in('state', TERMINAL_JOB_STATES)}) = (finalized_at IS NOT NULL)",

@@ -40,7 +40,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 
-from cyclone import _binds, _fastpath, _graph, _keys, _notify, errors
+from cyclone import _binds, _fastpath, _graph, _keys, _notify, _observe, errors
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
 
@@ -205,6 +205,7 @@ class _Consts:
             "steps_remaining": _const(len(self.steps), Integer),
             "deadline": deadline,
             "retention": bindparam("retention", type_=Interval),
+            "trace_context": bindparam("trace_context", type_=Text),
         }
 
     def select_run_by_key_stmt(self) -> Select[Any]:
@@ -367,6 +368,7 @@ def _params(
         "deadline_at": deadline if isinstance(deadline, datetime) else None,
         "deadline_in": deadline if isinstance(deadline, timedelta) else None,
         "retention": retention,
+        "trace_context": _observe.trace_context(),
     }
 
 
@@ -407,6 +409,7 @@ def _insert_once(conn: Connection, plan: Plan, params: dict[str, Any], key: str)
     return Submitted(conn.engine, run_id, key, created)
 
 
+@_observe.submits
 def submit(
     bind: _binds.Bind,
     plan: Plan,
@@ -421,6 +424,7 @@ def submit(
     return Submitted(engine, rows[0][0], None, True, started)
 
 
+@_observe.submits
 def submit_tx(
     conn: _binds.Conn,
     plan: Plan,
@@ -432,6 +436,7 @@ def submit_tx(
     return _insert(_binds.joined(conn), plan, params, None)
 
 
+@_observe.submits
 def submit_once(
     bind: _binds.Bind,
     plan: Plan,
@@ -456,6 +461,7 @@ def submit_once(
     return Submitted(engine, run_id, key, created, started if created else None)
 
 
+@_observe.submits
 def submit_once_tx(
     conn: _binds.Conn,
     plan: Plan,
@@ -481,6 +487,7 @@ def _items_payload(items: Sequence[tuple[str, str]], indexes: Sequence[int]) -> 
     )
 
 
+@_observe.submits
 def submit_once_many(
     bind: _binds.Bind,
     plan: Plan,

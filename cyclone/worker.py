@@ -34,6 +34,7 @@ from cyclone import (
     _executor,
     _fastpath,
     _notify,
+    _observe,
     _rescue,
     _retry,
     _sweeper,
@@ -99,6 +100,7 @@ class Worker:
         step_context: Callable[[], AbstractContextManager[object]] | None = None,
     ) -> None:
         self.engine: Engine = _binds.engine_of(bind)
+        _observe.serving(self.engine)
         self.workflows: dict[str, Workflow[Any]] = {}
         for wf in workflows:
             if wf.name in self.workflows and self.workflows[wf.name] is not wf:
