@@ -141,6 +141,16 @@ class Client:
                 counts[JobState(state)] = count
         return counts
 
+    def backlog(self) -> dict[str, int]:
+        """Jobs waiting for a worker (available and due), per queue that has any."""
+        stmt = (
+            select(jobs.c.queue, func.count())
+            .where(jobs.c.state == JobState.AVAILABLE.value, jobs.c.scheduled_at <= func.now())
+            .group_by(jobs.c.queue)
+        )
+        with _binds.autocommit(self._engine) as conn:
+            return {queue: count for queue, count in conn.execute(stmt)}
+
     def purge_terminal_runs(
         self, *, older_than: timedelta, batch_size: int = _sweeper.DEFAULT_BATCH
     ) -> int:

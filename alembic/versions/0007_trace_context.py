@@ -10,6 +10,7 @@ it. A nullable column without a default: adding it rewrites no rows.
 """
 
 import sqlalchemy as sa
+
 from alembic import op
 
 revision = "cyclone_0007"
