@@ -1,4 +1,13 @@
-"""The hot paths' statements: compiled once, sent on the pool's own psycopg connection.
+"""How cyclone sends its statements: every path a statement can take is an :class:`Executor`.
+
+- :func:`connect`: a pooled connection in autocommit, cyclone's own (the bind forms);
+- :class:`Held`: a connection of a long-lived loop's own, detached from the pool (a Worker);
+- :class:`Observed`: a SQLAlchemy ``Connection``, the caller's transaction (the ``_tx``
+  forms) or, for an engine whose SQL is logged, a pooled one;
+- :class:`Borrowed`: a caller's psycopg connection, joining its current transaction.
+
+Every connection opened outside the pool is remembered per engine, and
+:func:`close_detached` closes them. The notes below are about the hot paths.
 
 Submit, claim and complete are single statements in autocommit mode. Through a SQLAlchemy
 ``Connection`` each costs about 0.4 ms of Python on top of its round trip (execution
@@ -20,16 +29,21 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
+import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, Protocol
 
 import psycopg
-from sqlalchemy import Connection, Engine, Text, cast, literal_column, null
+from sqlalchemy import Connection, Engine, Text, cast, literal, null
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
-from sqlalchemy.sql import ClauseElement
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql import ClauseElement, ColumnElement
 from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.type_api import to_instance
+from sqlalchemy.sql.visitors import InternalTraversal
 
 _DIALECT = pg_psycopg.dialect()  # type: ignore[no-untyped-call]
 
@@ -41,16 +55,34 @@ def const(value: str | int | None, type_: Any = Text) -> Any:
 
     A state such as ``'running'`` must be a literal: a generic plan cannot prove that
     ``state = $1`` implies a partial index's ``WHERE state = 'running'``, so PostgreSQL
-    would keep re-planning the statement with custom plans on every execution.
+    would keep re-planning the statement with custom plans on every execution. The
+    literal is rendered by the compiling dialect's own literal processor (quotes, and
+    ``%`` for psycopg's placeholders); it reads as written while
+    ``standard_conforming_strings`` is on, PostgreSQL's default.
     """
     if value is None:
         return cast(null(), type_)
-    if isinstance(value, int):
-        return literal_column(str(int(value)), type_)
-    # An E'' literal reads the same whatever standard_conforming_strings is; a % is
-    # doubled once, by literal_column, for psycopg's placeholders.
-    escaped = value.replace("\\", "\\\\").replace("'", "''")
-    return literal_column(f"E'{escaped}'", type_)
+    return _Const(value, type_)
+
+
+class _Const(ColumnElement[Any]):
+    """A literal value rendered by the dialect (see :func:`const`)."""
+
+    __visit_name__ = "cyclone_const"
+    inherit_cache = True
+    _traverse_internals = [
+        ("value", InternalTraversal.dp_plain_obj),
+        ("type", InternalTraversal.dp_type),
+    ]
+
+    def __init__(self, value: str | int, type_: Any) -> None:
+        self.value = value
+        self.type = to_instance(type_)
+
+
+@compiles(_Const)
+def _render_const(element: _Const, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(literal(element.value, element.type), **{**kw, "literal_binds": True})
 
 
 class Compiled:
@@ -70,7 +102,7 @@ class Compiled:
 
 
 class Executor(Protocol):
-    """Runs :class:`Compiled` statements, each its own transaction."""
+    """Runs :class:`Compiled` statements: each its own transaction, or in the caller's."""
 
     def execute(self, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]: ...
 
@@ -137,6 +169,31 @@ class Observed:
     def execute(self, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]:
         result = self._conn.exec_driver_sql(stmt.sql, {**stmt.defaults, **params})
         return [tuple(row) for row in result]
+
+
+class Borrowed:
+    """A caller's psycopg connection: statements join its current transaction.
+
+    Each statement gets a cursor of its own, closed after it; the connection is never
+    committed, rolled back or closed here. Errors are raised as SQLAlchemy's, wrapped with
+    the dialect of ``engine`` (the engine the returned handles use).
+    """
+
+    __slots__ = ("_driver", "_engine")
+
+    def __init__(self, driver: psycopg.Connection[Any], engine: Engine) -> None:
+        self._driver = driver
+        self._engine = engine
+
+    def execute(self, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]:
+        values = {**stmt.defaults, **params}
+        try:
+            with self._driver.cursor() as cursor:
+                cursor.execute(stmt.sql, values)
+                return cursor.fetchall()
+        except psycopg.Error as exc:
+            lost = self._driver.closed or self._driver.broken
+            raise _wrap(self._engine, stmt.sql, values, exc, lost) from exc
 
 
 _SQL_LOG = logging.getLogger("sqlalchemy.engine.Engine")
@@ -238,14 +295,36 @@ class Held:
                 direct._driver.close()
 
 
+_detached: weakref.WeakKeyDictionary[Engine, weakref.WeakSet[psycopg.Connection[Any]]] = (
+    weakref.WeakKeyDictionary()
+)
+_detached_lock = threading.Lock()
+
+
 def detached(engine: Engine) -> psycopg.Connection[Any]:
     """A psycopg connection in autocommit, taken from ``engine`` (its connect events
-    apply) and detached from its pool: the caller owns it and closes it."""
+    apply) and detached from its pool: the caller owns it and closes it, and
+    :func:`close_detached` closes it too."""
     fairy = engine.raw_connection()
     driver = _psycopg(engine, fairy.driver_connection)
     fairy.detach()
     driver.autocommit = True
+    with _detached_lock:
+        _detached.setdefault(engine, weakref.WeakSet()).add(driver)
     return driver
+
+
+def close_detached(engine: Engine) -> int:
+    """Close every connection :func:`detached` opened for ``engine``; return how many were open."""
+    with _detached_lock:
+        drivers = list(_detached.pop(engine, ()))
+    closed = 0
+    for driver in drivers:
+        if not driver.closed:
+            closed += 1
+            with contextlib.suppress(psycopg.Error):
+                driver.close()
+    return closed
 
 
 def _psycopg(engine: Engine, driver: Any) -> psycopg.Connection[Any]:

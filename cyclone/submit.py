@@ -19,7 +19,6 @@ from typing import Any
 
 import msgspec
 from sqlalchemy import (
-    Connection,
     Engine,
     Integer,
     Interval,
@@ -372,11 +371,6 @@ def _params(
     }
 
 
-def _insert(conn: Connection, plan: Plan, params: dict[str, Any], key: str | None) -> Submitted:
-    run_id = conn.execute(plan.insert_run, params).scalar_one()
-    return Submitted(conn.engine, run_id, key, True)
-
-
 _Row = Sequence[Any] | None
 _Once = Callable[[bool], _Row]
 """Runs the insert-or-read statement (True) or the read of the key (False); first row."""
@@ -399,14 +393,15 @@ def _resolve_once(once: _Once, workflow: str, key: str) -> tuple[Any, bool]:
     raise RuntimeError(f"key {key!r} kept changing hands while submitting; try again")
 
 
-def _insert_once(conn: Connection, plan: Plan, params: dict[str, Any], key: str) -> Submitted:
-    params = {**params, "key": key}
+def _insert_once(conn: _fastpath.Executor, plan: Plan, params: dict[str, Any]) -> tuple[Any, bool]:
+    """The run of ``params["key"]`` and whether this call created it, on ``conn``."""
 
     def once(insert: bool) -> _Row:
-        return conn.execute(plan.insert_run_once if insert else _SELECT_RUN_BY_KEY, params).first()
+        stmt = plan.fast_insert_run_once if insert else _FAST_SELECT_RUN_BY_KEY
+        rows = conn.execute(stmt, params)
+        return rows[0] if rows else None
 
-    run_id, created = _resolve_once(once, params["workflow"], key)
-    return Submitted(conn.engine, run_id, key, created)
+    return _resolve_once(once, plan.workflow, params["key"])
 
 
 @_observe.submits
@@ -433,7 +428,9 @@ def submit_tx(
     retention: timedelta | None,
 ) -> Submitted:
     params = _params(plan, input, deadline, retention)
-    return _insert(_binds.joined(conn), plan, params, None)
+    executor, engine = _binds.joined(conn)
+    rows = executor.execute(plan.fast_insert_run, params)
+    return Submitted(engine, rows[0][0], None, True)
 
 
 @_observe.submits
@@ -451,13 +448,7 @@ def submit_once(
     engine = _binds.engine_of(bind)
     started = time.monotonic()
     with _fastpath.connect(engine) as conn:
-
-        def once(insert: bool) -> _Row:
-            stmt = plan.fast_insert_run_once if insert else _FAST_SELECT_RUN_BY_KEY
-            rows = conn.execute(stmt, params)
-            return rows[0] if rows else None
-
-        run_id, created = _resolve_once(once, plan.workflow, key)
+        run_id, created = _insert_once(conn, plan, params)
     return Submitted(engine, run_id, key, created, started if created else None)
 
 
@@ -472,7 +463,10 @@ def submit_once_tx(
 ) -> Submitted:
     _keys.check_key(key)
     params = _params(plan, input, deadline, retention)
-    return _insert_once(_binds.joined(conn), plan, params, key)
+    params["key"] = key
+    executor, engine = _binds.joined(conn)
+    run_id, created = _insert_once(executor, plan, params)
+    return Submitted(engine, run_id, key, created)
 
 
 def _items_payload(items: Sequence[tuple[str, str]], indexes: Sequence[int]) -> str:

@@ -57,6 +57,14 @@ MAINTENANCE_JOIN_TIMEOUT = 10.0
 Outcome = _completion.Success | _completion.Failure
 
 
+def _check_sequence(name: str, given: object, example: str) -> None:
+    """Refuse a single definition where a collection of them is expected."""
+    if isinstance(given, Workflow | StandaloneStep | str):
+        raise errors.DefinitionError(
+            f"{name}= takes a list, got a single {type(given).__name__}: pass {example}"
+        )
+
+
 class Worker:
     """Runs the jobs of the given workflows and standalone step kinds.
 
@@ -101,6 +109,8 @@ class Worker:
     ) -> None:
         self.engine: Engine = _binds.engine_of(bind)
         _observe.serving(self.engine)
+        _check_sequence("workflows", workflows, "workflows=[wf]")
+        _check_sequence("steps", steps, "steps=[send_email]")
         self.workflows: dict[str, Workflow[Any]] = {}
         for wf in workflows:
             if wf.name in self.workflows and self.workflows[wf.name] is not wf:
@@ -160,6 +170,21 @@ class Worker:
         return (
             f"<cyclone.Worker {self.id} workflows={list(self.workflows)} steps={list(self.steps)}>"
         )
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop, wait for a :meth:`run` or :meth:`drain` in another thread to return, and
+        close the connections this worker opened outside the pool (idempotent)."""
+        self.stop()
+        with self._lock:
+            if self._held is not None:
+                self._held.close()
+            self._stopping.clear()
 
     def drain(self) -> int:
         """Run everything runnable now, including steps unblocked meanwhile; return the count.
