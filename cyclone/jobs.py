@@ -19,6 +19,7 @@ from sqlalchemy import (
     cast,
     func,
     select,
+    update,
 )
 from sqlalchemy.dialects.postgresql import JSONB, insert
 
@@ -149,6 +150,36 @@ _SELECT_JOB = select(*JOB_STATUS_COLUMNS).where(jobs.c.id == bindparam("job_id")
 _SELECT_OUTPUT = select(jobs.c.state, cast(jobs.c.output, Text)).where(
     jobs.c.id == bindparam("job_id")
 )
+_CANCELLABLE = (JobState.AVAILABLE.value, JobState.BLOCKED.value)
+_CANCEL_JOB = (
+    update(jobs)
+    .where(
+        jobs.c.id == bindparam("job_id"),
+        jobs.c.run_id.is_(None),
+        jobs.c.state.in_(_CANCELLABLE),
+    )
+    .values(state=JobState.CANCELLED.value, finalized_at=func.now())
+    .returning(jobs.c.id)
+)
+_SELECT_STANDALONE_STATE = select(jobs.c.state).where(
+    jobs.c.id == bindparam("job_id"), jobs.c.run_id.is_(None)
+)
+
+
+def cancel_job(engine: Engine, job_id: int) -> None:
+    """Cancel a standalone job that has not started; one guarded UPDATE.
+
+    Raises:
+        NotFoundError: no standalone job has this id.
+        InvalidStateError: the job is running or has ended.
+    """
+    with _binds.autocommit(engine) as conn:
+        if conn.execute(_CANCEL_JOB, {"job_id": job_id}).first() is not None:
+            return
+        state = conn.execute(_SELECT_STANDALONE_STATE, {"job_id": job_id}).scalar()
+    if state is None:
+        raise errors.NotFoundError(f"standalone job {job_id} does not exist")
+    raise errors.InvalidStateError(operation="cancel", run_id=job_id, state=state, what="job")
 
 
 class Job(Generic[R]):
@@ -177,6 +208,14 @@ class Job(Generic[R]):
         if row is None:
             raise errors.NotFoundError(f"job {self.id} does not exist (pruned, or not committed)")
         return job_status_from_row(row)
+
+    def cancel(self) -> None:
+        """Cancel the job if it has not started (a running job finishes its attempt).
+
+        Raises:
+            InvalidStateError: the job is running or has ended.
+        """
+        cancel_job(self._engine, self.id)
 
     def wait(self, timeout: float | None = None) -> JobStatus:
         """Wait until the job is completed, failed or cancelled; return its status.

@@ -76,10 +76,10 @@ def test_worker_drain_runs_the_workflows_of_a_module(
         env={"CYCLONE_CLI_WORKFLOW": name},
     )
     assert done.returncode == 0, done.stderr
-    assert "ran 1 jobs" in done.stdout
+    assert "ran 1 job\n" in done.stdout
     assert run.result(timeout=10) == "hello ada"
 
-    listed = cli(database_url, "runs", "--workflow", name)
+    listed = cli(database_url, "runs", "list", "--workflow", name)
     assert listed.returncode == 0, listed.stderr
     assert str(run.id) in listed.stdout
     assert "completed" in listed.stdout
