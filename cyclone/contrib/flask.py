@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -114,12 +115,12 @@ class _State:
 class Cyclone:
     """The Flask extension: ``Cyclone(app)``, or ``cy = Cyclone()`` then ``cy.init_app(app)``.
 
-    Nothing is stored on the extension object, so one object serves several applications
-    (the application factory pattern); each application's state is in
-    ``app.extensions["cyclone"]``.
+    The extension holds no application, so one object serves several (the application
+    factory pattern); ``app.extensions["cyclone"]`` is the extension of ``app``.
     """
 
     def __init__(self, app: flask.Flask | None = None) -> None:
+        self._states: weakref.WeakKeyDictionary[flask.Flask, _State] = weakref.WeakKeyDictionary()
         if app is not None:
             self.init_app(app)
 
@@ -127,7 +128,8 @@ class Cyclone:
         """Register the extension, its config defaults and ``flask cyclone`` on ``app``."""
         for key, value in CONFIG_DEFAULTS.items():
             app.config.setdefault(key, value)
-        app.extensions[EXTENSION] = _State()
+        self._states[app] = _State()
+        app.extensions[EXTENSION] = self
         app.cli.add_command(
             build_cli(
                 engine=lambda: self.engine_for(app),
@@ -140,7 +142,7 @@ class Cyclone:
     @property
     def engine(self) -> sqlalchemy.Engine:
         """The engine of the current application (inside an application context)."""
-        return self.engine_for(flask.current_app)
+        return self.engine_for(_current_app())
 
     def engine_for(self, app: flask.Flask) -> sqlalchemy.Engine:
         """The engine cyclone uses for ``app``: its own from ``CYCLONE_DATABASE_URL``, or
@@ -149,7 +151,7 @@ class Cyclone:
         Raises:
             ConfigurationError: neither is configured, or the engine's driver is not psycopg 3.
         """
-        state = _state(app)
+        state = self._state(app)
         url = app.config.get("CYCLONE_DATABASE_URL")
         if url:
             with state.lock:
@@ -197,19 +199,22 @@ class Cyclone:
         It runs the definitions of ``CYCLONE_WORKER_MODULES`` unless ``workflows=`` or
         ``steps=`` are given, every step inside the application's context.
         """
-        app = app or flask.current_app._get_current_object()  # type: ignore[attr-defined]
-        assert isinstance(app, flask.Flask)
+        app = app or _current_app()
         if "workflows" not in options and "steps" not in options:
             options["workflows"], options["steps"] = self.definitions_for(app)
         options.setdefault("step_context", app.app_context)
         return Worker(self.engine_for(app), **options)
 
+    def _state(self, app: flask.Flask) -> _State:
+        state = self._states.get(app)
+        if state is None:
+            raise ConfigurationError(
+                f"cyclone is not initialised on Flask app {app.name!r}: call Cyclone(app) "
+                "or Cyclone().init_app(app)"
+            )
+        return state
 
-def _state(app: flask.Flask) -> _State:
-    state = app.extensions.get(EXTENSION)
-    if not isinstance(state, _State):
-        raise ConfigurationError(
-            f"cyclone is not initialised on Flask app {app.name!r}: call Cyclone(app) "
-            "or Cyclone().init_app(app)"
-        )
-    return state
+
+def _current_app() -> flask.Flask:
+    app: flask.Flask = flask.current_app._get_current_object()  # type: ignore[attr-defined]
+    return app

@@ -27,10 +27,14 @@ def section(page: str, heading: str) -> list[str]:
 
 def blocks(page: str, heading: str, language: str = "python") -> list[str]:
     """The fenced blocks of ``language`` under ``heading`` of ``page``, in order."""
+    return _fenced(section(page, heading), language)
+
+
+def _fenced(lines: list[str], language: str) -> list[str]:
     found: list[str] = []
     current: list[str] | None = None
     keep = False
-    for line in section(page, heading):
+    for line in lines:
         if line.startswith("```") and current is None:
             current, keep = [], line[3:].strip() == language
         elif line.startswith("```"):
@@ -40,3 +44,9 @@ def blocks(page: str, heading: str, language: str = "python") -> list[str]:
         elif current is not None:
             current.append(line)
     return found
+
+
+def all_blocks(page: str, language: str = "python") -> list[str]:
+    """The fenced blocks of ``language`` anywhere in ``page``, in order."""
+    lines = (ROOT / page).read_text().splitlines()
+    return _fenced(lines, language)
