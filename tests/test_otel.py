@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import flask
@@ -16,6 +18,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
+from sqlalchemy.engine import URL
 
 import cyclone
 from cyclone import _observe
@@ -327,3 +330,56 @@ def test_operations_doc_tracing_snippet_runs(engine: sa.Engine, name: str) -> No
         meter_provider.shutdown()
     names = {span.name for span in exporter.get_finished_spans()}
     assert {f"cyclone submit {name}", f"cyclone step {name}.charge"} <= names
+
+
+def test_the_example_shop_request_its_submit_in_db_session_and_its_steps_are_one_trace(
+    database_url: URL, telemetry: Telemetry
+) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples" / "flask_app"))
+    import webshop
+    from webshop.models import Stock, db
+
+    app = webshop.create_app(
+        {"SQLALCHEMY_DATABASE_URI": database_url.render_as_string(hide_password=False)}
+    )
+    FlaskInstrumentor().instrument_app(app, tracer_provider=telemetry.tracer_provider)
+    item = f"traced-{uuid.uuid4().hex[:8]}"
+    with app.app_context():
+        db.create_all()
+        db.session.add(Stock(item=item, available=5, price_cents=100))
+        db.session.commit()
+    response = app.test_client().post(
+        "/orders", json={"item": item, "quantity": 2}, headers={"Idempotency-Key": item}
+    )
+    assert response.status_code == 201
+    run_id = response.get_json()["run_id"]
+    cy = app.extensions["cyclone"]
+    with app.app_context():
+        engine = db.engine
+    with cy.worker(app, workflows=[webshop.checkout]) as worker:
+        worker.drain()
+
+    (request,) = telemetry.spans("POST /orders")
+    (submit,) = telemetry.spans("cyclone submit webshop.checkout")
+    ours = [
+        s
+        for s in telemetry.spans("cyclone step webshop.checkout")
+        if s.attributes is not None and s.attributes["cyclone.run_id"] == run_id
+    ]
+    assert sorted(s.name for s in ours) == [
+        "cyclone step webshop.checkout.confirm",
+        "cyclone step webshop.checkout.price",
+    ]
+    assert request.context is not None
+    assert submit.context is not None
+    assert submit.parent is not None
+    assert submit.parent.span_id == request.context.span_id
+    assert submit.attributes is not None
+    assert submit.attributes["cyclone.operation"] == "submit_once_tx"
+    for span in ours:
+        assert span.context is not None
+        assert span.context.trace_id == request.context.trace_id
+        assert span.parent is not None
+        assert span.parent.span_id == submit.context.span_id
+    cyclone.close(engine)
+    engine.dispose()
