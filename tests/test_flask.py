@@ -8,6 +8,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from cyclone.contrib.flask import ConfigurationError, Cyclone, database_url, loa
 from cyclone.schema import runs
 from tests.conftest import wait_until
 from tests.support import docs
+from tests.support.workers import Background
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "flask_app"
@@ -371,3 +373,47 @@ def test_the_flask_doc_commands_run_as_written(
             worker.send_signal(signal.SIGTERM)
             _, err = worker.communicate(timeout=30)
         assert worker.returncode == 0, err
+
+
+def test_a_retry_sent_while_the_first_post_is_in_flight_waits_and_returns_its_run(
+    app: flask.Flask, item: str
+) -> None:
+    key = str(uuid.uuid4())
+    with app.app_context():
+        engine = db.engine
+    first_reserving = threading.Event()
+    release = threading.Event()
+
+    def hold_first(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.startswith("UPDATE webshop_stock"):
+            first_reserving.set()
+            assert release.wait(30)
+
+    sa.event.listen(engine, "before_cursor_execute", hold_first)
+    try:
+        first = Background(lambda: post_order(app.test_client(), key, item, 2))
+        assert first_reserving.wait(30)  # the first try submitted and has not committed
+        retry = Background(lambda: post_order(app.test_client(), key, item, 2))
+
+        def retry_waits_for_the_first() -> bool:
+            with engine.connect() as conn:
+                return bool(
+                    conn.execute(
+                        sa.text(
+                            "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                            "current_database() AND wait_event_type = 'Lock' "
+                            "AND query LIKE 'INSERT INTO webshop_orders%'"
+                        )
+                    ).scalar_one()
+                )
+
+        wait_until(retry_waits_for_the_first)
+        release.set()
+        first_response, retry_response = first.join(), retry.join()
+    finally:
+        release.set()
+        sa.event.remove(engine, "before_cursor_execute", hold_first)
+    assert first_response.status_code == 201
+    assert retry_response.status_code == 200
+    assert retry_response.get_json() == first_response.get_json()
+    assert len(orders_with_key(app, key)) == 1
