@@ -179,7 +179,8 @@ def claims(fn: Callable[..., list[Claimed]]) -> Callable[..., list[Claimed]]:
         start_ns = time.time_ns()
         claimed = fn(*args, **kwargs)
         if claimed:
-            observer.claimed(kwargs["worker_id"], [_attempt(job) for job in claimed], start_ns)
+            worker_id = str(kwargs.get("worker_id", ""))
+            observer.claimed(worker_id, [_attempt(job) for job in claimed], start_ns)
         return claimed
 
     return observed

@@ -177,8 +177,9 @@ def instrument(
 ) -> None:
     """Trace and measure cyclone in this process (the global providers unless given).
 
-    Call it once at start-up, in the web application and in the worker processes alike;
-    calling it again replaces the previous instrumentation.
+    Call it once per process at start-up, in the web application and in the workers
+    alike: each call installs a new observer and creates its instruments on the meter
+    provider anew.
     """
     tracer = trace.get_tracer(SCOPE, cyclone.__version__, tracer_provider=tracer_provider)
     meter = metrics.get_meter(SCOPE, cyclone.__version__, meter_provider=meter_provider)
