@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -227,7 +228,7 @@ def test_backlog_gauge_reports_waiting_jobs_per_queue_of_a_worker_process(
 
     for i in range(3):
         kind.enqueue(engine, i)
-    kind.enqueue(engine, 99, delay=__import__("datetime").timedelta(hours=1))  # not due
+    kind.enqueue(engine, 99, delay=timedelta(hours=1))  # not due
     worker = cyclone.Worker(engine, steps=[kind])
     backlog = {p.attributes["cyclone.queue"]: p.value for p in telemetry.points("cyclone.backlog")}
     assert backlog[f"{name}-q"] == 3
