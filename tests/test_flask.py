@@ -184,16 +184,16 @@ def test_steps_run_in_the_app_context_and_their_session_is_removed_after_each(
     app: flask.Flask, name: str
 ) -> None:
     wf: cyclone.Workflow[Any] = cyclone.Workflow(name)
-    seen: list[tuple[bool, int]] = []
+    seen: list[tuple[bool, Any]] = []
 
     @wf.step()
     def first(ctx: cyclone.StepContext, value: Any) -> int:
-        seen.append((flask.current_app.name == app.name, id(db.session())))
+        seen.append((flask.current_app.name == app.name, db.session()))
         return int(db.session.execute(sa.select(sa.literal(1))).scalar_one())  # no commit
 
     @wf.step(after=[first])
     def second(ctx: cyclone.StepContext, value: Any) -> int:
-        seen.append((flask.current_app.name == app.name, id(db.session())))
+        seen.append((flask.current_app.name == app.name, db.session()))
         return int(db.session.execute(sa.select(sa.literal(2))).scalar_one())
 
     cy: Cyclone = app.extensions["cyclone"]
@@ -203,7 +203,8 @@ def test_steps_run_in_the_app_context_and_their_session_is_removed_after_each(
     with cy.worker(app, workflows=[wf]) as worker:
         assert worker.drain() == 2
     assert [in_app for in_app, _ in seen] == [True, True]
-    assert seen[0][1] != seen[1][1]  # a session per step
+    assert seen[0][1] is not seen[1][1]  # a session per step
+    assert not any(session.in_transaction() for _, session in seen)
     # Each step left its session inside a transaction; the app context's teardown
     # removed the session, which gave its connection back.
     assert engine.pool.checkedout() == 0  # type: ignore[attr-defined]
