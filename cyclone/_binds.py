@@ -18,6 +18,7 @@ from typing import Any, Protocol, TypeAlias, runtime_checkable
 import psycopg
 from psycopg import pq
 from sqlalchemy import Connection, Engine, create_engine
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, scoped_session
 
 from cyclone import _fastpath, errors
@@ -89,7 +90,8 @@ def engine_of(bind: Bind) -> Engine:
 @contextmanager
 def transaction(bind: Bind) -> Iterator[Connection]:
     """Open, commit (or roll back on error) and close a transaction of our own."""
-    with engine_of(bind).begin() as conn:
+    engine = engine_of(bind)
+    with _schema_errors(engine), engine.begin() as conn:
         yield conn
 
 
@@ -101,8 +103,24 @@ def autocommit(bind: Bind) -> Iterator[Connection]:
     trips of a transaction; the mode is a client-side switch of psycopg, reset when the
     connection goes back to the pool.
     """
-    with engine_of(bind).connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+    engine = engine_of(bind)
+    with (
+        _schema_errors(engine),
+        engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn,
+    ):
         yield conn
+
+
+@contextmanager
+def _schema_errors(engine: Engine) -> Iterator[None]:
+    """Raise the SchemaError a missing table, column or function of cyclone's stands for."""
+    try:
+        yield
+    except DBAPIError as exc:
+        schema = _fastpath.schema_problem(engine, exc)
+        if schema is not None:
+            raise schema from None
+        raise
 
 
 def joined(conn: Conn) -> tuple[_fastpath.Executor, Engine]:

@@ -33,7 +33,7 @@ import threading
 import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import psycopg
 from sqlalchemy import Connection, Engine, Text, cast, literal, null
@@ -44,6 +44,8 @@ from sqlalchemy.sql import ClauseElement, ColumnElement
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.type_api import to_instance
 from sqlalchemy.sql.visitors import InternalTraversal
+
+from cyclone import errors, migrations
 
 _DIALECT = pg_psycopg.dialect()  # type: ignore[no-untyped-call]
 
@@ -137,7 +139,34 @@ class Direct:
             return self._cursor.fetchall()
         except psycopg.Error as exc:
             lost = self._driver.closed or self._driver.broken
-            raise _wrap(self._engine, stmt.sql, values, exc, lost) from exc
+            _raise(self._engine, stmt.sql, values, exc, lost)
+
+
+SCHEMA_SQLSTATES = frozenset({"42P01", "42703", "42883"})
+"""undefined_table, undefined_column, undefined_function: cyclone's schema is missing or old."""
+
+
+def schema_problem(engine: Engine, exc: BaseException) -> errors.SchemaError | None:
+    """The SchemaError ``exc`` stands for, if it is one of :data:`SCHEMA_SQLSTATES` and the
+    database is indeed not at cyclone's head (looked up only on this failure path)."""
+    orig = exc.orig if isinstance(exc, sa_exc.DBAPIError) else exc
+    if getattr(orig, "sqlstate", None) not in SCHEMA_SQLSTATES:
+        return None
+    return migrations.schema_error(engine)
+
+
+def _raise(
+    engine: Engine,
+    sql: str,
+    params: Mapping[str, Any],
+    exc: psycopg.Error,
+    lost: bool = False,
+) -> NoReturn:
+    """Raise ``exc`` as SQLAlchemy would, or as the SchemaError it stands for (without the SQL)."""
+    schema = schema_problem(engine, exc)
+    if schema is not None:
+        raise schema from None
+    raise _wrap(engine, sql, params, exc, lost) from exc
 
 
 def _wrap(
@@ -167,7 +196,13 @@ class Observed:
         self._conn = conn
 
     def execute(self, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]:
-        result = self._conn.exec_driver_sql(stmt.sql, {**stmt.defaults, **params})
+        try:
+            result = self._conn.exec_driver_sql(stmt.sql, {**stmt.defaults, **params})
+        except sa_exc.DBAPIError as exc:
+            schema = schema_problem(self._conn.engine, exc)
+            if schema is not None:
+                raise schema from None
+            raise
         return [tuple(row) for row in result]
 
 
@@ -193,7 +228,7 @@ class Borrowed:
                 return cursor.fetchall()
         except psycopg.Error as exc:
             lost = self._driver.closed or self._driver.broken
-            raise _wrap(self._engine, stmt.sql, values, exc, lost) from exc
+            _raise(self._engine, stmt.sql, values, exc, lost)
 
 
 _SQL_LOG = logging.getLogger("sqlalchemy.engine.Engine")

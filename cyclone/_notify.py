@@ -176,7 +176,7 @@ class Listener:
             self._ready.set()
             self._wake_all()
             try:
-                while not self._stopped.is_set():
+                while not self._stopped.is_set() and self._engine() is not None:
                     for note in conn.notifies(timeout=1.0):
                         self._dispatch(note.channel, note.payload)
             except Exception as exc:

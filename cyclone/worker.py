@@ -39,6 +39,7 @@ from cyclone import (
     _retry,
     _sweeper,
     errors,
+    migrations,
 )
 from cyclone.workflow import StandaloneStep, Workflow
 
@@ -165,6 +166,7 @@ class Worker:
         self._sweeping: threading.Thread | None = None
         self._maintaining: threading.Thread | None = None
         self._held: _fastpath.Held | None = None
+        self._schema_checked = False
 
     def __repr__(self) -> str:
         return (
@@ -217,6 +219,9 @@ class Worker:
 
     def _serve(self, *, until_idle: bool) -> int:
         with self._lock:
+            if not self._schema_checked:
+                migrations.check_schema(self.engine)  # once: a worker does not start without it
+                self._schema_checked = True
             self._jobs_run = 0
             unsubscribe = _notify.listener(self.engine).subscribe(
                 _notify.JOBS_AVAILABLE, lambda _payload: self._wake.set()
