@@ -75,7 +75,7 @@ def database_url(raw: str) -> URL:
     """
     try:
         url = make_url(raw)
-    except ArgumentError:
+    except (ArgumentError, ValueError):
         raise BadInput(
             f"invalid database URL {_masked(raw)!r}: expected postgresql://USER@HOST:PORT/DBNAME"
         ) from None

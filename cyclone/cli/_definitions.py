@@ -78,5 +78,6 @@ def _values(target: str) -> list[Workflow[Any] | StandaloneStep[Any, Any]]:
     if isinstance(value, list | tuple) and value and all(_definition(v) for v in value):
         return list(value)
     raise BadInput(
-        f"{target} is a {type(value).__name__}, not a workflow, a step kind or a list of them"
+        f"{target} holds an object of type {type(value).__name__}, "
+        "not a workflow, a step kind or a list of them"
     )

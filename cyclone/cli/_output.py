@@ -7,7 +7,7 @@ without it, or when stdout is not a terminal, tables are plain space-aligned col
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -60,12 +60,17 @@ def duration(value: timedelta | None) -> str:
 def json_line(record: Any) -> None:
     """One JSON object on one line (datetimes ISO 8601, durations in seconds)."""
 
-    def encode(value: Any) -> Any:
-        if isinstance(value, timedelta):
-            return value.total_seconds()
-        raise NotImplementedError(type(value))
+    click.echo(msgspec.json.encode(_seconds(record)).decode())
 
-    click.echo(msgspec.json.encode(record, enc_hook=encode).decode())
+
+def _seconds(value: Any) -> Any:
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, dict):
+        return {k: _seconds(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_seconds(v) for v in value]
+    return value
 
 
 Column = tuple[str, Callable[[Any], str]]
@@ -92,7 +97,7 @@ def table(columns: Sequence[Column], items: Sequence[Any], *, state: str | None 
             grid.add_row(*styled)
         console.print(grid)
         return
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
     for row in [headers, *rows]:
         click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
 
@@ -148,7 +153,3 @@ def progress(description: str, total: int) -> Iterator[Callable[[int], None]]:
     ) as bar:
         task = bar.add_task(description, total=total)
         yield lambda n: bar.advance(task, n)
-
-
-def record(**values: Any) -> Mapping[str, Any]:
-    return values
