@@ -80,7 +80,7 @@ class Observer(Protocol):
 
 
 _observer: Observer | None = None
-_engines: weakref.WeakSet[Engine] = weakref.WeakSet()
+_workers: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def install(observer: Observer | None) -> None:
@@ -93,14 +93,23 @@ def installed() -> Observer | None:
     return _observer
 
 
-def serving(engine: Engine) -> None:
-    """Remember that a worker of this process serves ``engine`` (for the backlog gauge)."""
-    _engines.add(engine)
+def serving(worker: Any) -> None:
+    """Remember a worker of this process (held weakly) until :func:`retired`: the backlog
+    gauge reads the database of each."""
+    _workers.add(worker)
+
+
+def retired(worker: Any) -> None:
+    """The worker was closed: its engine may be disposed, so no gauge reads through it."""
+    _workers.discard(worker)
 
 
 def served_engines() -> list[Engine]:
-    """The engines of this process's workers (while they are referenced)."""
-    return list(_engines)
+    """The engines of this process's open workers, each once."""
+    engines: dict[int, Engine] = {}
+    for worker in list(_workers):
+        engines.setdefault(id(worker.engine), worker.engine)
+    return list(engines.values())
 
 
 def trace_context() -> str | None:

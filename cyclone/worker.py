@@ -109,7 +109,6 @@ class Worker:
         step_context: Callable[[], AbstractContextManager[object]] | None = None,
     ) -> None:
         self.engine: Engine = _binds.engine_of(bind)
-        _observe.serving(self.engine)
         _check_sequence("workflows", workflows, "workflows=[wf]")
         _check_sequence("steps", steps, "steps=[send_email]")
         self.workflows: dict[str, Workflow[Any]] = {}
@@ -148,6 +147,7 @@ class Worker:
         self.sweep_interval = sweep_interval.total_seconds()
         self.step_context = step_context
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        _observe.serving(self)
 
         self._outcomes: queue.SimpleQueue[tuple[_claim.Claimed, Outcome]] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -183,6 +183,7 @@ class Worker:
         """Stop, wait for a :meth:`run` or :meth:`drain` in another thread to return, and
         close the connections this worker opened outside the pool (idempotent)."""
         self.stop()
+        _observe.retired(self)
         with self._lock:
             if self._held is not None:
                 self._held.close()
