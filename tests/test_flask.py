@@ -418,3 +418,12 @@ def test_a_retry_sent_while_the_first_post_is_in_flight_waits_and_returns_its_ru
     assert retry_response.status_code == 200
     assert retry_response.get_json() == first_response.get_json()
     assert len(orders_with_key(app, key)) == 1
+
+
+def test_a_flask_sqlalchemy_engine_without_psycopg_3_is_a_clear_error() -> None:
+    app = flask.Flask("otherdriver")
+    app.config["SQLALCHEMY_DATABASE_URI"] = "sqlite://"  # never connected: refused first
+    SQLAlchemy(app)
+    cy = Cyclone(app)
+    with pytest.raises(ConfigurationError, match=r"needs PostgreSQL with psycopg 3.*sqlite"):
+        cy.engine_for(app)

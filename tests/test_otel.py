@@ -384,3 +384,20 @@ def test_the_example_shop_request_its_submit_in_db_session_and_its_steps_are_one
         assert span.parent.span_id == submit.context.span_id
     cyclone.close(engine)
     engine.dispose()
+
+
+def test_a_batch_submit_is_one_span_with_its_counts(
+    engine: sa.Engine, name: str, telemetry: Telemetry
+) -> None:
+    wf, _, _ = shop(name)
+    wf.submit_once(engine, "a", {"quantity": 1})
+    wf.submit_once_many(engine, [("a", {"quantity": 1}), ("b", {"quantity": 2})])
+    batch = [
+        s
+        for s in telemetry.spans("cyclone submit")
+        if s.attributes is not None and s.attributes["cyclone.operation"] == "submit_once_many"
+    ]
+    assert len(batch) == 1
+    assert batch[0].attributes is not None
+    assert batch[0].attributes["cyclone.count"] == 2
+    assert batch[0].attributes["cyclone.created_count"] == 1
