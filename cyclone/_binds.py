@@ -76,10 +76,12 @@ def _accepted() -> str:
 def engine_of(bind: Bind) -> Engine:
     """The Engine behind an Engine or a Client."""
     if isinstance(bind, Engine):
+        _check_dialect(bind, bind)
         return bind
     # A Connection has an ``engine`` too, but a bind form would then commit on a connection
     # of its own, outside the caller's transaction: refuse it.
     if isinstance(bind, HasEngine) and not isinstance(bind, Connection):
+        _check_dialect(bind.engine, bind)
         return bind.engine
     raise TypeError(
         f"expected a SQLAlchemy Engine or cyclone.Client, got {_name(bind)}; "
@@ -169,7 +171,8 @@ def _check_dialect(engine: Any, given: object) -> None:
     if name != "postgresql" or driver != "psycopg":
         raise TypeError(
             f"cyclone needs PostgreSQL through psycopg 3, but the {_name(given)} given is "
-            f"bound to {name}+{driver}: use a postgresql+psycopg:// URL"
+            f"bound to {name}+{driver}: use a postgresql+psycopg:// URL (a plain "
+            "postgresql:// URL means psycopg2 to SQLAlchemy)"
         )
 
 

@@ -29,14 +29,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, NoReturn, Protocol
 
 import psycopg
-from sqlalchemy import Connection, Engine, Text, cast, literal, null
+from psycopg.rows import tuple_row
+from sqlalchemy import Connection, Engine, Text, cast, event, literal, null
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
 from sqlalchemy.ext.compiler import compiles
@@ -117,7 +119,7 @@ class Direct:
     per statement costs about 6 us of the hot paths' Python.
     """
 
-    __slots__ = ("_cursor", "_driver", "_engine", "_prepare")
+    __slots__ = ("_cursor", "_driver", "_engine", "_prepare", "_translate")
 
     def __init__(
         self,
@@ -125,11 +127,13 @@ class Direct:
         driver: psycopg.Connection[Any],
         cursor: psycopg.Cursor[Any],
         prepare: bool | None = None,
+        translate: bool = True,
     ) -> None:
         self._engine = engine
         self._driver = driver
         self._cursor = cursor
         self._prepare = prepare
+        self._translate = translate
 
     def execute(self, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]:
         """Run one statement (its own transaction) and return its rows; it must return rows."""
@@ -139,7 +143,7 @@ class Direct:
             return self._cursor.fetchall()
         except psycopg.Error as exc:
             lost = self._driver.closed or self._driver.broken
-            _raise(self._engine, stmt.sql, values, exc, lost)
+            _raise(self._engine, stmt.sql, values, exc, lost, translate=self._translate)
 
 
 SCHEMA_SQLSTATES = frozenset({"42P01", "42703", "42883"})
@@ -161,9 +165,16 @@ def _raise(
     params: Mapping[str, Any],
     exc: psycopg.Error,
     lost: bool = False,
+    *,
+    translate: bool = True,
 ) -> NoReturn:
-    """Raise ``exc`` as SQLAlchemy would, or as the SchemaError it stands for (without the SQL)."""
-    schema = schema_problem(engine, exc)
+    """Raise ``exc`` as SQLAlchemy would, or as the SchemaError it stands for (without the SQL).
+
+    ``translate=False`` leaves the translation to the caller, which first gives its pooled
+    connection back: the revision lookup takes a connection of the pool, which may have
+    only the one.
+    """
+    schema = schema_problem(engine, exc) if translate else None
     if schema is not None:
         raise schema from None
     raise _wrap(engine, sql, params, exc, lost) from exc
@@ -190,16 +201,17 @@ def _wrap(
 class Observed:
     """The same statements through a SQLAlchemy ``Connection``, whose log and events see them."""
 
-    __slots__ = ("_conn",)
+    __slots__ = ("_conn", "_translate")
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, *, translate: bool = True) -> None:
         self._conn = conn
+        self._translate = translate
 
     def execute(self, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]:
         try:
             result = self._conn.exec_driver_sql(stmt.sql, {**stmt.defaults, **params})
         except sa_exc.DBAPIError as exc:
-            schema = schema_problem(self._conn.engine, exc)
+            schema = schema_problem(self._conn.engine, exc) if self._translate else None
             if schema is not None:
                 raise schema from None
             raise
@@ -223,7 +235,8 @@ class Borrowed:
     def execute(self, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]:
         values = {**stmt.defaults, **params}
         try:
-            with self._driver.cursor() as cursor:
+            # A plain cursor returning tuples, whatever the connection's factories are.
+            with psycopg.Cursor(self._driver, row_factory=tuple_row) as cursor:
                 cursor.execute(stmt.sql, values)
                 return cursor.fetchall()
         except psycopg.Error as exc:
@@ -248,11 +261,27 @@ def observed(engine: Engine) -> bool:
 
 @contextmanager
 def connect(engine: Engine) -> Iterator[Executor]:
-    """Check a connection out of ``engine``'s pool for a few autocommit statements."""
+    """Check a connection out of ``engine``'s pool for a few autocommit statements.
+
+    A statement that finds cyclone's schema missing raises SchemaError once the
+    connection is back in the pool (see :func:`schema_problem`).
+    """
+    try:
+        with _checkout(engine) as conn:
+            yield conn
+    except sa_exc.DBAPIError as exc:
+        schema = schema_problem(engine, exc)
+        if schema is not None:
+            raise schema from None
+        raise
+
+
+@contextmanager
+def _checkout(engine: Engine) -> Iterator[Executor]:
     if observed(engine):
         with engine.connect() as conn:
             conn.execution_options(isolation_level="AUTOCOMMIT")
-            yield Observed(conn)
+            yield Observed(conn, translate=False)
         return
     fairy = engine.raw_connection()
     try:
@@ -267,7 +296,7 @@ def connect(engine: Engine) -> Iterator[Executor]:
         if cursor is None or cursor.connection is not driver or cursor.closed:
             cursor = fairy.info[_CURSOR] = driver.cursor()
         try:
-            yield Direct(engine, driver, cursor)
+            yield Direct(engine, driver, cursor, translate=False)
         finally:
             if driver.closed or driver.broken:
                 fairy.invalidate()
@@ -330,29 +359,35 @@ class Held:
                 direct._driver.close()
 
 
-_detached: weakref.WeakKeyDictionary[Engine, weakref.WeakSet[psycopg.Connection[Any]]] = (
-    weakref.WeakKeyDictionary()
-)
+_detached: weakref.WeakKeyDictionary[
+    Engine, weakref.WeakKeyDictionary[psycopg.Connection[Any], int]
+] = weakref.WeakKeyDictionary()
 _detached_lock = threading.Lock()
 
 
 def detached(engine: Engine) -> psycopg.Connection[Any]:
     """A psycopg connection in autocommit, taken from ``engine`` (its connect events
     apply) and detached from its pool: the caller owns it and closes it, and
-    :func:`close_detached` closes it too."""
+    :func:`close_detached` (or ``engine.dispose()``) closes it too."""
     fairy = engine.raw_connection()
     driver = _psycopg(engine, fairy.driver_connection)
     fairy.detach()
     driver.autocommit = True
     with _detached_lock:
-        _detached.setdefault(engine, weakref.WeakSet()).add(driver)
+        _detached.setdefault(engine, weakref.WeakKeyDictionary())[driver] = os.getpid()
+    on_dispose(engine, close_detached)
     return driver
 
 
 def close_detached(engine: Engine) -> int:
-    """Close every connection :func:`detached` opened for ``engine``; return how many were open."""
+    """Close the connections :func:`detached` opened for ``engine`` in this process.
+
+    Returns how many were open. Connections a parent process opened are left alone: a
+    forked child closing them would end the parent's sessions.
+    """
     with _detached_lock:
-        drivers = list(_detached.pop(engine, ()))
+        opened = _detached.pop(engine, weakref.WeakKeyDictionary())
+        drivers = [driver for driver, pid in opened.items() if pid == os.getpid()]
     closed = 0
     for driver in drivers:
         if not driver.closed:
@@ -360,6 +395,12 @@ def close_detached(engine: Engine) -> int:
             with contextlib.suppress(psycopg.Error):
                 driver.close()
     return closed
+
+
+def on_dispose(engine: Engine, hook: Callable[[Engine], object]) -> None:
+    """Call ``hook(engine)`` when ``engine.dispose()`` is called (registered once per hook)."""
+    if not event.contains(engine, "engine_disposed", hook):
+        event.listen(engine, "engine_disposed", hook)
 
 
 def _psycopg(engine: Engine, driver: Any) -> psycopg.Connection[Any]:

@@ -26,7 +26,7 @@ import psycopg
 from psycopg import sql
 from sqlalchemy import Engine, case, func
 
-from cyclone._fastpath import const, detached
+from cyclone._fastpath import const, detached, on_dispose
 from cyclone.states import JobState
 
 log = logging.getLogger(__name__)
@@ -204,7 +204,10 @@ STOP_TIMEOUT = 5.0
 
 
 def close(engine: Engine) -> None:
-    """Stop ``engine``'s listener in this process and wait until its connection is closed."""
+    """Stop ``engine``'s listener in this process and wait until its connection is closed.
+
+    Also called by ``engine.dispose()``.
+    """
     with _listeners_lock:
         entry = _listeners.pop(engine, None)
     if entry is not None and entry[0] == os.getpid():
@@ -216,6 +219,7 @@ def listener(engine: Engine) -> Listener:
     with _listeners_lock:
         entry = _listeners.get(engine)
         if entry is None or entry[0] != os.getpid() or not entry[1].alive:
+            on_dispose(engine, close)
             entry = (os.getpid(), Listener(engine))
             _listeners[engine] = entry
         return entry[1]

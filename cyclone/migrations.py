@@ -131,6 +131,24 @@ def check_schema(bind: Engine | Connection) -> None:
         raise errors.SchemaError(message)
 
 
+def check_schema_at_start(bind: Engine | Connection) -> None:
+    """The check a Worker makes once before it starts.
+
+    Raises SchemaError when the schema is missing or at an older revision. A revision
+    this version does not know (a newer cyclone migrated the database, as in a rolling
+    deploy that migrates first) is logged as a warning instead: the newer schema is
+    expected to keep serving older code.
+    """
+    found = find(bind)
+    message = problem(found)
+    if message is None:
+        return
+    if found.revision is not None and found.revision not in revision_ids():
+        logging.getLogger("cyclone.worker").warning("%s; starting anyway", message)
+        return
+    raise errors.SchemaError(message)
+
+
 def schema_error(engine: Engine) -> errors.SchemaError | None:
     """The SchemaError for a statement that found no table, column or function of cyclone's.
 

@@ -31,6 +31,7 @@ from sqlalchemy import (
     exists,
     false,
     func,
+    literal,
     literal_column,
     select,
     true,
@@ -55,10 +56,9 @@ class _StepRow:
     max_attempts: int
 
 
-def _pg_array(items: Sequence[str]) -> str:
-    """A ``text[]`` literal: ``ARRAY[]`` cannot be typed inside ``VALUES``."""
-    quoted = ('"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"' for item in items)
-    return "{" + ",".join(quoted) + "}"
+def _text_array(items: Sequence[str]) -> Any:
+    """A ``text[]`` constant for ``VALUES``, rendered by SQLAlchemy; the cast types ``ARRAY[]``."""
+    return cast(literal(list(items), ARRAY(Text)), ARRAY(Text))
 
 
 _const = _fastpath.const
@@ -134,14 +134,21 @@ class _Consts:
             column("kind", Text),
             column("queue", Text),
             column("priority", Integer),
-            column("deps", Text),
+            column("deps", ARRAY(Text)),
             column("pending", Integer),
             column("max_attempts", Integer),
             name="s",
             literal_binds=True,
         ).data(
             [
-                (st.kind, st.queue, st.priority, _pg_array(st.deps), len(st.deps), st.max_attempts)
+                (
+                    st.kind,
+                    st.queue,
+                    st.priority,
+                    _text_array(st.deps),
+                    len(st.deps),
+                    st.max_attempts,
+                )
                 for st in self.steps
             ]
         )
@@ -181,7 +188,7 @@ class _Consts:
                         ),
                         else_=_const(JobState.BLOCKED.value, Text),
                     ),
-                    cast(steps.c.deps, ARRAY(Text)),
+                    steps.c.deps,
                     steps.c.pending,
                     steps.c.max_attempts,
                     inserted.c.deadline,
@@ -471,14 +478,8 @@ def submit_once_tx(
 
 def _items_payload(items: Sequence[tuple[str, str]], indexes: Sequence[int]) -> str:
     """The jsonb array ``[{i, key, input}, ...]`` of the chosen items (inputs pre-encoded)."""
-    return (
-        "["
-        + ",".join(
-            f'{{"i":{i},"key":{msgspec.json.encode(items[i][0]).decode()},"input":{items[i][1]}}}'
-            for i in indexes
-        )
-        + "]"
-    )
+    payload = [{"i": i, "key": items[i][0], "input": msgspec.Raw(items[i][1])} for i in indexes]
+    return msgspec.json.encode(payload).decode()
 
 
 @_observe.submits

@@ -221,7 +221,7 @@ class Worker:
     def _serve(self, *, until_idle: bool) -> int:
         with self._lock:
             if not self._schema_checked:
-                migrations.check_schema(self.engine)  # once: a worker does not start without it
+                migrations.check_schema_at_start(self.engine)  # once: not started without it
                 self._schema_checked = True
             self._jobs_run = 0
             unsubscribe = _notify.listener(self.engine).subscribe(

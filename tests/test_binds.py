@@ -12,6 +12,7 @@ import psycopg
 import pytest
 import sqlalchemy as sa
 from psycopg import pq
+from psycopg.rows import dict_row
 from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
@@ -268,3 +269,27 @@ def test_an_adapter_must_return_a_psycopg_connection(engine: sa.Engine, name: st
     _binds.register_adapter(Odd, lambda obj: (object(), engine))
     with pytest.raises(TypeError, match="not a psycopg 3 Connection"):
         workflow(name).submit_once_tx(Odd(), "k", 1)
+
+
+def test_an_engine_of_another_driver_is_refused_with_the_url_to_use(name: str) -> None:
+    other = sa.create_engine("sqlite://")
+    try:
+        with pytest.raises(TypeError, match=r"postgresql\+psycopg:// URL"):
+            workflow(name).submit_once(other, "k", 1)
+        with pytest.raises(TypeError, match=r"sqlite\+pysqlite"):
+            cyclone.Worker(other, workflows=[workflow(name)])
+    finally:
+        other.dispose()
+
+
+def test_a_psycopg_connection_with_its_own_row_factory_still_joins(
+    engine: sa.Engine, database_url: URL, name: str
+) -> None:
+    wf = workflow(name)
+    with psycopg.connect(conninfo(database_url), row_factory=dict_row) as driver:
+        run, created = wf.submit_once_tx(driver, "k", 1)
+        again, created_again = wf.submit_once_tx(driver, "k", 1)
+        assert (created, created_again, again.id) == (True, False, run.id)
+        assert driver.execute("select 1 as one").fetchone() == {"one": 1}
+        driver.commit()
+    assert count_runs(engine, name, "k") == 1

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 import cyclone
-from cyclone import _notify
+from cyclone import _fastpath, _notify
 from tests.conftest import admin_url, wait_until
 from tests.support.factories import workflow
 
@@ -102,3 +102,19 @@ def test_close_of_an_unused_engine_does_nothing(migrated: URL) -> None:
     cyclone.close(engine)
     cyclone.close(engine)
     engine.dispose()
+
+
+def test_engine_dispose_alone_also_closes_the_listener_and_held_connections(
+    migrated: URL, name: str
+) -> None:
+    engine = sa.create_engine(migrated)
+    wf = workflow(name)
+    run, _ = wf.submit_once(engine, "k", 1)
+    worker = cyclone.Worker(engine, workflows=[wf])
+    worker.drain()
+    run.wait(timeout=10)
+    assert _notify.listener(engine).wait_ready(10)
+    held = _fastpath.Held(engine)  # a held connection left open, as a running loop's would be
+    held.execute(_fastpath.Compiled(sa.select(sa.literal(1))), {})
+    engine.dispose()
+    drop_database_without_force(migrated.database)

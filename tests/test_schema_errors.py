@@ -147,3 +147,35 @@ def test_a_revision_this_version_does_not_know_asks_to_upgrade_cyclone(
         conn.execute(sa.text("UPDATE cyclone_alembic_version SET version_num = 'cyclone_9999'"))
     with pytest.raises(cyclone.SchemaError, match=r"does not know.*upgrade cyclone"):
         cyclone.check_schema(bare_engine)
+
+
+def test_a_worker_starts_on_a_newer_revision_it_does_not_know_with_a_warning(
+    bare_engine: sa.Engine, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rolling deploy that migrates first: older workers keep serving the newer schema."""
+    cyclone.upgrade(bare_engine)
+    with bare_engine.begin() as conn:
+        conn.execute(sa.text("UPDATE cyclone_alembic_version SET version_num = 'cyclone_9999'"))
+    wf = workflow(name)
+    wf.submit_once(bare_engine, "k", 1)
+    with cyclone.Worker(bare_engine, workflows=[wf]) as worker:
+        assert worker.drain() == 1
+    assert any("cyclone_9999" in record.getMessage() for record in caplog.records)
+
+
+def test_schema_error_on_a_pool_of_one_does_not_wait_for_a_second_connection(
+    fresh_database: URL, name: str
+) -> None:
+    """The revision lookup runs once the failed statement's connection is back in the pool."""
+    engine = sa.create_engine(fresh_database, pool_size=1, max_overflow=0, pool_timeout=60)
+    try:
+        wf = workflow(name)
+        for call in (
+            lambda: wf.submit_once(engine, "k", 1),
+            lambda: wf.submit(engine, 1),
+            lambda: cyclone.Client(engine).list_runs(),
+        ):
+            with pytest.raises(cyclone.SchemaError, match="no cyclone revision found"):
+                call()
+    finally:
+        engine.dispose()
