@@ -177,22 +177,24 @@ def _attempt(job: Claimed) -> Attempt:
     )
 
 
-def claims(fn: Callable[..., list[Claimed]]) -> Callable[..., list[Claimed]]:
-    """Report the jobs each call of the claim function (``worker_id=``) returned."""
+def claims(fn: F) -> F:
+    """Report the jobs each call of the claim function (``worker_id=``) returned: its
+    result is the list of jobs claimed, or a tuple whose last item is."""
 
     @functools.wraps(fn)
-    def observed(*args: Any, **kwargs: Any) -> list[Claimed]:
+    def observed(*args: Any, **kwargs: Any) -> Any:
         observer = _observer
         if observer is None:
             return fn(*args, **kwargs)
         start_ns = time.time_ns()
-        claimed = fn(*args, **kwargs)
+        result = fn(*args, **kwargs)
+        claimed: list[Claimed] = result[-1] if isinstance(result, tuple) else result
         if claimed:
             worker_id = str(kwargs.get("worker_id", ""))
             observer.claimed(worker_id, [_attempt(job) for job in claimed], start_ns)
-        return claimed
+        return result
 
-    return observed
+    return observed  # type: ignore[return-value]
 
 
 def _outcome(result: Any, seconds: float) -> Outcome:
