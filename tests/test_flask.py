@@ -427,3 +427,23 @@ def test_a_flask_sqlalchemy_engine_without_psycopg_3_is_a_clear_error() -> None:
     cy = Cyclone(app)
     with pytest.raises(ConfigurationError, match=r"needs PostgreSQL with psycopg 3.*sqlite"):
         cy.engine_for(app)
+
+
+def test_one_extension_serves_several_apps_each_with_its_own_engine(database_url: URL) -> None:
+    cy = Cyclone()
+    first, second = flask.Flask("first"), flask.Flask("second")
+    plain = database_url.set(drivername="postgresql").render_as_string(hide_password=False)
+    first.config["CYCLONE_DATABASE_URL"] = plain
+    second.config["CYCLONE_DATABASE_URL"] = plain
+    cy.init_app(first)
+    cy.init_app(second)
+    assert first.extensions["cyclone"] is cy
+    assert second.extensions["cyclone"] is cy
+    engines = [cy.engine_for(first), cy.engine_for(second)]
+    try:
+        assert engines[0] is not engines[1]
+        with second.app_context():
+            assert cy.engine is engines[1]
+    finally:
+        for engine in engines:
+            engine.dispose()
