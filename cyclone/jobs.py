@@ -89,7 +89,7 @@ def insert_job_stmt() -> Any:
             args=cast(bindparam("args", type_=Text), JSONB),
             max_attempts=bindparam("max_attempts"),
             unique_key=bindparam("unique", type_=Text),
-            trace_context=bindparam("trace_context", type_=Text),
+            trace_context=bindparam("trace_context", None, type_=Text),
             scheduled_at=func.coalesce(
                 bindparam("run_at", type_=jobs.c.scheduled_at.type),
                 func.now()

@@ -211,7 +211,7 @@ class _Consts:
             "steps_remaining": _const(len(self.steps), Integer),
             "deadline": deadline,
             "retention": bindparam("retention", type_=Interval),
-            "trace_context": bindparam("trace_context", type_=Text),
+            "trace_context": bindparam("trace_context", None, type_=Text),
         }
 
     def select_run_by_key_stmt(self) -> Select[Any]:
