@@ -1,1 +1,1 @@
-"""Integrations with web frameworks, each installed through its own optional extra."""
+"""Integrations with frameworks and tools; each module needs its own optional extra."""
