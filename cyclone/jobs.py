@@ -24,7 +24,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, insert
 
-from cyclone import _binds, _codec, _fastpath, _notify, errors
+from cyclone import _binds, _codec, _fastpath, _notify, _observe, errors
 from cyclone._fastpath import const
 from cyclone.runs import read_within, wait_until_finished
 from cyclone.schema import jobs
@@ -91,6 +91,7 @@ def insert_job_stmt() -> Any:
             args=cast(bindparam("args", type_=Text), JSONB),
             max_attempts=bindparam("max_attempts"),
             unique_key=bindparam("unique", type_=Text),
+            trace_context=bindparam("trace_context", None, type_=Text),
             scheduled_at=func.coalesce(
                 bindparam("run_at", type_=jobs.c.scheduled_at.type),
                 func.now()
@@ -279,6 +280,7 @@ def _enqueue(conn: _fastpath.Executor, engine: Engine, req: EnqueueRequest) -> J
         "unique": req.unique,
         "run_at": req.run_at,
         "delay": req.delay,
+        "trace_context": _observe.trace_context(),
     }
     for _ in range(_MAX_RACE_RETRIES):
         inserted = conn.execute(_FAST_INSERT_JOB, params)
@@ -292,12 +294,14 @@ def _enqueue(conn: _fastpath.Executor, engine: Engine, req: EnqueueRequest) -> J
     raise RuntimeError(f"unique key {req.unique!r} kept changing hands while enqueueing")
 
 
+@_observe.submits
 def enqueue(bind: _binds.Bind, req: EnqueueRequest) -> Job[Any]:
     engine = _binds.engine_of(bind)
     with _fastpath.connect(engine) as conn:
         return _enqueue(conn, engine, req)
 
 
+@_observe.submits
 def enqueue_tx(conn: _binds.Conn, req: EnqueueRequest) -> Job[Any]:
     executor, engine = _binds.joined(conn)
     return _enqueue(executor, engine, req)

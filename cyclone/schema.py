@@ -73,6 +73,7 @@ runs = Table(
     Column("retention", Interval),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("finalized_at", DateTime(timezone=True)),
+    Column("trace_context", Text),
     CheckConstraint(_in("state", RunState), name="state"),
     CheckConstraint(
         _finalized_iff(TERMINAL_RUN_STATES),
@@ -131,6 +132,7 @@ jobs = Table(
     Column("attempted_at", DateTime(timezone=True)),
     Column("heartbeat_at", DateTime(timezone=True)),
     Column("finalized_at", DateTime(timezone=True)),
+    Column("trace_context", Text),
     CheckConstraint(_in("state", JobState), name="state"),
     CheckConstraint(
         _finalized_iff(TERMINAL_JOB_STATES),

@@ -40,7 +40,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 
-from cyclone import _binds, _fastpath, _graph, _keys, _notify, errors
+from cyclone import _binds, _fastpath, _graph, _keys, _notify, _observe, errors
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
 
@@ -211,6 +211,7 @@ class _Consts:
             "steps_remaining": _const(len(self.steps), Integer),
             "deadline": deadline,
             "retention": bindparam("retention", type_=Interval),
+            "trace_context": bindparam("trace_context", None, type_=Text),
         }
 
     def select_run_by_key_stmt(self) -> Select[Any]:
@@ -373,6 +374,7 @@ def _params(
         "deadline_at": deadline if isinstance(deadline, datetime) else None,
         "deadline_in": deadline if isinstance(deadline, timedelta) else None,
         "retention": retention,
+        "trace_context": _observe.trace_context(),
     }
 
 
@@ -409,6 +411,7 @@ def _insert_once(conn: _fastpath.Executor, plan: Plan, params: dict[str, Any]) -
     return _resolve_once(once, plan.workflow, params["key"])
 
 
+@_observe.submits
 def submit(
     bind: _binds.Bind,
     plan: Plan,
@@ -423,6 +426,7 @@ def submit(
     return Submitted(engine, rows[0][0], None, True, started)
 
 
+@_observe.submits
 def submit_tx(
     conn: _binds.Conn,
     plan: Plan,
@@ -436,6 +440,7 @@ def submit_tx(
     return Submitted(engine, rows[0][0], None, True)
 
 
+@_observe.submits
 def submit_once(
     bind: _binds.Bind,
     plan: Plan,
@@ -454,6 +459,7 @@ def submit_once(
     return Submitted(engine, run_id, key, created, started if created else None)
 
 
+@_observe.submits
 def submit_once_tx(
     conn: _binds.Conn,
     plan: Plan,
@@ -476,6 +482,7 @@ def _items_payload(items: Sequence[tuple[str, str]], indexes: Sequence[int]) -> 
     return msgspec.json.encode(payload).decode()
 
 
+@_observe.submits
 def submit_once_many(
     bind: _binds.Bind,
     plan: Plan,

@@ -39,6 +39,7 @@ from cyclone import (
     _fastpath,
     _leader,
     _notify,
+    _observe,
     _rescue,
     _retry,
     _sweeper,
@@ -226,6 +227,7 @@ class Worker:
         self.step_context = step_context
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.stats = WorkerStats()
+        _observe.serving(self)
 
         self._outcomes: queue.SimpleQueue[tuple[_claim.Claimed, Outcome]] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -261,6 +263,7 @@ class Worker:
         """Stop, wait for a :meth:`run` or :meth:`drain` in another thread to return, and
         close the connections this worker opened outside the pool (idempotent)."""
         self.stop()
+        _observe.retired(self)
         with self._lock:
             if self._held is not None:
                 self._held.close()

@@ -84,7 +84,9 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
     home = tmp_path_factory.mktemp("venv")
     subprocess.run([sys.executable, "-m", "venv", str(home)], check=True, capture_output=True)
     subprocess.run(
-        [str(home / "bin" / "pip"), "install", "-q", str(wheel)], check=True, capture_output=True
+        [str(home / "bin" / "pip"), "install", "-q", f"{wheel}[cli]"],
+        check=True,
+        capture_output=True,
     )
     return Venv(home / "bin")
 
