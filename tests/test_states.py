@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from cyclone import _claim, _completion, _fastpath, _rescue, runs
+from cyclone import _claim, _completion, _control, _fastpath, _rescue
 from cyclone.states import EDGES, Edge
 
-OWNERS = (_claim, _completion, _rescue, runs)
+OWNERS = (_claim, _completion, _control, _rescue)
 
 
 def implemented() -> list[tuple[str, Any, Edge]]:
