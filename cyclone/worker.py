@@ -519,11 +519,17 @@ class Worker:
             self._wake.clear()
 
     def _wait_for_database(self) -> None:
-        """Sleep out the backoff after a failed statement; a stop or 2nd signal cuts it short."""
+        """Sleep out the backoff after a failed statement.
+
+        A stop cuts it short when nothing waits for the database (no job in flight, no
+        outcome to record), and so do the end of the grace and a second signal.
+        """
         delay = backoff_delay(self._db_failures)
         end = time.monotonic() + delay
         while (left := end - time.monotonic()) > 0:
-            if self._abandon.is_set() or (self._stopping.is_set() and self._stop_now()):
+            if self._stopping.is_set() and (
+                self._stop_now() or not (self._inflight or self._pending)
+            ):
                 return
             self._wake.wait(min(left, IDLE_WAKE))
             self._wake.clear()
