@@ -7,7 +7,9 @@ to their jobs: the lock order of :mod:`cyclone.states`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy import Connection, Engine, Interval, bindparam, delete, func, select
 
@@ -19,15 +21,27 @@ DEFAULT_KEEP = timedelta(days=7)
 DEFAULT_INTERVAL = timedelta(minutes=5)
 
 
+def _runs_due() -> list[Any]:
+    keep = func.coalesce(runs.c.retention, bindparam("older_than", type_=Interval))
+    return [
+        runs.c.state.in_([s.value for s in TERMINAL_RUN_STATES]),
+        runs.c.finalized_at < func.now() - keep,
+    ]
+
+
+def _jobs_due() -> list[Any]:
+    return [
+        jobs.c.run_id.is_(None),
+        jobs.c.state.in_([s.value for s in TERMINAL_JOB_STATES]),
+        jobs.c.finalized_at < func.now() - bindparam("older_than", type_=Interval),
+    ]
+
+
 def purge_runs_stmt() -> object:
     """Delete one batch of terminal runs past their retention (their steps cascade)."""
-    keep = func.coalesce(runs.c.retention, bindparam("older_than", type_=Interval))
     doomed = (
         select(runs.c.id)
-        .where(
-            runs.c.state.in_([s.value for s in TERMINAL_RUN_STATES]),
-            runs.c.finalized_at < func.now() - keep,
-        )
+        .where(*_runs_due())
         .order_by(runs.c.id)
         .limit(bindparam("batch"))
         .with_for_update(skip_locked=True)
@@ -39,11 +53,7 @@ def purge_jobs_stmt() -> object:
     """Delete one batch of finished standalone jobs older than ``older_than``."""
     doomed = (
         select(jobs.c.id)
-        .where(
-            jobs.c.run_id.is_(None),
-            jobs.c.state.in_([s.value for s in TERMINAL_JOB_STATES]),
-            jobs.c.finalized_at < func.now() - bindparam("older_than", type_=Interval),
-        )
+        .where(*_jobs_due())
         .order_by(jobs.c.id)
         .limit(bindparam("batch"))
         .with_for_update(skip_locked=True)
@@ -53,11 +63,35 @@ def purge_jobs_stmt() -> object:
 
 _PURGE_RUNS = purge_runs_stmt()
 _PURGE_JOBS = purge_jobs_stmt()
+_COUNT_RUNS = select(func.count()).select_from(runs).where(*_runs_due())
+_COUNT_JOBS = select(func.count()).select_from(jobs).where(*_jobs_due())
+
+Progress = Callable[[int], None]
 
 
-def _purge(bind: Engine | Connection, stmt: object, older_than: timedelta, batch_size: int) -> int:
+def count_due(engine: Engine, older_than: timedelta) -> tuple[int, int]:
+    """How many runs and standalone jobs a purge with ``older_than`` would delete now."""
+    _check_age(older_than)
+    with engine.connect() as conn:
+        params = {"older_than": older_than}
+        return int(conn.execute(_COUNT_RUNS, params).scalar_one()), int(
+            conn.execute(_COUNT_JOBS, params).scalar_one()
+        )
+
+
+def _check_age(older_than: timedelta) -> None:
     if not isinstance(older_than, timedelta) or older_than < timedelta():
         raise ValueError("older_than must be a non-negative timedelta")
+
+
+def _purge(
+    bind: Engine | Connection,
+    stmt: object,
+    older_than: timedelta,
+    batch_size: int,
+    progress: Progress | None = None,
+) -> int:
+    _check_age(older_than)
     if batch_size < 1:
         raise ValueError("batch_size must be positive")
     params = {"older_than": older_than, "batch": batch_size}
@@ -70,16 +104,28 @@ def _purge(bind: Engine | Connection, stmt: object, older_than: timedelta, batch
             with bind.begin() as conn:
                 deleted = int(conn.execute(stmt, params).rowcount)  # type: ignore[call-overload]
         total += deleted
+        if progress is not None:
+            progress(deleted)
         if deleted < batch_size:
             return total
 
 
-def purge_runs(engine: Engine, older_than: timedelta, batch_size: int = DEFAULT_BATCH) -> int:
-    return _purge(engine, _PURGE_RUNS, older_than, batch_size)
+def purge_runs(
+    engine: Engine,
+    older_than: timedelta,
+    batch_size: int = DEFAULT_BATCH,
+    progress: Progress | None = None,
+) -> int:
+    return _purge(engine, _PURGE_RUNS, older_than, batch_size, progress)
 
 
-def purge_jobs(engine: Engine, older_than: timedelta, batch_size: int = DEFAULT_BATCH) -> int:
-    return _purge(engine, _PURGE_JOBS, older_than, batch_size)
+def purge_jobs(
+    engine: Engine,
+    older_than: timedelta,
+    batch_size: int = DEFAULT_BATCH,
+    progress: Progress | None = None,
+) -> int:
+    return _purge(engine, _PURGE_JOBS, older_than, batch_size, progress)
 
 
 def sweep_on(conn: Connection, keep: timedelta, batch_size: int = DEFAULT_BATCH) -> tuple[int, int]:

@@ -3,19 +3,94 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from datetime import timedelta
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine, bindparam, func, literal_column, select, tuple_
+from sqlalchemy import Engine, Text, bindparam, cast, func, literal_column, select, tuple_
 
-from cyclone import _binds, _sweeper
-from cyclone.jobs import JOB_STATUS_COLUMNS, JobStatus, job_status_from_row
+from cyclone import _binds, _codec, _sweeper
+from cyclone.jobs import JOB_STATUS_COLUMNS, JobStatus, cancel_job, job_status_from_row
 from cyclone.runs import STATUS_COLUMNS, RunStatus, status_from_row
 from cyclone.schema import LISTED_SINCE, jobs, runs
 from cyclone.states import JobState, RunState
 
 DEFAULT_PAGE = 100
+
+
+@dataclass(frozen=True, slots=True)
+class StepStatus:
+    """One step of a run as its job stands: state, attempts, timing and every error.
+
+    Each error is a dict with ``type``, ``message``, ``traceback``, ``attempt`` and ``at``.
+    """
+
+    name: str
+    job_id: int
+    state: JobState
+    queue: str
+    attempt: int
+    max_attempts: int
+    scheduled_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    errors: list[dict[str, Any]]
+
+    @property
+    def duration(self) -> timedelta | None:
+        """How long the last attempt took, once it has ended."""
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return max(self.finished_at - self.started_at, timedelta())
+
+
+@dataclass(frozen=True, slots=True)
+class RunDetail:
+    """A run with its input, its result node's output (if any) and its steps in order."""
+
+    status: RunStatus
+    input: Any
+    result_step: str | None
+    result: Any
+    steps: list[StepStatus]
+
+
+@dataclass(frozen=True, slots=True)
+class JobDetail:
+    """A standalone job with its arguments, its output and when its last attempt started."""
+
+    status: JobStatus
+    args: Any
+    output: Any
+    started_at: datetime | None
+
+
+_RUN_DATA = select(cast(runs.c.input, Text), runs.c.result_step).where(runs.c.id == bindparam("id"))
+_STEPS = (
+    select(
+        jobs.c.kind,
+        jobs.c.id,
+        jobs.c.state,
+        jobs.c.queue,
+        jobs.c.attempt,
+        jobs.c.max_attempts,
+        jobs.c.scheduled_at,
+        jobs.c.attempted_at,
+        jobs.c.finalized_at,
+        cast(jobs.c.errors, Text),
+        cast(jobs.c.output, Text),
+    )
+    .where(jobs.c.run_id == bindparam("id"))
+    .order_by(jobs.c.id)
+)
+_JOB_DATA = select(
+    *JOB_STATUS_COLUMNS, cast(jobs.c.args, Text), cast(jobs.c.output, Text), jobs.c.attempted_at
+).where(jobs.c.id == bindparam("id"), jobs.c.run_id.is_(None))
+
+
+def _json(text: str | None) -> Any:
+    return None if text is None else _codec.decode(text)
 
 
 class Client:
@@ -44,10 +119,13 @@ class Client:
         workflow: str | None = None,
         state: RunState | str | None = None,
         key: str | None = None,
+        since: datetime | None = None,
         limit: int = DEFAULT_PAGE,
         after: RunStatus | None = None,
     ) -> list[RunStatus]:
         """Runs newest first. Pass the last run of a page as ``after`` for the next page.
+
+        ``since`` (an aware datetime) keeps runs created at or after it.
 
         Pagination is by ``(created_at, id)``, so pages neither repeat nor skip runs
         while new runs are submitted.
@@ -63,6 +141,8 @@ class Client:
             stmt = stmt.where(runs.c.state == RunState(state).value)
         if key is not None:
             stmt = stmt.where(runs.c.submit_key == key)
+        if since is not None:
+            stmt = stmt.where(runs.c.created_at >= _aware(since))
         if after is not None:
             stmt = stmt.where(tuple_(runs.c.created_at, runs.c.id) < (after.created_at, after.id))
         stmt = stmt.order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(_limit(limit))
@@ -87,6 +167,66 @@ class Client:
                 select(*STATUS_COLUMNS).where(runs.c.id == bindparam("id")), {"id": run_uuid}
             ).first()
         return None if row is None else status_from_row(row)
+
+    def get_run_detail(self, run_id: uuid.UUID | str) -> RunDetail | None:
+        """The run with its input, result and steps (one snapshot), or None."""
+        run_uuid = run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
+        snapshot = self._engine.connect().execution_options(isolation_level="REPEATABLE READ")
+        with snapshot as conn, conn.begin():
+            status_row = conn.execute(
+                select(*STATUS_COLUMNS).where(runs.c.id == bindparam("id")), {"id": run_uuid}
+            ).first()
+            if status_row is None:
+                return None
+            data = conn.execute(_RUN_DATA, {"id": run_uuid}).one()
+            step_rows = conn.execute(_STEPS, {"id": run_uuid}).all()
+        steps = [
+            StepStatus(
+                name=row[0],
+                job_id=row[1],
+                state=JobState(row[2]),
+                queue=row[3],
+                attempt=row[4],
+                max_attempts=row[5],
+                scheduled_at=row[6],
+                started_at=row[7],
+                finished_at=row[8],
+                errors=_codec.decode(row[9]),
+            )
+            for row in step_rows
+        ]
+        outputs = {row[0]: row[10] for row in step_rows}
+        result_step = data[1]
+        return RunDetail(
+            status=status_from_row(status_row),
+            input=_json(data[0]),
+            result_step=result_step,
+            result=_json(outputs.get(result_step)) if result_step else None,
+            steps=steps,
+        )
+
+    def get_job_detail(self, job_id: int) -> JobDetail | None:
+        """The standalone job with its arguments and output, or None."""
+        with _binds.autocommit(self._engine) as conn:
+            row = conn.execute(_JOB_DATA, {"id": job_id}).first()
+        if row is None:
+            return None
+        width = len(JOB_STATUS_COLUMNS)
+        return JobDetail(
+            status=job_status_from_row(row),
+            args=_json(row[width]),
+            output=_json(row[width + 1]),
+            started_at=row[width + 2],
+        )
+
+    def cancel_job(self, job_id: int) -> None:
+        """Cancel a standalone job that has not started.
+
+        Raises:
+            NotFoundError: no standalone job has this id.
+            InvalidStateError: the job is running or has ended.
+        """
+        cancel_job(self._engine, job_id)
 
     def list_jobs(
         self,
@@ -141,22 +281,51 @@ class Client:
                 counts[JobState(state)] = count
         return counts
 
+    def count_purgeable(self, *, older_than: timedelta) -> tuple[int, int]:
+        """How many runs and standalone jobs a purge with ``older_than`` would delete now."""
+        return _sweeper.count_due(self._engine, older_than)
+
+    def backlog(self) -> dict[str, int]:
+        """Jobs waiting for a worker (available and due), per queue that has any."""
+        stmt = (
+            select(jobs.c.queue, func.count())
+            .where(jobs.c.state == JobState.AVAILABLE.value, jobs.c.scheduled_at <= func.now())
+            .group_by(jobs.c.queue)
+        )
+        with _binds.autocommit(self._engine) as conn:
+            return {queue: count for queue, count in conn.execute(stmt)}
+
     def purge_terminal_runs(
-        self, *, older_than: timedelta, batch_size: int = _sweeper.DEFAULT_BATCH
+        self,
+        *,
+        older_than: timedelta,
+        batch_size: int = _sweeper.DEFAULT_BATCH,
+        progress: Callable[[int], None] | None = None,
     ) -> int:
         """Delete runs that ended more than ``older_than`` ago (or their own ``retention``).
 
         A run's own retention, when set, replaces ``older_than`` for it. Deletes in
         batches of ``batch_size``, frees the deleted runs' keys, and returns how many runs
-        it deleted. Running runs are never deleted.
+        it deleted. Running runs are never deleted. ``progress`` is called with the
+        number deleted after each batch.
         """
-        return _sweeper.purge_runs(self._engine, older_than, batch_size)
+        return _sweeper.purge_runs(self._engine, older_than, batch_size, progress)
 
     def purge_finished_jobs(
-        self, *, older_than: timedelta, batch_size: int = _sweeper.DEFAULT_BATCH
+        self,
+        *,
+        older_than: timedelta,
+        batch_size: int = _sweeper.DEFAULT_BATCH,
+        progress: Callable[[int], None] | None = None,
     ) -> int:
         """Delete standalone jobs that ended more than ``older_than`` ago; returns how many."""
-        return _sweeper.purge_jobs(self._engine, older_than, batch_size)
+        return _sweeper.purge_jobs(self._engine, older_than, batch_size, progress)
+
+
+def _aware(moment: datetime) -> datetime:
+    if not isinstance(moment, datetime) or moment.tzinfo is None:
+        raise ValueError("since must be an aware datetime")
+    return moment
 
 
 def _limit(limit: int) -> int:

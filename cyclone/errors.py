@@ -78,13 +78,17 @@ class NotFoundError(_Message, LookupError):
 
 
 class InvalidStateError(_Message):
-    """An operation is not allowed in the run's current state (e.g. retry of a running run)."""
+    """An operation is not allowed in the current state (e.g. retry of a running run).
 
-    def __init__(self, *, operation: str, run_id: object, state: str) -> None:
+    ``what`` is ``"run"``, or ``"job"`` when ``run_id`` holds a standalone job's id.
+    """
+
+    def __init__(self, *, operation: str, run_id: object, state: str, what: str = "run") -> None:
         self.operation = operation
         self.run_id = run_id
         self.state = state
-        super().__init__(f"cannot {operation} run {run_id}: it is {state}")
+        self.what = what
+        super().__init__(f"cannot {operation} {what} {run_id}: it is {state}")
 
 
 class NoOutputError(_Message):
@@ -122,3 +126,7 @@ class RunFailedError(_Message):
 
 class SchemaError(_Message):
     """The database schema is missing or older than this version of cyclone expects."""
+
+
+class TransactionAbortedError(_Message):
+    """A ``_tx`` call got a connection whose transaction already failed; nothing was sent."""

@@ -12,22 +12,22 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy import (
-    Connection,
     Engine,
     Interval,
     Text,
     bindparam,
     cast,
     func,
-    literal,
     select,
+    update,
 )
 from sqlalchemy.dialects.postgresql import JSONB, insert
 
-from cyclone import _binds, _codec, _notify, errors
+from cyclone import _binds, _codec, _fastpath, _notify, _observe, errors
+from cyclone._fastpath import const
 from cyclone.runs import wait_until_finished
 from cyclone.schema import jobs
-from cyclone.states import ACTIVE_JOB_STATES, TERMINAL_JOB_STATES, JobState
+from cyclone.states import ACTIVE_JOB_STATES, EDGES, TERMINAL_JOB_STATES, JobState
 
 R = TypeVar("R")
 
@@ -36,7 +36,7 @@ _MAX_RACE_RETRIES = 5
 # from ON CONFLICT ... WHERE only when the predicate is constant, and a bound predicate
 # fails once psycopg prepares the statement (a generic plan) after a few executions.
 _UNIQUE_WHERE = jobs.c.unique_key.is_not(None) & jobs.c.state.in_(
-    [literal(s.value, Text, literal_execute=True) for s in sorted(ACTIVE_JOB_STATES)]
+    [_fastpath.const(s.value) for s in sorted(ACTIVE_JOB_STATES)]
 )
 
 
@@ -90,6 +90,7 @@ def insert_job_stmt() -> Any:
             args=cast(bindparam("args", type_=Text), JSONB),
             max_attempts=bindparam("max_attempts"),
             unique_key=bindparam("unique", type_=Text),
+            trace_context=bindparam("trace_context", None, type_=Text),
             scheduled_at=func.coalesce(
                 bindparam("run_at", type_=jobs.c.scheduled_at.type),
                 func.now()
@@ -107,7 +108,7 @@ def select_active_holder_stmt() -> Any:
     return select(jobs.c.id).where(
         jobs.c.kind == bindparam("kind", type_=Text),
         jobs.c.unique_key == bindparam("unique", type_=Text),
-        jobs.c.state.in_([s.value for s in ACTIVE_JOB_STATES]),
+        jobs.c.state.in_([_fastpath.const(s.value) for s in sorted(ACTIVE_JOB_STATES)]),
     )
 
 
@@ -144,12 +145,52 @@ def job_status_from_row(row: Any) -> JobStatus:
     )
 
 
-_INSERT_JOB = insert_job_stmt()
-_SELECT_HOLDER = select_active_holder_stmt()
+_FAST_INSERT_JOB = _fastpath.Compiled(insert_job_stmt())
+_FAST_SELECT_HOLDER = _fastpath.Compiled(select_active_holder_stmt())
 _SELECT_JOB = select(*JOB_STATUS_COLUMNS).where(jobs.c.id == bindparam("job_id"))
 _SELECT_OUTPUT = select(jobs.c.state, cast(jobs.c.output, Text)).where(
     jobs.c.id == bindparam("job_id")
 )
+
+
+def cancel_job_stmt() -> Any:
+    """Cancel a standalone job that has not started; returns nothing otherwise."""
+    edge = EDGES["job.cancel_unstarted"]
+    return (
+        update(jobs)
+        .where(
+            jobs.c.id == bindparam("job_id"),
+            jobs.c.run_id.is_(None),
+            jobs.c.state.in_([const(s) for s in edge.sources]),
+        )
+        .values(state=const(edge.target), finalized_at=func.now())
+        .returning(jobs.c.id)
+    )
+
+
+TRANSITIONS = {cancel_job_stmt: ("job.cancel_unstarted",)}
+"""The edges of :data:`cyclone.states.EDGES` each statement of this module implements."""
+
+_CANCEL_JOB = cancel_job_stmt()
+_SELECT_STANDALONE_STATE = select(jobs.c.state).where(
+    jobs.c.id == bindparam("job_id"), jobs.c.run_id.is_(None)
+)
+
+
+def cancel_job(engine: Engine, job_id: int) -> None:
+    """Cancel a standalone job that has not started; one guarded UPDATE.
+
+    Raises:
+        NotFoundError: no standalone job has this id.
+        InvalidStateError: the job is running or has ended.
+    """
+    with _binds.autocommit(engine) as conn:
+        if conn.execute(_CANCEL_JOB, {"job_id": job_id}).first() is not None:
+            return
+        state = conn.execute(_SELECT_STANDALONE_STATE, {"job_id": job_id}).scalar()
+    if state is None:
+        raise errors.NotFoundError(f"standalone job {job_id} does not exist")
+    raise errors.InvalidStateError(operation="cancel", run_id=job_id, state=state, what="job")
 
 
 class Job(Generic[R]):
@@ -178,6 +219,14 @@ class Job(Generic[R]):
         if row is None:
             raise errors.NotFoundError(f"job {self.id} does not exist (pruned, or not committed)")
         return job_status_from_row(row)
+
+    def cancel(self) -> None:
+        """Cancel the job if it has not started (a running job finishes its attempt).
+
+        Raises:
+            InvalidStateError: the job is running or has ended.
+        """
+        cancel_job(self._engine, self.id)
 
     def wait(self, timeout: float | None = None) -> JobStatus:
         """Wait until the job is completed, failed or cancelled; return its status.
@@ -215,7 +264,7 @@ class Job(Generic[R]):
         return value
 
 
-def _enqueue(conn: Connection, req: EnqueueRequest) -> Job[Any]:
+def _enqueue(conn: _fastpath.Executor, engine: Engine, req: EnqueueRequest) -> Job[Any]:
     params = {
         "kind": req.kind,
         "queue": req.queue,
@@ -225,22 +274,28 @@ def _enqueue(conn: Connection, req: EnqueueRequest) -> Job[Any]:
         "unique": req.unique,
         "run_at": req.run_at,
         "delay": req.delay,
+        "trace_context": _observe.trace_context(),
     }
     for _ in range(_MAX_RACE_RETRIES):
-        job_id = conn.execute(_INSERT_JOB, params).scalar()
-        if job_id is not None:
-            return Job(conn.engine, job_id, req.kind, req.unique, req.output_type)
-        holder = conn.execute(_SELECT_HOLDER, params).scalar()
-        if holder is not None:
+        inserted = conn.execute(_FAST_INSERT_JOB, params)
+        if inserted:
+            return Job(engine, inserted[0][0], req.kind, req.unique, req.output_type)
+        holders = conn.execute(_FAST_SELECT_HOLDER, params)
+        if holders:
+            holder = holders[0][0]
             assert req.unique is not None
             raise errors.DuplicateError(kind=req.kind, key=req.unique, job_id=holder)
     raise RuntimeError(f"unique key {req.unique!r} kept changing hands while enqueueing")
 
 
+@_observe.submits
 def enqueue(bind: _binds.Bind, req: EnqueueRequest) -> Job[Any]:
-    with _binds.autocommit(bind) as conn:
-        return _enqueue(conn, req)
+    engine = _binds.engine_of(bind)
+    with _fastpath.connect(engine) as conn:
+        return _enqueue(conn, engine, req)
 
 
+@_observe.submits
 def enqueue_tx(conn: _binds.Conn, req: EnqueueRequest) -> Job[Any]:
-    return _enqueue(_binds.joined(conn), req)
+    executor, engine = _binds.joined(conn)
+    return _enqueue(executor, engine, req)

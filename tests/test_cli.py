@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import os
+import pty
+import re
+import signal
+import socket
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 import cyclone
 from cyclone import migrations
+from cyclone.schema import jobs
+from tests.conftest import wait_until
+from tests.support.factories import finish
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -76,10 +85,221 @@ def test_worker_drain_runs_the_workflows_of_a_module(
         env={"CYCLONE_CLI_WORKFLOW": name},
     )
     assert done.returncode == 0, done.stderr
-    assert "ran 1 jobs" in done.stdout
+    assert "ran 1 job: 1 completed, 0 retried, 0 failed\n" in done.stdout
+    assert re.search(
+        r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} INFO cyclone\.cli: worker \S+: "
+        rf"workflows {name}, step kinds none, queues all$",
+        done.stderr,
+        flags=re.M,
+    ), done.stderr
     assert run.result(timeout=10) == "hello ada"
 
-    listed = cli(database_url, "runs", "--workflow", name)
+    listed = cli(database_url, "runs", "list", "--workflow", name)
     assert listed.returncode == 0, listed.stderr
     assert str(run.id) in listed.stdout
     assert "completed" in listed.stdout
+
+
+# -- as a program: exact one-line errors and exit codes --------------------------------
+
+CYCLONE = str(Path(sys.executable).with_name("cyclone"))
+PROGRAMS = {"console-script": [CYCLONE], "python-m": [sys.executable, "-m", "cyclone"]}
+
+
+def program(
+    how: str, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*PROGRAMS[how], *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "CYCLONE_DATABASE_URL": "", **(env or {})},
+        timeout=60,
+    )
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+@pytest.mark.parametrize("how", PROGRAMS)
+def test_a_refused_connection_names_host_and_port_in_one_line(how: str) -> None:
+    port = closed_port()
+    done = program(how, "runs", "list", "--url", f"postgresql://postgres@127.0.0.1:{port}/shop")
+    assert done.returncode == 3
+    assert done.stderr == (
+        f"cyclone: cannot connect to PostgreSQL at 127.0.0.1:{port} (database shop): "
+        "Connection refused\n"
+    )
+    assert done.stdout == ""
+
+
+@pytest.mark.parametrize("how", PROGRAMS)
+def test_a_bad_url_is_one_line_with_exit_2(how: str) -> None:
+    done = program(how, "check", "--url", "postgres//nohost")
+    assert done.returncode == 2
+    assert done.stderr == (
+        "cyclone: invalid database URL 'postgres//nohost': "
+        "expected postgresql://USER@HOST:PORT/DBNAME\n"
+    )
+
+
+def test_a_bad_url_never_prints_its_password() -> None:
+    done = program("python-m", "check", "--url", "postgresql://ada:s3cret@host:port/db")
+    assert done.returncode == 2
+    assert "s3cret" not in done.stderr
+    assert done.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("how", PROGRAMS)
+def test_an_unknown_module_is_one_line_with_exit_2(how: str, database_url: URL) -> None:
+    url = database_url.render_as_string(hide_password=False)
+    done = program(how, "worker", "no_such_module", "--drain", "--url", url)
+    assert done.returncode == 2
+    assert done.stderr == (
+        "cyclone: no module named 'no_such_module' (searched the current directory and sys.path)\n"
+    )
+
+
+@pytest.mark.parametrize("how", PROGRAMS)
+def test_an_unmigrated_database_names_cyclone_migrate(how: str, fresh_database: URL) -> None:
+    url = fresh_database.render_as_string(hide_password=False)
+    for args in (["runs", "list"], ["worker", "tests.support.cli_app", "--drain"], ["check"]):
+        done = program(how, *args, "--url", url)
+        assert done.returncode == 4, done.stderr
+        assert done.stderr == (
+            f"cyclone: the database at 127.0.0.1:{fresh_database.port or 5432} "
+            f"(database {fresh_database.database}) has no cyclone schema: run `cyclone migrate`\n"
+        )
+
+
+def test_verbose_shows_the_traceback_before_the_line() -> None:
+    port = closed_port()
+    done = program("python-m", "-v", "runs", "list", "--url", f"postgresql://u@127.0.0.1:{port}/d")
+    assert done.returncode == 3
+    lines = done.stderr.splitlines()
+    assert lines[0] == "Traceback (most recent call last):"
+    assert any("psycopg.OperationalError" in line for line in lines)
+    assert lines[-1].startswith(f"cyclone: cannot connect to PostgreSQL at 127.0.0.1:{port}")
+
+
+def test_a_usage_error_is_one_line_with_exit_2() -> None:
+    done = program("console-script", "runs", "list", "--state", "lost")
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1
+    assert done.stderr.startswith("cyclone: Invalid value for '--state': 'lost' is not one of")
+    assert done.stderr.endswith("(see 'cyclone runs list --help')\n")
+
+
+def test_without_click_the_command_names_the_cli_extra() -> None:
+    code = (
+        "import sys; sys.modules['click'] = None\n"
+        "from cyclone.cli import main\n"
+        "raise SystemExit(main(['--help']))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert done.returncode == 2
+    assert done.stderr == (
+        "cyclone: the command line needs the cli extra: pip install 'cyclone[cli]'\n"
+    )
+
+
+def in_terminal(args: list[str]) -> str:
+    """Run a command with a pseudo-terminal as stdout and stderr; return what it showed."""
+    controller, terminal = pty.openpty()
+    with subprocess.Popen(
+        args, stdout=terminal, stderr=terminal, cwd=ROOT, env={**os.environ, "COLUMNS": "200"}
+    ) as proc:
+        os.close(terminal)
+        seen = b""
+        while True:
+            try:
+                chunk = os.read(controller, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            seen += chunk
+        assert proc.wait(timeout=60) == 0, seen.decode()
+    os.close(controller)
+    return seen.decode()
+
+
+def test_purge_shows_a_progress_bar_on_a_terminal(fresh_database: URL) -> None:
+    engine = sa.create_engine(fresh_database, poolclass=sa.NullPool)
+    cyclone.upgrade(engine)
+    wf = cyclone.Workflow("purged")
+    wf.step("only")(lambda ctx, value: None)
+    for i in range(3):
+        run, _ = wf.submit_once(engine, f"k{i}", i)
+        finish(engine, run.id, cyclone.RunState.COMPLETED, ago=timedelta(days=30))
+    engine.dispose()
+    url = fresh_database.render_as_string(hide_password=False)
+    shown = in_terminal([CYCLONE, "purge", "--older-than", "7d", "--url", url])
+    assert "deleting runs" in shown
+    assert "3/3" in shown
+    assert "deleted 3 runs and 0 standalone jobs" in shown
+
+
+def test_a_terminal_gets_a_coloured_table_and_a_pipe_plain_columns(
+    engine: sa.Engine, database_url: URL, name: str
+) -> None:
+    wf = cyclone.Workflow(name)
+    wf.step("only")(lambda ctx, value: None)
+    wf.submit_once(engine, "k", 1)
+    url = database_url.render_as_string(hide_password=False)
+    args = [CYCLONE, "runs", "list", "--workflow", name, "--url", url]
+    shown = in_terminal(args)
+    assert "\x1b[" in shown
+    assert "WORKFLOW" in shown
+    assert "running" in shown
+
+    piped = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert "\x1b[" not in piped.stdout
+    assert piped.stdout.splitlines()[0].split()[:4] == ["ID", "WORKFLOW", "KEY", "STATE"]
+
+
+def test_worker_grace_lets_the_running_step_finish_on_sigterm(
+    engine: sa.Engine, database_url: URL, name: str
+) -> None:
+    slow = cyclone.ResultWorkflow(name, output=str)
+
+    @slow.result()
+    def greet(ctx: cyclone.StepContext, who: str) -> str:
+        raise AssertionError("the CLI worker runs it, not this process")
+
+    run, _ = slow.submit_once(engine, "k", "slow")
+    url = database_url.render_as_string(hide_password=False)
+    with subprocess.Popen(
+        [CYCLONE, "worker", "tests.support.cli_app", "--grace", "30", "--url", url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "CYCLONE_CLI_WORKFLOW": name, "CYCLONE_CLI_STEP_SECONDS": "1"},
+    ) as worker:
+
+        def step_started() -> bool:
+            if worker.poll() is not None:
+                pytest.fail(f"the worker exited early: {worker.communicate()[1]}")
+            return run_step_state(engine, run.id) == "running"
+
+        wait_until(step_started, timeout=30)
+        worker.send_signal(signal.SIGTERM)
+        _, stderr = worker.communicate(timeout=60)
+    assert worker.returncode == 0, stderr
+    assert run.result(timeout=5) == "hello slow"
+
+
+def run_step_state(engine: sa.Engine, run_id: object) -> str | None:
+    with engine.connect() as conn:
+        state: str | None = conn.execute(
+            sa.select(jobs.c.state).where(jobs.c.run_id == run_id)
+        ).scalar()
+    return state

@@ -6,6 +6,7 @@ import itertools
 import threading
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -319,3 +320,39 @@ def test_a_listing_by_workflow_reads_the_listing_index(engine: sa.Engine, name: 
     assert any("ix_cyclone_runs_listing" in line for line in plan), plan
     with engine.begin() as conn:
         conn.execute(sa.delete(runs).where(runs.c.workflow.in_([name, f"{name}-newer"])))
+
+
+def test_run_detail_reads_input_result_and_steps_in_order(engine: sa.Engine, name: str) -> None:
+    wf: cyclone.ResultWorkflow[Any, Any] = cyclone.ResultWorkflow(name, output=Any)
+
+    @wf.step()
+    def first(ctx: cyclone.StepContext, value: Any) -> int:
+        return 1
+
+    @wf.result(after=[first])
+    def second(ctx: cyclone.StepContext, value: Any) -> dict[str, Any]:
+        return {"value": value, "first": ctx.output(first)}
+
+    run, _ = wf.submit_once(engine, "k", {"n": 3})
+    client = cyclone.Client(engine)
+    pending = client.get_run_detail(run.id)
+    assert pending is not None
+    assert pending.result is None
+    assert [(s.name, s.state.value, s.started_at, s.duration) for s in pending.steps] == [
+        ("first", "available", None, None),
+        ("second", "blocked", None, None),
+    ]
+    cyclone.Worker(engine, workflows=[wf]).drain()
+    detail = client.get_run_detail(str(run.id))
+    assert detail is not None
+    assert detail.input == {"n": 3}
+    assert detail.result_step == "second"
+    assert detail.result == {"value": {"n": 3}, "first": 1}
+    assert [s.state for s in detail.steps] == [cyclone.JobState.COMPLETED] * 2
+    assert all(s.duration is not None and s.attempt == 1 for s in detail.steps)
+    assert client.get_run_detail(uuid.uuid4()) is None
+
+
+def test_list_runs_since_takes_an_aware_datetime_only(engine: sa.Engine) -> None:
+    with pytest.raises(ValueError, match="aware datetime"):
+        cyclone.Client(engine).list_runs(since=datetime(2026, 1, 1))

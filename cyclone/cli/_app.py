@@ -1,0 +1,757 @@
+"""The commands of ``cyclone`` and :func:`build_cli`, the group Flask and Django mount."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import logging
+import os
+import re
+import sys
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+import click
+from sqlalchemy import Engine
+
+import cyclone
+from cyclone import migrations
+from cyclone.cli import _db, _definitions, _output
+from cyclone.cli._db import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, BadInput, CommandError
+from cyclone.client import Client, JobDetail, RunDetail, StepStatus
+from cyclone.jobs import JobStatus
+from cyclone.runs import Run
+from cyclone.states import JobState, RunState
+from cyclone.worker import Worker
+from cyclone.workflow import StandaloneStep, Workflow
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+URL_ENV = "CYCLONE_DATABASE_URL"
+
+EngineFactory = Callable[[], Engine]
+DefinitionsFactory = Callable[
+    [], tuple[Sequence[Workflow[Any]], Sequence[StandaloneStep[Any, Any]]]
+]
+WorkerOptions = Callable[[], Mapping[str, Any]]
+F = TypeVar("F", bound=Callable[..., Any])
+
+_KEY = "cyclone.cli"
+
+
+@dataclass(frozen=True)
+class _Host:
+    """What the application mounting the group supplies (all optional)."""
+
+    engine: EngineFactory | None = None
+    definitions: DefinitionsFactory | None = None
+    worker_options: WorkerOptions | None = None
+
+
+@dataclass
+class _Invocation:
+    """One run of the command line: the options given and the Engine it opened."""
+
+    url: str | None = None
+    verbose: bool = False
+    host: _Host = field(default_factory=_Host)
+    command_path: str = "cyclone"
+    opened: Engine | None = None
+    schema_checked: bool = False
+
+    def engine(self, *, schema: bool = True) -> Engine:
+        """The database: ``--url``, else the host's engine, else ``$CYCLONE_DATABASE_URL``.
+
+        The first call connects once, so an unreachable server is one clear error, and
+        checks the schema unless ``schema`` is false.
+        """
+        if self.opened is None:
+            ctx = click.get_current_context()
+            url = self.url
+            if url is None and self.host.engine is not None:
+                engine = self.host.engine()
+            else:
+                url = url or os.environ.get(URL_ENV)
+                if not url:
+                    raise BadInput(f"no database given: pass --url URL or set {URL_ENV}")
+                engine = _db.make_engine(url)
+                ctx.find_root().call_on_close(engine.dispose)
+            self.opened = engine
+            _db.probe(engine)
+        if schema and not self.schema_checked:
+            _db.require_schema(self.opened, self.command_path)
+            self.schema_checked = True
+        return self.opened
+
+    def client(self) -> Client:
+        return Client(self.engine())
+
+
+def _invocation(ctx: click.Context | None = None) -> _Invocation:
+    ctx = ctx or click.get_current_context()
+    found: _Invocation = ctx.meta.setdefault(_KEY, _Invocation())
+    return found
+
+
+def _set_url(ctx: click.Context, _: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        _invocation(ctx).url = value
+
+
+def _set_verbose(ctx: click.Context, _: click.Parameter, value: bool) -> None:
+    if value:
+        _invocation(ctx).verbose = True
+
+
+def _common(f: F) -> F:
+    """``--url`` and ``-v``, accepted before the subcommand and after it."""
+    f = click.option(
+        "--url",
+        metavar="URL",
+        expose_value=False,
+        callback=_set_url,
+        help=f"Database URL, e.g. postgresql://user@host:5432/db (default: ${URL_ENV}).",
+    )(f)
+    f = click.option(
+        "-v",
+        "--verbose",
+        is_flag=True,
+        expose_value=False,
+        callback=_set_verbose,
+        help="Show the traceback behind an error; the worker logs cyclone's DEBUG lines.",
+    )(f)
+    return f
+
+
+def _json_option(f: F) -> F:
+    return click.option("--json", "as_json", is_flag=True, help="Print one JSON object per line.")(
+        f
+    )
+
+
+def _reported(f: F) -> F:
+    """Turn whatever a command raises into a one-line CommandError (``-v``: with traceback)."""
+
+    @functools.wraps(f)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        inv = _invocation()
+        try:
+            return f(*args, **kwargs)
+        except CommandError as exc:
+            if inv.verbose:
+                _db.print_cause(exc)
+            raise
+        except (click.ClickException, click.exceptions.Exit, click.Abort, BrokenPipeError):
+            raise
+        except Exception as exc:
+            if inv.verbose:
+                _db.print_cause(exc)
+            raise _db.translate(exc, inv.opened, inv.command_path) from exc
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _command(group: click.Group, name: str, **settings: Any) -> Callable[[F], click.Command]:
+    def decorate(f: F) -> click.Command:
+        return group.command(name, **settings)(_common(_reported(f)))
+
+    return decorate
+
+
+# -- parameter types -------------------------------------------------------------------
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d|w)\s*$")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def duration(value: str) -> timedelta:
+    """``30s``, ``15m``, ``1h``, ``7d``, ``2w`` as a timedelta."""
+    match = _DURATION.match(value)
+    if not match:
+        raise click.BadParameter(f"{value!r} is not a duration such as 30s, 15m, 1h, 7d or 2w")
+    return timedelta(seconds=float(match[1]) * _UNITS[match[2]])
+
+
+def since(value: str) -> datetime:
+    """A duration back from now (``1h``) or an ISO 8601 time (UTC unless it says otherwise)."""
+    if _DURATION.match(value):
+        return datetime.now(UTC) - duration(value)
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is neither a duration (1h, 7d) nor an ISO 8601 time "
+            "(2026-01-31T12:00:00+00:00)"
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _converted(
+    convert: Callable[[str], Any],
+) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        return None if value is None else convert(value)
+
+    return callback
+
+
+def _queue(value: str) -> tuple[str, int]:
+    name, sep, limit = value.partition("=")
+    if not name or (sep and not limit.isdigit()) or (sep and int(limit) < 1):
+        raise click.BadParameter(f"{value!r}: write NAME or NAME=LIMIT (LIMIT a positive integer)")
+    return name, int(limit) if sep else 1
+
+
+# -- the group -------------------------------------------------------------------------
+
+
+def build_cli(
+    *,
+    engine: EngineFactory | None = None,
+    definitions: DefinitionsFactory | None = None,
+    worker_options: WorkerOptions | None = None,
+    name: str = "cyclone",
+) -> click.Group:
+    """The ``cyclone`` command group, for an application's own command line to mount.
+
+    Args:
+        engine: returns the application's Engine; without it the commands use ``--url``
+            or ``$CYCLONE_DATABASE_URL``. ``--url`` still wins when given.
+        definitions: returns ``(workflows, step kinds)`` that ``worker`` runs when no
+            MODULE is named.
+        worker_options: returns extra keyword arguments for :class:`cyclone.Worker`,
+            e.g. ``{"step_context": app.app_context}``.
+        name: the group's command name.
+
+    Example:
+        app.cli.add_command(build_cli(engine=lambda: db.engine), "cyclone")
+    """
+    host = _Host(engine, definitions, worker_options)
+
+    @click.group(name=name, context_settings={"help_option_names": ["-h", "--help"]})
+    @click.version_option(
+        cyclone.__version__, "--version", prog_name="cyclone", message="%(prog)s %(version)s"
+    )
+    @_common
+    @click.pass_context
+    def group(ctx: click.Context) -> None:
+        """Operate cyclone: migrate the schema, run workers, inspect and act on runs and jobs.
+
+        The database comes from --url (before or after the command) or from
+        $CYCLONE_DATABASE_URL. Exit status: 0 success, 1 error, 2 bad usage,
+        3 database unreachable, 4 schema missing or old (run migrate).
+        """
+        inv = _invocation(ctx)
+        inv.host = host
+        inv.command_path = ctx.command_path
+
+    _add_commands(group)
+    return group
+
+
+def _add_commands(group: click.Group) -> None:
+    @_command(group, "migrate", short_help="Apply cyclone's schema revisions, or print their SQL.")
+    @click.option("--sql", is_flag=True, help="Print the SQL instead of applying it (no database).")
+    @click.option(
+        "--from",
+        "from_revision",
+        metavar="REV",
+        help="With --sql: only the revisions after REV (the database's current revision).",
+    )
+    def migrate(sql: bool, from_revision: str | None) -> None:
+        """Apply cyclone's schema revisions (or print their SQL for review)."""
+        if from_revision is not None and not sql:
+            raise click.UsageError("--from goes with --sql (migrate finds the revision itself)")
+        if sql:
+            _print_upgrade_sql(from_revision)
+            return
+        inv = _invocation()
+        engine = inv.engine(schema=False)
+        before = migrations.current_revision(engine)
+        migrations.upgrade(engine)
+        after = migrations.current_revision(engine)
+        if before == after:
+            click.echo(f"cyclone schema already at {after}")
+        else:
+            click.echo(f"cyclone schema upgraded from {before or 'nothing'} to {after}")
+
+    @_command(group, "check", short_help="Show the schema revision found and expected.")
+    def check() -> None:
+        """Compare the database's schema revision with the one this version needs.
+
+        Exit status 0 when they match, 4 when the schema is missing or old.
+        """
+        inv = _invocation()
+        engine = inv.engine(schema=False)
+        found = migrations.current_revision(engine)
+        expected = migrations.head_revision()
+        _output.fields([("found", found or "nothing"), ("expected", expected)])
+        _db.require_schema(engine, inv.command_path)
+
+    @_command(group, "worker", short_help="Run workflows and step kinds from Python modules.")
+    @click.argument("targets", nargs=-1, metavar="MODULE[:ATTR]...")
+    @click.option(
+        "-q",
+        "--queue",
+        "queues",
+        multiple=True,
+        metavar="NAME[=LIMIT]",
+        help="Run only this queue, at most LIMIT jobs of it at once (repeatable).",
+    )
+    @click.option(
+        "-c",
+        "--concurrency",
+        type=click.IntRange(min=1),
+        metavar="N",
+        help="Jobs run at once over all queues (threads; default 4).",
+    )
+    @click.option("--drain", is_flag=True, help="Run what is runnable now, then exit.")
+    @click.option(
+        "--grace",
+        type=click.FloatRange(min=0),
+        metavar="SECONDS",
+        help="On SIGTERM/SIGINT, let running jobs finish this long, then hand them back.",
+    )
+    def worker(
+        targets: tuple[str, ...],
+        queues: tuple[str, ...],
+        concurrency: int | None,
+        drain: bool,
+        grace: float | None,
+    ) -> None:
+        """Run the workflows and step kinds of MODULE (all it defines) or MODULE:ATTR.
+
+        ATTR names one workflow, one step kind, or a list of them. Logs go to stderr
+        at INFO (-v: cyclone's own loggers at DEBUG).
+        """
+        inv = _invocation()
+        host = inv.host
+        if targets:
+            workflows, steps = _definitions.load(targets)
+        elif host.definitions is not None:
+            found_workflows, found_steps = host.definitions()
+            workflows, steps = list(found_workflows), list(found_steps)
+        else:
+            raise click.UsageError("name at least one MODULE[:ATTR] holding workflows or steps")
+        logging.basicConfig(level=logging.INFO, format=LOG_FORMAT)
+        logging.getLogger("alembic").setLevel(logging.WARNING)
+        if inv.verbose:
+            logging.getLogger("cyclone").setLevel(logging.DEBUG)
+        options: dict[str, Any] = dict(host.worker_options()) if host.worker_options else {}
+        if concurrency is not None:
+            options["concurrency"] = concurrency
+        if queues:
+            options["queues"] = dict(_queue(q) for q in queues)
+        engine = inv.engine(schema=False)
+        _db.require_schema(engine, inv.command_path, allow_newer=True)
+        the_worker = Worker(engine, workflows=workflows, steps=steps, **options)
+        logging.getLogger("cyclone.cli").info(
+            "worker %s: workflows %s, step kinds %s, queues %s",
+            the_worker.id,
+            ", ".join(sorted(the_worker.workflows)) or "none",
+            ", ".join(sorted(the_worker.steps)) or "none",
+            ", ".join(the_worker.queues) if the_worker.queues else "all",
+        )
+        if drain:
+            ran = the_worker.drain()
+            stats = the_worker.stats
+            click.echo(
+                f"ran {ran} job{'' if ran == 1 else 's'}: {stats.completed} completed, "
+                f"{stats.retried} retried, {stats.failed} failed"
+            )
+        else:
+            the_worker.run(grace=grace)
+
+    runs = click.Group("runs", help="List and inspect runs; cancel and retry them.")
+    group.add_command(runs)
+
+    @_command(runs, "list")
+    @click.option("--workflow", help="Only runs of this workflow.")
+    @click.option(
+        "--state", type=click.Choice([s.value for s in RunState]), help="Only runs in this state."
+    )
+    @click.option("--key", help="Only the run with this submit key.")
+    @click.option(
+        "--since",
+        callback=_converted(since),
+        metavar="DURATION|TIME",
+        help="Only runs created since: 1h, 7d or an ISO time.",
+    )
+    @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+    @_json_option
+    def runs_list(
+        workflow: str | None,
+        state: str | None,
+        key: str | None,
+        since: datetime | None,
+        limit: int,
+        as_json: bool,
+    ) -> None:
+        """List runs, newest first."""
+        found = (
+            _invocation()
+            .client()
+            .list_runs(workflow=workflow, state=state, key=key, since=since, limit=limit)
+        )
+        if as_json:
+            for run in found:
+                _output.json_line(_run_record(run))
+            return
+        _output.table(_RUN_COLUMNS, found)
+
+    @_command(runs, "show", short_help="Show a run: input, result, steps and errors.")
+    @click.argument("run_id", required=False, metavar="[RUN_ID]")
+    @click.option("--workflow", help="With --key: the run of this workflow...")
+    @click.option("--key", help="...with this submit key.")
+    @_json_option
+    def runs_show(run_id: str | None, workflow: str | None, key: str | None, as_json: bool) -> None:
+        """Show one run: input, result, and each step's state, attempts, timing and errors.
+
+        Name the run by RUN_ID, or by --workflow and --key.
+        """
+        client = _invocation().client()
+        detail = client.get_run_detail(_find_run(client, run_id, workflow, key))
+        if detail is None:
+            raise CommandError(f"run {run_id} does not exist")
+        if as_json:
+            _output.json_line(_run_detail_record(detail))
+        else:
+            _print_run_detail(detail)
+
+    def _act(name: str, verb: str, done: str) -> None:
+        @_command(runs, name)
+        @click.argument("run_id", metavar="RUN_ID")
+        def act(run_id: str) -> None:
+            client = _invocation().client()
+            status = client.get_run(_run_uuid(run_id))
+            if status is None:
+                raise CommandError(f"run {run_id} does not exist")
+            handle = Run(client.engine, status.id, status.workflow, status.key)
+            getattr(handle, name.replace("-", "_"))()
+            click.echo(f"{done} run {status.id} of workflow {status.workflow}")
+
+        act.help = verb
+
+    _act("cancel", "Cancel a running run: steps not yet started never start.", "cancelled")
+    _act("retry", "Run a failed or cancelled run's unfinished steps again.", "retrying")
+    _act("retry-all", "Run every step of a finished run again, from the roots.", "retrying")
+
+    jobs = click.Group("jobs", help="List and inspect standalone jobs; cancel them.")
+    group.add_command(jobs)
+
+    @_command(jobs, "list")
+    @click.option("--queue", help="Only jobs of this queue.")
+    @click.option("--kind", help="Only jobs of this step kind.")
+    @click.option("--state", type=click.Choice(_JOB_STATES), help="Only jobs in this state.")
+    @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+    @_json_option
+    def jobs_list(
+        queue: str | None, kind: str | None, state: str | None, limit: int, as_json: bool
+    ) -> None:
+        """List standalone jobs, newest first."""
+        found = _invocation().client().list_jobs(queue=queue, kind=kind, state=state, limit=limit)
+        if as_json:
+            for job in found:
+                _output.json_line(_job_record(job))
+            return
+        _output.table(_JOB_COLUMNS, found)
+
+    @_command(jobs, "show")
+    @click.argument("job_id", type=int, metavar="JOB_ID")
+    @_json_option
+    def jobs_show(job_id: int, as_json: bool) -> None:
+        """Show one standalone job: arguments, output, attempts and errors."""
+        detail = _invocation().client().get_job_detail(job_id)
+        if detail is None:
+            raise CommandError(f"standalone job {job_id} does not exist")
+        if as_json:
+            _output.json_line(
+                {
+                    **_job_record(detail.status),
+                    "started_at": detail.started_at,
+                    "args": detail.args,
+                    "output": detail.output,
+                    "errors": detail.status.errors,
+                }
+            )
+        else:
+            _print_job_detail(detail)
+
+    @_command(jobs, "cancel")
+    @click.argument("job_id", type=int, metavar="JOB_ID")
+    def jobs_cancel(job_id: int) -> None:
+        """Cancel a standalone job that has not started."""
+        _invocation().client().cancel_job(job_id)
+        click.echo(f"cancelled job {job_id}")
+
+    @_command(group, "dashboard")
+    @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+    @click.option("--port", type=click.IntRange(0, 65535), default=8421, show_default=True)
+    def dashboard(host: str, port: int) -> None:
+        """Serve the web dashboard (needs the dashboard extra)."""
+        try:
+            web = importlib.import_module("cyclone.dashboard")
+        except ModuleNotFoundError as exc:
+            raise CommandError(
+                f"the dashboard needs the dashboard extra (no module {exc.name}): "
+                "pip install 'cyclone[dashboard]'"
+            ) from exc
+        engine = _invocation().engine()
+        click.echo(f"cyclone dashboard on http://{host}:{port}/", err=True)
+        web.serve(engine, host=host, port=port)
+
+    @_command(group, "purge", short_help="Delete finished runs and standalone jobs.")
+    @click.option(
+        "--older-than",
+        callback=_converted(duration),
+        metavar="DURATION",
+        default="7d",
+        show_default=True,
+        help="Delete what ended longer ago than this (a run's own retention wins).",
+    )
+    @click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
+    def purge(older_than: timedelta, dry_run: bool) -> None:
+        """Delete finished runs (with their steps) and finished standalone jobs."""
+        client = _invocation().client()
+        if dry_run:
+            runs_due, jobs_due = client.count_purgeable(older_than=older_than)
+            click.echo(f"would delete {runs_due} runs and {jobs_due} standalone jobs")
+            return
+        runs_due, jobs_due = client.count_purgeable(older_than=older_than)
+        with _output.progress("deleting runs", runs_due) as advance:
+            deleted_runs = client.purge_terminal_runs(older_than=older_than, progress=advance)
+        with _output.progress("deleting jobs", jobs_due) as advance:
+            deleted_jobs = client.purge_finished_jobs(older_than=older_than, progress=advance)
+        click.echo(f"deleted {deleted_runs} runs and {deleted_jobs} standalone jobs")
+
+
+def _print_upgrade_sql(from_revision: str | None) -> None:
+    from alembic.util import CommandError as AlembicError
+
+    from alembic import command
+
+    config = migrations.alembic_config()
+    target = "head" if from_revision is None else f"{from_revision}:head"
+    try:
+        command.upgrade(config, target, sql=True)
+    except AlembicError as exc:
+        raise BadInput(f"cannot print the SQL from {from_revision!r}: {exc}") from exc
+
+
+def _run_record(run: cyclone.RunStatus) -> dict[str, Any]:
+    return {
+        "id": str(run.id),
+        "workflow": run.workflow,
+        "key": run.key,
+        "state": run.state.value,
+        "created_at": run.created_at,
+        "finished_at": run.finished_at,
+        "deadline": run.deadline,
+        "failed_step": run.failed_step,
+        "error": run.error,
+    }
+
+
+def _error_summary(error: Mapping[str, Any] | None, width: int = 60) -> str:
+    if not error:
+        return ""
+    text = " ".join(f"{error.get('type', 'Error')}: {error.get('message', '')}".split())
+    return text if len(text) <= width else f"{text[: width - 1]}…"
+
+
+def _run_uuid(value: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(value)
+    except ValueError:
+        raise BadInput(f"{value!r} is not a run id (a UUID)") from None
+
+
+def _find_run(
+    client: Client, run_id: str | None, workflow: str | None, key: str | None
+) -> uuid.UUID:
+    if run_id is not None:
+        if workflow is not None or key is not None:
+            raise click.UsageError("give RUN_ID or --workflow with --key, not both")
+        return _run_uuid(run_id)
+    if workflow is None or key is None:
+        raise click.UsageError("give RUN_ID, or --workflow and --key")
+    found = client.list_runs(workflow=workflow, key=key, limit=1)
+    if not found:
+        raise CommandError(f"workflow {workflow!r} has no run with key {key!r}")
+    return found[0].id
+
+
+def _step_record(step: StepStatus) -> dict[str, Any]:
+    return {
+        "name": step.name,
+        "job_id": step.job_id,
+        "state": step.state.value,
+        "queue": step.queue,
+        "attempt": step.attempt,
+        "max_attempts": step.max_attempts,
+        "scheduled_at": step.scheduled_at,
+        "started_at": step.started_at,
+        "finished_at": step.finished_at,
+        "duration": step.duration,
+        "errors": step.errors,
+    }
+
+
+def _run_detail_record(detail: RunDetail) -> dict[str, Any]:
+    return {
+        **_run_record(detail.status),
+        "retention": detail.status.retention,
+        "input": detail.input,
+        "result_step": detail.result_step,
+        "result": detail.result,
+        "steps": [_step_record(step) for step in detail.steps],
+    }
+
+
+def _print_errors(errors: Sequence[Mapping[str, Any]], title: str) -> None:
+    for error in errors:
+        _output.heading(
+            f"{title}, attempt {error.get('attempt', '?')} at {error.get('at', '?')}: "
+            f"{error.get('type', 'Error')}: {error.get('message', '')}"
+        )
+        if error.get("traceback"):
+            _output.block(str(error["traceback"]))
+
+
+def _print_run_detail(detail: RunDetail) -> None:
+    run = detail.status
+    pairs = [
+        ("run", str(run.id)),
+        ("workflow", run.workflow),
+        ("key", run.key or "-"),
+        ("state", run.state.value),
+        ("created", _output.when(run.created_at)),
+        ("finished", _output.when(run.finished_at)),
+        ("deadline", _output.when(run.deadline)),
+        ("retention", _output.duration(run.retention) if run.retention else "default"),
+    ]
+    if run.error:
+        where = f"step {run.failed_step}: " if run.failed_step else ""
+        pairs.append(("error", f"{where}{_error_summary(run.error, width=200)}"))
+    _output.fields(pairs)
+    _output.heading("input")
+    _output.block(_output.pretty_json(detail.input))
+    if detail.result_step is not None and run.state == RunState.COMPLETED:
+        _output.heading(f"result (step {detail.result_step})")
+        _output.block(_output.pretty_json(detail.result))
+    _output.heading("steps")
+    _output.table(_STEP_COLUMNS, detail.steps)
+    for step in detail.steps:
+        _print_errors(step.errors, f"step {step.name}")
+
+
+def _print_job_detail(detail: JobDetail) -> None:
+    job = detail.status
+    _output.fields(
+        [
+            ("job", str(job.id)),
+            ("kind", job.kind),
+            ("key", job.key or "-"),
+            ("queue", job.queue),
+            ("priority", str(job.priority)),
+            ("state", job.state.value),
+            ("attempts", f"{job.attempt}/{job.max_attempts}"),
+            ("created", _output.when(job.created_at)),
+            ("scheduled", _output.when(job.scheduled_at)),
+            ("started", _output.when(detail.started_at)),
+            ("finished", _output.when(job.finished_at)),
+        ]
+    )
+    _output.heading("args")
+    _output.block(_output.pretty_json(detail.args))
+    if job.state == JobState.COMPLETED:
+        _output.heading("output")
+        _output.block(_output.pretty_json(detail.output))
+    _print_errors(job.errors, f"job {job.id}")
+
+
+def _job_record(job: JobStatus) -> dict[str, Any]:
+    return {
+        "id": job.id,
+        "kind": job.kind,
+        "key": job.key,
+        "queue": job.queue,
+        "priority": job.priority,
+        "state": job.state.value,
+        "attempt": job.attempt,
+        "max_attempts": job.max_attempts,
+        "created_at": job.created_at,
+        "scheduled_at": job.scheduled_at,
+        "finished_at": job.finished_at,
+        "error": job.errors[-1] if job.errors else None,
+    }
+
+
+_RUN_COLUMNS: list[_output.Column] = [
+    ("ID", lambda r: str(r.id)),
+    ("WORKFLOW", lambda r: r.workflow),
+    ("KEY", lambda r: r.key or "-"),
+    ("STATE", lambda r: r.state.value),
+    ("CREATED (UTC)", lambda r: _output.when(r.created_at)),
+    ("FINISHED (UTC)", lambda r: _output.when(r.finished_at)),
+    ("ERROR", lambda r: _error_summary(r.error)),
+]
+
+_STEP_COLUMNS: list[_output.Column] = [
+    ("STEP", lambda s: s.name),
+    ("STATE", lambda s: s.state.value),
+    ("ATTEMPTS", lambda s: f"{s.attempt}/{s.max_attempts}"),
+    ("QUEUE", lambda s: s.queue),
+    ("STARTED (UTC)", lambda s: _output.when(s.started_at)),
+    ("DURATION", lambda s: _output.duration(s.duration)),
+    ("ERROR", lambda s: _error_summary(s.errors[-1] if s.errors else None)),
+]
+
+_JOB_COLUMNS: list[_output.Column] = [
+    ("ID", lambda j: str(j.id)),
+    ("KIND", lambda j: j.kind),
+    ("QUEUE", lambda j: j.queue),
+    ("KEY", lambda j: j.key or "-"),
+    ("STATE", lambda j: j.state.value),
+    ("ATTEMPTS", lambda j: f"{j.attempt}/{j.max_attempts}"),
+    ("CREATED (UTC)", lambda j: _output.when(j.created_at)),
+    ("SCHEDULED (UTC)", lambda j: _output.when(j.scheduled_at)),
+    ("ERROR", lambda j: _error_summary(j.errors[-1] if j.errors else None)),
+]
+
+_JOB_STATES = [s.value for s in JobState]
+
+cli: click.Group = build_cli()
+
+# click >= 8.2 raises this for a group given no command; older versions print the help.
+_NO_ARGS: type[click.UsageError] = getattr(
+    click.exceptions, "NoArgsIsHelpError", type("_Never", (click.UsageError,), {})
+)
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Run :data:`cli` as the ``cyclone`` program; every error is one line on stderr."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        result = cli.main(args=args, prog_name="cyclone", standalone_mode=False)
+    except _NO_ARGS as exc:
+        click.echo(exc.ctx.get_help() if exc.ctx else exc.format_message(), err=True)
+        return EXIT_USAGE
+    except click.UsageError as exc:
+        where = exc.ctx.command_path if exc.ctx is not None else "cyclone"
+        click.echo(f"cyclone: {exc.format_message()} (see '{where} --help')", err=True)
+        return EXIT_USAGE
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except (click.Abort, KeyboardInterrupt):
+        click.echo("cyclone: interrupted", err=True)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (``| head``): quiet, and no second error when Python
+        # flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    return result if isinstance(result, int) else 0

@@ -1,0 +1,209 @@
+"""The command line's database: the URL, the Engine, the schema check, and one-line errors.
+
+Every failure a command reports is a :class:`CommandError`: one line on stderr and an
+exit status from the table below (documented in docs/operations.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import traceback
+from typing import IO, Any
+
+import click
+import psycopg
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
+
+from cyclone import errors, migrations
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+EXIT_SCHEMA = 4
+EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141
+
+CONNECT_TIMEOUT = 10
+
+log = logging.getLogger("cyclone.cli")
+
+
+class CommandError(click.ClickException):
+    """An error reported as one line ``cyclone: message`` on stderr, with its exit status."""
+
+    exit_code = EXIT_ERROR
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(message.split()))
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        click.echo(f"cyclone: {self.format_message()}", file=file, err=file is None)
+
+
+class BadInput(CommandError):
+    """A bad URL, module or revision on the command line."""
+
+    exit_code = EXIT_USAGE
+
+
+class Unreachable(CommandError):
+    """The database server cannot be reached (or the connection was lost)."""
+
+    exit_code = EXIT_UNREACHABLE
+
+
+class NotMigrated(CommandError):
+    """The database has no cyclone schema, or an older one."""
+
+    exit_code = EXIT_SCHEMA
+
+
+def print_cause(exc: BaseException) -> None:
+    """Print the traceback behind an error (``-v``), before its one-line message."""
+    cause = exc.__cause__ or exc
+    click.echo("".join(traceback.format_exception(cause)).rstrip(), err=True)
+
+
+def _masked(raw: str) -> str:
+    return re.sub(r"(//[^/:@]*:)[^@/]*@", r"\1***@", raw)
+
+
+def database_url(raw: str) -> URL:
+    """Parse a database URL; ``postgresql://`` and ``postgres://`` mean psycopg 3.
+
+    Raises:
+        CommandError: not a URL, not PostgreSQL, or another driver than psycopg 3.
+    """
+    try:
+        url = make_url(raw)
+    except (ArgumentError, ValueError):
+        raise BadInput(
+            f"invalid database URL {_masked(raw)!r}: expected postgresql://USER@HOST:PORT/DBNAME"
+        ) from None
+    backend, _, driver = url.drivername.partition("+")
+    if backend not in ("postgresql", "postgres"):
+        raise BadInput(
+            f"database URL {url.render_as_string()!r} is not PostgreSQL: "
+            "cyclone runs on PostgreSQL (postgresql://USER@HOST:PORT/DBNAME)"
+        )
+    if driver not in ("", "psycopg"):
+        raise BadInput(
+            f"database URL {url.render_as_string()!r} names the driver {driver!r}: "
+            "cyclone uses psycopg 3, write postgresql+psycopg:// (or just postgresql://)"
+        )
+    return url.set(drivername="postgresql+psycopg")
+
+
+def where(url: URL) -> str:
+    """Host, port and database of a URL, as an error message names them."""
+    host = url.host or url.query.get("host") or "localhost"
+    if isinstance(host, tuple):
+        host = ",".join(host)
+    return f"{host}:{url.port or 5432} (database {url.database or url.username or '?'})"
+
+
+def make_engine(raw: str) -> Engine:
+    """An Engine for a URL given on the command line (psycopg 3, a connect timeout)."""
+    url = database_url(raw)
+    args: dict[str, Any] = {}
+    if "connect_timeout" not in url.query:
+        args["connect_timeout"] = CONNECT_TIMEOUT
+    try:
+        return create_engine(url, connect_args=args)
+    except NoSuchModuleError as exc:  # pragma: no cover - database_url admits psycopg only
+        raise BadInput(str(exc)) from exc
+
+
+def _reason(exc: BaseException) -> str:
+    """The server's or libpq's reason in a psycopg error, without its hints."""
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    first = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+    first = first.rsplit(" failed: ", 1)[-1]
+    return re.sub(r"^(FATAL|ERROR):\s+", "", first)
+
+
+def probe(engine: Engine) -> None:
+    """Open and close one connection, so an unreachable server is one clear error."""
+    try:
+        with engine.connect():
+            pass
+    except DBAPIError as exc:
+        raise unreachable(engine, exc) from exc
+
+
+def unreachable(engine: Engine, exc: BaseException) -> CommandError:
+    return Unreachable(f"cannot connect to PostgreSQL at {where(engine.url)}: {_reason(exc)}")
+
+
+def known_revisions() -> frozenset[str]:
+    """Every revision this version of cyclone ships."""
+    script = ScriptDirectory.from_config(migrations.alembic_config())
+    return frozenset(rev.revision for rev in script.walk_revisions())
+
+
+def require_schema(engine: Engine, command_path: str, *, allow_newer: bool = False) -> None:
+    """Exit with EXIT_SCHEMA, naming ``migrate``, unless the schema is this version's.
+
+    ``allow_newer`` lets a worker start on a revision newer than it knows (a rolling
+    deploy that migrated first), with a warning.
+    """
+    try:
+        migrations.check_schema(engine)
+    except errors.SchemaError as exc:
+        found = migrations.current_revision(engine)
+        if allow_newer and found is not None and found not in known_revisions():
+            log.warning(
+                "the database has cyclone schema %s, newer than this version knows (%s)",
+                found,
+                migrations.head_revision(),
+            )
+            return
+        raise schema_error(engine, command_path, exc) from exc
+
+
+def schema_error(engine: Engine, command_path: str, exc: BaseException) -> CommandError:
+    found = migrations.current_revision(engine)
+    expected = migrations.head_revision()
+    migrate = f"run `{command_path} migrate`"
+    if found is not None and found not in known_revisions():
+        message = (
+            f"the database at {where(engine.url)} has cyclone schema {found}, newer than "
+            f"this version of cyclone knows (it needs {expected}): upgrade cyclone"
+        )
+    elif "`cyclone migrate`" not in str(exc):
+        # Another fix than migrate (cyclone's revisions in the application's alembic
+        # history, or a newer revision than this version knows): the error says which.
+        message = str(exc)
+    elif found is None:
+        message = f"the database at {where(engine.url)} has no cyclone schema: {migrate}"
+    elif found == expected:
+        message = str(exc)
+    else:
+        message = (
+            f"the database at {where(engine.url)} has cyclone schema {found}, "
+            f"this version needs {expected}: {migrate}"
+        )
+    return NotMigrated(message)
+
+
+def translate(exc: Exception, engine: Engine | None, command_path: str) -> CommandError:
+    """The one-line error for an exception a command let through."""
+    if isinstance(exc, errors.SchemaError) and engine is not None:
+        return schema_error(engine, command_path, exc)
+    if isinstance(exc, errors.SchemaError):
+        return NotMigrated(str(exc))
+    if isinstance(exc, DBAPIError) and isinstance(exc.orig, psycopg.OperationalError):
+        if engine is not None:
+            return Unreachable(
+                f"lost the connection to PostgreSQL at {where(engine.url)}: {_reason(exc)}"
+            )
+        return Unreachable(f"database error: {_reason(exc)}")
+    if isinstance(exc, DBAPIError):
+        return CommandError(f"database error: {_reason(exc)}")
+    if isinstance(exc, errors.CycloneError):
+        return CommandError(str(exc))
+    return CommandError(f"{type(exc).__name__}: {exc}")
