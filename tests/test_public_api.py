@@ -35,6 +35,7 @@ EXPECTED = [
     "StepContext",
     "SubmitConflictError",
     "Worker",
+    "WorkerStats",
     "Workflow",
     "__version__",
     "check_schema",

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from cyclone import _claim, _completion, _fastpath, _rescue, jobs, runs
+from cyclone import _claim, _completion, _control, _fastpath, _rescue, jobs
 from cyclone.states import EDGES, Edge
 
-OWNERS = (_claim, _completion, _rescue, jobs, runs)
+OWNERS = (_claim, _completion, _control, _rescue, jobs)
 
 
 def implemented() -> list[tuple[str, Any, Edge]]:
