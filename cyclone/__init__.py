@@ -6,6 +6,7 @@ from importlib.metadata import version as _version
 
 from cyclone import errors
 from cyclone.client import Client
+from cyclone.connections import close
 from cyclone.context import StepContext
 from cyclone.errors import (
     CycloneError,
@@ -19,6 +20,7 @@ from cyclone.errors import (
     RunFailedError,
     SchemaError,
     SubmitConflictError,
+    TransactionAbortedError,
 )
 from cyclone.jobs import Job, JobStatus
 from cyclone.migrations import check_schema, downgrade, upgrade
@@ -53,11 +55,13 @@ __all__ = [
     "Step",
     "StepContext",
     "SubmitConflictError",
+    "TransactionAbortedError",
     "Worker",
     "WorkerStats",
     "Workflow",
     "__version__",
     "check_schema",
+    "close",
     "downgrade",
     "errors",
     "step",

@@ -36,7 +36,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY
 
-from cyclone import _completion, _fastpath
+from cyclone import _completion, _fastpath, _observe
 from cyclone._fastpath import const
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
@@ -58,6 +58,8 @@ class Claimed:
     deadline: datetime | None
     input: str | None
     upstream: dict[str, msgspec.Raw]
+    key: str | None = None
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +218,8 @@ def claim_jobs_stmt(scope: Scope, limit: int, *, completing: bool = False) -> An
             jobs.c.args,
             jobs.c.priority,
             jobs.c.scheduled_at,
+            jobs.c.unique_key,
+            jobs.c.trace_context,
         )
         .cte("claimed")
     )
@@ -248,6 +252,8 @@ def claim_jobs_stmt(scope: Scope, limit: int, *, completing: bool = False) -> An
         claimed.c.deadline,
         cast(func.coalesce(runs.c.input, claimed.c.args), Text),
         outputs,
+        func.coalesce(runs.c.submit_key, claimed.c.unique_key),
+        func.coalesce(runs.c.trace_context, claimed.c.trace_context),
     )
     claimed_runs = claimed.outerjoin(runs, runs.c.id == claimed.c.run_id)
     if done is None:
@@ -293,9 +299,12 @@ def _claimed(row: Sequence[Any]) -> Claimed:
         deadline=row[9],
         input=row[10],
         upstream={} if row[11] is None else _upstream_decoder.decode(row[11]),
+        key=row[12],
+        trace_context=row[13],
     )
 
 
+@_observe.claims
 def record_and_claim(
     conn: _fastpath.Executor,
     *,

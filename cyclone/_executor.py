@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Engine
 
-from cyclone import _codec
+from cyclone import _codec, _observe
 from cyclone._claim import Claimed
 from cyclone._completion import Failure, Success
 from cyclone._retry import Backoff
@@ -52,6 +52,7 @@ def _error_record(exc: BaseException, job: Claimed) -> dict[str, Any]:
     }
 
 
+@_observe.attempts
 def execute(
     job: Claimed,
     engine: Engine,

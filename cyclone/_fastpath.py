@@ -1,4 +1,13 @@
-"""The hot paths' statements: compiled once, sent on the pool's own psycopg connection.
+"""How cyclone sends its statements: every path a statement can take is an :class:`Executor`.
+
+- :func:`connect`: a pooled connection in autocommit, cyclone's own (the bind forms);
+- :class:`Held`: a connection of a long-lived loop's own, detached from the pool (a Worker);
+- :class:`Observed`: a SQLAlchemy ``Connection``, the caller's transaction (the ``_tx``
+  forms) or, for an engine whose SQL is logged, a pooled one;
+- :class:`Borrowed`: a caller's psycopg connection, joining its current transaction.
+
+Every connection opened outside the pool is remembered per engine, and
+:func:`close_detached` closes them. The notes below are about the hot paths.
 
 Submit, claim and complete are single statements in autocommit mode. Through a SQLAlchemy
 ``Connection`` each costs about 0.4 ms of Python on top of its round trip (execution
@@ -20,16 +29,25 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Mapping
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 import psycopg
-from sqlalchemy import Connection, Engine, Text, cast, literal_column, null
+from psycopg.rows import tuple_row
+from sqlalchemy import Connection, Engine, Text, cast, event, literal, null
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
-from sqlalchemy.sql import ClauseElement
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql import ClauseElement, ColumnElement
 from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.type_api import to_instance
+from sqlalchemy.sql.visitors import InternalTraversal
+
+from cyclone import errors, migrations
 
 _DIALECT = pg_psycopg.dialect()  # type: ignore[no-untyped-call]
 
@@ -41,16 +59,34 @@ def const(value: str | int | None, type_: Any = Text) -> Any:
 
     A state such as ``'running'`` must be a literal: a generic plan cannot prove that
     ``state = $1`` implies a partial index's ``WHERE state = 'running'``, so PostgreSQL
-    would keep re-planning the statement with custom plans on every execution.
+    would keep re-planning the statement with custom plans on every execution. The
+    literal is rendered by the compiling dialect's own literal processor (quotes, and
+    ``%`` for psycopg's placeholders); it reads as written while
+    ``standard_conforming_strings`` is on, PostgreSQL's default.
     """
     if value is None:
         return cast(null(), type_)
-    if isinstance(value, int):
-        return literal_column(str(int(value)), type_)
-    # An E'' literal reads the same whatever standard_conforming_strings is; a % is
-    # doubled once, by literal_column, for psycopg's placeholders.
-    escaped = value.replace("\\", "\\\\").replace("'", "''")
-    return literal_column(f"E'{escaped}'", type_)
+    return _Const(value, type_)
+
+
+class _Const(ColumnElement[Any]):
+    """A literal value rendered by the dialect (see :func:`const`)."""
+
+    __visit_name__ = "cyclone_const"
+    inherit_cache = True
+    _traverse_internals = [
+        ("value", InternalTraversal.dp_plain_obj),
+        ("type", InternalTraversal.dp_type),
+    ]
+
+    def __init__(self, value: str | int, type_: Any) -> None:
+        self.value = value
+        self.type = to_instance(type_)
+
+
+@compiles(_Const)
+def _render_const(element: _Const, compiler: SQLCompiler, **kw: Any) -> str:
+    return compiler.process(literal(element.value, element.type), **{**kw, "literal_binds": True})
 
 
 class Compiled:
@@ -70,7 +106,7 @@ class Compiled:
 
 
 class Executor(Protocol):
-    """Runs :class:`Compiled` statements, each its own transaction."""
+    """Runs :class:`Compiled` statements: each its own transaction, or in the caller's."""
 
     def execute(self, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]: ...
 
@@ -83,7 +119,7 @@ class Direct:
     per statement costs about 6 us of the hot paths' Python.
     """
 
-    __slots__ = ("_cursor", "_driver", "_engine", "_prepare")
+    __slots__ = ("_cursor", "_driver", "_engine", "_prepare", "_translate")
 
     def __init__(
         self,
@@ -91,11 +127,13 @@ class Direct:
         driver: psycopg.Connection[Any],
         cursor: psycopg.Cursor[Any],
         prepare: bool | None = None,
+        translate: bool = True,
     ) -> None:
         self._engine = engine
         self._driver = driver
         self._cursor = cursor
         self._prepare = prepare
+        self._translate = translate
 
     def execute(self, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]:
         """Run one statement (its own transaction) and return its rows; it must return rows."""
@@ -105,7 +143,41 @@ class Direct:
             return self._cursor.fetchall()
         except psycopg.Error as exc:
             lost = self._driver.closed or self._driver.broken
-            raise _wrap(self._engine, stmt.sql, values, exc, lost) from exc
+            _raise(self._engine, stmt.sql, values, exc, lost, translate=self._translate)
+
+
+SCHEMA_SQLSTATES = frozenset({"42P01", "42703", "42883"})
+"""undefined_table, undefined_column, undefined_function: cyclone's schema is missing or old."""
+
+
+def schema_problem(engine: Engine, exc: BaseException) -> errors.SchemaError | None:
+    """The SchemaError ``exc`` stands for, if it is one of :data:`SCHEMA_SQLSTATES` and the
+    database is indeed not at cyclone's head (looked up only on this failure path)."""
+    orig = exc.orig if isinstance(exc, sa_exc.DBAPIError) else exc
+    if getattr(orig, "sqlstate", None) not in SCHEMA_SQLSTATES:
+        return None
+    return migrations.schema_error(engine)
+
+
+def _raise(
+    engine: Engine,
+    sql: str,
+    params: Mapping[str, Any],
+    exc: psycopg.Error,
+    lost: bool = False,
+    *,
+    translate: bool = True,
+) -> NoReturn:
+    """Raise ``exc`` as SQLAlchemy would, or as the SchemaError it stands for (without the SQL).
+
+    ``translate=False`` leaves the translation to the caller, which first gives its pooled
+    connection back: the revision lookup takes a connection of the pool, which may have
+    only the one.
+    """
+    schema = schema_problem(engine, exc) if translate else None
+    if schema is not None:
+        raise schema from None
+    raise _wrap(engine, sql, params, exc, lost) from exc
 
 
 def _wrap(
@@ -129,14 +201,47 @@ def _wrap(
 class Observed:
     """The same statements through a SQLAlchemy ``Connection``, whose log and events see them."""
 
-    __slots__ = ("_conn",)
+    __slots__ = ("_conn", "_translate")
 
-    def __init__(self, conn: Connection) -> None:
+    def __init__(self, conn: Connection, *, translate: bool = True) -> None:
         self._conn = conn
+        self._translate = translate
 
     def execute(self, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]:
-        result = self._conn.exec_driver_sql(stmt.sql, {**stmt.defaults, **params})
+        try:
+            result = self._conn.exec_driver_sql(stmt.sql, {**stmt.defaults, **params})
+        except sa_exc.DBAPIError as exc:
+            schema = schema_problem(self._conn.engine, exc) if self._translate else None
+            if schema is not None:
+                raise schema from None
+            raise
         return [tuple(row) for row in result]
+
+
+class Borrowed:
+    """A caller's psycopg connection: statements join its current transaction.
+
+    Each statement gets a cursor of its own, closed after it; the connection is never
+    committed, rolled back or closed here. Errors are raised as SQLAlchemy's, wrapped with
+    the dialect of ``engine`` (the engine the returned handles use).
+    """
+
+    __slots__ = ("_driver", "_engine")
+
+    def __init__(self, driver: psycopg.Connection[Any], engine: Engine) -> None:
+        self._driver = driver
+        self._engine = engine
+
+    def execute(self, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]:
+        values = {**stmt.defaults, **params}
+        try:
+            # A plain cursor returning tuples, whatever the connection's factories are.
+            with psycopg.Cursor(self._driver, row_factory=tuple_row) as cursor:
+                cursor.execute(stmt.sql, values)
+                return cursor.fetchall()
+        except psycopg.Error as exc:
+            lost = self._driver.closed or self._driver.broken
+            _raise(self._engine, stmt.sql, values, exc, lost)
 
 
 _SQL_LOG = logging.getLogger("sqlalchemy.engine.Engine")
@@ -156,11 +261,27 @@ def observed(engine: Engine) -> bool:
 
 @contextmanager
 def connect(engine: Engine) -> Iterator[Executor]:
-    """Check a connection out of ``engine``'s pool for a few autocommit statements."""
+    """Check a connection out of ``engine``'s pool for a few autocommit statements.
+
+    A statement that finds cyclone's schema missing raises SchemaError once the
+    connection is back in the pool (see :func:`schema_problem`).
+    """
+    try:
+        with _checkout(engine) as conn:
+            yield conn
+    except sa_exc.DBAPIError as exc:
+        schema = schema_problem(engine, exc)
+        if schema is not None:
+            raise schema from None
+        raise
+
+
+@contextmanager
+def _checkout(engine: Engine) -> Iterator[Executor]:
     if observed(engine):
         with engine.connect() as conn:
             conn.execution_options(isolation_level="AUTOCOMMIT")
-            yield Observed(conn)
+            yield Observed(conn, translate=False)
         return
     fairy = engine.raw_connection()
     try:
@@ -175,7 +296,7 @@ def connect(engine: Engine) -> Iterator[Executor]:
         if cursor is None or cursor.connection is not driver or cursor.closed:
             cursor = fairy.info[_CURSOR] = driver.cursor()
         try:
-            yield Direct(engine, driver, cursor)
+            yield Direct(engine, driver, cursor, translate=False)
         finally:
             if driver.closed or driver.broken:
                 fairy.invalidate()
@@ -238,14 +359,48 @@ class Held:
                 direct._driver.close()
 
 
+_detached: weakref.WeakKeyDictionary[
+    Engine, weakref.WeakKeyDictionary[psycopg.Connection[Any], int]
+] = weakref.WeakKeyDictionary()
+_detached_lock = threading.Lock()
+
+
 def detached(engine: Engine) -> psycopg.Connection[Any]:
     """A psycopg connection in autocommit, taken from ``engine`` (its connect events
-    apply) and detached from its pool: the caller owns it and closes it."""
+    apply) and detached from its pool: the caller owns it and closes it, and
+    :func:`close_detached` (or ``engine.dispose()``) closes it too."""
     fairy = engine.raw_connection()
     driver = _psycopg(engine, fairy.driver_connection)
     fairy.detach()
     driver.autocommit = True
+    with _detached_lock:
+        _detached.setdefault(engine, weakref.WeakKeyDictionary())[driver] = os.getpid()
+    on_dispose(engine, close_detached)
     return driver
+
+
+def close_detached(engine: Engine) -> int:
+    """Close the connections :func:`detached` opened for ``engine`` in this process.
+
+    Returns how many were open. Connections a parent process opened are left alone: a
+    forked child closing them would end the parent's sessions.
+    """
+    with _detached_lock:
+        opened = _detached.pop(engine, weakref.WeakKeyDictionary())
+        drivers = [driver for driver, pid in opened.items() if pid == os.getpid()]
+    closed = 0
+    for driver in drivers:
+        if not driver.closed:
+            closed += 1
+            with contextlib.suppress(psycopg.Error):
+                driver.close()
+    return closed
+
+
+def on_dispose(engine: Engine, hook: Callable[[Engine], object]) -> None:
+    """Call ``hook(engine)`` when ``engine.dispose()`` is called (registered once per hook)."""
+    if not event.contains(engine, "engine_disposed", hook):
+        event.listen(engine, "engine_disposed", hook)
 
 
 def _psycopg(engine: Engine, driver: Any) -> psycopg.Connection[Any]:

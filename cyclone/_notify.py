@@ -23,9 +23,10 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
+from psycopg import sql
 from sqlalchemy import Engine, case, func
 
-from cyclone._fastpath import const, detached
+from cyclone._fastpath import const, detached, on_dispose
 from cyclone.states import JobState
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,8 @@ class Listener:
     """A daemon thread holding one autocommit connection that LISTENs on cyclone's channels."""
 
     def __init__(self, engine: Engine) -> None:
-        self._engine = engine
+        # A weak reference: the registry's key must not be kept alive by its own value.
+        self._engine = weakref.ref(engine)
         self._lock = threading.Lock()
         self._callbacks: dict[str, list[Callback]] = defaultdict(list)
         self._ready = threading.Event()
@@ -84,13 +86,19 @@ class Listener:
         """Wait until LISTEN is in force; False if it is not (callers then poll)."""
         return self._ready.wait(timeout)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop listening; with a ``timeout``, wait that long for the connection to close."""
         self._stopped.set()
+        if timeout is not None and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
 
     def _connect(self) -> psycopg.Connection[Any]:
-        driver = detached(self._engine)
+        engine = self._engine()
+        if engine is None:
+            raise _EngineGone
+        driver = detached(engine)
         for channel in CHANNELS:
-            driver.execute(f'LISTEN "{channel}"')
+            driver.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
         return driver
 
     def listening_since(self, moment: float) -> bool:
@@ -156,6 +164,8 @@ class Listener:
         while not self._stopped.is_set():
             try:
                 conn = self._connect()
+            except _EngineGone:
+                break
             except Exception as exc:
                 if self._idle():
                     break
@@ -166,7 +176,7 @@ class Listener:
             self._ready.set()
             self._wake_all()
             try:
-                while not self._stopped.is_set():
+                while not self._stopped.is_set() and self._engine() is not None:
                     for note in conn.notifies(timeout=1.0):
                         self._dispatch(note.channel, note.payload)
             except Exception as exc:
@@ -183,8 +193,25 @@ class Listener:
         self._stopped.set()
 
 
+class _EngineGone(Exception):
+    """The listener's engine was garbage-collected: nothing is left to listen for."""
+
+
 _listeners: weakref.WeakKeyDictionary[Engine, tuple[int, Listener]] = weakref.WeakKeyDictionary()
 _listeners_lock = threading.Lock()
+
+STOP_TIMEOUT = 5.0
+
+
+def close(engine: Engine) -> None:
+    """Stop ``engine``'s listener in this process and wait until its connection is closed.
+
+    Also called by ``engine.dispose()``.
+    """
+    with _listeners_lock:
+        entry = _listeners.pop(engine, None)
+    if entry is not None and entry[0] == os.getpid():
+        entry[1].stop(STOP_TIMEOUT)
 
 
 def listener(engine: Engine) -> Listener:
@@ -192,6 +219,7 @@ def listener(engine: Engine) -> Listener:
     with _listeners_lock:
         entry = _listeners.get(engine)
         if entry is None or entry[0] != os.getpid() or not entry[1].alive:
+            on_dispose(engine, close)
             entry = (os.getpid(), Listener(engine))
             _listeners[engine] = entry
         return entry[1]

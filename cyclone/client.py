@@ -285,6 +285,16 @@ class Client:
         """How many runs and standalone jobs a purge with ``older_than`` would delete now."""
         return _sweeper.count_due(self._engine, older_than)
 
+    def backlog(self) -> dict[str, int]:
+        """Jobs waiting for a worker (available and due), per queue that has any."""
+        stmt = (
+            select(jobs.c.queue, func.count())
+            .where(jobs.c.state == JobState.AVAILABLE.value, jobs.c.scheduled_at <= func.now())
+            .group_by(jobs.c.queue)
+        )
+        with _binds.autocommit(self._engine) as conn:
+            return {queue: count for queue, count in conn.execute(stmt)}
+
     def purge_terminal_runs(
         self,
         *,

@@ -126,3 +126,7 @@ class RunFailedError(_Message):
 
 class SchemaError(_Message):
     """The database schema is missing or older than this version of cyclone expects."""
+
+
+class TransactionAbortedError(_Message):
+    """A ``_tx`` call got a connection whose transaction already failed; nothing was sent."""

@@ -12,20 +12,18 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
 from sqlalchemy import (
-    Connection,
     Engine,
     Interval,
     Text,
     bindparam,
     cast,
     func,
-    literal,
     select,
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB, insert
 
-from cyclone import _binds, _codec, _notify, errors
+from cyclone import _binds, _codec, _fastpath, _notify, _observe, errors
 from cyclone._fastpath import const
 from cyclone.runs import wait_until_finished
 from cyclone.schema import jobs
@@ -38,7 +36,7 @@ _MAX_RACE_RETRIES = 5
 # from ON CONFLICT ... WHERE only when the predicate is constant, and a bound predicate
 # fails once psycopg prepares the statement (a generic plan) after a few executions.
 _UNIQUE_WHERE = jobs.c.unique_key.is_not(None) & jobs.c.state.in_(
-    [literal(s.value, Text, literal_execute=True) for s in sorted(ACTIVE_JOB_STATES)]
+    [_fastpath.const(s.value) for s in sorted(ACTIVE_JOB_STATES)]
 )
 
 
@@ -92,6 +90,7 @@ def insert_job_stmt() -> Any:
             args=cast(bindparam("args", type_=Text), JSONB),
             max_attempts=bindparam("max_attempts"),
             unique_key=bindparam("unique", type_=Text),
+            trace_context=bindparam("trace_context", None, type_=Text),
             scheduled_at=func.coalesce(
                 bindparam("run_at", type_=jobs.c.scheduled_at.type),
                 func.now()
@@ -109,7 +108,7 @@ def select_active_holder_stmt() -> Any:
     return select(jobs.c.id).where(
         jobs.c.kind == bindparam("kind", type_=Text),
         jobs.c.unique_key == bindparam("unique", type_=Text),
-        jobs.c.state.in_([s.value for s in ACTIVE_JOB_STATES]),
+        jobs.c.state.in_([_fastpath.const(s.value) for s in sorted(ACTIVE_JOB_STATES)]),
     )
 
 
@@ -146,8 +145,8 @@ def job_status_from_row(row: Any) -> JobStatus:
     )
 
 
-_INSERT_JOB = insert_job_stmt()
-_SELECT_HOLDER = select_active_holder_stmt()
+_FAST_INSERT_JOB = _fastpath.Compiled(insert_job_stmt())
+_FAST_SELECT_HOLDER = _fastpath.Compiled(select_active_holder_stmt())
 _SELECT_JOB = select(*JOB_STATUS_COLUMNS).where(jobs.c.id == bindparam("job_id"))
 _SELECT_OUTPUT = select(jobs.c.state, cast(jobs.c.output, Text)).where(
     jobs.c.id == bindparam("job_id")
@@ -265,7 +264,7 @@ class Job(Generic[R]):
         return value
 
 
-def _enqueue(conn: Connection, req: EnqueueRequest) -> Job[Any]:
+def _enqueue(conn: _fastpath.Executor, engine: Engine, req: EnqueueRequest) -> Job[Any]:
     params = {
         "kind": req.kind,
         "queue": req.queue,
@@ -275,22 +274,28 @@ def _enqueue(conn: Connection, req: EnqueueRequest) -> Job[Any]:
         "unique": req.unique,
         "run_at": req.run_at,
         "delay": req.delay,
+        "trace_context": _observe.trace_context(),
     }
     for _ in range(_MAX_RACE_RETRIES):
-        job_id = conn.execute(_INSERT_JOB, params).scalar()
-        if job_id is not None:
-            return Job(conn.engine, job_id, req.kind, req.unique, req.output_type)
-        holder = conn.execute(_SELECT_HOLDER, params).scalar()
-        if holder is not None:
+        inserted = conn.execute(_FAST_INSERT_JOB, params)
+        if inserted:
+            return Job(engine, inserted[0][0], req.kind, req.unique, req.output_type)
+        holders = conn.execute(_FAST_SELECT_HOLDER, params)
+        if holders:
+            holder = holders[0][0]
             assert req.unique is not None
             raise errors.DuplicateError(kind=req.kind, key=req.unique, job_id=holder)
     raise RuntimeError(f"unique key {req.unique!r} kept changing hands while enqueueing")
 
 
+@_observe.submits
 def enqueue(bind: _binds.Bind, req: EnqueueRequest) -> Job[Any]:
-    with _binds.autocommit(bind) as conn:
-        return _enqueue(conn, req)
+    engine = _binds.engine_of(bind)
+    with _fastpath.connect(engine) as conn:
+        return _enqueue(conn, engine, req)
 
 
+@_observe.submits
 def enqueue_tx(conn: _binds.Conn, req: EnqueueRequest) -> Job[Any]:
-    return _enqueue(_binds.joined(conn), req)
+    executor, engine = _binds.joined(conn)
+    return _enqueue(executor, engine, req)

@@ -23,10 +23,12 @@ from sqlalchemy import (
     Table,
     Text,
     Uuid,
+    column,
     func,
     text,  # noqa: TID251 - server defaults and index predicates are DDL text
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.sql import ColumnElement
 
 from cyclone.states import TERMINAL_JOB_STATES, TERMINAL_RUN_STATES, JobState, RunState
 
@@ -44,8 +46,14 @@ LISTED_SINCE = "'-infinity'::timestamp with time zone"
 """The literal of the listing index's predicate; a listing states it to use the index."""
 
 
-def _in(column: str, values: Iterable[str]) -> str:
-    return f"{column} IN ({', '.join(repr(str(v)) for v in sorted(values))})"
+def _in(name: str, values: Iterable[str]) -> ColumnElement[bool]:
+    """``name IN (...)`` over constant values, rendered by SQLAlchemy into the DDL."""
+    return column(name, Text).in_(sorted(str(v) for v in values))
+
+
+def _finalized_iff(terminal: Iterable[str]) -> ColumnElement[bool]:
+    """A row is finalized exactly when its state is terminal."""
+    return _in("state", terminal).self_group() == column("finalized_at").is_not(None).self_group()
 
 
 runs = Table(
@@ -65,9 +73,10 @@ runs = Table(
     Column("retention", Interval),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("finalized_at", DateTime(timezone=True)),
+    Column("trace_context", Text),
     CheckConstraint(_in("state", RunState), name="state"),
     CheckConstraint(
-        f"({_in('state', TERMINAL_RUN_STATES)}) = (finalized_at IS NOT NULL)",
+        _finalized_iff(TERMINAL_RUN_STATES),
         name="finalized_at",
     ),
     CheckConstraint("steps_remaining >= 0", name="steps_remaining"),
@@ -123,9 +132,10 @@ jobs = Table(
     Column("attempted_at", DateTime(timezone=True)),
     Column("heartbeat_at", DateTime(timezone=True)),
     Column("finalized_at", DateTime(timezone=True)),
+    Column("trace_context", Text),
     CheckConstraint(_in("state", JobState), name="state"),
     CheckConstraint(
-        f"({_in('state', TERMINAL_JOB_STATES)}) = (finalized_at IS NOT NULL)",
+        _finalized_iff(TERMINAL_JOB_STATES),
         name="finalized_at",
     ),
     CheckConstraint("max_attempts > 0", name="max_attempts"),

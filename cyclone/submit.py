@@ -19,7 +19,6 @@ from typing import Any
 
 import msgspec
 from sqlalchemy import (
-    Connection,
     Engine,
     Integer,
     Interval,
@@ -32,6 +31,7 @@ from sqlalchemy import (
     exists,
     false,
     func,
+    literal,
     literal_column,
     select,
     true,
@@ -40,7 +40,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 
-from cyclone import _binds, _fastpath, _graph, _keys, _notify, errors
+from cyclone import _binds, _fastpath, _graph, _keys, _notify, _observe, errors
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
 
@@ -56,10 +56,9 @@ class _StepRow:
     max_attempts: int
 
 
-def _pg_array(items: Sequence[str]) -> str:
-    """A ``text[]`` literal: ``ARRAY[]`` cannot be typed inside ``VALUES``."""
-    quoted = ('"' + item.replace("\\", "\\\\").replace('"', '\\"') + '"' for item in items)
-    return "{" + ",".join(quoted) + "}"
+def _text_array(items: Sequence[str]) -> Any:
+    """A ``text[]`` constant for ``VALUES``, rendered by SQLAlchemy; the cast types ``ARRAY[]``."""
+    return cast(literal(list(items), ARRAY(Text)), ARRAY(Text))
 
 
 _const = _fastpath.const
@@ -135,14 +134,21 @@ class _Consts:
             column("kind", Text),
             column("queue", Text),
             column("priority", Integer),
-            column("deps", Text),
+            column("deps", ARRAY(Text)),
             column("pending", Integer),
             column("max_attempts", Integer),
             name="s",
             literal_binds=True,
         ).data(
             [
-                (st.kind, st.queue, st.priority, _pg_array(st.deps), len(st.deps), st.max_attempts)
+                (
+                    st.kind,
+                    st.queue,
+                    st.priority,
+                    _text_array(st.deps),
+                    len(st.deps),
+                    st.max_attempts,
+                )
                 for st in self.steps
             ]
         )
@@ -182,7 +188,7 @@ class _Consts:
                         ),
                         else_=_const(JobState.BLOCKED.value, Text),
                     ),
-                    cast(steps.c.deps, ARRAY(Text)),
+                    steps.c.deps,
                     steps.c.pending,
                     steps.c.max_attempts,
                     inserted.c.deadline,
@@ -205,6 +211,7 @@ class _Consts:
             "steps_remaining": _const(len(self.steps), Integer),
             "deadline": deadline,
             "retention": bindparam("retention", type_=Interval),
+            "trace_context": bindparam("trace_context", None, type_=Text),
         }
 
     def select_run_by_key_stmt(self) -> Select[Any]:
@@ -367,12 +374,8 @@ def _params(
         "deadline_at": deadline if isinstance(deadline, datetime) else None,
         "deadline_in": deadline if isinstance(deadline, timedelta) else None,
         "retention": retention,
+        "trace_context": _observe.trace_context(),
     }
-
-
-def _insert(conn: Connection, plan: Plan, params: dict[str, Any], key: str | None) -> Submitted:
-    run_id = conn.execute(plan.insert_run, params).scalar_one()
-    return Submitted(conn.engine, run_id, key, True)
 
 
 _Row = Sequence[Any] | None
@@ -397,16 +400,18 @@ def _resolve_once(once: _Once, workflow: str, key: str) -> tuple[Any, bool]:
     raise RuntimeError(f"key {key!r} kept changing hands while submitting; try again")
 
 
-def _insert_once(conn: Connection, plan: Plan, params: dict[str, Any], key: str) -> Submitted:
-    params = {**params, "key": key}
+def _insert_once(conn: _fastpath.Executor, plan: Plan, params: dict[str, Any]) -> tuple[Any, bool]:
+    """The run of ``params["key"]`` and whether this call created it, on ``conn``."""
 
     def once(insert: bool) -> _Row:
-        return conn.execute(plan.insert_run_once if insert else _SELECT_RUN_BY_KEY, params).first()
+        stmt = plan.fast_insert_run_once if insert else _FAST_SELECT_RUN_BY_KEY
+        rows = conn.execute(stmt, params)
+        return rows[0] if rows else None
 
-    run_id, created = _resolve_once(once, params["workflow"], key)
-    return Submitted(conn.engine, run_id, key, created)
+    return _resolve_once(once, plan.workflow, params["key"])
 
 
+@_observe.submits
 def submit(
     bind: _binds.Bind,
     plan: Plan,
@@ -421,6 +426,7 @@ def submit(
     return Submitted(engine, rows[0][0], None, True, started)
 
 
+@_observe.submits
 def submit_tx(
     conn: _binds.Conn,
     plan: Plan,
@@ -429,9 +435,12 @@ def submit_tx(
     retention: timedelta | None,
 ) -> Submitted:
     params = _params(plan, input, deadline, retention)
-    return _insert(_binds.joined(conn), plan, params, None)
+    executor, engine = _binds.joined(conn)
+    rows = executor.execute(plan.fast_insert_run, params)
+    return Submitted(engine, rows[0][0], None, True)
 
 
+@_observe.submits
 def submit_once(
     bind: _binds.Bind,
     plan: Plan,
@@ -446,16 +455,11 @@ def submit_once(
     engine = _binds.engine_of(bind)
     started = time.monotonic()
     with _fastpath.connect(engine) as conn:
-
-        def once(insert: bool) -> _Row:
-            stmt = plan.fast_insert_run_once if insert else _FAST_SELECT_RUN_BY_KEY
-            rows = conn.execute(stmt, params)
-            return rows[0] if rows else None
-
-        run_id, created = _resolve_once(once, plan.workflow, key)
+        run_id, created = _insert_once(conn, plan, params)
     return Submitted(engine, run_id, key, created, started if created else None)
 
 
+@_observe.submits
 def submit_once_tx(
     conn: _binds.Conn,
     plan: Plan,
@@ -466,21 +470,19 @@ def submit_once_tx(
 ) -> Submitted:
     _keys.check_key(key)
     params = _params(plan, input, deadline, retention)
-    return _insert_once(_binds.joined(conn), plan, params, key)
+    params["key"] = key
+    executor, engine = _binds.joined(conn)
+    run_id, created = _insert_once(executor, plan, params)
+    return Submitted(engine, run_id, key, created)
 
 
 def _items_payload(items: Sequence[tuple[str, str]], indexes: Sequence[int]) -> str:
     """The jsonb array ``[{i, key, input}, ...]`` of the chosen items (inputs pre-encoded)."""
-    return (
-        "["
-        + ",".join(
-            f'{{"i":{i},"key":{msgspec.json.encode(items[i][0]).decode()},"input":{items[i][1]}}}'
-            for i in indexes
-        )
-        + "]"
-    )
+    payload = [{"i": i, "key": items[i][0], "input": msgspec.Raw(items[i][1])} for i in indexes]
+    return msgspec.json.encode(payload).decode()
 
 
+@_observe.submits
 def submit_once_many(
     bind: _binds.Bind,
     plan: Plan,

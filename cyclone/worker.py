@@ -39,10 +39,12 @@ from cyclone import (
     _fastpath,
     _leader,
     _notify,
+    _observe,
     _rescue,
     _retry,
     _sweeper,
     errors,
+    migrations,
 )
 from cyclone.workflow import StandaloneStep, Workflow
 
@@ -62,6 +64,14 @@ RETRY_CAP = 30.0
 """A database that cannot be reached is tried again after 0.5 s, doubling up to 30 s."""
 
 Outcome = _completion.Success | _completion.Failure
+
+
+def _check_sequence(name: str, given: object, example: str) -> None:
+    """Refuse a single definition where a collection of them is expected."""
+    if isinstance(given, Workflow | StandaloneStep | str):
+        raise errors.DefinitionError(
+            f"{name}= takes a list, got a single {type(given).__name__}: pass {example}"
+        )
 
 
 @dataclass
@@ -173,6 +183,8 @@ class Worker:
         step_context: Callable[[], AbstractContextManager[object]] | None = None,
     ) -> None:
         self.engine: Engine = _binds.engine_of(bind)
+        _check_sequence("workflows", workflows, "workflows=[wf]")
+        _check_sequence("steps", steps, "steps=[send_email]")
         self.workflows: dict[str, Workflow[Any]] = {}
         for wf in workflows:
             if wf.name in self.workflows and self.workflows[wf.name] is not wf:
@@ -215,6 +227,7 @@ class Worker:
         self.step_context = step_context
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.stats = WorkerStats()
+        _observe.serving(self)
 
         self._outcomes: queue.SimpleQueue[tuple[_claim.Claimed, Outcome]] = queue.SimpleQueue()
         self._wake = threading.Event()
@@ -231,6 +244,7 @@ class Worker:
         self._db_failures = 0
         self._step_seconds = 1.0
         self._held: _fastpath.Held | None = None
+        self._schema_checked = False
         self._leader: _leader.Leader | None = None
         self._beating = threading.Event()
 
@@ -238,6 +252,22 @@ class Worker:
         return (
             f"<cyclone.Worker {self.id} workflows={list(self.workflows)} steps={list(self.steps)}>"
         )
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop, wait for a :meth:`run` or :meth:`drain` in another thread to return, and
+        close the connections this worker opened outside the pool (idempotent)."""
+        self.stop()
+        _observe.retired(self)
+        with self._lock:
+            if self._held is not None:
+                self._held.close()
+            self._stopping.clear()
 
     def drain(self) -> int:
         """Run everything runnable now, including steps unblocked meanwhile; return the count.
@@ -296,6 +326,9 @@ class Worker:
 
     def _serve(self, *, until_idle: bool) -> None:
         with self._lock:
+            if not self._schema_checked:
+                migrations.check_schema_at_start(self.engine)  # once: not started without it
+                self._schema_checked = True
             self.stats = WorkerStats()
             unsubscribe = _notify.listener(self.engine).subscribe(
                 _notify.JOBS_AVAILABLE, lambda _payload: self._wake.set()

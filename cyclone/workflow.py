@@ -49,11 +49,37 @@ def _arg_type(fn: Callable[..., Any]) -> Any:
         return Any
 
 
+MAX_NAME_LENGTH = 200
+"""The longest workflow, step, queue or step-kind name, in characters."""
+
+
+def check_name(what: str, name: object) -> str:
+    """Return ``name`` if it is a valid name, else raise DefinitionError (at definition).
+
+    A name is a non-empty str of valid UTF-8 (no lone surrogates), without NUL (which
+    PostgreSQL's text cannot hold), at most :data:`MAX_NAME_LENGTH` characters.
+    """
+    if not isinstance(name, str) or not name:
+        raise errors.DefinitionError(f"{what} must be a non-empty str, not {name!r}")
+    if "\x00" in name:
+        raise errors.DefinitionError(f"{what} {name!r} contains NUL, which PostgreSQL cannot store")
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        raise errors.DefinitionError(
+            f"{what} {name!r} is not valid UTF-8 (it holds a lone surrogate)"
+        ) from None
+    if len(name) > MAX_NAME_LENGTH:
+        raise errors.DefinitionError(
+            f"{what} is {len(name)} characters long, at most {MAX_NAME_LENGTH} allowed"
+        )
+    return name
+
+
 def _check_options(where: str, max_attempts: int, queue: str, priority: int) -> None:
     if not isinstance(max_attempts, int) or max_attempts < 1:
         raise errors.DefinitionError(f"{where}: max_attempts must be an int >= 1")
-    if not isinstance(queue, str) or not queue:
-        raise errors.DefinitionError(f"{where}: queue must be a non-empty str")
+    check_name(f"{where}: queue", queue)
     if not isinstance(priority, int) or not -32768 <= priority <= 32767:
         raise errors.DefinitionError(f"{where}: priority must be an int in the smallint range")
 
@@ -113,8 +139,7 @@ class Workflow(Generic[In]):
     _has_result = False
 
     def __init__(self, name: str, *, input: type[In] | Any = Any, queue: str = DEFAULT_QUEUE):
-        if not isinstance(name, str) or not name:
-            raise errors.DefinitionError("a workflow name must be a non-empty str")
+        check_name("a workflow name", name)
         _check_options(f"workflow {name!r}", DEFAULT_MAX_ATTEMPTS, queue, 0)
         self.name = name
         self.input_type: Any = input
@@ -159,7 +184,8 @@ class Workflow(Generic[In]):
         deps = tuple(self._dep_name(dep) for dep in after)
 
         def decorate(fn: Callable[..., R]) -> Step[R]:
-            step_name = name or fn.__name__
+            given = fn.__name__ if name is None else name
+            step_name = check_name(f"a step name of workflow {self.name!r}", given)
             where = f"step {step_name!r} of workflow {self.name!r}"
             if step_name in self.steps:
                 raise errors.DefinitionError(f"{where} is defined twice")
@@ -420,8 +446,7 @@ class StandaloneStep(Generic[In, R]):
         queue: str,
         priority: int,
     ) -> None:
-        if not isinstance(kind, str) or not kind:
-            raise errors.DefinitionError("a step kind must be a non-empty str")
+        check_name("a step kind", kind)
         _check_options(f"step kind {kind!r}", max_attempts, queue, priority)
         self.kind = kind
         self.fn = fn

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 
 import cyclone
 from cyclone.schema import NAMING_CONVENTION, jobs, metadata, runs
@@ -29,7 +30,11 @@ def database_checks(conn: sa.Connection, table: str) -> dict[str, str]:
 def metadata_check(table: sa.Table, name: str) -> str:
     for constraint in table.constraints:
         if isinstance(constraint, sa.CheckConstraint) and constraint.name == name:
-            return str(constraint.sqltext)
+            # As the DDL renders it: the values are literals.
+            sqltext = constraint.sqltext.compile(
+                dialect=postgresql.dialect(), compile_kwargs={"literal_binds": True}
+            )
+            return str(sqltext)
     raise AssertionError(f"{table.name} has no CHECK {name}")
 
 

@@ -1,0 +1,225 @@
+"""Observability hooks: the core reports submits, claims and step attempts to one observer.
+
+Dependency-free: an integration (``cyclone.contrib.otel``) installs an :class:`Observer`;
+with none installed each hook is one global read and a direct call, and no trace context
+is stored. The core calls the hooks through the decorators :func:`submits`,
+:func:`claims` and :func:`attempts`, and :func:`trace_context` for the value stored with a
+new run or job.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import time
+import uuid
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
+    from cyclone._claim import Claimed
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(slots=True)
+class Submission:
+    """One submit or enqueue: what it asked for, and (once it returned) what it made."""
+
+    operation: str
+    workflow: str | None
+    kind: str | None
+    key: str | None
+    count: int
+    run_ids: list[uuid.UUID | int]
+    created: list[bool]
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One claimed job as an observer sees it."""
+
+    job_id: int
+    run_id: uuid.UUID | None
+    workflow: str | None
+    step: str
+    queue: str
+    key: str | None
+    attempt: int
+    max_attempts: int
+    trace_context: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How an attempt ended: ``completed``, ``retry`` (it raised and runs again) or ``failed``."""
+
+    outcome: str
+    seconds: float
+    error: dict[str, Any] | None
+
+
+class Observer(Protocol):
+    """What an integration implements; each method is called only while it is installed."""
+
+    def trace_context(self) -> str | None:
+        """The W3C ``traceparent`` of the current context, to store with a new run or job."""
+
+    def submit(self, submission: Submission, call: Callable[[], Any]) -> Any:
+        """Run ``call`` (the submit) and return its result; it fills ``submission`` in."""
+
+    def claimed(self, worker_id: str, attempts: Sequence[Attempt], start_ns: int) -> None:
+        """``attempts`` were claimed by one statement that began at ``start_ns`` (epoch ns)."""
+
+    def attempt(self, attempt: Attempt, call: Callable[[], Outcome]) -> Outcome:
+        """Run ``call`` (one step attempt, which never raises for the step's errors)."""
+
+
+_observer: Observer | None = None
+_workers: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def install(observer: Observer | None) -> None:
+    """Make ``observer`` the one that receives the hooks (None: no observer)."""
+    global _observer
+    _observer = observer
+
+
+def installed() -> Observer | None:
+    return _observer
+
+
+def serving(worker: Any) -> None:
+    """Remember a worker of this process (held weakly) until :func:`retired`: the backlog
+    gauge reads the database of each."""
+    _workers.add(worker)
+
+
+def retired(worker: Any) -> None:
+    """The worker was closed: its engine may be disposed, so no gauge reads through it."""
+    _workers.discard(worker)
+
+
+def served_engines() -> list[Engine]:
+    """The engines of this process's open workers, each once."""
+    engines: dict[int, Engine] = {}
+    for worker in list(_workers):
+        engines.setdefault(id(worker.engine), worker.engine)
+    return list(engines.values())
+
+
+def trace_context() -> str | None:
+    """The traceparent to store with a new run or job; None when nothing is installed."""
+    observer = _observer
+    return None if observer is None else observer.trace_context()
+
+
+def _submission(operation: str, arguments: dict[str, Any]) -> Submission:
+    plan, req = arguments.get("plan"), arguments.get("req")
+    items = arguments.get("items")
+    key = arguments.get("key")
+    if req is not None:
+        key = req.unique
+    return Submission(
+        operation=operation,
+        workflow=None if plan is None else plan.workflow,
+        kind=None if req is None else req.kind,
+        key=key,
+        count=1 if items is None else len(items),
+        run_ids=[],
+        created=[],
+    )
+
+
+def _record(submission: Submission, result: Any) -> None:
+    for made in result if isinstance(result, list) else [result]:
+        submission.run_ids.append(getattr(made, "run_id", None) or made.id)
+        submission.created.append(getattr(made, "created", True))
+
+
+def submits(fn: F) -> F:
+    """Report each call of a submit or enqueue function (``plan``/``req``, ``key``, ``items``)."""
+    signature = inspect.signature(fn)
+    operation = fn.__name__
+
+    @functools.wraps(fn)
+    def observed(*args: Any, **kwargs: Any) -> Any:
+        observer = _observer
+        if observer is None:
+            return fn(*args, **kwargs)
+        submission = _submission(operation, signature.bind(*args, **kwargs).arguments)
+
+        def call() -> Any:
+            result = fn(*args, **kwargs)
+            _record(submission, result)
+            return result
+
+        return observer.submit(submission, call)
+
+    return observed  # type: ignore[return-value]
+
+
+def _attempt(job: Claimed) -> Attempt:
+    return Attempt(
+        job_id=job.id,
+        run_id=job.run_id,
+        workflow=job.workflow,
+        step=job.kind,
+        queue=job.queue,
+        key=job.key,
+        attempt=job.attempt,
+        max_attempts=job.max_attempts,
+        trace_context=job.trace_context,
+    )
+
+
+def claims(fn: F) -> F:
+    """Report the jobs each call of the claim function (``worker_id=``) returned: its
+    result is the list of jobs claimed, or a tuple whose last item is."""
+
+    @functools.wraps(fn)
+    def observed(*args: Any, **kwargs: Any) -> Any:
+        observer = _observer
+        if observer is None:
+            return fn(*args, **kwargs)
+        start_ns = time.time_ns()
+        result = fn(*args, **kwargs)
+        claimed: list[Claimed] = result[-1] if isinstance(result, tuple) else result
+        if claimed:
+            worker_id = str(kwargs.get("worker_id", ""))
+            observer.claimed(worker_id, [_attempt(job) for job in claimed], start_ns)
+        return result
+
+    return observed  # type: ignore[return-value]
+
+
+def _outcome(result: Any, seconds: float) -> Outcome:
+    error = getattr(result, "error", None)
+    if error is None:
+        return Outcome("completed", seconds, None)
+    return Outcome("failed" if result.retry_in is None else "retry", seconds, error)
+
+
+def attempts(fn: F) -> F:
+    """Report each step attempt run by the execute function (its first argument the job)."""
+
+    @functools.wraps(fn)
+    def observed(job: Claimed, *args: Any, **kwargs: Any) -> Any:
+        observer = _observer
+        if observer is None:
+            return fn(job, *args, **kwargs)
+        results: list[Any] = []
+
+        def call() -> Outcome:
+            started = time.perf_counter()
+            results.append(fn(job, *args, **kwargs))
+            return _outcome(results[0], time.perf_counter() - started)
+
+        observer.attempt(_attempt(job), call)
+        return results[0]
+
+    return observed  # type: ignore[return-value]

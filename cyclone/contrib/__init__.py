@@ -1,0 +1,1 @@
+"""Integrations with frameworks and tools; each module needs its own optional extra."""

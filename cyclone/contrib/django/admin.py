@@ -1,0 +1,171 @@
+"""Read-only admin pages for runs and jobs, with actions that retry and cancel.
+
+Nothing here writes to cyclone's tables through the ORM: the pages only read, and the
+actions call the run handles' ``retry()`` and ``cancel()`` and ``Client.cancel_job()``,
+which keep cyclone's rules (a running run cannot be retried, a finished one cannot be
+cancelled, a step is cancelled with its run).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from cyclone.client import Client
+from cyclone.contrib.django._discovery import definitions
+from cyclone.contrib.django._engines import engine
+from cyclone.contrib.django.models import Job, Run
+from cyclone.errors import CycloneError
+from cyclone.runs import Run as RunHandle
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Viewing only: no add, change or delete, whatever the user's permissions."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class WorkflowFilter(admin.SimpleListFilter):
+    """Filter by the project's workflows, without scanning the table for its distinct names."""
+
+    title = "workflow"
+    parameter_name = "workflow"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        workflows, _ = definitions()
+        return sorted((wf.name, wf.name) for wf in workflows)
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        return queryset.filter(workflow=value) if value else queryset
+
+
+class StepInline(admin.TabularInline):
+    """A run's steps on its page: state, attempts and the errors of each attempt."""
+
+    model = Job
+    fk_name = "run"
+    verbose_name = "step"
+    verbose_name_plural = "steps"
+    fields = (
+        "kind",
+        "state",
+        "attempt",
+        "max_attempts",
+        "errors",
+        "attempted_at",
+        "finalized_at",
+    )
+    readonly_fields = fields
+    ordering = ("id",)
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+def _operate(
+    modeladmin: admin.ModelAdmin,
+    request: HttpRequest,
+    rows: QuerySet[Any],
+    verb: str,
+    call: Callable[[Any], None],
+) -> None:
+    """Call ``call`` on each selected row; report what was done and each refusal."""
+    done = 0
+    for row in rows:
+        try:
+            call(row)
+        except CycloneError as exc:
+            modeladmin.message_user(request, f"{row}: {exc}", messages.ERROR)
+        else:
+            done += 1
+    if done:
+        noun = rows.model._meta.verbose_name
+        plural = rows.model._meta.verbose_name_plural
+        modeladmin.message_user(
+            request, f"{verb} {done} {noun if done == 1 else plural}.", messages.SUCCESS
+        )
+
+
+def _handle(queryset: QuerySet[Run]) -> Callable[[Run], RunHandle]:
+    bind = engine(queryset.db)
+    return lambda run: RunHandle(bind, run.id, run.workflow, run.submit_key)
+
+
+@admin.register(Run)
+class RunAdmin(ReadOnlyAdmin):
+    """Runs newest first, filtered by state and workflow; a run's page lists its steps."""
+
+    list_display = ("id", "workflow", "submit_key", "state", "created_at", "finalized_at")
+    list_filter = ("state", WorkflowFilter)
+    search_fields = ("=submit_key",)
+    show_full_result_count = False
+    inlines = (StepInline,)
+    actions = ("retry_runs", "cancel_runs")
+
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm(f"{self.opts.app_label}.operate_run"))
+
+    @admin.action(description="Retry the failed and cancelled steps", permissions=("operate",))
+    def retry_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        handle = _handle(queryset)
+        _operate(self, request, queryset, "Retried", lambda run: handle(run).retry())
+
+    @admin.action(description="Cancel the selected runs", permissions=("operate",))
+    def cancel_runs(self, request: HttpRequest, queryset: QuerySet[Run]) -> None:
+        handle = _handle(queryset)
+        _operate(self, request, queryset, "Cancelled", lambda run: handle(run).cancel())
+
+
+@admin.register(Job)
+class JobAdmin(ReadOnlyAdmin):
+    """Jobs newest first: the steps of runs and standalone jobs; search by exact kind or key."""
+
+    list_display = (
+        "id",
+        "kind",
+        "workflow",
+        "run",
+        "state",
+        "attempt",
+        "created_at",
+        "finalized_at",
+    )
+    list_filter = ("state", WorkflowFilter)
+    search_fields = ("=kind", "=unique_key")
+    show_full_result_count = False
+    list_select_related = ("run",)
+    actions = ("cancel_jobs",)
+
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm(f"{self.opts.app_label}.operate_job"))
+
+    @admin.action(description="Cancel the selected standalone jobs", permissions=("operate",))
+    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        for step in queryset.filter(run__isnull=False):
+            self.message_user(
+                request, f"{step} is a step of run {step.run_id}: cancel the run", messages.ERROR
+            )
+        client = Client(engine(queryset.db))
+        standalone = queryset.filter(run__isnull=True)
+        _operate(self, request, standalone, "Cancelled", lambda job: client.cancel_job(job.id))

@@ -1,0 +1,413 @@
+"""The dashboard's WSGI application: routing, pages, actions, CSRF and authorisation.
+
+Pages read through :mod:`cyclone.dashboard._queries`; actions go through cyclone's public
+handles (``Run.retry``, ``Run.retry_all``, ``Run.cancel``, ``Job.cancel``), so the
+dashboard changes nothing the library's own rules would not allow.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from importlib import resources
+from typing import Any
+
+import jinja2
+from sqlalchemy import Connection, Engine
+from werkzeug.exceptions import BadRequest, Forbidden, HTTPException, NotFound
+from werkzeug.routing import Map, Rule
+from werkzeug.utils import redirect
+from werkzeug.wrappers import Request, Response
+
+from cyclone import errors
+from cyclone.dashboard import _csrf, _dag, _format, _queries
+from cyclone.jobs import Job
+from cyclone.runs import Run
+from cyclone.states import TERMINAL_RUN_STATES, JobState, RunState
+
+Authorize = Callable[[Mapping[str, Any]], bool]
+
+_NOTICES = {
+    "retry": "Retry requested: the failed and cancelled steps run again.",
+    "retry-all": "Retry of every step requested.",
+    "cancel": "Cancelled.",
+}
+
+_STATIC_TYPES = {"css": "text/css; charset=utf-8"}
+
+_SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+        "frame-ancestors 'self'; base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
+
+_URLS = Map(
+    [
+        Rule("/", endpoint="overview"),
+        Rule("/runs", endpoint="runs"),
+        Rule("/runs/<uuid:run_id>", endpoint="run"),
+        Rule(
+            "/runs/<uuid:run_id>/<any(retry, 'retry-all', cancel):action>",
+            endpoint="run_action",
+            methods=["POST"],
+        ),
+        Rule("/jobs", endpoint="jobs"),
+        Rule("/jobs/<int:job_id>", endpoint="job"),
+        Rule("/jobs/<int:job_id>/cancel", endpoint="job_action", methods=["POST"]),
+        Rule("/static/<name>", endpoint="static"),
+    ],
+    strict_slashes=False,
+)
+
+
+class Dashboard:
+    """The WSGI application :func:`cyclone.dashboard.create_app` returns."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        authorize: Authorize | None,
+        title: str,
+        secret: bytes | str | None,
+    ) -> None:
+        if not isinstance(engine, Engine):
+            raise TypeError(f"create_app takes a SQLAlchemy Engine, not {type(engine).__name__}")
+        self.engine = engine
+        self.authorize = authorize
+        self.title = title
+        if secret is None:
+            self._secret = secrets.token_bytes(32)
+        else:
+            self._secret = secret.encode() if isinstance(secret, str) else bytes(secret)
+        self._templates = jinja2.Environment(
+            loader=jinja2.PackageLoader("cyclone.dashboard", "templates"),
+            autoescape=True,
+            undefined=jinja2.StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+        self._templates.filters.update(
+            when=_format.when,
+            hhmm=_format.hhmm,
+            duration=_format.duration,
+            pretty_json=_format.pretty_json,
+            short_id=_format.short_id,
+        )
+        self._templates.globals.update(
+            between=_format.between,
+            records=_format.records,
+            run_states=list(RunState),
+            job_states=list(JobState),
+        )
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Iterable[bytes]:
+        request = Request(environ)
+        response = self._dispatch(request)
+        for header, value in _SECURITY_HEADERS.items():
+            response.headers.setdefault(header, value)
+        return response(environ, start_response)
+
+    def _dispatch(self, request: Request) -> Response:
+        nonce = request.cookies.get(_csrf.COOKIE)
+        fresh_nonce = None
+        if not nonce:
+            nonce = fresh_nonce = _csrf.new_nonce()
+        try:
+            endpoint, args = _URLS.bind_to_environ(request.environ).match()
+            if request.method == "POST":
+                self._check_post(request)
+            handler = getattr(self, f"_page_{endpoint}")
+            response: Response = handler(request, _csrf.token_for(nonce, self._secret), **args)
+        except HTTPException as exc:
+            response = self._error(request, exc)
+        if fresh_nonce is not None:
+            response.set_cookie(
+                _csrf.COOKIE,
+                fresh_nonce,
+                path=(request.script_root or "") + "/",
+                httponly=True,
+                samesite="Strict",
+                secure=request.scheme == "https",
+            )
+        return response
+
+    def _allowed(self, request: Request) -> bool:
+        return self.authorize is not None and bool(self.authorize(request.environ))
+
+    def _check_post(self, request: Request) -> None:
+        if not self._allowed(request):
+            raise Forbidden("This dashboard is read-only for you: actions are not allowed.")
+        token = request.form.get(_csrf.FIELD)
+        if not _csrf.is_valid(request.cookies.get(_csrf.COOKIE), token, self._secret):
+            raise Forbidden("The form's CSRF token is missing or wrong: reload the page and retry.")
+
+    def _render(
+        self, request: Request, template: str, csrf: str, status: int = 200, **context: Any
+    ) -> Response:
+        root = request.script_root or ""
+        page = self._templates.get_template(template).render(
+            title=self.title,
+            root=root,
+            csrf_field=_csrf.FIELD,
+            csrf_token=csrf,
+            can_act=self._allowed(request),
+            **context,
+        )
+        response = Response(page, status=status, mimetype="text/html")
+        response.headers["Cache-Control"] = "no-store"  # Back shows the state now, not then
+        return response
+
+    def _error(self, request: Request, exc: HTTPException) -> Response:
+        if exc.code in (301, 302, 303, 307, 308):
+            return exc.get_response(request.environ)
+        return self._render(
+            request,
+            "error.html",
+            "",
+            status=exc.code or 500,
+            code=exc.code,
+            name=exc.name,
+            message=exc.description,
+        )
+
+    def _connect(self) -> Connection:
+        """A read-only snapshot: a run and its steps are read as of the same moment."""
+        return self.engine.connect().execution_options(
+            isolation_level="REPEATABLE READ", postgresql_readonly=True
+        )
+
+    # Pages
+
+    def _page_overview(self, request: Request, csrf: str) -> Response:
+        with self._connect() as conn:
+            by_workflow = _queries.runs_by_workflow(conn)
+            active = _queries.active_jobs(conn)
+            minutes = _queries.finished_per_minute(conn)
+        chart = _chart(minutes)
+        return self._render(
+            request,
+            "overview.html",
+            csrf,
+            by_workflow=by_workflow,
+            backlog=_queries.backlog_by_queue(active),
+            chart=chart,
+        )
+
+    def _page_runs(self, request: Request, csrf: str) -> Response:
+        args = request.args
+        filters = _queries.RunFilters(
+            workflow=args.get("workflow") or None,
+            state=_choice(RunState, args.get("state")),
+            key=args.get("key") or None,
+            since=_moment(args.get("since"), "since"),
+            until=_moment(args.get("until"), "until"),
+        )
+        after = _cursor(args.get("after"), uuid.UUID)
+        with self._connect() as conn:
+            page = _queries.list_runs(conn, filters, after)
+            names = _queries.workflow_names(conn)
+        query = {k: v for k, v in args.items() if k != "after" and v}
+        return self._render(
+            request,
+            "runs.html",
+            csrf,
+            rows=page.rows,
+            names=names,
+            filters=filters,
+            raw={k: args.get(k, "") for k in ("workflow", "state", "key", "since", "until")},
+            query=query,
+            next_cursor=page.next.encode() if page.next else None,
+            searched_to=page.searched_to,
+            scan_limit=_queries.SCAN_LIMIT,
+            paged=after is not None,
+        )
+
+    def _page_run(self, request: Request, csrf: str, run_id: uuid.UUID) -> Response:
+        notice = _NOTICES.get(request.args.get("done", ""))
+        return self._run_page(request, csrf, run_id, notice=notice)
+
+    def _run_page(
+        self,
+        request: Request,
+        csrf: str,
+        run_id: uuid.UUID,
+        *,
+        notice: str | None = None,
+        problem: str | None = None,
+    ) -> Response:
+        with self._connect() as conn:
+            run = _queries.get_run(conn, run_id)
+            if run is None:
+                raise NotFound(f"There is no run {run_id} (never made, or purged).")
+            steps = {s.kind: s for s in _queries.run_steps(conn, run_id)}
+        graph = json.loads(run.graph)
+        after = {s["name"]: list(s.get("after", [])) for s in graph.get("steps", [])}
+        for kind in steps:
+            after.setdefault(kind, [])
+        layout = _dag.layout(after)
+        ordered = [steps[n.name] for n in layout.nodes if n.name in steps]
+        return self._render(
+            request,
+            "run.html",
+            csrf,
+            status=200 if problem is None else 409,
+            run=run,
+            steps=steps,
+            ordered=ordered,
+            index={step.kind: i for i, step in enumerate(ordered, start=1)},
+            layout=layout,
+            node_width=_dag.NODE_WIDTH,
+            node_height=_dag.NODE_HEIGHT,
+            result=steps.get(run.result_step) if run.result_step else None,
+            notice=notice,
+            problem=problem,
+            terminal=run.state in TERMINAL_RUN_STATES,
+        )
+
+    def _page_run_action(
+        self, request: Request, csrf: str, run_id: uuid.UUID, action: str
+    ) -> Response:
+        with self._connect() as conn:
+            run = _queries.get_run(conn, run_id)
+        if run is None:
+            raise NotFound(f"There is no run {run_id} (never made, or purged).")
+        handle = Run(self.engine, run_id, run.workflow, run.key)
+        operation = {"retry": handle.retry, "retry-all": handle.retry_all, "cancel": handle.cancel}
+        try:
+            operation[action]()
+        except (errors.InvalidStateError, errors.NotFoundError) as exc:
+            return self._run_page(request, csrf, run_id, problem=str(exc))
+        return redirect(f"{request.script_root}/runs/{run_id}?done={action}", code=303)
+
+    def _page_jobs(self, request: Request, csrf: str) -> Response:
+        args = request.args
+        queue = args.get("queue") or None
+        kind = args.get("kind") or None
+        state = _choice(JobState, args.get("state"))
+        after = _cursor(args.get("after"), int)
+        with self._connect() as conn:
+            kinds = _queries.active_jobs(conn)
+            rows, next_cursor = _queries.list_jobs(
+                conn, queue=queue, kind=kind, state=state, after=after
+            )
+        query = {k: v for k, v in args.items() if k != "after" and v}
+        return self._render(
+            request,
+            "jobs.html",
+            csrf,
+            kinds=kinds,
+            rows=rows,
+            raw={k: args.get(k, "") for k in ("queue", "kind", "state")},
+            query=query,
+            next_cursor=next_cursor.encode() if next_cursor else None,
+            paged=after is not None,
+        )
+
+    def _page_job(self, request: Request, csrf: str, job_id: int) -> Response:
+        with self._connect() as conn:
+            job = _queries.get_job(conn, job_id)
+        if job is None:
+            raise NotFound(f"There is no standalone job {job_id} (never made, or purged).")
+        return self._render(
+            request,
+            "job.html",
+            csrf,
+            job=job,
+            notice=_NOTICES.get(request.args.get("done", "")),
+            problem=None,
+        )
+
+    def _page_job_action(self, request: Request, csrf: str, job_id: int) -> Response:
+        with self._connect() as conn:
+            job = _queries.get_job(conn, job_id)
+        if job is None:
+            raise NotFound(f"There is no standalone job {job_id} (never made, or purged).")
+        try:
+            Job(self.engine, job_id, job.kind, job.key).cancel()
+        except (errors.InvalidStateError, errors.NotFoundError) as exc:
+            return self._render(
+                request, "job.html", csrf, status=409, job=job, notice=None, problem=str(exc)
+            )
+        return redirect(f"{request.script_root}/jobs/{job_id}?done=cancel", code=303)
+
+    def _page_static(self, request: Request, csrf: str, name: str) -> Response:
+        suffix = name.rpartition(".")[2]
+        if suffix not in _STATIC_TYPES or "/" in name:
+            raise NotFound()
+        resource = resources.files("cyclone.dashboard") / "static" / name
+        if not resource.is_file():
+            raise NotFound()
+        response = Response(resource.read_bytes(), mimetype=_STATIC_TYPES[suffix])
+        response.headers["Cache-Control"] = "public, max-age=3600"
+        return response
+
+
+def _choice(enum: Any, value: str | None) -> Any:
+    if not value:
+        return None
+    try:
+        return enum(value)
+    except ValueError:
+        choices = ", ".join(m.value for m in enum)
+        raise BadRequest(f"Unknown state {value!r}: use one of {choices}.") from None
+
+
+def _moment(value: str | None, field: str) -> datetime | None:
+    """A time filter: ISO 8601 or a browser's datetime-local; without an offset it is UTC."""
+    if not value:
+        return None
+    try:
+        moment = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise BadRequest(
+            f"{field!r} is not a date and time: write it as 2026-01-31T13:45 (UTC) "
+            "or with an offset."
+        ) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _cursor(value: str | None, id_type: type[Any]) -> _queries.Cursor | None:
+    if not value:
+        return None
+    try:
+        return _queries.decode_cursor(value, id_type)
+    except ValueError:
+        raise BadRequest("The page cursor is not valid: start again from the first page.") from None
+
+
+def _chart(minutes: list[tuple[datetime, int, int]]) -> dict[str, Any]:
+    """Bar geometry for the per-minute chart: completed stacked under failed."""
+    width, height, bar = 8, 100, 6
+    peak = max((c + f for _, c, f in minutes), default=0) or 1
+    bars = []
+    for i, (minute, completed, failed) in enumerate(minutes):
+        done_h = round(completed * height / peak)
+        fail_h = round(failed * height / peak)
+        bars.append(
+            {
+                "x": i * width,
+                "minute": minute,
+                "completed": completed,
+                "failed": failed,
+                "done_y": height - done_h,
+                "done_h": done_h,
+                "fail_y": height - done_h - fail_h,
+                "fail_h": fail_h,
+            }
+        )
+    return {
+        "bars": bars,
+        "width": len(minutes) * width,
+        "height": height,
+        "bar": bar,
+        "peak": peak,
+        "completed": sum(c for _, c, _ in minutes),
+        "failed": sum(f for _, _, f in minutes),
+    }

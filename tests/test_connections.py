@@ -1,0 +1,120 @@
+"""Connections cyclone opens outside the pool are closed: cyclone.close, Worker.close, weak refs."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import weakref
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import URL
+
+import cyclone
+from cyclone import _fastpath, _notify
+from tests.conftest import admin_url, wait_until
+from tests.support.factories import workflow
+
+
+def backends(database: str | None) -> int:
+    admin = sa.create_engine(admin_url(), poolclass=sa.NullPool)
+    try:
+        with admin.connect() as conn:
+            count = conn.execute(
+                sa.text("SELECT count(*) FROM pg_stat_activity WHERE datname = :d"), {"d": database}
+            )
+            return int(count.scalar_one())
+    finally:
+        admin.dispose()
+
+
+def drop_database_without_force(database: str | None) -> None:
+    admin = sa.create_engine(admin_url(), isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+    try:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE "{database}"'))
+    finally:
+        admin.dispose()
+
+
+@pytest.fixture
+def migrated(fresh_database: URL) -> Iterator[URL]:
+    engine = sa.create_engine(fresh_database, poolclass=sa.NullPool)
+    cyclone.upgrade(engine)
+    engine.dispose()
+    return fresh_database
+
+
+def test_after_close_and_dispose_drop_database_succeeds_at_once(migrated: URL, name: str) -> None:
+    engine = sa.create_engine(migrated)
+    wf = workflow(name)
+    run, _ = wf.submit_once(engine, "k", 1)
+    with cyclone.Worker(engine, workflows=[wf]) as worker:
+        worker.drain()
+    run.wait(timeout=10)  # the listener is up and LISTENing
+    assert _notify.listener(engine).wait_ready(10)
+    conninfo = migrated.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(conninfo) as driver:
+        joined, _ = wf.submit_once_tx(driver, "k2", 1)
+        driver.commit()
+        joined.status()  # reads through the Engine cyclone made for this connection
+        cyclone.close(joined._engine)
+    assert backends(migrated.database) > 0
+    cyclone.close(engine)
+    engine.dispose()
+    drop_database_without_force(migrated.database)
+
+
+def test_a_worker_running_in_another_thread_is_stopped_and_closed_by_close(
+    migrated: URL, name: str
+) -> None:
+    engine = sa.create_engine(migrated)
+    worker = cyclone.Worker(engine, workflows=[workflow(name)], poll_interval=0.05)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    wait_until(lambda: worker._held is not None)
+    worker.close()
+    thread.join(10)
+    assert not thread.is_alive()
+    cyclone.close(engine)
+    engine.dispose()
+    assert backends(migrated.database) == 0
+
+
+def test_the_listener_registry_does_not_keep_an_engine_alive(migrated: URL) -> None:
+    engine = sa.create_engine(migrated)
+    listener = _notify.listener(engine)
+    assert listener.wait_ready(10)
+    assert backends(migrated.database) >= 1
+    ref = weakref.ref(engine)
+    engine.dispose()
+    del engine
+    gc.collect()
+    assert ref() is None
+    wait_until(lambda: not listener._thread.is_alive(), timeout=10)
+    wait_until(lambda: backends(migrated.database) == 0, timeout=10)
+
+
+def test_close_of_an_unused_engine_does_nothing(migrated: URL) -> None:
+    engine = sa.create_engine(migrated)
+    cyclone.close(engine)
+    cyclone.close(engine)
+    engine.dispose()
+
+
+def test_engine_dispose_alone_also_closes_the_listener_and_held_connections(
+    migrated: URL, name: str
+) -> None:
+    engine = sa.create_engine(migrated)
+    wf = workflow(name)
+    run, _ = wf.submit_once(engine, "k", 1)
+    worker = cyclone.Worker(engine, workflows=[wf])
+    worker.drain()
+    run.wait(timeout=10)
+    assert _notify.listener(engine).wait_ready(10)
+    held = _fastpath.Held(engine)  # a held connection left open, as a running loop's would be
+    held.execute(_fastpath.Compiled(sa.select(sa.literal(1))), {})
+    engine.dispose()
+    drop_database_without_force(migrated.database)

@@ -1,0 +1,116 @@
+"""The dashboard mounted the documented ways: Flask (dispatcher and helper) and Django (include)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import flask
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import URL
+from werkzeug.middleware.dispatcher import DispatcherMiddleware
+
+import cyclone
+from cyclone.dashboard import create_app
+from cyclone.dashboard.flask import mount
+from tests.conftest import create_database, drop_database
+from tests.support.dashboard import Order, csrf_token, shop
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_flask_dispatcher_middleware_serves_the_dashboard_under_a_prefix(
+    engine: sa.Engine, name: str
+) -> None:
+    s = shop(name)
+    run, _ = s.workflow.submit_once(engine, "k", Order(1))
+    app = flask.Flask(__name__)
+
+    @app.get("/")
+    def home() -> str:
+        return "the shop"
+
+    app.wsgi_app = DispatcherMiddleware(  # type: ignore[method-assign]
+        app.wsgi_app, {"/admin/cyclone": create_app(engine)}
+    )
+    client = app.test_client()
+    assert client.get("/").get_data(as_text=True) == "the shop"
+    page = client.get(f"/admin/cyclone/runs/{run.id}")
+    assert page.status_code == 200
+    assert 'href="/admin/cyclone/static/style.css"' in page.get_data(as_text=True)
+    assert client.get("/admin/cyclone/static/style.css").status_code == 200
+
+
+def test_flask_mount_helper_signs_forms_with_the_apps_secret_key(
+    engine: sa.Engine, name: str
+) -> None:
+    s = shop(name)
+    run, _ = s.workflow.submit_once(engine, "k", Order(1))
+    s.worker(engine).drain()
+    app = flask.Flask(__name__)
+    app.config["SECRET_KEY"] = "flask-secret"
+    mount(app, engine, prefix="/ops", authorize=lambda environ: True)
+    client = app.test_client()
+    html = client.get(f"/ops/runs/{run.id}").get_data(as_text=True)
+    assert f'action="/ops/runs/{run.id}/retry"' in html
+    answer = client.post(f"/ops/runs/{run.id}/retry", data={"csrf_token": csrf_token(html)})
+    assert answer.status_code == 303
+    assert answer.headers["Location"] == f"/ops/runs/{run.id}?done=retry"
+    assert run.status().state == cyclone.RunState.RUNNING
+    with pytest.raises(ValueError, match="prefix must start with '/'"):
+        mount(app, engine, prefix="ops/")
+
+
+@pytest.fixture
+def django_database() -> Iterator[URL]:
+    url = create_database("cyclone_django")
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    cyclone.upgrade(engine)
+    engine.dispose()
+    yield url
+    drop_database(url)
+
+
+@pytest.mark.processes
+def test_django_include_serves_staff_and_lets_them_act(django_database: URL, name: str) -> None:
+    engine = sa.create_engine(django_database, poolclass=sa.NullPool)
+    s = shop(name)
+    run, _ = s.workflow.submit_once(engine, "k<b>", Order(1))
+    s.worker(engine).drain()
+    assert run.status().state == cyclone.RunState.FAILED
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.support.django_dashboard",
+            django_database.render_as_string(hide_password=False),
+            str(run.id),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert out["anonymous"] == [302, "/login/?next=/ops/cyclone/"]
+    assert out["clerk"] == 403
+    status, overview = out["overview"]
+    assert status == 200
+    assert 'href="/ops/cyclone/runs"' in overview
+    assert name in overview
+    assert out["css"] == 200
+    assert "k&lt;b&gt;" in out["run_page"]
+    assert f'action="/ops/cyclone/runs/{run.id}/retry"' in out["run_page"]
+    assert out["forged"] == 403
+    assert out["retry"] == [303, f"/ops/cyclone/runs/{run.id}?done=retry"]
+    assert run.status().state == cyclone.RunState.RUNNING
+    engine.dispose()

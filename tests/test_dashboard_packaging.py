@@ -1,0 +1,66 @@
+"""The wheel ships the dashboard's templates and stylesheet, and pages render from it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import URL
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "cyclone" / "dashboard"
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    (built,) = out.glob("cyclone-*.whl")
+    return built
+
+
+def test_wheel_ships_every_template_and_static_file(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assets = {
+        f"cyclone/dashboard/{p.relative_to(PACKAGE).as_posix()}"
+        for folder in ("templates", "static")
+        for p in (PACKAGE / folder).iterdir()
+    }
+    assert {"cyclone/dashboard/templates/run.html", "cyclone/dashboard/static/style.css"} <= assets
+    assert assets <= names
+    assert "cyclone/contrib/django/dashboard.py" in names
+
+
+@pytest.mark.processes
+def test_pages_render_from_the_installed_wheel(
+    wheel: Path, database_url: URL, tmp_path: Path
+) -> None:
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    code = (
+        "import sys, sqlalchemy as sa, cyclone.dashboard as d;"
+        "from werkzeug.test import Client;"
+        "assert d.__file__.startswith(sys.argv[2]), d.__file__;"
+        "c = Client(d.create_app(sa.create_engine(sys.argv[1])));"
+        "page, css = c.get('/runs'), c.get('/static/style.css');"
+        "print(page.status_code, css.status_code, '<h1>Runs</h1>' in page.get_data(as_text=True))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, database_url.render_as_string(hide_password=False), str(site)],
+        env={**os.environ, "PYTHONPATH": str(site)},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["200", "200", "True"]

@@ -1,0 +1,129 @@
+"""An application role that owns nothing, with the grants of docs/operations.md, runs everything."""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import URL
+
+import cyclone
+from tests.conftest import admin_url, wait_until
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
+
+
+def grants(role: str) -> list[str]:
+    """The grant statements of the doc, for ``role``."""
+    (block,) = re.findall(r"<!-- snippet: grants -->\n```sql\n(.*?)```", DOC.read_text(), re.S)
+    return [line.replace("app_role", f'"{role}"') for line in block.splitlines() if line]
+
+
+@pytest.fixture
+def app_url(fresh_database: URL) -> Iterator[URL]:
+    """The fresh database migrated by its owner, and a URL of a role that owns nothing."""
+    role = f"cyclone_app_{uuid.uuid4().hex[:8]}"
+    owner = sa.create_engine(fresh_database, poolclass=sa.NullPool)
+    cyclone.upgrade(owner)
+    admin = sa.create_engine(admin_url(), isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE ROLE "{role}" LOGIN'))
+    with owner.begin() as conn:
+        for statement in grants(role):
+            conn.exec_driver_sql(statement)
+    owner.dispose()
+    try:
+        yield fresh_database.set(username=role, password=None)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(
+                sa.text(f'DROP DATABASE IF EXISTS "{fresh_database.database}" WITH (FORCE)')
+            )
+            conn.execute(sa.text(f'DROP ROLE "{role}"'))
+        admin.dispose()
+
+
+def owns_nothing(engine: sa.Engine) -> bool:
+    with engine.connect() as conn:
+        owned = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM pg_class WHERE relowner = "
+                "(SELECT oid FROM pg_roles WHERE rolname = current_user)"
+            )
+        )
+        return owned.scalar_one() == 0
+
+
+def test_an_application_role_with_the_documented_grants_runs_everything(
+    app_url: URL, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="cyclone")
+    engine = sa.create_engine(app_url)
+    client = cyclone.Client(engine)
+    assert owns_nothing(engine)
+    cyclone.check_schema(engine)
+    wf: cyclone.ResultWorkflow[Any, Any] = cyclone.ResultWorkflow(name, output=int)
+
+    @wf.result("double")
+    def double(ctx: cyclone.StepContext, value: int) -> int:
+        return value * 2
+
+    @cyclone.step(f"{name}_kind")
+    def kind(ctx: cyclone.StepContext, args: int) -> int:
+        return args + 1
+
+    old, _ = wf.submit_once(engine, "old", 1)
+    with cyclone.Worker(engine, workflows=[wf]) as drainer:
+        drainer.drain()
+    owner = sa.create_engine(app_url.set(username=admin_url().username), poolclass=sa.NullPool)
+    with owner.begin() as conn:  # ended long ago: the sweeper's to delete
+        conn.execute(
+            sa.text(
+                "UPDATE cyclone_runs SET finalized_at = now() - interval '400 days' WHERE id = :id"
+            ),
+            {"id": old.id},
+        )
+    owner.dispose()
+
+    run, _ = wf.submit_once(engine, "k", 21)
+    with engine.connect() as conn:
+        tx_run = wf.submit_tx(conn, 1)
+        conn.commit()
+    job = kind.enqueue(engine, 1, unique="u")
+    worker = cyclone.Worker(engine, workflows=[wf], steps=[kind], poll_interval=0.05, sweep=True)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        assert run.result(timeout=30) == 42
+        assert tx_run.result(timeout=30) == 2
+        assert job.result(timeout=30) == 2
+        wait_until(lambda: not client.list_runs(workflow=name, key="old"), timeout=30)
+    finally:
+        worker.close()
+        thread.join(30)
+    assert not thread.is_alive()
+
+    cancelled, _ = wf.submit_once(engine, "to-cancel", 1)
+    cancelled.cancel()
+    cancelled.retry()
+    with cyclone.Worker(engine, workflows=[wf]) as drainer:
+        drainer.drain()
+    assert cancelled.result(timeout=10) == 2
+
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert {status.id for status in client.list_runs(workflow=name)} >= {run.id, tx_run.id}
+    assert client.list_jobs(kind=f"{name}_kind")
+    assert client.count_runs(workflow=name)[cyclone.RunState.COMPLETED] >= 3
+    assert client.purge_terminal_runs(older_than=timedelta()) >= 3
+    client.purge_finished_jobs(older_than=timedelta())
+    assert client.list_runs(workflow=name) == []
+    cyclone.close(engine)
+    engine.dispose()
