@@ -40,7 +40,7 @@ def updates_of(sql: str, table: str) -> list[str]:
 
 
 def assigned_states(update: str) -> set[str]:
-    """The state literals an UPDATE's ``state=`` assignment can set."""
+    """The state literals (``'x'`` or ``E'x'``) an UPDATE's ``state=`` assignment can set."""
     match = re.search(r"(?:SET |, )state=(CASE .*? END|E?'\w+')", update)
     return set(re.findall(r"E?'(\w+)'", match.group(1))) if match else set()
 
