@@ -5,17 +5,24 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import Engine, bindparam, func, literal_column, select, tuple_
 
-from cyclone import _binds, _sweeper
+from cyclone import _binds, _lookup, _sweeper
 from cyclone.jobs import JOB_STATUS_COLUMNS, JobStatus, job_status_from_row
 from cyclone.runs import STATUS_COLUMNS, RunStatus, status_from_row
 from cyclone.schema import LISTED_SINCE, jobs, runs
 from cyclone.states import JobState, RunState
 
 DEFAULT_PAGE = 100
+
+
+class HasName(Protocol):
+    """Anything with a ``name``, such as a Workflow."""
+
+    @property
+    def name(self) -> str: ...
 
 
 class Client:
@@ -87,6 +94,11 @@ class Client:
                 select(*STATUS_COLUMNS).where(runs.c.id == bindparam("id")), {"id": run_uuid}
             ).first()
         return None if row is None else status_from_row(row)
+
+    def get_run_by_key(self, workflow: str | HasName, key: str) -> RunStatus | None:
+        """The run of ``key`` of ``workflow`` (a name, or a Workflow), or None; one statement."""
+        name = workflow if isinstance(workflow, str) else workflow.name
+        return _lookup.status_by_key(self._engine, name, key)
 
     def list_jobs(
         self,

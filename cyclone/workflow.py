@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import inspect
 import typing
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from cyclone import _graph, errors, jobs, submit
+from cyclone import _binds, _graph, _lookup, errors, jobs, submit
 from cyclone.runs import ResultRun, Run
 
 if TYPE_CHECKING:
@@ -324,6 +325,35 @@ class Workflow(Generic[In]):
         rows = submit.submit_once_many(bind, self.plan(), encoded, deadline, retention)
         return [(self._handle(row), row.created) for row in rows]
 
+    # -- lookup (keys and time) ---------------------------------------------------------
+
+    def get_run(self, bind: Bind, key: str) -> Run | None:
+        """The handle of the run of ``key``, or None when the key has no run (or was purged).
+
+        One statement. Raises InvalidKeyError for a key that breaks the key rules.
+        """
+        run_id = _lookup.run_id_by_key(bind, self.name, key)
+        if run_id is None:
+            return None
+        return self._handle(submit.Submitted(_binds.engine_of(bind), run_id, key, False))
+
+    def get_run_tx(self, conn: Conn, key: str) -> Run | None:
+        """As :meth:`get_run`, read inside the caller's transaction (it sees its own runs)."""
+        connection = _binds.joined(conn)
+        run_id = _lookup.run_id_by_key_tx(connection, self.name, key)
+        if run_id is None:
+            return None
+        return self._handle(submit.Submitted(connection.engine, run_id, key, False))
+
+    def run(self, bind: Bind, run_id: uuid.UUID | str) -> Run:
+        """The handle of run ``run_id`` of this workflow.
+
+        Raises:
+            NotFoundError: there is no such run, or it belongs to another workflow.
+        """
+        rid, key = _lookup.key_of_run(bind, self.name, run_id)
+        return self._handle(submit.Submitted(_binds.engine_of(bind), rid, key, False))
+
 
 class ResultWorkflow(Workflow[In], Generic[In, Out]):
     """A workflow whose result node's output is the run's typed result."""
@@ -406,6 +436,12 @@ class ResultWorkflow(Workflow[In], Generic[In, Out]):
             deadline: datetime | timedelta | None = None,
             retention: timedelta | None = None,
         ) -> list[tuple[ResultRun[Out], bool]]: ...
+
+        def get_run(self, bind: Bind, key: str) -> ResultRun[Out] | None: ...
+
+        def get_run_tx(self, conn: Conn, key: str) -> ResultRun[Out] | None: ...
+
+        def run(self, bind: Bind, run_id: uuid.UUID | str) -> ResultRun[Out]: ...
 
 
 class StandaloneStep(Generic[In, R]):
