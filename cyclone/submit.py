@@ -168,6 +168,7 @@ class _Consts:
                     jobs.c.pending_deps,
                     jobs.c.max_attempts,
                     jobs.c.deadline,
+                    jobs.c.scheduled_at,
                 ],
                 select(
                     inserted.c.id,
@@ -186,6 +187,7 @@ class _Consts:
                     steps.c.pending,
                     steps.c.max_attempts,
                     inserted.c.deadline,
+                    _starts_at(),
                 ).select_from(inserted.join(steps, true())),
             )
             .returning(_notify.when_available(jobs.c.state))
@@ -312,6 +314,19 @@ class _Consts:
         return union_all(created, existing).add_cte(new_jobs)
 
 
+def _starts_at() -> Any:
+    """When a new run's steps may start: ``run_at=``, else now plus ``delay=``, else now.
+
+    Every step gets it: the roots wait for it, and a later step, which waits for its
+    roots anyway, keeps the claim order by submission time.
+    """
+    return func.coalesce(
+        bindparam("start_at", type_=jobs.c.scheduled_at.type),
+        func.now() + bindparam("start_in", type_=Interval),
+        func.now(),
+    )
+
+
 def _settled_run(workflow: Any) -> Select[Any]:
     """The run of ``(workflow, :key)`` in the snapshot, if no transaction can be deleting it.
 
@@ -349,12 +364,28 @@ _SELECT_RUN_BY_KEY = select_run_by_key_stmt()
 _FAST_SELECT_RUN_BY_KEY = _fastpath.Compiled(_SELECT_RUN_BY_KEY)
 
 
+def check_start(run_at: datetime | None, delay: timedelta | None) -> None:
+    """Reject a bad ``run_at=`` / ``delay=`` before anything is sent."""
+    if run_at is not None and delay is not None:
+        raise ValueError("give run_at= or delay=, not both")
+    if run_at is not None:
+        if not isinstance(run_at, datetime):
+            raise TypeError(f"run_at= takes a datetime, not {type(run_at).__name__}")
+        if run_at.tzinfo is None or run_at.utcoffset() is None:
+            raise ValueError("run_at= must be a timezone-aware datetime")
+    if delay is not None and not isinstance(delay, timedelta):
+        raise TypeError(f"delay= takes a timedelta, not {type(delay).__name__}")
+
+
 def _params(
     plan: Plan,
     input: str,
     deadline: datetime | timedelta | None,
     retention: timedelta | None,
+    run_at: datetime | None = None,
+    delay: timedelta | None = None,
 ) -> dict[str, Any]:
+    check_start(run_at, delay)
     if deadline is not None and not isinstance(deadline, datetime | timedelta):
         raise TypeError("deadline= takes a datetime or a timedelta")
     if isinstance(deadline, datetime) and deadline.tzinfo is None:
@@ -367,6 +398,8 @@ def _params(
         "deadline_at": deadline if isinstance(deadline, datetime) else None,
         "deadline_in": deadline if isinstance(deadline, timedelta) else None,
         "retention": retention,
+        "start_at": run_at,
+        "start_in": delay,
     }
 
 
@@ -413,8 +446,10 @@ def submit(
     input: str,
     deadline: datetime | timedelta | None,
     retention: timedelta | None,
+    run_at: datetime | None = None,
+    delay: timedelta | None = None,
 ) -> Submitted:
-    params = _params(plan, input, deadline, retention)
+    params = _params(plan, input, deadline, retention, run_at, delay)
     engine = _binds.engine_of(bind)
     started = time.monotonic()
     rows = _fastpath.execute(engine, plan.fast_insert_run, params)
@@ -427,8 +462,10 @@ def submit_tx(
     input: str,
     deadline: datetime | timedelta | None,
     retention: timedelta | None,
+    run_at: datetime | None = None,
+    delay: timedelta | None = None,
 ) -> Submitted:
-    params = _params(plan, input, deadline, retention)
+    params = _params(plan, input, deadline, retention, run_at, delay)
     return _insert(_binds.joined(conn), plan, params, None)
 
 
@@ -439,9 +476,11 @@ def submit_once(
     input: str,
     deadline: datetime | timedelta | None,
     retention: timedelta | None,
+    run_at: datetime | None = None,
+    delay: timedelta | None = None,
 ) -> Submitted:
     _keys.check_key(key)
-    params = _params(plan, input, deadline, retention)
+    params = _params(plan, input, deadline, retention, run_at, delay)
     params["key"] = key
     engine = _binds.engine_of(bind)
     started = time.monotonic()
@@ -463,9 +502,11 @@ def submit_once_tx(
     input: str,
     deadline: datetime | timedelta | None,
     retention: timedelta | None,
+    run_at: datetime | None = None,
+    delay: timedelta | None = None,
 ) -> Submitted:
     _keys.check_key(key)
-    params = _params(plan, input, deadline, retention)
+    params = _params(plan, input, deadline, retention, run_at, delay)
     return _insert_once(_binds.joined(conn), plan, params, key)
 
 
@@ -487,12 +528,14 @@ def submit_once_many(
     items: Sequence[tuple[str, str]],
     deadline: datetime | timedelta | None,
     retention: timedelta | None,
+    run_at: datetime | None = None,
+    delay: timedelta | None = None,
 ) -> list[Submitted]:
     for key, _input in items:
         _keys.check_key(key)
     if not items:
         return []
-    params = _params(plan, "null", deadline, retention)
+    params = _params(plan, "null", deadline, retention, run_at, delay)
     del params["input"]
     results: dict[int, Submitted] = {}
     missing: list[int] = list(range(len(items)))

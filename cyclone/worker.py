@@ -31,6 +31,7 @@ from cyclone import (
     _binds,
     _claim,
     _completion,
+    _due,
     _executor,
     _fastpath,
     _notify,
@@ -52,6 +53,8 @@ MAX_RECORD_TRIES = 3
 SHORT_STEP = 0.01
 SHORT_STEP_BATCH = 48
 MAINTENANCE_JOIN_TIMEOUT = 10.0
+DUE_SLACK = 0.005
+"""Seconds added to a scheduled job's due time, so the claim that wakes for it finds it due."""
 
 Outcome = _completion.Success | _completion.Failure
 
@@ -153,6 +156,7 @@ class Worker:
         self._sweeping: threading.Thread | None = None
         self._maintaining: threading.Thread | None = None
         self._held: _fastpath.Held | None = None
+        self._recheck_due = True
 
     def __repr__(self) -> str:
         return (
@@ -192,7 +196,7 @@ class Worker:
         with self._lock:
             self._jobs_run = 0
             unsubscribe = _notify.listener(self.engine).subscribe(
-                _notify.JOBS_AVAILABLE, lambda _payload: self._wake.set()
+                _notify.JOBS_AVAILABLE, self._on_jobs_available
             )
             self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="cyclone-step")
             self._held = _fastpath.Held(self.engine)
@@ -293,8 +297,12 @@ class Worker:
                 for job, outcome in outcomes
             )
             if outcomes or free:
+                recheck_due = self._recheck_due or time.monotonic() >= poll_due
+                self._recheck_due = False
                 claimed = self._record_and_claim(outcomes, free)
                 poll_due = time.monotonic() + self.poll_interval
+                if free and not claimed and recheck_due and not until_idle:
+                    poll_due = min(poll_due, self._next_due())
             for job in claimed:
                 self._start(job)
             if unblocking and len(claimed) < sum(free.values()) and not self._stopping.is_set():
@@ -321,6 +329,27 @@ class Worker:
             )
             woken = not self._outcomes.empty() or self._wake.wait(timeout)
             self._wake.clear()
+
+    def _next_due(self) -> float:
+        """When (monotonic) the earliest scheduled job this worker serves falls due.
+
+        Read after a woken or polled claim found nothing: a NOTIFY for a job scheduled
+        later, or a poll, costs one more statement, then the worker sleeps until the job
+        is due, never in a busy loop. Infinity when nothing is scheduled or on an error.
+        """
+        assert self._held is not None
+        try:
+            seconds = _due.seconds_until_next_due(self._held, self._scope("*"))
+        except Exception:
+            log.exception("worker %s could not read when the next job is due", self.id)
+            return float("inf")
+        if seconds is None:
+            return float("inf")
+        return time.monotonic() + seconds + DUE_SLACK
+
+    def _on_jobs_available(self, _payload: str) -> None:
+        self._recheck_due = True
+        self._wake.set()
 
     def _idle_timeout(self, poll_due: float) -> float:
         until_poll = max(0.0, poll_due - time.monotonic())

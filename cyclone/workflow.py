@@ -250,9 +250,13 @@ class Workflow(Generic[In]):
         *,
         deadline: datetime | timedelta | None = None,
         retention: timedelta | None = None,
+        run_at: datetime | None = None,
+        delay: timedelta | None = None,
     ) -> Run:
         """Make a new run in a transaction of its own. Each call makes a new run."""
-        row = submit.submit(bind, self.plan(), self._encode_input(input), deadline, retention)
+        row = submit.submit(
+            bind, self.plan(), self._encode_input(input), deadline, retention, run_at, delay
+        )
         return self._handle(row)
 
     def submit_tx(
@@ -262,9 +266,13 @@ class Workflow(Generic[In]):
         *,
         deadline: datetime | timedelta | None = None,
         retention: timedelta | None = None,
+        run_at: datetime | None = None,
+        delay: timedelta | None = None,
     ) -> Run:
         """Make a new run inside the caller's transaction; it exists once they commit."""
-        row = submit.submit_tx(conn, self.plan(), self._encode_input(input), deadline, retention)
+        row = submit.submit_tx(
+            conn, self.plan(), self._encode_input(input), deadline, retention, run_at, delay
+        )
         return self._handle(row)
 
     def submit_once(
@@ -275,6 +283,8 @@ class Workflow(Generic[In]):
         *,
         deadline: datetime | timedelta | None = None,
         retention: timedelta | None = None,
+        run_at: datetime | None = None,
+        delay: timedelta | None = None,
     ) -> tuple[Run, bool]:
         """Make the one run of ``key``, or return it: ``(run, created)``.
 
@@ -284,7 +294,7 @@ class Workflow(Generic[In]):
             SubmitConflictError: the key's run has a different input (nothing is inserted).
         """
         row = submit.submit_once(
-            bind, self.plan(), key, self._encode_input(input), deadline, retention
+            bind, self.plan(), key, self._encode_input(input), deadline, retention, run_at, delay
         )
         return self._handle(row), row.created
 
@@ -296,6 +306,8 @@ class Workflow(Generic[In]):
         *,
         deadline: datetime | timedelta | None = None,
         retention: timedelta | None = None,
+        run_at: datetime | None = None,
+        delay: timedelta | None = None,
     ) -> tuple[Run, bool]:
         """As :meth:`submit_once`, inside the caller's transaction (never commits it).
 
@@ -303,7 +315,7 @@ class Workflow(Generic[In]):
         conflict raises without aborting the caller's transaction.
         """
         row = submit.submit_once_tx(
-            conn, self.plan(), key, self._encode_input(input), deadline, retention
+            conn, self.plan(), key, self._encode_input(input), deadline, retention, run_at, delay
         )
         return self._handle(row), row.created
 
@@ -314,6 +326,8 @@ class Workflow(Generic[In]):
         *,
         deadline: datetime | timedelta | None = None,
         retention: timedelta | None = None,
+        run_at: datetime | None = None,
+        delay: timedelta | None = None,
     ) -> list[tuple[Run, bool]]:
         """Submit many keys at once: one ``(run, created)`` per item, in input order.
 
@@ -322,7 +336,9 @@ class Workflow(Generic[In]):
         rolled back: nothing is inserted.
         """
         encoded = [(key, self._encode_input(value)) for key, value in items]
-        rows = submit.submit_once_many(bind, self.plan(), encoded, deadline, retention)
+        rows = submit.submit_once_many(
+            bind, self.plan(), encoded, deadline, retention, run_at, delay
+        )
         return [(self._handle(row), row.created) for row in rows]
 
     # -- lookup (keys and time) ---------------------------------------------------------
@@ -397,6 +413,8 @@ class ResultWorkflow(Workflow[In], Generic[In, Out]):
             *,
             deadline: datetime | timedelta | None = None,
             retention: timedelta | None = None,
+            run_at: datetime | None = None,
+            delay: timedelta | None = None,
         ) -> ResultRun[Out]: ...
 
         def submit_tx(
@@ -406,6 +424,8 @@ class ResultWorkflow(Workflow[In], Generic[In, Out]):
             *,
             deadline: datetime | timedelta | None = None,
             retention: timedelta | None = None,
+            run_at: datetime | None = None,
+            delay: timedelta | None = None,
         ) -> ResultRun[Out]: ...
 
         def submit_once(
@@ -416,6 +436,8 @@ class ResultWorkflow(Workflow[In], Generic[In, Out]):
             *,
             deadline: datetime | timedelta | None = None,
             retention: timedelta | None = None,
+            run_at: datetime | None = None,
+            delay: timedelta | None = None,
         ) -> tuple[ResultRun[Out], bool]: ...
 
         def submit_once_tx(
@@ -426,6 +448,8 @@ class ResultWorkflow(Workflow[In], Generic[In, Out]):
             *,
             deadline: datetime | timedelta | None = None,
             retention: timedelta | None = None,
+            run_at: datetime | None = None,
+            delay: timedelta | None = None,
         ) -> tuple[ResultRun[Out], bool]: ...
 
         def submit_once_many(  # type: ignore[override]
@@ -435,6 +459,8 @@ class ResultWorkflow(Workflow[In], Generic[In, Out]):
             *,
             deadline: datetime | timedelta | None = None,
             retention: timedelta | None = None,
+            run_at: datetime | None = None,
+            delay: timedelta | None = None,
         ) -> list[tuple[ResultRun[Out], bool]]: ...
 
         def get_run(self, bind: Bind, key: str) -> ResultRun[Out] | None: ...
