@@ -9,9 +9,10 @@ from typing import Any, Protocol
 
 from sqlalchemy import Engine, bindparam, func, literal_column, select, tuple_
 
-from cyclone import _binds, _lookup, _sweeper
+from cyclone import _binds, _lookup, _sweeper, schedules
 from cyclone.jobs import JOB_STATUS_COLUMNS, JobStatus, job_status_from_row
 from cyclone.runs import STATUS_COLUMNS, RunStatus, status_from_row
+from cyclone.schedules import ScheduleStatus
 from cyclone.schema import LISTED_SINCE, jobs, runs
 from cyclone.states import JobState, RunState
 
@@ -99,6 +100,26 @@ class Client:
         """The run of ``key`` of ``workflow`` (a name, or a Workflow), or None; one statement."""
         name = workflow if isinstance(workflow, str) else workflow.name
         return _lookup.status_by_key(self._engine, name, key)
+
+    def list_schedules(self) -> list[ScheduleStatus]:
+        """Every schedule registered by a worker, by name, with its last and next tick."""
+        return schedules.list_all(self._engine)
+
+    def pause_schedule(self, name: str) -> None:
+        """Stop firing schedule ``name`` (its ticks while paused are never fired).
+
+        Raises:
+            NotFoundError: no schedule of that name is registered.
+        """
+        schedules.set_paused(self._engine, name, True)
+
+    def resume_schedule(self, name: str) -> None:
+        """Fire schedule ``name`` again, from its next tick on.
+
+        Raises:
+            NotFoundError: no schedule of that name is registered.
+        """
+        schedules.set_paused(self._engine, name, False)
 
     def list_jobs(
         self,

@@ -39,6 +39,7 @@ from cyclone import (
     _retry,
     _sweeper,
     errors,
+    schedules,
 )
 from cyclone.workflow import StandaloneStep, Workflow
 
@@ -82,6 +83,8 @@ class Worker:
         step_context: called before each step; the context manager it returns is entered
             around the step (a framework's application context, or Django's connection
             housekeeping). An error it raises counts as the step's error.
+    :meth:`run` also registers the schedules of ``workflows`` (``wf.schedule(...)``) and
+    fires their ticks on a thread of its own; :meth:`drain` does not fire them.
     """
 
     def __init__(
@@ -117,6 +120,7 @@ class Worker:
             if st.kind in self.steps and self.steps[st.kind] is not st:
                 raise errors.DefinitionError(f"two step kinds named {st.kind!r} given to a Worker")
             self.steps[st.kind] = st
+        self.schedules = schedules.collect(self.workflows.values())
         if not self.workflows and not self.steps:
             raise errors.DefinitionError("a Worker needs at least one workflow or step kind")
         if concurrency < 1:
@@ -200,12 +204,19 @@ class Worker:
             )
             self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="cyclone-step")
             self._held = _fastpath.Held(self.engine)
+            scheduler = None
+            if self.schedules and not until_idle:
+                scheduler = schedules.Scheduler(self.engine, self.schedules, self._stopping)
+                scheduler.start()
             try:
                 self._maintain(force=True, sweep=not until_idle)
                 self._loop(until_idle)
                 if until_idle:
                     self._maintain(force=True, sweep=False)
             finally:
+                if scheduler is not None:
+                    self._stopping.set()
+                    scheduler.join(MAINTENANCE_JOIN_TIMEOUT)
                 unsubscribe()
                 if self._maintaining is not None:
                     self._maintaining.join(MAINTENANCE_JOIN_TIMEOUT)

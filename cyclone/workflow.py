@@ -12,9 +12,9 @@ import typing
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
-from cyclone import _binds, _graph, _lookup, errors, jobs, submit
+from cyclone import _binds, _graph, _lookup, errors, jobs, schedules, submit
 from cyclone.runs import ResultRun, Run
 
 if TYPE_CHECKING:
@@ -123,6 +123,7 @@ class Workflow(Generic[In]):
         self.steps: dict[str, Step[Any]] = {}
         self._result: str | None = None
         self._plan: submit.Plan | None = None
+        self.schedules: dict[str, schedules.Schedule] = {}
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} steps={list(self.steps)}>"
@@ -340,6 +341,52 @@ class Workflow(Generic[In]):
             bind, self.plan(), encoded, deadline, retention, run_at, delay
         )
         return [(self._handle(row), row.created) for row in rows]
+
+    # -- schedules (keys and time) ------------------------------------------------------
+
+    def schedule(
+        self,
+        name: str,
+        *,
+        cron: str | None = None,
+        every: timedelta | None = None,
+        input: In | Callable[[datetime], In],
+        timezone: str = "UTC",
+        missed: Literal["latest", "catch_up"] = "latest",
+        max_catch_up: int = schedules.DEFAULT_MAX_CATCH_UP,
+    ) -> schedules.Schedule:
+        """Submit this workflow on a schedule: at each tick of ``cron`` or of ``every``.
+
+        Each tick is ``submit_once(bind, f"schedule:{name}:{tick}", input)``, the tick in
+        UTC ISO 8601 (``2026-01-31T03:00:00Z``), so it makes one run however many workers
+        fire it. ``input`` is the run's input, or a callable given the tick (an aware
+        datetime in ``timezone``) that returns it. ``cron`` is a cron expression (five
+        fields, or six with seconds first; needs the ``cron`` extra) read in ``timezone``;
+        ``every`` a whole number of seconds, ticking at its multiples since the Unix
+        epoch. Ticks missed while no worker ran: ``"latest"`` fires only the most recent,
+        ``"catch_up"`` the most recent ``max_catch_up``. A Worker serving this workflow
+        registers the schedule (by its name, unique over all workflows) and fires it.
+
+        Raises:
+            DefinitionError: a bad name, expression, interval, time zone or policy, or
+                a second schedule of this name on this workflow.
+        """
+        if name in self.schedules:
+            raise errors.DefinitionError(
+                f"schedule {name!r} of workflow {self.name!r} is defined twice"
+            )
+        defined = schedules.Schedule(
+            self,
+            name,
+            cron=cron,
+            every=every,
+            input=input,
+            timezone=timezone,
+            missed=missed,
+            max_catch_up=max_catch_up,
+        )
+        self.schedules[name] = defined
+        return defined
 
     # -- lookup (keys and time) ---------------------------------------------------------
 
