@@ -201,6 +201,21 @@ schedules = Table(
 )
 
 
+# -- signals (revision cyclone_0006) -----------------------------------------------------
+
+signals = Table(
+    "cyclone_signals",
+    metadata,
+    Column("run_id", Uuid, ForeignKey("cyclone_runs.id", ondelete="CASCADE"), primary_key=True),
+    Column("name", Text, primary_key=True),
+    Column("payload", JSONB),
+    Column("sent_at", DateTime(timezone=True)),
+    Column("wait_until", DateTime(timezone=True)),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("(payload IS NULL) = (sent_at IS NULL)", name="sent"),
+)
+
+
 def include_name(name: str | None, type_: str, parent_names: object) -> bool:
     """An alembic ``include_name`` filter that keeps cyclone's tables out of an app's autogenerate.
 

@@ -40,7 +40,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 
-from cyclone import _binds, _fastpath, _graph, _keys, _notify, errors
+from cyclone import _binds, _fastpath, _graph, _keys, _notify, _waits, errors
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
 
@@ -54,6 +54,8 @@ class _StepRow:
     priority: int
     deps: tuple[str, ...]
     max_attempts: int
+    args: str | None = None
+    """The job's ``args``: for a wait node, ``{"signal": name}`` (how a signal finds it)."""
 
 
 def _pg_array(items: Sequence[str]) -> str:
@@ -87,7 +89,14 @@ class Plan:
     @classmethod
     def build(cls, workflow: str, graph: _graph.GraphSnapshot) -> Plan:
         steps = [
-            _StepRow(node.name, node.queue, node.priority, tuple(node.after), node.max_attempts)
+            _StepRow(
+                node.name,
+                node.queue,
+                node.priority,
+                tuple(node.after),
+                node.max_attempts,
+                None if node.signal is None else _waits.signal_args(node.signal),
+            )
             for node in graph.steps
         ]
         encoded = msgspec.json.encode(graph).decode()
@@ -138,11 +147,20 @@ class _Consts:
             column("deps", Text),
             column("pending", Integer),
             column("max_attempts", Integer),
+            column("args", Text),
             name="s",
             literal_binds=True,
         ).data(
             [
-                (st.kind, st.queue, st.priority, _pg_array(st.deps), len(st.deps), st.max_attempts)
+                (
+                    st.kind,
+                    st.queue,
+                    st.priority,
+                    _pg_array(st.deps),
+                    len(st.deps),
+                    st.max_attempts,
+                    st.args,
+                )
                 for st in self.steps
             ]
         )
@@ -169,6 +187,7 @@ class _Consts:
                     jobs.c.max_attempts,
                     jobs.c.deadline,
                     jobs.c.scheduled_at,
+                    jobs.c.args,
                 ],
                 select(
                     inserted.c.id,
@@ -188,6 +207,7 @@ class _Consts:
                     steps.c.max_attempts,
                     inserted.c.deadline,
                     _starts_at(),
+                    cast(steps.c.args, JSONB),
                 ).select_from(inserted.join(steps, true())),
             )
             .returning(_notify.when_available(jobs.c.state))

@@ -38,6 +38,7 @@ from cyclone import (
     _rescue,
     _retry,
     _sweeper,
+    _waits,
     errors,
     schedules,
 )
@@ -57,7 +58,7 @@ MAINTENANCE_JOIN_TIMEOUT = 10.0
 DUE_SLACK = 0.005
 """Seconds added to a scheduled job's due time, so the claim that wakes for it finds it due."""
 
-Outcome = _completion.Success | _completion.Failure
+Outcome = _waits.Outcome
 
 
 class Worker:
@@ -452,9 +453,14 @@ class Worker:
     def _execute(self, job: _claim.Claimed) -> None:
         started = time.perf_counter()
         try:
-            outcome = _executor.execute(
-                job, self.engine, self.workflows, self.steps, self.backoff, self.step_context
-            )
+            node = _waits.node_of(self.workflows, job)
+            outcome: Outcome
+            if node is None:
+                outcome = self._run_step(job)
+            else:  # a wait or sleep node: it runs, or is parked until its signal or time
+                outcome = _waits.execute(
+                    self.engine, self.id, job, node, self.backoff, self._run_step
+                )
         except BaseException as exc:  # a step that raised SystemExit or KeyboardInterrupt
             outcome = _completion.Failure(
                 job.id,
@@ -465,6 +471,11 @@ class Worker:
         self._step_seconds = 0.8 * self._step_seconds + 0.2 * (time.perf_counter() - started)
         self._outcomes.put((job, outcome))
         self._wake.set()
+
+    def _run_step(self, job: _claim.Claimed) -> _completion.Success | _completion.Failure:
+        return _executor.execute(
+            job, self.engine, self.workflows, self.steps, self.backoff, self.step_context
+        )
 
     def _sweep(self) -> None:
         """One retention sweep, off the loop thread so that heartbeats and claims go on."""

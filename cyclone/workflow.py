@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
-from cyclone import _binds, _graph, _lookup, errors, jobs, schedules, submit
+from cyclone import _binds, _graph, _keys, _lookup, _waits, errors, jobs, schedules, submit
 from cyclone.runs import ResultRun, Run
 
 if TYPE_CHECKING:
@@ -73,6 +73,10 @@ class Step(Generic[R]):
         queue: str,
         priority: int,
         is_result: bool,
+        signal: str | None = None,
+        timeout: timedelta | None = None,
+        sleep: timedelta | None = None,
+        output: Any = None,
     ) -> None:
         self.workflow = workflow
         self.fn = fn
@@ -82,7 +86,13 @@ class Step(Generic[R]):
         self.queue = queue
         self.priority = priority
         self.is_result = is_result
-        self.output_type: Any = _return_type(fn)
+        self.output_type: Any = _return_type(fn) if output is None else output
+        self.signal = signal
+        """The signal a wait node waits for (``@wf.wait``); None for other steps."""
+        self.timeout = timeout
+        self.sleep = sleep
+        """How long a sleep node waits after its upstreams (``@wf.sleep``); None otherwise."""
+        self.payload_type: Any = _arg_type(fn) if signal is not None else Any
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -99,6 +109,7 @@ class Step(Generic[R]):
             max_attempts=self.max_attempts,
             queue=self.queue,
             priority=self.priority,
+            signal=self.signal,
         )
 
 
@@ -144,6 +155,67 @@ class Workflow(Generic[In]):
         """
         return self._decorator(name, after, max_attempts, queue, priority, is_result=False)
 
+    def wait(
+        self,
+        signal: str,
+        *,
+        after: Iterable[Step[Any] | str] = (),
+        timeout: timedelta | None = None,
+        output: Any = None,
+        name: str | None = None,
+        max_attempts: int = 1,
+        queue: str | None = None,
+        priority: int = 0,
+    ) -> Callable[[Callable[..., R]], Step[R]]:
+        """Decorate ``fn(ctx, payload) -> output`` as a node that runs when ``signal`` arrives.
+
+        It runs once its upstreams completed and the signal was sent to the run
+        (:meth:`signal`, before or after the node is reached), with the signal's payload
+        decoded to ``fn``'s annotation; its return value is its output, decoded by
+        ``ctx.output(node)`` downstream to ``fn``'s return annotation or ``output``.
+        While it waits, the run holds no worker and no connection. ``timeout``: the node
+        fails with "timed out waiting for <signal>" when no signal came that long after
+        a worker first reached it (retried as any step up to ``max_attempts``, 1 by
+        default, each attempt waiting anew).
+        """
+        where = f"wait node for {signal!r} of workflow {self.name!r}"
+        if not isinstance(signal, str) or not signal:
+            raise errors.DefinitionError(f"{where}: the signal name is a non-empty str")
+        if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta()):
+            raise errors.DefinitionError(f"{where}: timeout= takes a positive timedelta")
+        return self._decorator(
+            name,
+            after,
+            max_attempts,
+            queue,
+            priority,
+            is_result=False,
+            signal=signal,
+            timeout=timeout,
+            output=output,
+        )
+
+    def sleep(
+        self,
+        duration: timedelta,
+        *,
+        after: Iterable[Step[Any] | str] = (),
+        name: str | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        queue: str | None = None,
+        priority: int = 0,
+    ) -> Callable[[Callable[..., R]], Step[R]]:
+        """Decorate a step that starts no earlier than ``duration`` after its upstreams
+        completed (after the submit, for a root). Durable: the wait survives restarts
+        and holds no worker and no connection."""
+        if not isinstance(duration, timedelta) or duration < timedelta():
+            raise errors.DefinitionError(
+                f"sleep of workflow {self.name!r}: duration takes a non-negative timedelta"
+            )
+        return self._decorator(
+            name, after, max_attempts, queue, priority, is_result=False, sleep=duration
+        )
+
     def _decorator(
         self,
         name: str | None,
@@ -153,6 +225,7 @@ class Workflow(Generic[In]):
         priority: int,
         *,
         is_result: bool,
+        **kinds: Any,
     ) -> Callable[[Callable[..., R]], Step[R]]:
         if callable(name):
             raise errors.DefinitionError(
@@ -185,7 +258,15 @@ class Workflow(Generic[In]):
                 queue=step_queue,
                 priority=priority,
                 is_result=is_result,
+                **kinds,
             )
+            if node.signal is not None:
+                for other in self.steps.values():
+                    if other.signal == node.signal:
+                        raise errors.DefinitionError(
+                            f"{where} waits for {other.signal!r}, as step {other.name!r} does; "
+                            "one wait node per signal"
+                        )
             # Check for a cycle before keeping the step, so a rejected step leaves no trace.
             candidate = {name_: node_.after for name_, node_ in self.steps.items()}
             candidate[step_name] = deps
@@ -416,6 +497,51 @@ class Workflow(Generic[In]):
         """
         rid, key = _lookup.key_of_run(bind, self.name, run_id)
         return self._handle(submit.Submitted(_binds.engine_of(bind), rid, key, False))
+
+    # -- signals (keys and time) --------------------------------------------------------
+
+    def signal(self, bind: Bind, key: str, signal: str, payload: Any) -> bool:
+        """Send ``signal`` with ``payload`` to the run of ``key``, in a transaction of its own.
+
+        Returns True when this call stored it, False when the same payload was sent
+        before (a no-op). A signal sent before the run reaches its wait node is kept.
+
+        Raises:
+            NotFoundError: no run has ``key``, or its run has no wait node for ``signal``.
+            SubmitConflictError: the signal was sent already with another payload.
+            InvalidStateError: the run has finished.
+        """
+        _keys.check_key(key)
+        encoded = self._encode_payload(signal, payload)
+        with _binds.transaction(bind) as conn:
+            return _waits.send(
+                conn, workflow=self.name, key=key, run_id=None, signal=signal, payload=encoded
+            )
+
+    def signal_tx(self, conn: Conn, key: str, signal: str, payload: Any) -> bool:
+        """As :meth:`signal`, inside the caller's transaction: a rollback sends nothing.
+
+        A conflict raises without aborting the caller's transaction.
+        """
+        _keys.check_key(key)
+        encoded = self._encode_payload(signal, payload)
+        return _waits.send(
+            _binds.joined(conn),
+            workflow=self.name,
+            key=key,
+            run_id=None,
+            signal=signal,
+            payload=encoded,
+        )
+
+    def _encode_payload(self, signal: str, payload: Any) -> str:
+        from cyclone import _codec
+
+        if not isinstance(signal, str) or not signal:
+            raise ValueError("a signal name is a non-empty str")
+        node = next((n for n in self.steps.values() if n.signal == signal), None)
+        type_ = Any if node is None else node.payload_type
+        return _codec.encode(payload, what=f"payload of signal {signal!r}", type_=type_)
 
 
 class ResultWorkflow(Workflow[In], Generic[In, Out]):

@@ -80,7 +80,12 @@ def test_submit_key_index_is_unique_per_workflow_name(conn: sa.Connection) -> No
 
 
 def test_metadata_holds_only_cyclone_tables() -> None:
-    assert set(metadata.tables) == {"cyclone_runs", "cyclone_jobs", "cyclone_schedules"}
+    assert set(metadata.tables) == {
+        "cyclone_runs",
+        "cyclone_jobs",
+        "cyclone_schedules",
+        "cyclone_signals",
+    }
     assert metadata.naming_convention == NAMING_CONVENTION
 
 
@@ -99,7 +104,7 @@ def test_constraint_names_follow_the_naming_convention(conn: sa.Connection) -> N
             sa.text(
                 "SELECT conname FROM pg_constraint WHERE conrelid IN "
                 "('cyclone_runs'::regclass, 'cyclone_jobs'::regclass, "
-                "'cyclone_schedules'::regclass)"
+                "'cyclone_schedules'::regclass, 'cyclone_signals'::regclass)"
             )
         ).scalars()
     )
@@ -119,6 +124,9 @@ def test_constraint_names_follow_the_naming_convention(conn: sa.Connection) -> N
         "ck_cyclone_schedules_cron_or_every",
         "ck_cyclone_schedules_missed",
         "ck_cyclone_schedules_max_catch_up",
+        "pk_cyclone_signals",
+        "fk_cyclone_signals_run_id_cyclone_runs",
+        "ck_cyclone_signals_sent",
     }
     assert names == metadata_constraint_names()
 

@@ -1,4 +1,4 @@
-"""Schedules: the table ``cyclone_schedules`` that workers keep and fire schedules from.
+"""Keys and time: ``cyclone_schedules`` (schedules) and ``cyclone_signals`` (signals).
 
 Revision ID: cyclone_0006
 Revises: cyclone_0004
@@ -8,11 +8,15 @@ One row per schedule, by name: what a Worker serving its workflow registered (th
 workflow, a cron expression or an interval, the time zone, the missed-tick policy),
 whether it is paused, and ``last_tick``, the latest tick fired. A worker fires a tick
 in the transaction that moves ``last_tick`` past it, holding the row's lock, so a tick
-is fired once and a crash before the commit leaves it to be fired again. The revision
-touches no other table.
+is fired once and a crash before the commit leaves it to be fired again.
+
+``cyclone_signals`` keeps the signals sent to a run, one per (run, name), first payload
+kept, deleted with the run; a row without a payload marks a wait node that is waiting
+(until ``wait_until``, its timeout). The revision touches no other table.
 """
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 
 from alembic import op
 
@@ -50,6 +54,29 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("name", name=op.f("pk_cyclone_schedules")),
     )
 
+    op.create_table(
+        "cyclone_signals",
+        sa.Column("run_id", sa.Uuid(), nullable=False),
+        sa.Column("name", sa.Text(), nullable=False),
+        sa.Column("payload", postgresql.JSONB(astext_type=sa.Text()), nullable=True),
+        sa.Column("sent_at", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("wait_until", sa.DateTime(timezone=True), nullable=True),
+        sa.Column(
+            "created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
+        ),
+        sa.CheckConstraint(
+            "(payload IS NULL) = (sent_at IS NULL)", name=op.f("ck_cyclone_signals_sent")
+        ),
+        sa.ForeignKeyConstraint(
+            ["run_id"],
+            ["cyclone_runs.id"],
+            name=op.f("fk_cyclone_signals_run_id_cyclone_runs"),
+            ondelete="CASCADE",
+        ),
+        sa.PrimaryKeyConstraint("run_id", "name", name=op.f("pk_cyclone_signals")),
+    )
+
 
 def downgrade() -> None:
+    op.drop_table("cyclone_signals")
     op.drop_table("cyclone_schedules")
