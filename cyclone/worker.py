@@ -84,6 +84,7 @@ class Worker:
         step_context: called before each step; the context manager it returns is entered
             around the step (a framework's application context, or Django's connection
             housekeeping). An error it raises counts as the step's error.
+
     :meth:`run` also registers the schedules of ``workflows`` (``wf.schedule(...)``) and
     fires their ticks on a thread of its own; :meth:`drain` does not fire them.
     """

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 import cyclone
 from cyclone.schema import jobs, signals
-from tests.conftest import wait_until
+from tests.conftest import StatementCounter, wait_until
 from tests.support.workers import Background
 
 
@@ -306,3 +306,16 @@ def test_output_declares_the_type_of_an_unannotated_wait_node(engine: sa.Engine,
     run.signal("count", {"ref": "r", "amount": 21})
     cyclone.Worker(engine, workflows=[wf]).drain()
     assert run.result(timeout=10) == 42
+
+
+def test_a_new_signal_is_three_statements_and_a_repeat_one(
+    engine: sa.Engine, name: str, statements: StatementCounter
+) -> None:
+    wf = checkout(name)
+    wf.submit_once(engine, "k", Order(13, 1))
+    statements.reset()
+    assert wf.signal(engine, "k", "paid", Payment("s", 1)) is True
+    assert statements.count == 3, statements.statements
+    statements.reset()
+    assert wf.signal(engine, "k", "paid", Payment("s", 1)) is False
+    assert statements.count == 1, statements.statements
