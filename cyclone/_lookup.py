@@ -41,11 +41,11 @@ def run_id_by_key(bind: _binds.Bind, workflow: str, key: str) -> uuid.UUID | Non
     return rows[0][0] if rows else None
 
 
-def run_id_by_key_tx(conn: _binds.Conn, workflow: str, key: str) -> uuid.UUID | None:
+def run_id_by_key_tx(executor: _fastpath.Executor, workflow: str, key: str) -> uuid.UUID | None:
     """The id of the run of ``(workflow, key)`` as the caller's transaction sees it."""
     _keys.check_key(key)
-    row = _binds.joined(conn).execute(_BY_KEY, {"workflow": workflow, "key": key}).first()
-    return None if row is None else row[0]
+    rows = executor.execute(_FAST_BY_KEY, {"workflow": workflow, "key": key})
+    return rows[0][0] if rows else None
 
 
 def as_run_id(run_id: object) -> uuid.UUID:

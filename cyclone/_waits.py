@@ -39,7 +39,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, insert
 
-from cyclone import _notify, errors
+from cyclone import _fastpath, _notify, errors
 from cyclone._claim import Claimed
 from cyclone._completion import Failure, Success
 from cyclone._fastpath import const
@@ -229,8 +229,8 @@ def _read_stmt(by_key: bool) -> Any:
     return stmt.where(runs.c.id == bindparam("rid"))
 
 
-_READ_BY_KEY = _read_stmt(by_key=True)
-_READ_BY_ID = _read_stmt(by_key=False)
+_READ_BY_KEY = _fastpath.Compiled(_read_stmt(by_key=True))
+_READ_BY_ID = _fastpath.Compiled(_read_stmt(by_key=False))
 _WAKE = (
     update(jobs)
     .where(
@@ -264,8 +264,13 @@ _SAME_PAYLOAD = select(
 ).where(_SIGNAL_KEY)
 
 
+_FAST_WAKE = _fastpath.Compiled(_WAKE)
+_FAST_SEND = _fastpath.Compiled(_SEND)
+_FAST_SAME_PAYLOAD = _fastpath.Compiled(_SAME_PAYLOAD)
+
+
 def send(
-    conn: Connection,
+    conn: _fastpath.Executor,
     *,
     workflow: str,
     key: str | None,
@@ -273,7 +278,8 @@ def send(
     signal: str,
     payload: str,
 ) -> bool:
-    """Send ``signal`` with ``payload`` (JSON text) to a run in the caller's transaction.
+    """Send ``signal`` with ``payload`` (JSON text) to a run, on ``conn``, the executor of
+    the caller's transaction (never committed here).
 
     Returns True when this call stored the signal, False when the same payload was
     stored already (a no-op). Statements: a read of the run, its wait node and the
@@ -288,11 +294,12 @@ def send(
     """
     params: dict[str, Any] = {"signal": signal, "payload": payload}
     if key is not None:
-        row = conn.execute(_READ_BY_KEY, {**params, "workflow": workflow, "key": key}).first()
+        rows = conn.execute(_READ_BY_KEY, {**params, "workflow": workflow, "key": key})
         where = f"key {key!r} of workflow {workflow!r}"
     else:
-        row = conn.execute(_READ_BY_ID, {**params, "rid": run_id}).first()
+        rows = conn.execute(_READ_BY_ID, {**params, "rid": run_id})
         where = f"run {run_id}"
+    row = rows[0] if rows else None
     if row is None:
         raise errors.NotFoundError(f"{where} has no run (never submitted, or purged)")
     rid, state, has_node, was_sent, same = row
@@ -305,11 +312,11 @@ def send(
         )
     if RunState(state) in TERMINAL_RUN_STATES:
         raise errors.InvalidStateError(operation=f"send {signal!r} to", run_id=rid, state=state)
-    conn.execute(_WAKE, params).all()
-    if conn.execute(_SEND, params).first() is not None:
+    conn.execute(_FAST_WAKE, params)
+    if conn.execute(_FAST_SEND, params):
         return True
-    stored = conn.execute(_SAME_PAYLOAD, params).scalar()
-    return _same_or_conflict(bool(stored), workflow, key, rid, signal)
+    stored = conn.execute(_FAST_SAME_PAYLOAD, params)
+    return _same_or_conflict(bool(stored and stored[0][0]), workflow, key, rid, signal)
 
 
 def _same_or_conflict(same: bool, workflow: str, key: str | None, rid: Any, signal: str) -> bool:

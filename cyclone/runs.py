@@ -390,7 +390,7 @@ class Run:
         encoded = _codec.encode(payload, what=f"payload of signal {signal!r}")
         with self._engine.begin() as conn:
             return _waits.send(
-                conn,
+                _fastpath.Observed(conn),
                 workflow=self.workflow,
                 key=None,
                 run_id=self.id,

@@ -14,7 +14,18 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
-from cyclone import _binds, _graph, _keys, _lookup, _waits, errors, jobs, schedules, submit
+from cyclone import (
+    _binds,
+    _fastpath,
+    _graph,
+    _keys,
+    _lookup,
+    _waits,
+    errors,
+    jobs,
+    schedules,
+    submit,
+)
 from cyclone.runs import ResultRun, Run
 
 if TYPE_CHECKING:
@@ -484,7 +495,7 @@ class Workflow(Generic[In]):
     def get_run_tx(self, conn: Conn, key: str) -> Run | None:
         """As :meth:`get_run`, read inside the caller's transaction (it sees its own runs)."""
         connection = _binds.joined(conn)
-        run_id = _lookup.run_id_by_key_tx(connection, self.name, key)
+        run_id = _lookup.run_id_by_key_tx(_fastpath.Observed(connection), self.name, key)
         if run_id is None:
             return None
         return self._handle(submit.Submitted(connection.engine, run_id, key, False))
@@ -515,7 +526,12 @@ class Workflow(Generic[In]):
         encoded = self._encode_payload(signal, payload)
         with _binds.transaction(bind) as conn:
             return _waits.send(
-                conn, workflow=self.name, key=key, run_id=None, signal=signal, payload=encoded
+                _fastpath.Observed(conn),
+                workflow=self.name,
+                key=key,
+                run_id=None,
+                signal=signal,
+                payload=encoded,
             )
 
     def signal_tx(self, conn: Conn, key: str, signal: str, payload: Any) -> bool:
@@ -526,7 +542,7 @@ class Workflow(Generic[In]):
         _keys.check_key(key)
         encoded = self._encode_payload(signal, payload)
         return _waits.send(
-            _binds.joined(conn),
+            _fastpath.Observed(_binds.joined(conn)),
             workflow=self.name,
             key=key,
             run_id=None,
