@@ -4,10 +4,12 @@ A wait node (``@wf.wait(signal)``) or sleep node (``@wf.sleep(duration)``) is a 
 any step, but a worker that claims it first looks whether it may run: a wait node once
 its signal's payload is stored in ``cyclone_signals``, a sleep node once its duration has
 passed since its upstreams completed (or since the submit, for a root). If not, the job
-is *parked*: it goes back to ``available`` with ``scheduled_at`` at its timeout (far ahead
-without one) and the attempt is given back, so a waiting run holds no worker, no thread
-and no connection. A signal moves its node's ``scheduled_at`` to now and rings NOTIFY; an
-idle worker sleeps until the earliest parked job falls due (see :mod:`cyclone._due`).
+is *parked*: the attempt is given back and no worker is recorded, so a waiting run holds
+no worker, no thread and no connection. A node waiting until a time (a sleep, or a wait
+with a timeout) goes back to ``available`` with ``scheduled_at`` at that time, and an
+idle worker sleeps until the earliest one falls due (see :mod:`cyclone._due`). A wait
+without a timeout goes back to ``blocked`` with no upstream pending, outside the claim
+index. A signal makes its node available and due now, and rings NOTIFY.
 
 Locks: both a worker deciding to park and a sender take the wait node's job row lock
 before they touch the signal row, so a signal committed while a worker parks the node
@@ -26,6 +28,7 @@ import msgspec
 from sqlalchemy import (
     Connection,
     Engine,
+    Integer,
     Interval,
     Text,
     and_,
@@ -102,17 +105,23 @@ _MARK = (
     .returning(signals.c.wait_until)
 )
 _UNMARK = delete(signals).where(_SIGNAL_KEY, signals.c.payload.is_(None))
+_UNTIL = bindparam("until", type_=jobs.c.scheduled_at.type)
 _PARK = (
     update(jobs)
     .where(_GUARD)
     .values(
-        state=const(JobState.AVAILABLE.value),
+        # Until a time: available then (the claim picks it up at its timeout or wake-up
+        # time). Until a signal only: blocked with no pending upstream, out of the claim
+        # index, so any number of such runs cost the claims nothing.
+        state=case(
+            (_UNTIL.is_(None), const(JobState.BLOCKED.value)),
+            else_=const(JobState.AVAILABLE.value),
+        ),
         attempt=jobs.c.attempt - 1,
         worker_id=None,
         heartbeat_at=None,
         scheduled_at=func.coalesce(
-            bindparam("until", type_=jobs.c.scheduled_at.type),
-            func.now() + cast(const(f"{PARK_FOR.days} days"), Interval),
+            _UNTIL, func.now() + cast(const(f"{PARK_FOR.days} days"), Interval)
         ),
     )
 )
@@ -238,7 +247,21 @@ _WAKE = (
         jobs.c.args == _NODE_ARGS,
         jobs.c.state.in_(_LIVE_JOB_STATES),
     )
-    .values(scheduled_at=func.now())
+    .values(
+        scheduled_at=func.now(),
+        # A node parked until its signal (blocked, no upstream pending) becomes available;
+        # one still blocked by its upstreams stays blocked, and is due once they complete.
+        state=case(
+            (
+                and_(
+                    jobs.c.state == const(JobState.BLOCKED.value),
+                    jobs.c.pending_deps == const(0, Integer),
+                ),
+                const(JobState.AVAILABLE.value),
+            ),
+            else_=jobs.c.state,
+        ),
+    )
     .returning(_notify.when_available(jobs.c.state))
 )
 _SEND = (

@@ -73,7 +73,9 @@ def test_a_signal_after_the_node_is_reached_completes_the_run(engine: sa.Engine,
     assert worker.drain() == 2  # reserve ran, the wait node was reached and parked
     assert run.status().state == cyclone.RunState.RUNNING
     state, attempt, _ = node_row(engine, run.id)
-    assert (state, attempt) == ("available", 0)  # parked: no attempt used, no worker held
+    # Parked until its signal: blocked with no upstream pending (outside the claim index),
+    # no attempt used, no worker held.
+    assert (state, attempt) == ("blocked", 0)
     assert wf.signal(engine, "order-1", "paid", Payment("pay_9", 30)) is True
     assert worker.drain() == 2
     assert run.result(timeout=10) == "order 1 paid by pay_9 (30)"
@@ -235,7 +237,7 @@ def test_a_waiting_run_survives_every_worker_stopping_and_completes_on_the_signa
     running = [serving(w) for w in first]
     wait_until(
         lambda: (
-            node_row(engine, run.id)[0] == "available"
+            node_row(engine, run.id)[0] == "blocked"
             and node_row(engine, run.id, "reserve")[0] == "completed"
         )
     )
