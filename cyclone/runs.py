@@ -26,7 +26,7 @@ from sqlalchemy import (
     update,
 )
 
-from cyclone import _codec, _completion, _fastpath, _notify, errors
+from cyclone import _codec, _completion, _fastpath, _notify, _waits, errors
 from cyclone._fastpath import const
 from cyclone.schema import jobs, runs
 from cyclone.states import EDGES, TERMINAL_RUN_STATES, JobState, RunState
@@ -387,6 +387,30 @@ class Run:
         if row is None:
             raise errors.NotFoundError(f"run {self.id} does not exist")
         return RunState(row[0]), bool(row[1])
+
+    def signal(self, signal: str, payload: Any) -> bool:
+        """Send ``signal`` with ``payload`` to this run (see ``Workflow.signal``).
+
+        Returns True when this call stored it, False when the same payload was sent
+        before.
+
+        Raises:
+            NotFoundError: the run does not exist or has no wait node for ``signal``.
+            SubmitConflictError: the signal was sent already with another payload.
+            InvalidStateError: the run has finished.
+        """
+        if not isinstance(signal, str) or not signal:
+            raise ValueError("a signal name is a non-empty str")
+        encoded = _codec.encode(payload, what=f"payload of signal {signal!r}")
+        with self._engine.begin() as conn:
+            return _waits.send(
+                _fastpath.Observed(conn),
+                workflow=self.workflow,
+                key=None,
+                run_id=self.id,
+                signal=signal,
+                payload=encoded,
+            )
 
     def set_retention(self, retention: timedelta | None) -> None:
         """Keep this run for ``retention`` after it ends (None: the sweeper's default)."""
