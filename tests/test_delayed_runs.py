@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 import cyclone
+from cyclone import _notify
 from cyclone.schema import jobs
 from tests.conftest import StatementCounter, wait_until
 from tests.support.counting import Recorder
@@ -198,6 +199,9 @@ def test_an_idle_worker_wakes_for_a_delayed_run_without_polling(
     loop = serving(worker)
     with ThreadStatements(loop.thread.name) as sent:
         wait_until(lambda: sent.count() >= 1 or worker._held is not None)
+        # Its poll interval is far longer than the test: only the NOTIFY of the submit can
+        # wake it, so the worker's LISTEN must be in force before the submit.
+        assert _notify.listener(engine).wait_ready(10)
         run = wf.submit(engine, 1, delay=timedelta(seconds=2))
         # The NOTIFY of the new (not yet due) step wakes the worker once: a claim finds
         # nothing, it reads when the step is due and sleeps until then.

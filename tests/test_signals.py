@@ -12,6 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 import cyclone
+from cyclone import _claim, _fastpath, _rescue, _waits
 from cyclone.schema import jobs, signals
 from tests.conftest import StatementCounter, wait_until
 from tests.support.workers import Background
@@ -70,7 +71,8 @@ def test_a_signal_after_the_node_is_reached_completes_the_run(engine: sa.Engine,
     wf = checkout(name)
     worker = cyclone.Worker(engine, workflows=[wf])
     run, _ = wf.submit_once(engine, "order-1", Order(1, 30))
-    assert worker.drain() == 2  # reserve ran, the wait node was reached and parked
+    # reserve ran; the wait node was reached and parked, which is no attempt: not counted
+    assert worker.drain() == 1
     assert run.status().state == cyclone.RunState.RUNNING
     state, attempt, _ = node_row(engine, run.id)
     # Parked until its signal: blocked with no upstream pending (outside the claim index),
@@ -184,7 +186,7 @@ def test_a_timeout_fails_the_node_naming_the_signal(engine: sa.Engine, name: str
     wf = checkout(name, timeout=timedelta(milliseconds=500))
     run, _ = wf.submit_once(engine, "k", Order(10, 1))
     worker = cyclone.Worker(engine, workflows=[wf])
-    assert worker.drain() == 2
+    assert worker.drain() == 1  # reserve; the parked wait node is not counted
     wait_until(lambda: worker.drain() >= 1, timeout=20, interval=0.1)
     status = run.wait(timeout=10)
     assert status.state == cyclone.RunState.FAILED
@@ -321,3 +323,60 @@ def test_a_new_signal_is_three_statements_and_a_repeat_one(
     statements.reset()
     assert wf.signal(engine, "k", "paid", Payment("s", 1)) is False
     assert statements.count == 1, statements.statements
+
+
+def test_a_park_presents_the_claims_lease_and_moves_it_on(engine: sa.Engine, name: str) -> None:
+    """Parking is guarded by the claim's lease, as every outcome is, and ends that lease.
+
+    The claim the job was handed back from (same worker, same attempt, older lease)
+    parks nothing; the current claim parks it as a hand-back does (attempt not counted,
+    lease moved on), so that claim's heartbeats no longer match the job.
+    """
+    wf: cyclone.Workflow[Any] = cyclone.Workflow(name)
+
+    @wf.wait("go")
+    def go(ctx: cyclone.StepContext, payload: Any) -> Any:
+        return payload
+
+    wf.submit(engine, None)
+    scope = _claim.Scope(queues=None, workflows=(name,), kinds=())
+    held = _fastpath.Held(engine)
+
+    def never_run(job: _claim.Claimed) -> Any:
+        raise AssertionError("a parked node's function ran")
+
+    def row() -> tuple[str, int, int, str | None]:
+        with engine.connect() as conn:
+            state, attempt, lease, worker_id = conn.execute(
+                sa.select(jobs.c.state, jobs.c.attempt, jobs.c.lease, jobs.c.worker_id).where(
+                    jobs.c.kind == "go"
+                )
+            ).one()
+        return state, attempt, lease, worker_id
+
+    try:
+        _, (stale,) = _claim.record_and_claim(
+            held, worker_id="w", successes=[], scope=scope, limit=1
+        )
+        with engine.begin() as conn:
+            assert _rescue.hand_back(conn, [(stale.id, stale.lease)]) == {stale.id}
+        _, (current,) = _claim.record_and_claim(
+            held, worker_id="w", successes=[], scope=scope, limit=1
+        )
+        assert (current.id, current.attempt) == (stale.id, stale.attempt)
+        assert current.lease > stale.lease
+        node = _waits.node_of({name: wf}, current)
+        assert node is not None
+
+        outcome = _waits.execute(engine, "w", stale, node, lambda n: 1.0, never_run)
+        assert isinstance(outcome, _waits.Parked)
+        assert row() == ("running", current.attempt, current.lease, "w")
+
+        outcome = _waits.execute(engine, "w", current, node, lambda n: 1.0, never_run)
+        assert isinstance(outcome, _waits.Parked)
+        assert row() == ("blocked", current.attempt - 1, current.lease + 1, None)
+        with engine.begin() as conn:
+            conn.execute(sa.update(jobs).where(jobs.c.id == current.id).values(state="running"))
+            assert _rescue.heartbeat(conn, [(current.id, current.lease)]) == set()
+    finally:
+        held.close()
