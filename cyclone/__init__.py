@@ -27,7 +27,7 @@ from cyclone.migrations import check_schema, downgrade, upgrade
 from cyclone.runs import ResultRun, Run, RunStatus
 from cyclone.schedules import Schedule, ScheduleStatus
 from cyclone.states import JobState, RunState
-from cyclone.worker import Worker
+from cyclone.worker import Worker, WorkerStats
 from cyclone.workflow import ResultWorkflow, StandaloneStep, Step, Workflow, step
 
 __version__ = _version("cyclone")
@@ -60,6 +60,7 @@ __all__ = [
     "SubmitConflictError",
     "TransactionAbortedError",
     "Worker",
+    "WorkerStats",
     "Workflow",
     "__version__",
     "check_schema",

@@ -1,15 +1,15 @@
 """Maintenance by one leader at a time: deadline expiry, rescue and retention sweeps.
 
-Every worker runs a :class:`Leader` thread with a connection of its own, detached from
-the pool. It tries a session advisory lock (:data:`LEADER_LOCK`) every
-:data:`LEADER_INTERVAL` seconds; the worker that holds it is the leader and, on that same
-connection, fails runs past their deadline and hands back jobs of stopped workers every
-interval, and sweeps retention every ``sweep_interval``. The lock belongs to the
-leader's database session: when the leader's process dies or its connection is
-terminated, PostgreSQL releases it, and another worker takes over at its next try, so
-within :data:`LEADER_INTERVAL` (plus the time to connect) of the session ending. A
-leader host that vanishes without closing its TCP connection holds the lock until the
-server notices (TCP keepalives; see docs/operations.md).
+Every worker runs a :class:`Leader` thread with a connection of its own, outside the
+application's pool (:func:`side_engine`). It tries a session advisory lock
+(:data:`LEADER_LOCK`) every :data:`LEADER_INTERVAL` seconds; the worker that holds it is
+the leader and, on that same connection, fails runs past their deadline and hands back
+jobs of stopped workers every interval, and sweeps retention every ``sweep_interval``.
+The lock belongs to the leader's database session: when the leader's process dies or
+its connection is terminated, PostgreSQL releases it, and another worker takes over at
+its next try, so within :data:`LEADER_INTERVAL` (plus the time to connect) of the
+session ending. A leader host that vanishes without closing its TCP connection holds
+the lock until the server notices (TCP keepalives; see docs/operations.md).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, select
+from sqlalchemy import Connection, Engine, create_engine, func, select
 
 from cyclone import _rescue, _sweeper
 
@@ -39,8 +39,16 @@ def _try_lock(conn: Connection) -> bool:
     return bool(taken)
 
 
+def side_engine(engine: Engine) -> Engine:
+    """An Engine on a pool of its own, a copy of ``engine``'s (same creator, connect
+    arguments and pool events): the worker's own connections are opened there, so an
+    application holding every connection of its pool cannot hold them up, even when
+    they reconnect. Dispose of it when done."""
+    return create_engine(engine.url, pool=engine.pool.recreate())
+
+
 def dedicated(engine: Engine, *, autocommit: bool) -> Connection:
-    """A connection of ``engine`` detached from its pool: it takes no slot from the app."""
+    """A connection of ``engine`` (a :func:`side_engine`) detached from its pool."""
     conn = engine.connect()
     try:
         if autocommit:

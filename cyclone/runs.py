@@ -1,6 +1,7 @@
 """Run handles: ``Run`` and ``ResultRun`` (status, wait, result, cancel, retry, retention).
 
-Handles hold the Engine and open short transactions of their own. Waiting is woken by
+Handles hold the Engine and open short transactions of their own; cancel and retry are
+:mod:`cyclone._control`'s. Waiting is woken by
 ``NOTIFY cyclone_run_finished`` and falls back to a slow poll.
 """
 
@@ -19,17 +20,14 @@ from sqlalchemy import (
     Text,
     and_,
     bindparam,
-    case,
     cast,
-    func,
     select,
     update,
 )
 
-from cyclone import _codec, _completion, _fastpath, _notify, _waits, errors
-from cyclone._fastpath import const
+from cyclone import _codec, _control, _fastpath, _notify, _waits, errors
 from cyclone.schema import jobs, runs
-from cyclone.states import EDGES, TERMINAL_RUN_STATES, JobState, RunState
+from cyclone.states import TERMINAL_RUN_STATES, RunState
 
 Out = TypeVar("Out")
 
@@ -91,76 +89,6 @@ def select_status_stmt() -> Any:
     return select(*STATUS_COLUMNS).where(runs.c.id == bindparam("rid"))
 
 
-def cancel_run_stmt() -> Any:
-    """Move a running run to cancelled; returns nothing if it was not running."""
-    return (
-        update(runs)
-        .where(runs.c.id == bindparam("rid"), runs.c.state == const(RunState.RUNNING.value))
-        .values(state=const(RunState.CANCELLED.value), finalized_at=func.now())
-        .returning(runs.c.id)
-    )
-
-
-def reset_jobs_stmt(*, every_step: bool) -> Any:
-    """Make the chosen steps of a run runnable again, counting their unfinished predecessors."""
-    upstream = jobs.alias("upstream")
-    pending = (
-        select(func.count())
-        .where(
-            upstream.c.run_id == jobs.c.run_id,
-            upstream.c.kind == func.any(jobs.c.deps),
-            upstream.c.state != JobState.COMPLETED.value,
-        )
-        .scalar_subquery()
-    )
-    pending_all = func.cardinality(jobs.c.deps)
-    count = pending_all if every_step else pending
-    edge = EDGES["job.reset_all" if every_step else "job.reset"]
-    return (
-        update(jobs)
-        .where(
-            jobs.c.run_id == bindparam("rid"), jobs.c.state.in_([const(s) for s in edge.sources])
-        )
-        .values(
-            pending_deps=count,
-            state=case(
-                (count == 0, const(JobState.AVAILABLE.value)),
-                else_=const(JobState.BLOCKED.value),
-            ),
-            attempt=0,
-            lost=0,
-            worker_id=None,
-            heartbeat_at=None,
-            finalized_at=None,
-            scheduled_at=func.now(),
-            **({"output": None} if every_step else {}),
-        )
-    )
-
-
-def restart_run_stmt(*, from_states: tuple[RunState, ...]) -> Any:
-    """Put a terminal run back to running with its count of unfinished steps."""
-    remaining = (
-        select(func.count())
-        .where(jobs.c.run_id == runs.c.id, jobs.c.state != JobState.COMPLETED.value)
-        .scalar_subquery()
-    )
-    return (
-        update(runs)
-        .where(
-            runs.c.id == bindparam("rid"), runs.c.state.in_([const(s.value) for s in from_states])
-        )
-        .values(
-            state=const(RunState.RUNNING.value),
-            finalized_at=None,
-            error=None,
-            failed_step=None,
-            steps_remaining=remaining,
-        )
-        .returning(runs.c.id)
-    )
-
-
 def set_retention_stmt() -> Any:
     return (
         update(runs)
@@ -183,27 +111,8 @@ def select_result_stmt() -> Any:
     )
 
 
-TRANSITIONS = {
-    cancel_run_stmt: ("run.cancel",),
-    (lambda: reset_jobs_stmt(every_step=False)): ("job.reset", "job.reset_blocked"),
-    (lambda: reset_jobs_stmt(every_step=True)): ("job.reset_all", "job.reset_all_blocked"),
-    (lambda: restart_run_stmt(from_states=(RunState.FAILED, RunState.CANCELLED))): ("run.retry",),
-    (lambda: restart_run_stmt(from_states=tuple(TERMINAL_RUN_STATES))): ("run.retry_all",),
-}
-"""The edges of :data:`cyclone.states.EDGES` each statement of this module implements."""
-
 _SELECT_STATUS = select_status_stmt()
-_CANCEL_RUN = cancel_run_stmt()
-_RESET_FAILED = reset_jobs_stmt(every_step=False)
-_RESET_ALL = reset_jobs_stmt(every_step=True)
-_RESTART_FAILED = restart_run_stmt(from_states=(RunState.FAILED, RunState.CANCELLED))
-_RESTART_ANY = restart_run_stmt(from_states=tuple(TERMINAL_RUN_STATES))
 _SET_RETENTION = set_retention_stmt()
-_ANY_RUNNING = (
-    select(jobs.c.id)
-    .where(jobs.c.run_id == bindparam("rid"), jobs.c.state == JobState.RUNNING.value)
-    .limit(1)
-)
 _SELECT_RESULT = select_result_stmt()
 _FAST_SELECT_STATUS = _fastpath.Compiled(_SELECT_STATUS)
 _FAST_SELECT_RESULT = _fastpath.Compiled(_SELECT_RESULT)
@@ -322,16 +231,10 @@ class Run:
     def cancel(self) -> None:
         """Cancel a running run: steps not yet started never start; running ones finish.
 
-        The run's row is locked first, then its jobs (the lock order of
-        :mod:`cyclone.states`).
-
         Raises:
             InvalidStateError: the run is not running.
         """
-        with self._engine.begin() as conn:
-            if conn.execute(_CANCEL_RUN, {"rid": self.id}).first() is None:
-                self._raise_state(conn, "cancel")
-            conn.execute(_completion.CANCEL_UNSTARTED, {"rid": self.id})
+        _control.cancel(self._engine, self.id)
 
     def retry(self) -> None:
         """Run the failed and cancelled steps of a failed or cancelled run again.
@@ -343,7 +246,7 @@ class Run:
                 of its steps is still running (a cancelled run's step runs to its end):
                 retry once it has ended, so that no step ever runs twice at once.
         """
-        self._restart(_RESET_FAILED, _RESTART_FAILED, "retry")
+        _control.restart(self._engine, self.id, every_step=False)
 
     def retry_all(self) -> None:
         """Run every step of a finished run again, from the roots.
@@ -352,41 +255,7 @@ class Run:
             InvalidStateError: the run is still running, past its deadline, or one of its
                 steps is still running (as for :meth:`retry`).
         """
-        self._restart(_RESET_ALL, _RESTART_ANY, "retry_all")
-
-    def _restart(self, reset: Any, restart: Any, operation: str) -> None:
-        with self._engine.begin() as conn:
-            status, deadline_passed = self._read_status_for_update(conn)
-            if operation == "retry" and status not in (RunState.FAILED, RunState.CANCELLED):
-                raise errors.InvalidStateError(operation=operation, run_id=self.id, state=status)
-            if operation == "retry_all" and status == RunState.RUNNING:
-                raise errors.InvalidStateError(operation=operation, run_id=self.id, state=status)
-            if deadline_passed:
-                raise errors.InvalidStateError(
-                    operation=operation, run_id=self.id, state=f"{status} and past its deadline"
-                )
-            # A step still running would record into the restarted run, and its step
-            # would be claimed again while it runs: refuse until it has ended. Under the
-            # run's lock, which every recording of an outcome takes first, no step can
-            # end (or start: the run is not running) until this transaction commits.
-            if conn.execute(_ANY_RUNNING, {"rid": self.id}).first():
-                raise errors.InvalidStateError(
-                    operation=operation,
-                    run_id=self.id,
-                    state=f"{status} with steps still running; {operation} once they end",
-                )
-            conn.execute(reset, {"rid": self.id})
-            conn.execute(restart, {"rid": self.id})
-
-    def _read_status_for_update(self, conn: Connection) -> tuple[RunState, bool]:
-        row = conn.execute(
-            select(runs.c.state, runs.c.deadline <= func.now())
-            .where(runs.c.id == self.id)
-            .with_for_update(key_share=True)
-        ).first()
-        if row is None:
-            raise errors.NotFoundError(f"run {self.id} does not exist")
-        return RunState(row[0]), bool(row[1])
+        _control.restart(self._engine, self.id, every_step=True)
 
     def signal(self, signal: str, payload: Any) -> bool:
         """Send ``signal`` with ``payload`` to this run (see ``Workflow.signal``).
@@ -422,10 +291,6 @@ class Run:
             found = conn.execute(_SET_RETENTION, {"rid": self.id, "retention": retention})
             if found.first() is None:
                 raise errors.NotFoundError(f"run {self.id} does not exist")
-
-    def _raise_state(self, conn: Connection, operation: str) -> None:
-        state = self._read_status(conn).state
-        raise errors.InvalidStateError(operation=operation, run_id=self.id, state=state)
 
 
 class ResultRun(Run, Generic[Out]):

@@ -38,6 +38,7 @@ EXPECTED = [
     "SubmitConflictError",
     "TransactionAbortedError",
     "Worker",
+    "WorkerStats",
     "Workflow",
     "__version__",
     "check_schema",
