@@ -130,3 +130,25 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: fl
         if time.monotonic() > deadline:
             pytest.fail(f"condition not met within {timeout} s")
         time.sleep(interval)
+
+
+# A migrated database of a test's own, for tests that elect a maintenance leader: the
+# leader's advisory lock is per database, and a worker another test left running on the
+# session database could lead, or take over, in the test's place.
+
+
+@pytest.fixture
+def own_url() -> Iterator[URL]:
+    url = create_database("cyclone_own")
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    cyclone.upgrade(engine)
+    engine.dispose()
+    yield url
+    drop_database(url)
+
+
+@pytest.fixture
+def own_engine(own_url: URL) -> Iterator[sa.Engine]:
+    engine = sa.create_engine(own_url, pool_size=20, max_overflow=40)
+    yield engine
+    engine.dispose()

@@ -286,7 +286,8 @@ def test_the_worker_sweeper_deletes_old_terminal_runs_and_honours_their_retentio
     assert running.status().state in (cyclone.RunState.RUNNING, cyclone.RunState.COMPLETED)
 
 
-def test_only_the_maintenance_leader_sweeps(engine: sa.Engine, name: str) -> None:
+def test_only_the_maintenance_leader_sweeps(own_engine: sa.Engine, name: str) -> None:
+    engine = own_engine
     wf = workflow(name)
     (done,) = cancelled(engine, wf, 1)
     age(engine, [done], "2 days")
@@ -306,8 +307,10 @@ def test_only_the_maintenance_leader_sweeps(engine: sa.Engine, name: str) -> Non
 
 
 def test_the_leader_sweeps_on_its_own_connection_while_the_app_holds_the_whole_pool(
-    engine: sa.Engine, database_url: sa.URL, name: str
+    own_engine: sa.Engine, own_url: sa.URL, name: str
 ) -> None:
+    engine = own_engine
+    database_url = own_url
     # A sweep once held a pool connection for its lock and asked for another per batch.
     wf = workflow(name)
     made = cancelled(engine, wf, 3)

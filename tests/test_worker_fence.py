@@ -105,8 +105,9 @@ def test_a_stale_owners_outcome_is_refused_even_when_the_same_worker_claimed_the
 
 
 def test_a_rescued_jobs_old_execution_sees_cancelled_and_its_outcome_is_refused_and_logged(
-    engine: sa.Engine, name: str, caplog: pytest.LogCaptureFixture
+    own_engine: sa.Engine, name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    engine = own_engine
     other = cyclone.Workflow(f"{name}-other")
 
     @other.step()

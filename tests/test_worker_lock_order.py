@@ -61,8 +61,9 @@ def diamond(name: str) -> cyclone.Workflow[int]:
 
 
 def test_cancel_retry_purge_completions_and_rescue_at_once_never_deadlock(
-    engine: sa.Engine, name: str
+    own_engine: sa.Engine, name: str
 ) -> None:
+    engine = own_engine
     wf = diamond(name)
     client = cyclone.Client(engine)
     workers = [
