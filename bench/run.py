@@ -199,7 +199,7 @@ class Bench:
         # server) the planner would then believe them empty for the whole round and plan
         # seq scans (the FK check of cyclone_jobs.run_id, the existing-key lookup), cached
         # per session, which grow with every row the round inserts.
-        self.sql("TRUNCATE cyclone_jobs, cyclone_runs, raw_jobs, raw_runs")
+        self.sql("TRUNCATE cyclone_signals, cyclone_jobs, cyclone_runs, raw_jobs, raw_runs")
 
     def analyze(self) -> None:
         """What autovacuum's ANALYZE does on a real server after a bulk load (it is off here).

@@ -25,6 +25,7 @@ from cyclone.errors import (
 from cyclone.jobs import Job, JobStatus
 from cyclone.migrations import check_schema, downgrade, upgrade
 from cyclone.runs import ResultRun, Run, RunStatus
+from cyclone.schedules import Schedule, ScheduleStatus
 from cyclone.states import JobState, RunState
 from cyclone.worker import Worker, WorkerStats
 from cyclone.workflow import ResultWorkflow, StandaloneStep, Step, Workflow, step
@@ -50,6 +51,8 @@ __all__ = [
     "RunFailedError",
     "RunState",
     "RunStatus",
+    "Schedule",
+    "ScheduleStatus",
     "SchemaError",
     "StandaloneStep",
     "Step",

@@ -162,7 +162,9 @@ def _resolve(
                 f"step {job.kind!r} is not defined in this worker's workflow {job.workflow!r} "
                 "(was it removed by a redeploy?)"
             )
-        return node.fn, workflow.input_type, node.output_type
+        # A wait node is called with its signal's payload instead of the run's input.
+        input_type = workflow.input_type if node.signal is None else node.payload_type
+        return node.fn, input_type, node.output_type
     standalone = steps.get(job.kind)
     if standalone is None:
         raise StepNotDefined(f"step kind {job.kind!r} is not defined in this worker")

@@ -9,14 +9,15 @@ import msgspec
 from cyclone import errors
 
 
-class NodeSnapshot(msgspec.Struct, frozen=True):
-    """One step as the run was submitted with it."""
+class NodeSnapshot(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One step as the run was submitted with it (``signal``: the signal a wait node awaits)."""
 
     name: str
     after: tuple[str, ...]
     max_attempts: int
     queue: str
     priority: int
+    signal: str | None = None
 
 
 class GraphSnapshot(msgspec.Struct, frozen=True):

@@ -6,13 +6,14 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import Engine, Text, bindparam, cast, func, literal_column, select, tuple_
 
-from cyclone import _binds, _codec, _sweeper
+from cyclone import _binds, _codec, _lookup, _sweeper, schedules
 from cyclone.jobs import JOB_STATUS_COLUMNS, JobStatus, cancel_job, job_status_from_row
 from cyclone.runs import STATUS_COLUMNS, RunStatus, status_from_row
+from cyclone.schedules import ScheduleStatus
 from cyclone.schema import LISTED_SINCE, jobs, runs
 from cyclone.states import JobState, RunState
 
@@ -91,6 +92,13 @@ _JOB_DATA = select(
 
 def _json(text: str | None) -> Any:
     return None if text is None else _codec.decode(text)
+
+
+class HasName(Protocol):
+    """Anything with a ``name``, such as a Workflow."""
+
+    @property
+    def name(self) -> str: ...
 
 
 class Client:
@@ -227,6 +235,31 @@ class Client:
             InvalidStateError: the job is running or has ended.
         """
         cancel_job(self._engine, job_id)
+
+    def get_run_by_key(self, workflow: str | HasName, key: str) -> RunStatus | None:
+        """The run of ``key`` of ``workflow`` (a name, or a Workflow), or None; one statement."""
+        name = workflow if isinstance(workflow, str) else workflow.name
+        return _lookup.status_by_key(self._engine, name, key)
+
+    def list_schedules(self) -> list[ScheduleStatus]:
+        """Every schedule registered by a worker, by name, with its last and next tick."""
+        return schedules.list_all(self._engine)
+
+    def pause_schedule(self, name: str) -> None:
+        """Stop firing schedule ``name`` (its ticks while paused are never fired).
+
+        Raises:
+            NotFoundError: no schedule of that name is registered.
+        """
+        schedules.set_paused(self._engine, name, True)
+
+    def resume_schedule(self, name: str) -> None:
+        """Fire schedule ``name`` again, from its next tick on.
+
+        Raises:
+            NotFoundError: no schedule of that name is registered.
+        """
+        schedules.set_paused(self._engine, name, False)
 
     def list_jobs(
         self,

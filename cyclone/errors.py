@@ -52,12 +52,25 @@ class InputError(_Message, TypeError):
 
 
 class SubmitConflictError(_Message):
-    """The key already belongs to a run of this workflow whose input is different."""
+    """The key already belongs to a run of this workflow whose input is different.
 
-    def __init__(self, *, workflow: str, key: str, run_id: object) -> None:
+    Also raised by ``wf.signal`` when the signal was sent already with another payload
+    (then ``.signal`` names it).
+    """
+
+    def __init__(
+        self, *, workflow: str, key: str, run_id: object, signal: str | None = None
+    ) -> None:
         self.workflow = workflow
         self.key = key
         self.run_id = run_id
+        self.signal = signal
+        if signal is not None:
+            super().__init__(
+                f"signal {signal!r} was sent to run {run_id} (key {key!r} of workflow "
+                f"{workflow!r}) already, with a different payload"
+            )
+            return
         super().__init__(
             f"key {key!r} of workflow {workflow!r} belongs to run {run_id} with a different input"
         )

@@ -29,7 +29,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import DBAPIError
 
-from cyclone import _codec, _control, _deadline, _fastpath, _notify, errors
+from cyclone import _codec, _control, _deadline, _fastpath, _notify, _waits, errors
 from cyclone.schema import jobs, runs
 from cyclone.states import TERMINAL_RUN_STATES, RunState
 
@@ -314,6 +314,30 @@ class Run:
                 steps is still running (as for :meth:`retry`).
         """
         _control.restart(self._engine, self.id, every_step=True)
+
+    def signal(self, signal: str, payload: Any) -> bool:
+        """Send ``signal`` with ``payload`` to this run (see ``Workflow.signal``).
+
+        Returns True when this call stored it, False when the same payload was sent
+        before.
+
+        Raises:
+            NotFoundError: the run does not exist or has no wait node for ``signal``.
+            SubmitConflictError: the signal was sent already with another payload.
+            InvalidStateError: the run has finished.
+        """
+        if not isinstance(signal, str) or not signal:
+            raise ValueError("a signal name is a non-empty str")
+        encoded = _codec.encode(payload, what=f"payload of signal {signal!r}")
+        with self._engine.begin() as conn:
+            return _waits.send(
+                _fastpath.Observed(conn),
+                workflow=self.workflow,
+                key=None,
+                run_id=self.id,
+                signal=signal,
+                payload=encoded,
+            )
 
     def set_retention(self, retention: timedelta | None) -> None:
         """Keep this run for ``retention`` after it ends (None: the sweeper's default)."""

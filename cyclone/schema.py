@@ -10,6 +10,7 @@ from collections.abc import Iterable
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
@@ -186,6 +187,45 @@ Index(
     jobs.c.created_at,
     jobs.c.id,
     postgresql_where=text("run_id IS NULL"),
+)
+
+
+# -- schedules (revision cyclone_0006) ---------------------------------------------------
+
+MISSED_POLICIES = ("catch_up", "latest")
+
+schedules = Table(
+    "cyclone_schedules",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("workflow", Text, nullable=False),
+    Column("cron", Text),
+    Column("every", Interval),
+    Column("timezone", Text, nullable=False),
+    Column("missed", Text, nullable=False),
+    Column("max_catch_up", Integer, nullable=False),
+    Column("paused", Boolean, nullable=False, server_default=text("false")),
+    Column("last_tick", DateTime(timezone=True), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("(cron IS NULL) <> (every IS NULL)", name="cron_or_every"),
+    CheckConstraint(_in("missed", MISSED_POLICIES), name="missed"),
+    CheckConstraint("max_catch_up >= 1", name="max_catch_up"),
+)
+
+
+# -- signals (revision cyclone_0006) -----------------------------------------------------
+
+signals = Table(
+    "cyclone_signals",
+    metadata,
+    Column("run_id", Uuid, ForeignKey("cyclone_runs.id", ondelete="CASCADE"), primary_key=True),
+    Column("name", Text, primary_key=True),
+    Column("payload", JSONB),
+    Column("sent_at", DateTime(timezone=True)),
+    Column("wait_until", DateTime(timezone=True)),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("(payload IS NULL) = (sent_at IS NULL)", name="sent"),
 )
 
 

@@ -40,7 +40,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 
-from cyclone import _binds, _fastpath, _graph, _keys, _notify, _observe, errors
+from cyclone import _binds, _fastpath, _graph, _keys, _notify, _observe, _waits, errors
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
 
@@ -54,6 +54,8 @@ class _StepRow:
     priority: int
     deps: tuple[str, ...]
     max_attempts: int
+    args: str | None = None
+    """The job's ``args``: for a wait node, ``{"signal": name}`` (how a signal finds it)."""
 
 
 def _text_array(items: Sequence[str]) -> Any:
@@ -86,7 +88,14 @@ class Plan:
     @classmethod
     def build(cls, workflow: str, graph: _graph.GraphSnapshot) -> Plan:
         steps = [
-            _StepRow(node.name, node.queue, node.priority, tuple(node.after), node.max_attempts)
+            _StepRow(
+                node.name,
+                node.queue,
+                node.priority,
+                tuple(node.after),
+                node.max_attempts,
+                None if node.signal is None else _waits.signal_args(node.signal),
+            )
             for node in graph.steps
         ]
         encoded = msgspec.json.encode(graph).decode()
@@ -137,6 +146,7 @@ class _Consts:
             column("deps", ARRAY(Text)),
             column("pending", Integer),
             column("max_attempts", Integer),
+            column("args", Text),
             name="s",
             literal_binds=True,
         ).data(
@@ -148,6 +158,7 @@ class _Consts:
                     _text_array(st.deps),
                     len(st.deps),
                     st.max_attempts,
+                    st.args,
                 )
                 for st in self.steps
             ]
@@ -174,6 +185,8 @@ class _Consts:
                     jobs.c.pending_deps,
                     jobs.c.max_attempts,
                     jobs.c.deadline,
+                    jobs.c.scheduled_at,
+                    jobs.c.args,
                 ],
                 select(
                     inserted.c.id,
@@ -192,6 +205,8 @@ class _Consts:
                     steps.c.pending,
                     steps.c.max_attempts,
                     inserted.c.deadline,
+                    _starts_at(),
+                    cast(steps.c.args, JSONB),
                 ).select_from(inserted.join(steps, true())),
             )
             .returning(_notify.when_available(jobs.c.state))
@@ -319,6 +334,19 @@ class _Consts:
         return union_all(created, existing).add_cte(new_jobs)
 
 
+def _starts_at() -> Any:
+    """When a new run's steps may start: ``run_at=``, else now plus ``delay=``, else now.
+
+    Every step gets it: the roots wait for it, and a later step, which waits for its
+    roots anyway, keeps the claim order by submission time.
+    """
+    return func.coalesce(
+        bindparam("start_at", type_=jobs.c.scheduled_at.type),
+        func.now() + bindparam("start_in", type_=Interval),
+        func.now(),
+    )
+
+
 def _settled_run(workflow: Any) -> Select[Any]:
     """The run of ``(workflow, :key)`` in the snapshot, if no transaction can be deleting it.
 
@@ -356,12 +384,28 @@ _SELECT_RUN_BY_KEY = select_run_by_key_stmt()
 _FAST_SELECT_RUN_BY_KEY = _fastpath.Compiled(_SELECT_RUN_BY_KEY)
 
 
+def check_start(run_at: datetime | None, delay: timedelta | None) -> None:
+    """Reject a bad ``run_at=`` / ``delay=`` before anything is sent."""
+    if run_at is not None and delay is not None:
+        raise ValueError("give run_at= or delay=, not both")
+    if run_at is not None:
+        if not isinstance(run_at, datetime):
+            raise TypeError(f"run_at= takes a datetime, not {type(run_at).__name__}")
+        if run_at.tzinfo is None or run_at.utcoffset() is None:
+            raise ValueError("run_at= must be a timezone-aware datetime")
+    if delay is not None and not isinstance(delay, timedelta):
+        raise TypeError(f"delay= takes a timedelta, not {type(delay).__name__}")
+
+
 def _params(
     plan: Plan,
     input: str,
     deadline: datetime | timedelta | None,
     retention: timedelta | None,
+    run_at: datetime | None = None,
+    delay: timedelta | None = None,
 ) -> dict[str, Any]:
+    check_start(run_at, delay)
     if deadline is not None and not isinstance(deadline, datetime | timedelta):
         raise TypeError("deadline= takes a datetime or a timedelta")
     if isinstance(deadline, datetime) and deadline.tzinfo is None:
@@ -375,6 +419,8 @@ def _params(
         "deadline_in": deadline if isinstance(deadline, timedelta) else None,
         "retention": retention,
         "trace_context": _observe.trace_context(),
+        "start_at": run_at,
+        "start_in": delay,
     }
 
 
@@ -418,8 +464,10 @@ def submit(
     input: str,
     deadline: datetime | timedelta | None,
     retention: timedelta | None,
+    run_at: datetime | None = None,
+    delay: timedelta | None = None,
 ) -> Submitted:
-    params = _params(plan, input, deadline, retention)
+    params = _params(plan, input, deadline, retention, run_at, delay)
     engine = _binds.engine_of(bind)
     started = time.monotonic()
     rows = _fastpath.execute(engine, plan.fast_insert_run, params)
@@ -433,8 +481,10 @@ def submit_tx(
     input: str,
     deadline: datetime | timedelta | None,
     retention: timedelta | None,
+    run_at: datetime | None = None,
+    delay: timedelta | None = None,
 ) -> Submitted:
-    params = _params(plan, input, deadline, retention)
+    params = _params(plan, input, deadline, retention, run_at, delay)
     executor, engine = _binds.joined(conn)
     rows = executor.execute(plan.fast_insert_run, params)
     return Submitted(engine, rows[0][0], None, True)
@@ -448,9 +498,11 @@ def submit_once(
     input: str,
     deadline: datetime | timedelta | None,
     retention: timedelta | None,
+    run_at: datetime | None = None,
+    delay: timedelta | None = None,
 ) -> Submitted:
     _keys.check_key(key)
-    params = _params(plan, input, deadline, retention)
+    params = _params(plan, input, deadline, retention, run_at, delay)
     params["key"] = key
     engine = _binds.engine_of(bind)
     started = time.monotonic()
@@ -467,9 +519,11 @@ def submit_once_tx(
     input: str,
     deadline: datetime | timedelta | None,
     retention: timedelta | None,
+    run_at: datetime | None = None,
+    delay: timedelta | None = None,
 ) -> Submitted:
     _keys.check_key(key)
-    params = _params(plan, input, deadline, retention)
+    params = _params(plan, input, deadline, retention, run_at, delay)
     params["key"] = key
     executor, engine = _binds.joined(conn)
     run_id, created = _insert_once(executor, plan, params)
@@ -489,12 +543,14 @@ def submit_once_many(
     items: Sequence[tuple[str, str]],
     deadline: datetime | timedelta | None,
     retention: timedelta | None,
+    run_at: datetime | None = None,
+    delay: timedelta | None = None,
 ) -> list[Submitted]:
     for key, _input in items:
         _keys.check_key(key)
     if not items:
         return []
-    params = _params(plan, "null", deadline, retention)
+    params = _params(plan, "null", deadline, retention, run_at, delay)
     del params["input"]
     results: dict[int, Submitted] = {}
     missing: list[int] = list(range(len(items)))

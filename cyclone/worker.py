@@ -35,6 +35,7 @@ from cyclone import (
     _binds,
     _claim,
     _completion,
+    _due,
     _executor,
     _fastpath,
     _leader,
@@ -43,8 +44,10 @@ from cyclone import (
     _rescue,
     _retry,
     _sweeper,
+    _waits,
     errors,
     migrations,
+    schedules,
 )
 from cyclone.workflow import StandaloneStep, Workflow
 
@@ -62,8 +65,10 @@ JOIN_TIMEOUT = 10.0
 RETRY_FIRST = 0.5
 RETRY_CAP = 30.0
 """A database that cannot be reached is tried again after 0.5 s, doubling up to 30 s."""
+DUE_SLACK = 0.005
+"""Seconds added to a scheduled job's due time, so the claim that wakes for it finds it due."""
 
-Outcome = _completion.Success | _completion.Failure
+Outcome = _waits.Outcome
 
 
 def _check_sequence(name: str, given: object, example: str) -> None:
@@ -160,6 +165,9 @@ class Worker:
             around the step (a framework's application context, or Django's connection
             housekeeping). An error it raises counts as the step's error.
 
+    :meth:`run` also registers the schedules of ``workflows`` (``wf.schedule(...)``) and
+    fires their ticks on a thread of its own; :meth:`drain` does not fire them.
+
     Raises:
         ValueError: ``heartbeat_interval`` is not less than ``rescue_after``, or a limit
             is below 1.
@@ -200,6 +208,7 @@ class Worker:
             if st.kind in self.steps and self.steps[st.kind] is not st:
                 raise errors.DefinitionError(f"two step kinds named {st.kind!r} given to a Worker")
             self.steps[st.kind] = st
+        self.schedules = schedules.collect(self.workflows.values())
         if not self.workflows and not self.steps:
             raise errors.DefinitionError("a Worker needs at least one workflow or step kind")
         if concurrency < 1:
@@ -247,6 +256,7 @@ class Worker:
         self._schema_checked = False
         self._leader: _leader.Leader | None = None
         self._beating = threading.Event()
+        self._recheck_due = True
 
     def __repr__(self) -> str:
         return (
@@ -331,7 +341,7 @@ class Worker:
                 self._schema_checked = True
             self.stats = WorkerStats()
             unsubscribe = _notify.listener(self.engine).subscribe(
-                _notify.JOBS_AVAILABLE, lambda _payload: self._wake.set()
+                _notify.JOBS_AVAILABLE, self._on_jobs_available
             )
             self._steps_pool = _StepThreads(self.concurrency, self._execute)
             self._held = _fastpath.Held(self.engine)
@@ -350,7 +360,11 @@ class Worker:
             self._beating.clear()
             beater.start()
             abandoned = False
+            scheduler: schedules.Scheduler | None = None
             try:
+                if self.schedules and not until_idle:
+                    scheduler = schedules.Scheduler(self.engine, self.schedules, self._stopping)
+                    scheduler.start()
                 if until_idle:
                     self._maintain_once()
                 self._leader.start()
@@ -359,6 +373,9 @@ class Worker:
                     self._leader.stop()
                     self._maintain_once()
             finally:
+                if scheduler is not None:
+                    self._stopping.set()
+                    scheduler.join(JOIN_TIMEOUT)
                 unsubscribe()
                 self._leader.stop()
                 self._leader = None
@@ -501,7 +518,8 @@ class Worker:
             for job, outcome in self._take_outcomes():
                 self._inflight.pop(job.id, None)
                 self._busy[job.queue] -= 1
-                self._pending[job.id] = (job, outcome)
+                if not isinstance(outcome, _waits.Parked):  # parked: nothing to record
+                    self._pending[job.id] = (job, outcome)
             outcomes = list(self._pending.values())
             claimed: list[_claim.Claimed] = []
             free = {} if self._stopping.is_set() else self._free()
@@ -519,8 +537,12 @@ class Worker:
             )
             failed = False
             if outcomes or free:
+                recheck_due = self._recheck_due or time.monotonic() >= poll_due
+                self._recheck_due = False
                 claimed, failed = self._record_and_claim(outcomes, free)
                 poll_due = time.monotonic() + self.poll_interval
+                if free and not claimed and not failed and recheck_due and not until_idle:
+                    poll_due = min(poll_due, self._next_due())
             for job in claimed:
                 self._start(job)
             if failed:
@@ -566,6 +588,27 @@ class Worker:
                 return
             self._wake.wait(min(left, IDLE_WAKE))
             self._wake.clear()
+
+    def _next_due(self) -> float:
+        """When (monotonic) the earliest scheduled job this worker serves falls due.
+
+        Read after a woken or polled claim found nothing: a NOTIFY for a job scheduled
+        later, or a poll, costs one more statement, then the worker sleeps until the job
+        is due, never in a busy loop. Infinity when nothing is scheduled or on an error.
+        """
+        assert self._held is not None
+        try:
+            seconds = _due.seconds_until_next_due(self._held, self._scope("*"))
+        except Exception:
+            log.exception("worker %s could not read when the next job is due", self.id)
+            return float("inf")
+        if seconds is None:
+            return float("inf")
+        return time.monotonic() + seconds + DUE_SLACK
+
+    def _on_jobs_available(self, _payload: str) -> None:
+        self._recheck_due = True
+        self._wake.set()
 
     def _idle_timeout(self, poll_due: float) -> float:
         until_poll = max(0.0, poll_due - time.monotonic())
@@ -667,7 +710,8 @@ class Worker:
         """
         for job, outcome in self._take_outcomes():
             self._inflight.pop(job.id, None)
-            self._pending[job.id] = (job, outcome)
+            if not isinstance(outcome, _waits.Parked):
+                self._pending[job.id] = (job, outcome)
         if self._pending:
             _claimed, failed = self._record_and_claim(list(self._pending.values()), {})
             if failed:
@@ -705,9 +749,14 @@ class Worker:
     def _execute(self, job: _claim.Claimed) -> None:
         started = time.perf_counter()
         try:
-            outcome = _executor.execute(
-                job, self.engine, self.workflows, self.steps, self.backoff, self.step_context
-            )
+            node = _waits.node_of(self.workflows, job)
+            outcome: Outcome
+            if node is None:
+                outcome = self._run_step(job)
+            else:  # a wait or sleep node: it runs, or is parked until its signal or time
+                outcome = _waits.execute(
+                    self.engine, self.id, job, node, self.backoff, self._run_step
+                )
         except BaseException as exc:  # a step that raised SystemExit or KeyboardInterrupt
             outcome = _completion.Failure(
                 job.id,
@@ -718,6 +767,11 @@ class Worker:
         self._step_seconds = 0.8 * self._step_seconds + 0.2 * (time.perf_counter() - started)
         self._outcomes.put((job, outcome))
         self._wake.set()
+
+    def _run_step(self, job: _claim.Claimed) -> _completion.Success | _completion.Failure:
+        return _executor.execute(
+            job, self.engine, self.workflows, self.steps, self.backoff, self.step_context
+        )
 
 
 def _close_quietly(conn: Connection) -> None:

@@ -9,11 +9,23 @@ from __future__ import annotations
 
 import inspect
 import typing
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
-from cyclone import _graph, errors, jobs, submit
+from cyclone import (
+    _binds,
+    _fastpath,
+    _graph,
+    _keys,
+    _lookup,
+    _waits,
+    errors,
+    jobs,
+    schedules,
+    submit,
+)
 from cyclone.runs import ResultRun, Run
 
 if TYPE_CHECKING:
@@ -98,6 +110,10 @@ class Step(Generic[R]):
         queue: str,
         priority: int,
         is_result: bool,
+        signal: str | None = None,
+        timeout: timedelta | None = None,
+        sleep: timedelta | None = None,
+        output: Any = None,
     ) -> None:
         self.workflow = workflow
         self.fn = fn
@@ -107,7 +123,13 @@ class Step(Generic[R]):
         self.queue = queue
         self.priority = priority
         self.is_result = is_result
-        self.output_type: Any = _return_type(fn)
+        self.output_type: Any = _return_type(fn) if output is None else output
+        self.signal = signal
+        """The signal a wait node waits for (``@wf.wait``); None for other steps."""
+        self.timeout = timeout
+        self.sleep = sleep
+        """How long a sleep node waits after its upstreams (``@wf.sleep``); None otherwise."""
+        self.payload_type: Any = _arg_type(fn) if signal is not None else Any
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -124,6 +146,7 @@ class Step(Generic[R]):
             max_attempts=self.max_attempts,
             queue=self.queue,
             priority=self.priority,
+            signal=self.signal,
         )
 
 
@@ -147,6 +170,7 @@ class Workflow(Generic[In]):
         self.steps: dict[str, Step[Any]] = {}
         self._result: str | None = None
         self._plan: submit.Plan | None = None
+        self.schedules: dict[str, schedules.Schedule] = {}
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} steps={list(self.steps)}>"
@@ -167,6 +191,67 @@ class Workflow(Generic[In]):
         """
         return self._decorator(name, after, max_attempts, queue, priority, is_result=False)
 
+    def wait(
+        self,
+        signal: str,
+        *,
+        after: Iterable[Step[Any] | str] = (),
+        timeout: timedelta | None = None,
+        output: Any = None,
+        name: str | None = None,
+        max_attempts: int = 1,
+        queue: str | None = None,
+        priority: int = 0,
+    ) -> Callable[[Callable[..., R]], Step[R]]:
+        """Decorate ``fn(ctx, payload) -> output`` as a node that runs when ``signal`` arrives.
+
+        It runs once its upstreams completed and the signal was sent to the run
+        (:meth:`signal`, before or after the node is reached), with the signal's payload
+        decoded to ``fn``'s annotation; its return value is its output, decoded by
+        ``ctx.output(node)`` downstream to ``fn``'s return annotation or ``output``.
+        While it waits, the run holds no worker and no connection. ``timeout``: the node
+        fails with "timed out waiting for <signal>" when no signal came that long after
+        a worker first reached it (retried as any step up to ``max_attempts``, 1 by
+        default, each attempt waiting anew).
+        """
+        where = f"wait node for {signal!r} of workflow {self.name!r}"
+        if not isinstance(signal, str) or not signal:
+            raise errors.DefinitionError(f"{where}: the signal name is a non-empty str")
+        if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta()):
+            raise errors.DefinitionError(f"{where}: timeout= takes a positive timedelta")
+        return self._decorator(
+            name,
+            after,
+            max_attempts,
+            queue,
+            priority,
+            is_result=False,
+            signal=signal,
+            timeout=timeout,
+            output=output,
+        )
+
+    def sleep(
+        self,
+        duration: timedelta,
+        *,
+        after: Iterable[Step[Any] | str] = (),
+        name: str | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        queue: str | None = None,
+        priority: int = 0,
+    ) -> Callable[[Callable[..., R]], Step[R]]:
+        """Decorate a step that starts no earlier than ``duration`` after its upstreams
+        completed (after the submit, for a root). Durable: the wait survives restarts
+        and holds no worker and no connection."""
+        if not isinstance(duration, timedelta) or duration < timedelta():
+            raise errors.DefinitionError(
+                f"sleep of workflow {self.name!r}: duration takes a non-negative timedelta"
+            )
+        return self._decorator(
+            name, after, max_attempts, queue, priority, is_result=False, sleep=duration
+        )
+
     def _decorator(
         self,
         name: str | None,
@@ -176,6 +261,7 @@ class Workflow(Generic[In]):
         priority: int,
         *,
         is_result: bool,
+        **kinds: Any,
     ) -> Callable[[Callable[..., R]], Step[R]]:
         if callable(name):
             raise errors.DefinitionError(
@@ -209,7 +295,15 @@ class Workflow(Generic[In]):
                 queue=step_queue,
                 priority=priority,
                 is_result=is_result,
+                **kinds,
             )
+            if node.signal is not None:
+                for other in self.steps.values():
+                    if other.signal == node.signal:
+                        raise errors.DefinitionError(
+                            f"{where} waits for {other.signal!r}, as step {other.name!r} does; "
+                            "one wait node per signal"
+                        )
             # Check for a cycle before keeping the step, so a rejected step leaves no trace.
             candidate = {name_: node_.after for name_, node_ in self.steps.items()}
             candidate[step_name] = deps
@@ -275,9 +369,13 @@ class Workflow(Generic[In]):
         *,
         deadline: datetime | timedelta | None = None,
         retention: timedelta | None = None,
+        run_at: datetime | None = None,
+        delay: timedelta | None = None,
     ) -> Run:
         """Make a new run in a transaction of its own. Each call makes a new run."""
-        row = submit.submit(bind, self.plan(), self._encode_input(input), deadline, retention)
+        row = submit.submit(
+            bind, self.plan(), self._encode_input(input), deadline, retention, run_at, delay
+        )
         return self._handle(row)
 
     def submit_tx(
@@ -287,9 +385,13 @@ class Workflow(Generic[In]):
         *,
         deadline: datetime | timedelta | None = None,
         retention: timedelta | None = None,
+        run_at: datetime | None = None,
+        delay: timedelta | None = None,
     ) -> Run:
         """Make a new run inside the caller's transaction; it exists once they commit."""
-        row = submit.submit_tx(conn, self.plan(), self._encode_input(input), deadline, retention)
+        row = submit.submit_tx(
+            conn, self.plan(), self._encode_input(input), deadline, retention, run_at, delay
+        )
         return self._handle(row)
 
     def submit_once(
@@ -300,6 +402,8 @@ class Workflow(Generic[In]):
         *,
         deadline: datetime | timedelta | None = None,
         retention: timedelta | None = None,
+        run_at: datetime | None = None,
+        delay: timedelta | None = None,
     ) -> tuple[Run, bool]:
         """Make the one run of ``key``, or return it: ``(run, created)``.
 
@@ -309,7 +413,7 @@ class Workflow(Generic[In]):
             SubmitConflictError: the key's run has a different input (nothing is inserted).
         """
         row = submit.submit_once(
-            bind, self.plan(), key, self._encode_input(input), deadline, retention
+            bind, self.plan(), key, self._encode_input(input), deadline, retention, run_at, delay
         )
         return self._handle(row), row.created
 
@@ -321,6 +425,8 @@ class Workflow(Generic[In]):
         *,
         deadline: datetime | timedelta | None = None,
         retention: timedelta | None = None,
+        run_at: datetime | None = None,
+        delay: timedelta | None = None,
     ) -> tuple[Run, bool]:
         """As :meth:`submit_once`, inside the caller's transaction (never commits it).
 
@@ -328,7 +434,7 @@ class Workflow(Generic[In]):
         conflict raises without aborting the caller's transaction.
         """
         row = submit.submit_once_tx(
-            conn, self.plan(), key, self._encode_input(input), deadline, retention
+            conn, self.plan(), key, self._encode_input(input), deadline, retention, run_at, delay
         )
         return self._handle(row), row.created
 
@@ -339,6 +445,8 @@ class Workflow(Generic[In]):
         *,
         deadline: datetime | timedelta | None = None,
         retention: timedelta | None = None,
+        run_at: datetime | None = None,
+        delay: timedelta | None = None,
     ) -> list[tuple[Run, bool]]:
         """Submit many keys at once: one ``(run, created)`` per item, in input order.
 
@@ -347,8 +455,136 @@ class Workflow(Generic[In]):
         rolled back: nothing is inserted.
         """
         encoded = [(key, self._encode_input(value)) for key, value in items]
-        rows = submit.submit_once_many(bind, self.plan(), encoded, deadline, retention)
+        rows = submit.submit_once_many(
+            bind, self.plan(), encoded, deadline, retention, run_at, delay
+        )
         return [(self._handle(row), row.created) for row in rows]
+
+    # -- schedules (keys and time) ------------------------------------------------------
+
+    def schedule(
+        self,
+        name: str,
+        *,
+        cron: str | None = None,
+        every: timedelta | None = None,
+        input: In | Callable[[datetime], In],
+        timezone: str = "UTC",
+        missed: Literal["latest", "catch_up"] = "latest",
+        max_catch_up: int = schedules.DEFAULT_MAX_CATCH_UP,
+    ) -> schedules.Schedule:
+        """Submit this workflow on a schedule: at each tick of ``cron`` or of ``every``.
+
+        Each tick is ``submit_once(bind, f"schedule:{name}:{tick}", input)``, the tick in
+        UTC ISO 8601 (``2026-01-31T03:00:00Z``), so it makes one run however many workers
+        fire it. ``input`` is the run's input, or a callable given the tick (an aware
+        datetime in ``timezone``) that returns it. ``cron`` is a cron expression (five
+        fields, or six with seconds first; needs the ``cron`` extra) read in ``timezone``;
+        ``every`` a whole number of seconds, ticking at its multiples since the Unix
+        epoch. Ticks missed while no worker ran: ``"latest"`` fires only the most recent,
+        ``"catch_up"`` the most recent ``max_catch_up``. A Worker serving this workflow
+        registers the schedule (by its name, unique over all workflows) and fires it.
+
+        Raises:
+            DefinitionError: a bad name, expression, interval, time zone or policy, or
+                a second schedule of this name on this workflow.
+        """
+        if name in self.schedules:
+            raise errors.DefinitionError(
+                f"schedule {name!r} of workflow {self.name!r} is defined twice"
+            )
+        defined = schedules.Schedule(
+            self,
+            name,
+            cron=cron,
+            every=every,
+            input=input,
+            timezone=timezone,
+            missed=missed,
+            max_catch_up=max_catch_up,
+        )
+        self.schedules[name] = defined
+        return defined
+
+    # -- lookup (keys and time) ---------------------------------------------------------
+
+    def get_run(self, bind: Bind, key: str) -> Run | None:
+        """The handle of the run of ``key``, or None when the key has no run (or was purged).
+
+        One statement. Raises InvalidKeyError for a key that breaks the key rules.
+        """
+        run_id = _lookup.run_id_by_key(bind, self.name, key)
+        if run_id is None:
+            return None
+        return self._handle(submit.Submitted(_binds.engine_of(bind), run_id, key, False))
+
+    def get_run_tx(self, conn: Conn, key: str) -> Run | None:
+        """As :meth:`get_run`, read inside the caller's transaction (it sees its own runs)."""
+        executor, engine = _binds.joined(conn)
+        run_id = _lookup.run_id_by_key_tx(executor, self.name, key)
+        if run_id is None:
+            return None
+        return self._handle(submit.Submitted(engine, run_id, key, False))
+
+    def run(self, bind: Bind, run_id: uuid.UUID | str) -> Run:
+        """The handle of run ``run_id`` of this workflow.
+
+        Raises:
+            NotFoundError: there is no such run, or it belongs to another workflow.
+        """
+        rid, key = _lookup.key_of_run(bind, self.name, run_id)
+        return self._handle(submit.Submitted(_binds.engine_of(bind), rid, key, False))
+
+    # -- signals (keys and time) --------------------------------------------------------
+
+    def signal(self, bind: Bind, key: str, signal: str, payload: Any) -> bool:
+        """Send ``signal`` with ``payload`` to the run of ``key``, in a transaction of its own.
+
+        Returns True when this call stored it, False when the same payload was sent
+        before (a no-op). A signal sent before the run reaches its wait node is kept.
+
+        Raises:
+            NotFoundError: no run has ``key``, or its run has no wait node for ``signal``.
+            SubmitConflictError: the signal was sent already with another payload.
+            InvalidStateError: the run has finished.
+        """
+        _keys.check_key(key)
+        encoded = self._encode_payload(signal, payload)
+        with _binds.transaction(bind) as conn:
+            return _waits.send(
+                _fastpath.Observed(conn),
+                workflow=self.name,
+                key=key,
+                run_id=None,
+                signal=signal,
+                payload=encoded,
+            )
+
+    def signal_tx(self, conn: Conn, key: str, signal: str, payload: Any) -> bool:
+        """As :meth:`signal`, inside the caller's transaction: a rollback sends nothing.
+
+        A conflict raises without aborting the caller's transaction.
+        """
+        _keys.check_key(key)
+        encoded = self._encode_payload(signal, payload)
+        executor, _engine = _binds.joined(conn)
+        return _waits.send(
+            executor,
+            workflow=self.name,
+            key=key,
+            run_id=None,
+            signal=signal,
+            payload=encoded,
+        )
+
+    def _encode_payload(self, signal: str, payload: Any) -> str:
+        from cyclone import _codec
+
+        if not isinstance(signal, str) or not signal:
+            raise ValueError("a signal name is a non-empty str")
+        node = next((n for n in self.steps.values() if n.signal == signal), None)
+        type_ = Any if node is None else node.payload_type
+        return _codec.encode(payload, what=f"payload of signal {signal!r}", type_=type_)
 
 
 class ResultWorkflow(Workflow[In], Generic[In, Out]):
@@ -393,6 +629,8 @@ class ResultWorkflow(Workflow[In], Generic[In, Out]):
             *,
             deadline: datetime | timedelta | None = None,
             retention: timedelta | None = None,
+            run_at: datetime | None = None,
+            delay: timedelta | None = None,
         ) -> ResultRun[Out]: ...
 
         def submit_tx(
@@ -402,6 +640,8 @@ class ResultWorkflow(Workflow[In], Generic[In, Out]):
             *,
             deadline: datetime | timedelta | None = None,
             retention: timedelta | None = None,
+            run_at: datetime | None = None,
+            delay: timedelta | None = None,
         ) -> ResultRun[Out]: ...
 
         def submit_once(
@@ -412,6 +652,8 @@ class ResultWorkflow(Workflow[In], Generic[In, Out]):
             *,
             deadline: datetime | timedelta | None = None,
             retention: timedelta | None = None,
+            run_at: datetime | None = None,
+            delay: timedelta | None = None,
         ) -> tuple[ResultRun[Out], bool]: ...
 
         def submit_once_tx(
@@ -422,6 +664,8 @@ class ResultWorkflow(Workflow[In], Generic[In, Out]):
             *,
             deadline: datetime | timedelta | None = None,
             retention: timedelta | None = None,
+            run_at: datetime | None = None,
+            delay: timedelta | None = None,
         ) -> tuple[ResultRun[Out], bool]: ...
 
         def submit_once_many(  # type: ignore[override]
@@ -431,7 +675,15 @@ class ResultWorkflow(Workflow[In], Generic[In, Out]):
             *,
             deadline: datetime | timedelta | None = None,
             retention: timedelta | None = None,
+            run_at: datetime | None = None,
+            delay: timedelta | None = None,
         ) -> list[tuple[ResultRun[Out], bool]]: ...
+
+        def get_run(self, bind: Bind, key: str) -> ResultRun[Out] | None: ...
+
+        def get_run_tx(self, conn: Conn, key: str) -> ResultRun[Out] | None: ...
+
+        def run(self, bind: Bind, run_id: uuid.UUID | str) -> ResultRun[Out]: ...
 
 
 class StandaloneStep(Generic[In, R]):

@@ -130,6 +130,29 @@ def test_manage_py_migrate_applies_cyclone_revisions_and_reverses_them(
         engine.dispose()
 
 
+def test_a_database_migrated_by_0001_only_gets_the_newer_revisions_from_0002(
+    fresh_database: URL,
+) -> None:
+    """Reversing 0002 leaves the schema 0001 was written for (cyclone_0004); 0002 upgrades it."""
+    database = fresh_database.database
+    assert database is not None
+    engine = sa.create_engine(fresh_database, poolclass=sa.NullPool)
+    try:
+        assert manage("migrate", "--noinput", database=database).returncode == 0
+        done = manage("migrate", "cyclone", "0001_initial", "--noinput", database=database)
+        assert done.returncode == 0, done.stderr
+        assert migrations.current_revision(engine) == "cyclone_0004"
+        assert not sa.inspect(engine).has_table("cyclone_signals")
+
+        done = manage("migrate", "cyclone", "--noinput", database=database)
+        assert done.returncode == 0, done.stderr
+        assert migrations.current_revision(engine) == migrations.head_revision()
+        assert sa.inspect(engine).has_table("cyclone_signals")
+        assert manage("cyclone", "check", database=database).returncode == 0
+    finally:
+        engine.dispose()
+
+
 def test_manage_py_cyclone_worker_runs_runs_until_sigterm(fresh_database: URL) -> None:
     database = fresh_database.database
     assert database is not None

@@ -109,7 +109,13 @@ def test_upgrade_on_a_fresh_database_creates_the_schema(fresh_engine: sa.Engine)
     cyclone.check_schema(fresh_engine)
     assert version_rows(fresh_engine) == [migrations.head_revision()]
     objects = cyclone_objects(fresh_engine)
-    assert objects["tables"] == {"cyclone_runs", "cyclone_jobs", "cyclone_alembic_version"}
+    assert objects["tables"] == {
+        "cyclone_runs",
+        "cyclone_jobs",
+        "cyclone_schedules",
+        "cyclone_signals",
+        "cyclone_alembic_version",
+    }
     assert objects["functions"] == {
         "cyclone_notify_job_changed",
         "cyclone_notify_run_finished",
@@ -175,9 +181,9 @@ def test_alembic_cli_upgrade_head_and_downgrade_base(
         names = set(
             conn.execute(
                 sa.text(
-                    "SELECT conname FROM pg_constraint WHERE conrelid IN "
-                    "('cyclone_runs'::regclass, 'cyclone_jobs'::regclass)"
-                )
+                    "SELECT conname FROM pg_constraint WHERE conrelid::regclass::text = ANY(:t)"
+                ),
+                {"t": list(metadata.tables)},
             ).scalars()
         )
     assert names == {str(c.name) for table in metadata.tables.values() for c in table.constraints}

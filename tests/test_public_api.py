@@ -29,6 +29,8 @@ EXPECTED = [
     "RunFailedError",
     "RunState",
     "RunStatus",
+    "Schedule",
+    "ScheduleStatus",
     "SchemaError",
     "StandaloneStep",
     "Step",

@@ -85,7 +85,12 @@ def test_submit_key_index_is_unique_per_workflow_name(conn: sa.Connection) -> No
 
 
 def test_metadata_holds_only_cyclone_tables() -> None:
-    assert set(metadata.tables) == {"cyclone_runs", "cyclone_jobs"}
+    assert set(metadata.tables) == {
+        "cyclone_runs",
+        "cyclone_jobs",
+        "cyclone_schedules",
+        "cyclone_signals",
+    }
     assert metadata.naming_convention == NAMING_CONVENTION
 
 
@@ -103,7 +108,8 @@ def test_constraint_names_follow_the_naming_convention(conn: sa.Connection) -> N
         conn.execute(
             sa.text(
                 "SELECT conname FROM pg_constraint WHERE conrelid IN "
-                "('cyclone_runs'::regclass, 'cyclone_jobs'::regclass)"
+                "('cyclone_runs'::regclass, 'cyclone_jobs'::regclass, "
+                "'cyclone_schedules'::regclass, 'cyclone_signals'::regclass)"
             )
         ).scalars()
     )
@@ -120,6 +126,13 @@ def test_constraint_names_follow_the_naming_convention(conn: sa.Connection) -> N
         "ck_cyclone_jobs_attempt",
         "ck_cyclone_jobs_lost",
         "ck_cyclone_jobs_run_or_standalone",
+        "pk_cyclone_schedules",
+        "ck_cyclone_schedules_cron_or_every",
+        "ck_cyclone_schedules_missed",
+        "ck_cyclone_schedules_max_catch_up",
+        "pk_cyclone_signals",
+        "fk_cyclone_signals_run_id_cyclone_runs",
+        "ck_cyclone_signals_sent",
     }
     assert names == metadata_constraint_names()
 

@@ -1,7 +1,7 @@
 """The trace context current at submit or enqueue, stored with the run or standalone job.
 
 Revision ID: cyclone_0007
-Revises: cyclone_0004
+Revises: cyclone_0006
 Create Date: 2026-12-03
 
 ``trace_context`` holds a W3C ``traceparent`` when ``cyclone.contrib.otel`` is instrumented
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "cyclone_0007"
-down_revision = "cyclone_0005"
+down_revision = "cyclone_0006"
 branch_labels = None
 depends_on = None
 

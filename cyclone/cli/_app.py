@@ -24,6 +24,7 @@ from cyclone.cli._db import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, BadI
 from cyclone.client import Client, JobDetail, RunDetail, StepStatus
 from cyclone.jobs import JobStatus
 from cyclone.runs import Run
+from cyclone.schedules import ScheduleStatus
 from cyclone.states import JobState, RunState
 from cyclone.worker import Worker
 from cyclone.workflow import StandaloneStep, Workflow
@@ -486,6 +487,36 @@ def _add_commands(group: click.Group) -> None:
         _invocation().client().cancel_job(job_id)
         click.echo(f"cancelled job {job_id}")
 
+    schedules = click.Group(
+        "schedules", help="List the schedules workers registered; pause and resume them."
+    )
+    group.add_command(schedules)
+
+    @_command(schedules, "list")
+    @_json_option
+    def schedules_list(as_json: bool) -> None:
+        """List the schedules registered by workers, by name, with their last and next tick."""
+        found = _invocation().client().list_schedules()
+        if as_json:
+            for schedule in found:
+                _output.json_line(_schedule_record(schedule))
+            return
+        _output.table(_SCHEDULE_COLUMNS, found, state=None)
+
+    @_command(schedules, "pause")
+    @click.argument("name", metavar="NAME")
+    def schedules_pause(name: str) -> None:
+        """Stop firing schedule NAME; the ticks that fall while it is paused never fire."""
+        _invocation().client().pause_schedule(name)
+        click.echo(f"paused schedule {name}")
+
+    @_command(schedules, "resume")
+    @click.argument("name", metavar="NAME")
+    def schedules_resume(name: str) -> None:
+        """Fire schedule NAME again, from its next tick on."""
+        _invocation().client().resume_schedule(name)
+        click.echo(f"resumed schedule {name}")
+
     @_command(group, "dashboard")
     @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
     @click.option("--port", type=click.IntRange(0, 65535), default=8421, show_default=True)
@@ -717,6 +748,40 @@ _JOB_COLUMNS: list[_output.Column] = [
 ]
 
 _JOB_STATES = [s.value for s in JobState]
+
+
+def _schedule_record(schedule: ScheduleStatus) -> dict[str, Any]:
+    return {
+        "name": schedule.name,
+        "workflow": schedule.workflow,
+        "cron": schedule.cron,
+        "every": schedule.every,
+        "timezone": schedule.timezone,
+        "missed": schedule.missed,
+        "max_catch_up": schedule.max_catch_up,
+        "paused": schedule.paused,
+        "last_tick": schedule.last_tick,
+        "next_tick": schedule.next_tick,
+        "updated_at": schedule.updated_at,
+    }
+
+
+def _when_fired(schedule: ScheduleStatus) -> str:
+    if schedule.cron is not None:
+        return f"cron {schedule.cron}"
+    return f"every {_output.duration(schedule.every)}"
+
+
+_SCHEDULE_COLUMNS: list[_output.Column] = [
+    ("NAME", lambda s: s.name),
+    ("WORKFLOW", lambda s: s.workflow),
+    ("SCHEDULE", _when_fired),
+    ("TIMEZONE", lambda s: s.timezone),
+    ("MISSED", lambda s: s.missed),
+    ("PAUSED", lambda s: "yes" if s.paused else "no"),
+    ("LAST TICK (UTC)", lambda s: _output.when(s.last_tick)),
+    ("NEXT TICK (UTC)", lambda s: _output.when(s.next_tick)),
+]
 
 cli: click.Group = build_cli()
 

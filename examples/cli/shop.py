@@ -1,8 +1,9 @@
 """The shop that docs/operations.md and the README's terminal session operate with ``cyclone``.
 
-``cyclone worker shop`` runs what this module defines; ``python shop.py`` submits three
-checkouts (the third one's charge fails) and enqueues two emails (the second one a day
-ahead, so it is still waiting when the session cancels it).
+``cyclone worker shop`` runs what this module defines (and registers the daily
+``restock`` schedule); ``python shop.py`` submits three checkouts (the third one's charge
+fails) and enqueues two emails (the second one a day ahead, so it is still waiting when
+the session cancels it).
 """
 
 from __future__ import annotations
@@ -33,6 +34,17 @@ def charge(ctx: cyclone.StepContext, order: dict[str, Any]) -> int:
 @checkout.result(after=[charge])
 def confirm(ctx: cyclone.StepContext, order: dict[str, Any]) -> str:
     return f"order {order['id']} paid {ctx.output(charge)} cents"
+
+
+restock = cyclone.Workflow("restock")
+
+
+@restock.step()
+def count_stock(ctx: cyclone.StepContext, store: dict[str, str]) -> str:
+    return f"counted {store['name']}"
+
+
+restock.schedule("restock", every=timedelta(days=1), input={"name": "main"})
 
 
 @cyclone.step("send_email", queue="mail")

@@ -185,7 +185,9 @@ class EmptiesCycloneTables(TransactionTestCase):
             if connections[alias].settings_dict["TEST"].get("MIRROR"):
                 continue
             with connections[alias].cursor() as cursor:
-                cursor.execute("TRUNCATE cyclone_jobs, cyclone_runs")
+                cursor.execute(
+                    "TRUNCATE cyclone_signals, cyclone_jobs, cyclone_runs, cyclone_schedules"
+                )
         super().tearDown()
 
 

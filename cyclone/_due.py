@@ -1,0 +1,51 @@
+"""When the next job a worker serves falls due: what an idle worker sleeps until.
+
+A job scheduled for later (``run_at=``, ``delay=``, a retry's backoff) is available but
+not yet due. An idle worker that found nothing to claim reads when the earliest such job
+of its scope falls due and sleeps until then (never longer than its poll interval), so it
+neither polls in a busy loop nor starts the job late. The statement reads the claim
+indexes' ranges of the workflows and kinds the worker serves.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from sqlalchemy import Float, and_, extract, false, func, or_, select, true
+
+from cyclone import _fastpath
+from cyclone._claim import Scope
+from cyclone._fastpath import const
+from cyclone.schema import jobs
+from cyclone.states import JobState
+
+
+def _one_of(column: Any, values: tuple[str, ...]) -> Any:
+    return column.in_([const(v) for v in values]) if values else false()
+
+
+def next_due_stmt(scope: Scope) -> Any:
+    """Seconds from now until the earliest not-yet-due available job of ``scope``, or NULL."""
+    served = or_(
+        _one_of(jobs.c.workflow, scope.workflows),
+        and_(jobs.c.workflow.is_(None), _one_of(jobs.c.kind, scope.kinds)),
+    )
+    return select(extract("epoch", func.min(jobs.c.scheduled_at) - func.now()).cast(Float)).where(
+        jobs.c.state == const(JobState.AVAILABLE.value),
+        served,
+        true() if scope.queues is None else _one_of(jobs.c.queue, scope.queues),
+        jobs.c.scheduled_at > func.now(),
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(scope: Scope) -> _fastpath.Compiled:
+    return _fastpath.Compiled(next_due_stmt(scope))
+
+
+def seconds_until_next_due(conn: _fastpath.Executor, scope: Scope) -> float | None:
+    """Seconds until the earliest scheduled job of ``scope`` falls due, or None if none is."""
+    rows = conn.execute(_compiled(scope), {})
+    value = rows[0][0] if rows else None
+    return None if value is None else max(0.0, float(value))

@@ -1,0 +1,355 @@
+"""Schedules: a workflow submitted on a cron expression or a fixed interval, once per tick.
+
+``wf.schedule(...)`` defines one (no database contact). A Worker serving the workflow
+registers it in ``cyclone_schedules`` when :meth:`~cyclone.Worker.run` starts and fires
+its ticks: each tick is ``wf.submit_once(bind, f"schedule:{name}:{tick}", input)``, with
+the tick in UTC ISO 8601, so any number of workers and hosts firing the same tick make
+one run. A worker fires a tick inside the transaction that moves the schedule's
+``last_tick`` past it, holding the schedule row's lock (others skip the row meanwhile):
+a tick is fired once, and a crash before the commit leaves it to the next worker.
+Ticks missed while no worker ran are fired by policy: ``"latest"`` fires only the most
+recent one, ``"catch_up"`` the most recent ``max_catch_up`` of them. Ticks that fall
+while a schedule is paused are never fired.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection, Engine, bindparam, func, select, update
+from sqlalchemy.dialects.postgresql import insert
+
+from cyclone import _keys, _ticks, errors
+from cyclone.schema import MISSED_POLICIES, schedules
+
+if TYPE_CHECKING:
+    from cyclone.workflow import Workflow
+
+log = logging.getLogger("cyclone.schedules")
+
+DEFAULT_MAX_CATCH_UP = 10
+MAX_SLEEP = 60.0
+"""A scheduler re-reads its schedules at least this often (seconds), paused or not."""
+LOCKED_RETRY = 0.2
+"""Seconds before looking again at a schedule another worker is firing."""
+WAKE_SLACK = 0.005
+
+
+class Schedule:
+    """A schedule of one workflow, as defined in code by ``wf.schedule(...)``."""
+
+    def __init__(
+        self,
+        workflow: Workflow[Any],
+        name: str,
+        *,
+        cron: str | None,
+        every: timedelta | None,
+        input: Any,
+        timezone: str,
+        missed: str,
+        max_catch_up: int,
+    ) -> None:
+        where = f"schedule {name!r} of workflow {getattr(workflow, 'name', '?')!r}"
+        if not isinstance(name, str) or not name or ":" in name:
+            raise errors.DefinitionError(f"{where}: a schedule name is a non-empty str without ':'")
+        try:
+            _keys.check_key(_ticks.key(name, datetime(2000, 1, 1, tzinfo=UTC)))
+        except errors.InvalidKeyError as exc:
+            raise errors.DefinitionError(
+                f"{where}: its tick keys break the key rules: {exc}"
+            ) from None
+        if missed not in MISSED_POLICIES:
+            raise errors.DefinitionError(f"{where}: missed= is 'latest' or 'catch_up'")
+        if not isinstance(max_catch_up, int) or isinstance(max_catch_up, bool) or max_catch_up < 1:
+            raise errors.DefinitionError(f"{where}: max_catch_up= must be an int >= 1")
+        self.spec = _ticks.Spec(cron=cron, every=every, timezone=timezone)
+        _ticks.check(self.spec, where)
+        if not callable(input):
+            workflow._encode_input(input)  # an input that cannot be encoded fails here
+        self.workflow = workflow
+        self.name = name
+        self.input = input
+        self.missed = missed
+        self.max_catch_up = max_catch_up
+
+    def __repr__(self) -> str:
+        what = f"cron={self.spec.cron!r}" if self.spec.cron else f"every={self.spec.every!r}"
+        return f"<Schedule {self.name!r} of {self.workflow.name!r} {what}>"
+
+    @property
+    def cron(self) -> str | None:
+        return self.spec.cron
+
+    @property
+    def every(self) -> timedelta | None:
+        return self.spec.every
+
+    @property
+    def timezone(self) -> str:
+        return self.spec.timezone
+
+    def key(self, tick: datetime) -> str:
+        """The submit key of ``tick``: ``schedule:<name>:<tick in UTC ISO 8601>``."""
+        return _ticks.key(self.name, tick)
+
+    def input_for(self, tick: datetime) -> Any:
+        """The input of the run of ``tick``: the fixed input, or ``input(tick)`` (aware, local)."""
+        if callable(self.input):
+            return self.input(tick.astimezone(self.spec.zone))
+        return self.input
+
+    def due(self, last_tick: datetime, now: datetime) -> list[datetime]:
+        """The ticks to fire now, oldest first, after ``last_tick`` and up to ``now``."""
+        count = 1 if self.missed == "latest" else self.max_catch_up
+        return _ticks.latest(self.spec, last_tick, now, count)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleStatus:
+    """A schedule as stored in ``cyclone_schedules``."""
+
+    name: str
+    workflow: str
+    cron: str | None
+    every: timedelta | None
+    timezone: str
+    missed: str
+    max_catch_up: int
+    paused: bool
+    last_tick: datetime
+    next_tick: datetime | None
+    """The next tick to fire (None while paused, or when the cron extra is missing)."""
+    updated_at: datetime
+
+
+# -- statements ------------------------------------------------------------------------
+
+
+def upsert_stmt(rows: Sequence[Schedule]) -> Any:
+    """Register schedules: a new one starts at now (no past ticks), a known one keeps its
+    ``last_tick`` and ``paused`` and takes the definition given."""
+    stmt = insert(schedules).values(
+        [
+            {
+                "name": s.name,
+                "workflow": s.workflow.name,
+                "cron": s.spec.cron,
+                "every": s.spec.every,
+                "timezone": s.spec.timezone,
+                "missed": s.missed,
+                "max_catch_up": s.max_catch_up,
+                "last_tick": func.now(),
+            }
+            for s in rows
+        ]
+    )
+    changed = ("workflow", "cron", "every", "timezone", "missed", "max_catch_up")
+    excluded = stmt.excluded
+    return stmt.on_conflict_do_update(
+        index_elements=[schedules.c.name],
+        set_={**{c: excluded[c] for c in changed}, "updated_at": func.now()},
+        where=func.row(*(schedules.c[c] for c in changed)).is_distinct_from(
+            func.row(*(excluded[c] for c in changed))
+        ),
+    )
+
+
+_LOCK = (
+    select(schedules.c.paused, schedules.c.last_tick, func.now())
+    .where(schedules.c.name == bindparam("schedule"))
+    .with_for_update(skip_locked=True)
+)
+_EXISTS = select(schedules.c.name).where(schedules.c.name == bindparam("schedule"))
+_ADVANCE = (
+    update(schedules)
+    .where(schedules.c.name == bindparam("schedule"))
+    .values(last_tick=bindparam("tick", type_=schedules.c.last_tick.type))
+)
+_STATUS_COLUMNS = (
+    schedules.c.name,
+    schedules.c.workflow,
+    schedules.c.cron,
+    schedules.c.every,
+    schedules.c.timezone,
+    schedules.c.missed,
+    schedules.c.max_catch_up,
+    schedules.c.paused,
+    schedules.c.last_tick,
+    schedules.c.updated_at,
+)
+_LIST = select(*_STATUS_COLUMNS, func.now()).order_by(schedules.c.name)
+_PAUSE = (
+    update(schedules)
+    .where(schedules.c.name == bindparam("schedule"))
+    .values(paused=True, updated_at=func.now())
+    .returning(schedules.c.name)
+)
+_RESUME = (
+    update(schedules)
+    .where(schedules.c.name == bindparam("schedule"))
+    .values(
+        paused=False,
+        last_tick=func.greatest(schedules.c.last_tick, func.now()),
+        updated_at=func.now(),
+    )
+    .returning(schedules.c.name)
+)
+
+
+# -- operations ------------------------------------------------------------------------
+
+
+def register(engine: Engine, defined: Sequence[Schedule]) -> None:
+    """Insert or update the rows of ``defined``; one statement."""
+    if defined:
+        with engine.begin() as conn:
+            conn.execute(upsert_stmt(sorted(defined, key=lambda s: s.name)))
+
+
+def _status(row: Any) -> ScheduleStatus:
+    spec = _ticks.Spec(cron=row[2], every=row[3], timezone=row[4])
+    now: datetime = row[10]
+    next_tick = None
+    if not row[7]:
+        try:
+            next_tick = _ticks.following(spec, max(row[8], now))
+        except Exception:  # cron extra missing, or a zone this host does not know
+            next_tick = None
+    return ScheduleStatus(
+        name=row[0],
+        workflow=row[1],
+        cron=row[2],
+        every=row[3],
+        timezone=row[4],
+        missed=row[5],
+        max_catch_up=row[6],
+        paused=row[7],
+        last_tick=row[8],
+        next_tick=next_tick,
+        updated_at=row[9],
+    )
+
+
+def list_all(engine: Engine) -> list[ScheduleStatus]:
+    """Every registered schedule, by name; one statement."""
+    with engine.connect() as conn:
+        return [_status(row) for row in conn.execute(_LIST)]
+
+
+def set_paused(engine: Engine, name: str, paused: bool) -> None:
+    """Pause or resume ``name``; resuming skips the ticks that fell while it was paused.
+
+    Raises:
+        NotFoundError: no schedule of that name is registered.
+    """
+    with engine.begin() as conn:
+        found = conn.execute(_PAUSE if paused else _RESUME, {"schedule": name}).first()
+    if found is None:
+        raise errors.NotFoundError(f"no schedule named {name!r} is registered")
+
+
+@dataclass(frozen=True, slots=True)
+class Fired:
+    """What one look at a schedule did: the ticks fired and when to look again (seconds)."""
+
+    ticks: tuple[datetime, ...]
+    wait: float
+
+
+def fire(conn: Connection, schedule: Schedule) -> Fired:
+    """Fire the due ticks of ``schedule`` in the caller's transaction (one schedule row lock).
+
+    Statements: the row's ``SELECT ... FOR UPDATE SKIP LOCKED`` (with the database's
+    now()); when ticks are due, one ``submit_once_tx`` per tick and the ``UPDATE`` of
+    ``last_tick``. A locked row (another worker is firing it) is looked at again
+    shortly; a missing one (deleted by hand) is registered again.
+    """
+    row = conn.execute(_LOCK, {"schedule": schedule.name}).first()
+    if row is None:
+        if conn.execute(_EXISTS, {"schedule": schedule.name}).first() is None:
+            conn.execute(upsert_stmt([schedule]))  # deleted by hand: register it again
+            return Fired((), 0.0)
+        return Fired((), LOCKED_RETRY)
+    paused, last_tick, now = row
+    if paused:
+        return Fired((), MAX_SLEEP)
+    ticks = schedule.due(last_tick, now)
+    for tick in ticks:
+        try:
+            schedule.workflow.submit_once_tx(conn, schedule.key(tick), schedule.input_for(tick))
+        except errors.SubmitConflictError as exc:
+            # The tick's key already has a run with another input (submitted by hand, or
+            # by an earlier definition): that run stands for the tick.
+            log.warning("schedule %s: tick %s kept its existing run: %s", schedule.name, tick, exc)
+    if ticks:
+        conn.execute(_ADVANCE, {"schedule": schedule.name, "tick": ticks[-1]})
+    following = _ticks.following(schedule.spec, max(last_tick, now, *ticks))
+    wait = MAX_SLEEP if following is None else (following - now).total_seconds() + WAKE_SLACK
+    return Fired(tuple(ticks), max(0.0, min(wait, MAX_SLEEP)))
+
+
+def fire_all(engine: Engine, defined: Iterable[Schedule]) -> float:
+    """Fire every schedule's due ticks, one transaction each; seconds until a tick is next due."""
+    wait = MAX_SLEEP
+    for schedule in sorted(defined, key=lambda s: s.name):
+        try:
+            with engine.begin() as conn:
+                fired = fire(conn, schedule)
+        except Exception:
+            log.exception("schedule %s could not fire; will try again", schedule.name)
+            wait = min(wait, 1.0)
+            continue
+        if fired.ticks:
+            log.info("schedule %s fired %d ticks", schedule.name, len(fired.ticks))
+        wait = min(wait, fired.wait)
+    return wait
+
+
+class Scheduler:
+    """A worker's thread that registers its workflows' schedules and fires their ticks."""
+
+    def __init__(self, engine: Engine, defined: Sequence[Schedule], stop: threading.Event):
+        self.engine = engine
+        self.defined = list(defined)
+        self._stop = stop
+        self._thread = threading.Thread(target=self._loop, name="cyclone-scheduler", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        registered = False
+        while not self._stop.is_set():
+            wait = 1.0
+            try:
+                if not registered:
+                    register(self.engine, self.defined)
+                    registered = True
+                wait = fire_all(self.engine, self.defined)
+            except Exception:
+                log.exception("scheduler could not register its schedules; will try again")
+            self._stop.wait(wait)
+
+
+def collect(workflows: Iterable[Workflow[Any]]) -> list[Schedule]:
+    """The schedules of ``workflows``; a name used by two of them is a DefinitionError."""
+    found: dict[str, Schedule] = {}
+    for wf in workflows:
+        for schedule in wf.schedules.values():
+            other = found.get(schedule.name)
+            if other is not None and other is not schedule:
+                raise errors.DefinitionError(
+                    f"schedule {schedule.name!r} is defined by workflows {other.workflow.name!r} "
+                    f"and {wf.name!r}; schedule names are global"
+                )
+            found[schedule.name] = schedule
+    return list(found.values())

@@ -1,0 +1,329 @@
+"""Schedules in the database: registration, firing once per tick, missed-tick policies,
+pause and resume, crashes, and four worker processes firing one schedule."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import cyclone
+from cyclone import schedules as sched
+from cyclone.schema import runs, schedules
+from tests.conftest import wait_until
+from tests.support.workers import REPO, Background, stop_all
+
+
+def workflow(name: str) -> cyclone.Workflow[Any]:
+    wf: cyclone.Workflow[Any] = cyclone.Workflow(name)
+
+    @wf.step()
+    def noop(ctx: cyclone.StepContext, value: Any) -> None:
+        return None
+
+    return wf
+
+
+def runs_of(engine: sa.Engine, name: str) -> dict[str, Any]:
+    """The key and input of each run of workflow ``name``."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(runs.c.submit_key, runs.c.input).where(runs.c.workflow == name)
+        ).all()
+    return {key: value for key, value in rows}
+
+
+def ticks_of(engine: sa.Engine, name: str) -> list[datetime]:
+    prefix = f"schedule:{name}:"
+    keys = [key for key in runs_of(engine, name) if key and key.startswith(prefix)]
+    return sorted(datetime.fromisoformat(key[len(prefix) :]) for key in keys)
+
+
+def set_last_tick(engine: sa.Engine, name: str, ago: timedelta) -> None:
+    """Move the schedule's last fired tick back, as if no worker had run for ``ago``."""
+    with engine.begin() as conn:
+        conn.execute(
+            schedules.update().where(schedules.c.name == name).values(last_tick=sa.func.now() - ago)
+        )
+
+
+def fire(engine: sa.Engine, schedule: cyclone.Schedule) -> sched.Fired:
+    with engine.begin() as conn:
+        return sched.fire(conn, schedule)
+
+
+def status(engine: sa.Engine, name: str) -> cyclone.ScheduleStatus:
+    (found,) = [s for s in cyclone.Client(engine).list_schedules() if s.name == name]
+    return found
+
+
+@pytest.fixture
+def cleanup(engine: sa.Engine) -> Iterator[list[str]]:
+    names: list[str] = []
+    yield names
+    with engine.begin() as conn:
+        conn.execute(schedules.delete().where(schedules.c.name.in_(names)))
+
+
+def hourly(engine: sa.Engine, name: str, cleanup: list[str], **options: Any) -> cyclone.Schedule:
+    wf = workflow(name)
+    schedule = wf.schedule(name, every=timedelta(hours=1), input={"n": 1}, **options)
+    sched.register(engine, [schedule])
+    cleanup.append(name)
+    return schedule
+
+
+def test_registering_keeps_the_definition_and_starts_at_now(
+    engine: sa.Engine, name: str, cleanup: list[str]
+) -> None:
+    wf = workflow(name)
+    wf.schedule(name, cron="0 3 * * *", timezone="Europe/Berlin", input={}, missed="catch_up")
+    cleanup.append(name)
+    sched.register(engine, list(wf.schedules.values()))
+    found = status(engine, name)
+    assert (found.workflow, found.cron, found.every, found.timezone) == (
+        name,
+        "0 3 * * *",
+        None,
+        "Europe/Berlin",
+    )
+    assert (found.missed, found.max_catch_up, found.paused) == ("catch_up", 10, False)
+    assert abs(found.last_tick - datetime.now(UTC)) < timedelta(minutes=1)
+    assert found.next_tick is not None
+    assert found.next_tick.astimezone(UTC).hour in (1, 2)
+    # A new registration (a redeploy) updates the definition and keeps the last tick.
+    wf2 = workflow(name)
+    wf2.schedule(name, every=timedelta(minutes=5), input={})
+    sched.register(engine, list(wf2.schedules.values()))
+    again = status(engine, name)
+    assert (again.cron, again.every, again.last_tick) == (
+        None,
+        timedelta(minutes=5),
+        found.last_tick,
+    )
+
+
+def test_a_new_schedule_fires_no_tick_from_before_it_was_registered(
+    engine: sa.Engine, name: str, cleanup: list[str]
+) -> None:
+    schedule = hourly(engine, name, cleanup, missed="catch_up")
+    assert fire(engine, schedule).ticks == ()
+    assert runs_of(engine, name) == {}
+
+
+def test_catch_up_fires_the_most_recent_missed_ticks_up_to_the_limit(
+    engine: sa.Engine, name: str, cleanup: list[str]
+) -> None:
+    schedule = hourly(engine, name, cleanup, missed="catch_up", max_catch_up=3)
+    set_last_tick(engine, name, timedelta(hours=10))
+    fired = fire(engine, schedule)
+    assert len(fired.ticks) == 3
+    assert ticks_of(engine, name) == list(fired.ticks)
+    assert [b - a for a, b in zip(fired.ticks, fired.ticks[1:], strict=False)] == [
+        timedelta(hours=1)
+    ] * 2
+    assert datetime.now(UTC) - fired.ticks[-1] < timedelta(hours=1)
+    assert status(engine, name).last_tick == fired.ticks[-1]
+    assert runs_of(engine, name)[schedule.key(fired.ticks[0])] == {"n": 1}
+
+
+def test_latest_fires_only_the_most_recent_missed_tick(
+    engine: sa.Engine, name: str, cleanup: list[str]
+) -> None:
+    schedule = hourly(engine, name, cleanup)
+    set_last_tick(engine, name, timedelta(hours=10))
+    (tick,) = fire(engine, schedule).ticks
+    assert ticks_of(engine, name) == [tick]
+    assert datetime.now(UTC) - tick < timedelta(hours=1)
+
+
+def test_a_fired_tick_is_not_fired_again(engine: sa.Engine, name: str, cleanup: list[str]) -> None:
+    schedule = hourly(engine, name, cleanup, missed="catch_up")
+    set_last_tick(engine, name, timedelta(hours=3))
+    assert len(fire(engine, schedule).ticks) == 3
+    again = fire(engine, schedule)
+    assert again.ticks == ()
+    assert 0 < again.wait <= sched.MAX_SLEEP
+    assert len(ticks_of(engine, name)) == 3
+
+
+def test_a_crash_before_the_commit_leaves_the_ticks_to_fire_again(
+    engine: sa.Engine, name: str, cleanup: list[str]
+) -> None:
+    schedule = hourly(engine, name, cleanup, missed="catch_up")
+    set_last_tick(engine, name, timedelta(hours=2))
+    before = status(engine, name).last_tick
+    with engine.connect() as conn:
+        tx = conn.begin()
+        assert len(sched.fire(conn, schedule).ticks) == 2
+        tx.rollback()  # the worker died before committing
+    assert runs_of(engine, name) == {}
+    assert status(engine, name).last_tick == before
+    assert len(fire(engine, schedule).ticks) == 2
+    assert len(ticks_of(engine, name)) == 2
+
+
+def test_a_schedule_being_fired_elsewhere_is_skipped_not_waited_for(
+    engine: sa.Engine, name: str, cleanup: list[str]
+) -> None:
+    schedule = hourly(engine, name, cleanup, missed="catch_up")
+    set_last_tick(engine, name, timedelta(hours=1))
+    with engine.connect() as first:
+        tx = first.begin()
+        (tick,) = sched.fire(first, schedule).ticks
+        other = fire(engine, schedule)
+        assert other.ticks == ()
+        assert other.wait == sched.LOCKED_RETRY
+        tx.commit()
+    assert fire(engine, schedule).ticks == ()
+    assert ticks_of(engine, name) == [tick]
+
+
+def test_a_tick_whose_key_has_a_run_already_keeps_that_run(
+    engine: sa.Engine, name: str, cleanup: list[str]
+) -> None:
+    schedule = hourly(engine, name, cleanup)
+    set_last_tick(engine, name, timedelta(hours=1))
+    tick = sched._ticks.latest(
+        schedule.spec, datetime.now(UTC) - timedelta(hours=1), datetime.now(UTC), 1
+    )[0]
+    manual, _ = schedule.workflow.submit_once(engine, schedule.key(tick), {"n": 2})
+    assert fire(engine, schedule).ticks == (tick,)
+    assert schedule.workflow.get_run(engine, schedule.key(tick)) == manual
+    assert status(engine, name).last_tick == tick
+
+
+def test_pause_stops_firing_and_resume_skips_the_paused_ticks(
+    engine: sa.Engine, name: str, cleanup: list[str]
+) -> None:
+    client = cyclone.Client(engine)
+    schedule = hourly(engine, name, cleanup, missed="catch_up")
+    client.pause_schedule(name)
+    assert status(engine, name).paused
+    assert status(engine, name).next_tick is None
+    set_last_tick(engine, name, timedelta(hours=5))
+    assert fire(engine, schedule).ticks == ()
+    client.resume_schedule(name)
+    resumed = status(engine, name)
+    assert not resumed.paused
+    assert abs(resumed.last_tick - datetime.now(UTC)) < timedelta(minutes=1)
+    assert fire(engine, schedule).ticks == ()  # the five paused hours are not caught up
+    assert runs_of(engine, name) == {}
+    set_last_tick(engine, name, timedelta(hours=1))
+    assert len(fire(engine, schedule).ticks) == 1
+
+
+def test_pausing_an_unknown_schedule_raises_not_found(engine: sa.Engine, name: str) -> None:
+    client = cyclone.Client(engine)
+    with pytest.raises(cyclone.NotFoundError):
+        client.pause_schedule(name)
+    with pytest.raises(cyclone.NotFoundError):
+        client.resume_schedule(name)
+
+
+def test_a_running_worker_registers_and_fires_its_schedules(
+    engine: sa.Engine, name: str, cleanup: list[str]
+) -> None:
+    wf = workflow(name)
+    wf.schedule(name, every=timedelta(seconds=1), input=lambda tick: {"at": tick.isoformat()})
+    cleanup.append(name)
+    worker = cyclone.Worker(engine, workflows=[wf], poll_interval=1, sweep=False)
+    assert worker.drain() == 0  # a drain neither registers nor fires
+    assert [s for s in cyclone.Client(engine).list_schedules() if s.name == name] == []
+    serving = Background(worker.run)
+    try:
+        wait_until(lambda: len(ticks_of(engine, name)) >= 3, timeout=30)
+        first = wf.get_run(
+            engine, f"schedule:{name}:{ticks_of(engine, name)[0]:%Y-%m-%dT%H:%M:%SZ}"
+        )
+        assert first is not None
+        assert first.wait(timeout=30).state == cyclone.RunState.COMPLETED
+    finally:
+        worker.stop()
+        serving.join(30)
+    ticks = ticks_of(engine, name)
+    assert ticks == [ticks[0] + timedelta(seconds=i) for i in range(len(ticks))]
+    inputs = runs_of(engine, name)
+    assert all(
+        inputs[f"schedule:{name}:{t:%Y-%m-%dT%H:%M:%SZ}"] == {"at": t.isoformat()} for t in ticks
+    )
+
+
+# -- many processes ------------------------------------------------------------------
+
+
+def spawn(mode: str, name: str, directory: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.support.schedule_proc", mode, name, str(directory)],
+        cwd=REPO,
+        env=dict(os.environ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def assert_one_run_per_tick(engine: sa.Engine, name: str, at_least: int) -> None:
+    ticks = ticks_of(engine, name)
+    assert len(ticks) >= at_least
+    assert ticks == [ticks[0] + timedelta(seconds=i) for i in range(len(ticks))], ticks
+    inputs = runs_of(engine, name)
+    assert len(inputs) == len(ticks)
+    for tick in ticks:
+        assert datetime.fromisoformat(inputs[sched._ticks.key(name, tick)]["tick"]) == tick
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(180)
+def test_four_worker_processes_make_one_run_per_tick(
+    engine: sa.Engine, name: str, cleanup: list[str], tmp_path: Path
+) -> None:
+    cleanup.append(name)
+    procs = [spawn("serve", name, tmp_path) for _ in range(4)]
+    try:
+        wait_until(lambda: len(ticks_of(engine, name)) >= 20, timeout=90, interval=0.2)
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.communicate(timeout=30)
+            assert proc.returncode == 0
+    finally:
+        stop_all(procs)
+    assert_one_run_per_tick(engine, name, 20)
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(180)
+def test_a_worker_killed_while_firing_a_tick_loses_and_repeats_no_tick(
+    engine: sa.Engine, name: str, cleanup: list[str], tmp_path: Path
+) -> None:
+    cleanup.append(name)
+    procs = [spawn("serve", name, tmp_path) for _ in range(3)]
+    try:
+        wait_until(lambda: len(ticks_of(engine, name)) >= 5, timeout=90, interval=0.2)
+        victim = spawn("victim", name, tmp_path)
+        procs.append(victim)
+        # The victim blocks inside its firing transaction, holding the schedule row.
+        wait_until(lambda: (tmp_path / "victim").exists(), timeout=90, interval=0.05)
+        victim.send_signal(signal.SIGKILL)
+        victim.communicate(timeout=30)
+        fired = len(ticks_of(engine, name))
+        wait_until(
+            lambda: len(ticks_of(engine, name)) >= max(20, fired + 8), timeout=90, interval=0.2
+        )
+        for proc in procs[:3]:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs[:3]:
+            proc.communicate(timeout=30)
+            assert proc.returncode == 0
+    finally:
+        stop_all(procs)
+    assert_one_run_per_tick(engine, name, 20)

@@ -1,0 +1,382 @@
+"""Wait nodes and signals: ``@wf.wait``, ``wf.signal``, ``wf.signal_tx`` and ``run.signal``."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import msgspec
+import pytest
+import sqlalchemy as sa
+
+import cyclone
+from cyclone import _claim, _fastpath, _rescue, _waits
+from cyclone.schema import jobs, signals
+from tests.conftest import StatementCounter, wait_until
+from tests.support.workers import Background
+
+
+class Order(msgspec.Struct):
+    id: int
+    amount: int
+
+
+class Payment(msgspec.Struct):
+    ref: str
+    amount: int
+
+
+def checkout(name: str, *, timeout: timedelta | None = None) -> cyclone.ResultWorkflow[Order, str]:
+    """reserve -> wait for "paid" -> ship (the result); each node records what it saw."""
+    wf: cyclone.ResultWorkflow[Order, str] = cyclone.ResultWorkflow(name, input=Order, output=str)
+
+    @wf.step()
+    def reserve(ctx: cyclone.StepContext, order: Order) -> int:
+        return order.id
+
+    @wf.wait("paid", after=[reserve], timeout=timeout)
+    def paid(ctx: cyclone.StepContext, payment: Payment) -> Payment:
+        assert isinstance(payment, Payment)
+        return payment
+
+    @wf.result(after=[reserve, paid])
+    def ship(ctx: cyclone.StepContext, order: Order) -> str:
+        payment = ctx.output(paid)
+        return f"order {ctx.output(reserve)} paid by {payment.ref} ({payment.amount})"
+
+    return wf
+
+
+def node_row(engine: sa.Engine, run_id: Any, kind: str = "paid") -> tuple[str, int, Any]:
+    with engine.connect() as conn:
+        state, attempt, errors = conn.execute(
+            sa.select(jobs.c.state, jobs.c.attempt, jobs.c.errors).where(
+                jobs.c.run_id == run_id, jobs.c.kind == kind
+            )
+        ).one()
+    return state, attempt, errors
+
+
+def stored_signals(engine: sa.Engine, run_id: Any) -> dict[str, Any]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(signals.c.name, signals.c.payload).where(signals.c.run_id == run_id)
+        ).all()
+    return {name: payload for name, payload in rows}
+
+
+def test_a_signal_after_the_node_is_reached_completes_the_run(engine: sa.Engine, name: str) -> None:
+    wf = checkout(name)
+    worker = cyclone.Worker(engine, workflows=[wf])
+    run, _ = wf.submit_once(engine, "order-1", Order(1, 30))
+    # reserve ran; the wait node was reached and parked, which is no attempt: not counted
+    assert worker.drain() == 1
+    assert run.status().state == cyclone.RunState.RUNNING
+    state, attempt, _ = node_row(engine, run.id)
+    # Parked until its signal: blocked with no upstream pending (outside the claim index),
+    # no attempt used, no worker held.
+    assert (state, attempt) == ("blocked", 0)
+    assert wf.signal(engine, "order-1", "paid", Payment("pay_9", 30)) is True
+    assert worker.drain() == 2
+    assert run.result(timeout=10) == "order 1 paid by pay_9 (30)"
+
+
+def test_a_signal_before_the_node_is_reached_is_kept_and_used(engine: sa.Engine, name: str) -> None:
+    wf = checkout(name)
+    run, _ = wf.submit_once(engine, "order-2", Order(2, 5))
+    assert wf.signal(engine, "order-2", "paid", Payment("early", 5)) is True
+    assert cyclone.Worker(engine, workflows=[wf]).drain() == 3
+    assert run.result(timeout=10) == "order 2 paid by early (5)"
+
+
+def test_the_same_signal_twice_with_the_same_payload_is_a_no_op(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = checkout(name)
+    run, _ = wf.submit_once(engine, "k", Order(3, 1))
+    assert wf.signal(engine, "k", "paid", {"ref": "a", "amount": 1}) is True
+    assert wf.signal(engine, "k", "paid", {"amount": 1, "ref": "a"}) is False
+    assert run.signal("paid", Payment("a", 1)) is False
+    cyclone.Worker(engine, workflows=[wf]).drain()
+    assert run.result(timeout=10) == "order 3 paid by a (1)"
+    # After the run finished, a repeat of the same signal is still a no-op.
+    assert wf.signal(engine, "k", "paid", Payment("a", 1)) is False
+
+
+def test_a_signal_with_another_payload_is_a_conflict_and_the_first_wins(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = checkout(name)
+    run, _ = wf.submit_once(engine, "k", Order(4, 1))
+    wf.signal(engine, "k", "paid", Payment("first", 1))
+    with pytest.raises(cyclone.SubmitConflictError, match="'paid'") as caught:
+        wf.signal(engine, "k", "paid", Payment("second", 1))
+    assert (caught.value.run_id, caught.value.key, caught.value.signal) == (run.id, "k", "paid")
+    cyclone.Worker(engine, workflows=[wf]).drain()
+    assert run.result(timeout=10) == "order 4 paid by first (1)"
+
+
+def test_signal_tx_rolled_back_sends_nothing(engine: sa.Engine, name: str) -> None:
+    wf = checkout(name)
+    run, _ = wf.submit_once(engine, "k", Order(5, 1))
+    worker = cyclone.Worker(engine, workflows=[wf])
+    worker.drain()
+    with engine.connect() as conn, conn.begin() as tx:
+        assert wf.signal_tx(conn, "k", "paid", Payment("rolled-back", 1)) is True
+        tx.rollback()
+    assert stored_signals(engine, run.id).get("paid") is None
+    assert worker.drain() == 0
+    assert run.status().state == cyclone.RunState.RUNNING
+    with engine.begin() as conn:
+        wf.signal_tx(conn, "k", "paid", Payment("committed", 1))
+    worker.drain()
+    assert run.result(timeout=10) == "order 5 paid by committed (1)"
+
+
+def test_a_conflict_in_signal_tx_does_not_abort_the_callers_transaction(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = checkout(name)
+    wf.submit_once(engine, "k", Order(6, 1))
+    wf.signal(engine, "k", "paid", Payment("a", 1))
+    with engine.begin() as conn:
+        with pytest.raises(cyclone.SubmitConflictError):
+            wf.signal_tx(conn, "k", "paid", Payment("b", 1))
+        assert conn.execute(sa.text("SELECT 1")).scalar() == 1
+
+
+def test_a_signal_to_an_unknown_run_raises_not_found(engine: sa.Engine, name: str) -> None:
+    wf = checkout(name)
+    with pytest.raises(cyclone.NotFoundError, match="no run"):
+        wf.signal(engine, "nobody", "paid", Payment("x", 1))
+
+
+def test_a_signal_no_node_waits_for_raises_not_found(engine: sa.Engine, name: str) -> None:
+    wf = checkout(name)
+    run, _ = wf.submit_once(engine, "k", Order(7, 1))
+    with pytest.raises(cyclone.NotFoundError, match="no wait node for 'refunded'"):
+        wf.signal(engine, "k", "refunded", {"x": 1})
+    with pytest.raises(cyclone.NotFoundError, match="no wait node"):
+        run.signal("refunded", {"x": 1})
+    assert stored_signals(engine, run.id) == {}
+
+
+def test_a_signal_to_a_finished_run_raises(engine: sa.Engine, name: str) -> None:
+    wf = checkout(name)
+    run, _ = wf.submit_once(engine, "k", Order(8, 1))
+    run.cancel()
+    with pytest.raises(cyclone.InvalidStateError, match="cancelled"):
+        wf.signal(engine, "k", "paid", Payment("late", 1))
+    assert stored_signals(engine, run.id) == {}
+
+
+def test_a_payload_that_does_not_match_the_declared_type_raises_before_sending(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = checkout(name)
+    run, _ = wf.submit_once(engine, "k", Order(9, 1))
+    with pytest.raises(cyclone.InputError):
+        wf.signal(engine, "k", "paid", {"ref": 1})
+    assert stored_signals(engine, run.id) == {}
+
+
+def test_a_timeout_fails_the_node_naming_the_signal(engine: sa.Engine, name: str) -> None:
+    wf = checkout(name, timeout=timedelta(milliseconds=500))
+    run, _ = wf.submit_once(engine, "k", Order(10, 1))
+    worker = cyclone.Worker(engine, workflows=[wf])
+    assert worker.drain() == 1  # reserve; the parked wait node is not counted
+    wait_until(lambda: worker.drain() >= 1, timeout=20, interval=0.1)
+    status = run.wait(timeout=10)
+    assert status.state == cyclone.RunState.FAILED
+    assert status.failed_step == "paid"
+    assert status.error is not None
+    assert status.error["message"] == "timed out waiting for 'paid'"
+    state, _, errors = node_row(engine, run.id)
+    assert state == "failed"
+    assert errors[-1]["type"] == "SignalTimeout"
+    with pytest.raises(cyclone.InvalidStateError):
+        wf.signal(engine, "k", "paid", Payment("too late", 1))
+
+
+def test_a_timed_out_node_retried_waits_again_for_its_signal(engine: sa.Engine, name: str) -> None:
+    wf = checkout(name, timeout=timedelta(milliseconds=300))
+    run, _ = wf.submit_once(engine, "k", Order(11, 1))
+    worker = cyclone.Worker(engine, workflows=[wf])
+    worker.drain()
+    wait_until(lambda: worker.drain() >= 1, timeout=20, interval=0.1)
+    assert run.wait(timeout=10).state == cyclone.RunState.FAILED
+    run.retry()
+    worker.drain()
+    assert node_row(engine, run.id)[0] == "available"  # parked again, a new timeout
+    wf.signal(engine, "k", "paid", Payment("retried", 1))
+    worker.drain()
+    assert run.result(timeout=10) == "order 11 paid by retried (1)"
+
+
+@pytest.fixture
+def serving(engine: sa.Engine) -> Iterator[Callable[[cyclone.Worker], Background]]:
+    started: list[tuple[cyclone.Worker, Background]] = []
+
+    def start(worker: cyclone.Worker) -> Background:
+        background = Background(worker.run, name=f"serving-{len(started)}")
+        started.append((worker, background))
+        return background
+
+    yield start
+    for worker, background in started:
+        worker.stop()
+        background.join(30)
+
+
+def test_a_waiting_run_survives_every_worker_stopping_and_completes_on_the_signal(
+    engine: sa.Engine, name: str, serving: Callable[[cyclone.Worker], Background]
+) -> None:
+    wf = checkout(name)
+    run, _ = wf.submit_once(engine, "k", Order(12, 2))
+    first = [cyclone.Worker(engine, workflows=[wf], poll_interval=60, sweep=False) for _ in "ab"]
+    running = [serving(w) for w in first]
+    wait_until(
+        lambda: (
+            node_row(engine, run.id)[0] == "blocked"
+            and node_row(engine, run.id, "reserve")[0] == "completed"
+        )
+    )
+    for worker, background in zip(first, running, strict=True):
+        worker.stop()
+        background.join(30)
+    # No worker runs now; the run waits in the database only.
+    with engine.connect() as conn:
+        held = conn.execute(
+            sa.select(sa.func.count()).where(jobs.c.run_id == run.id, jobs.c.state == "running")
+        ).scalar()
+    assert held == 0
+    serving(cyclone.Worker(engine, workflows=[wf], poll_interval=60, sweep=False))
+    wf.signal(engine, "k", "paid", Payment("after-restart", 2))
+    # The poll interval is a minute: the signal's NOTIFY wakes the worker.
+    assert run.result(timeout=30) == "order 12 paid by after-restart (2)"
+
+
+def test_a_signal_racing_a_worker_that_reaches_the_node_is_never_lost(
+    engine: sa.Engine, name: str
+) -> None:
+    """Rounds of a signal sent while a worker runs the upstream step and parks the node."""
+    for i in range(15):
+        wf = checkout(f"{name}_{i}")
+        run, _ = wf.submit_once(engine, "k", Order(i, 1))
+        worker = cyclone.Worker(engine, workflows=[wf])
+        sender = threading.Thread(target=wf.signal, args=(engine, "k", "paid", Payment("r", 1)))
+        sender.start()
+        worker.drain()
+        sender.join(10)
+        wait_until(lambda w=worker, r=run: w.drain() >= 0 and r.status().done, timeout=20)
+        assert run.result(timeout=10) == f"order {i} paid by r (1)"
+
+
+def test_definition_rules_of_wait_nodes() -> None:
+    wf: cyclone.Workflow[Any] = cyclone.Workflow("defs")
+
+    @wf.wait("paid")
+    def first(ctx: cyclone.StepContext, payment: dict[str, Any]) -> None: ...
+
+    with pytest.raises(cyclone.DefinitionError, match="one wait node per signal"):
+
+        @wf.wait("paid")
+        def second(ctx: cyclone.StepContext, payment: dict[str, Any]) -> None: ...
+
+    with pytest.raises(cyclone.DefinitionError, match="positive timedelta"):
+        wf.wait("other", timeout=timedelta(0))
+    with pytest.raises(cyclone.DefinitionError, match="non-empty"):
+        wf.wait("")
+    assert first.signal == "paid"
+    assert first.max_attempts == 1
+
+
+def test_output_declares_the_type_of_an_unannotated_wait_node(engine: sa.Engine, name: str) -> None:
+    wf: cyclone.ResultWorkflow[Any, int] = cyclone.ResultWorkflow(name, output=int)
+
+    @wf.wait("count", output=Payment)
+    def counted(ctx, payload):  # type: ignore[no-untyped-def]
+        return Payment(ref=payload["ref"], amount=payload["amount"] * 2)
+
+    @wf.result(after=[counted])
+    def total(ctx: cyclone.StepContext, value: Any) -> int:
+        payment = ctx.output(counted)
+        assert isinstance(payment, Payment)
+        return payment.amount
+
+    run = wf.submit(engine, None)
+    run.signal("count", {"ref": "r", "amount": 21})
+    cyclone.Worker(engine, workflows=[wf]).drain()
+    assert run.result(timeout=10) == 42
+
+
+def test_a_new_signal_is_three_statements_and_a_repeat_one(
+    engine: sa.Engine, name: str, statements: StatementCounter
+) -> None:
+    wf = checkout(name)
+    wf.submit_once(engine, "k", Order(13, 1))
+    statements.reset()
+    assert wf.signal(engine, "k", "paid", Payment("s", 1)) is True
+    assert statements.count == 3, statements.statements
+    statements.reset()
+    assert wf.signal(engine, "k", "paid", Payment("s", 1)) is False
+    assert statements.count == 1, statements.statements
+
+
+def test_a_park_presents_the_claims_lease_and_moves_it_on(engine: sa.Engine, name: str) -> None:
+    """Parking is guarded by the claim's lease, as every outcome is, and ends that lease.
+
+    The claim the job was handed back from (same worker, same attempt, older lease)
+    parks nothing; the current claim parks it as a hand-back does (attempt not counted,
+    lease moved on), so that claim's heartbeats no longer match the job.
+    """
+    wf: cyclone.Workflow[Any] = cyclone.Workflow(name)
+
+    @wf.wait("go")
+    def go(ctx: cyclone.StepContext, payload: Any) -> Any:
+        return payload
+
+    wf.submit(engine, None)
+    scope = _claim.Scope(queues=None, workflows=(name,), kinds=())
+    held = _fastpath.Held(engine)
+
+    def never_run(job: _claim.Claimed) -> Any:
+        raise AssertionError("a parked node's function ran")
+
+    def row() -> tuple[str, int, int, str | None]:
+        with engine.connect() as conn:
+            state, attempt, lease, worker_id = conn.execute(
+                sa.select(jobs.c.state, jobs.c.attempt, jobs.c.lease, jobs.c.worker_id).where(
+                    jobs.c.kind == "go"
+                )
+            ).one()
+        return state, attempt, lease, worker_id
+
+    try:
+        _, (stale,) = _claim.record_and_claim(
+            held, worker_id="w", successes=[], scope=scope, limit=1
+        )
+        with engine.begin() as conn:
+            assert _rescue.hand_back(conn, [(stale.id, stale.lease)]) == {stale.id}
+        _, (current,) = _claim.record_and_claim(
+            held, worker_id="w", successes=[], scope=scope, limit=1
+        )
+        assert (current.id, current.attempt) == (stale.id, stale.attempt)
+        assert current.lease > stale.lease
+        node = _waits.node_of({name: wf}, current)
+        assert node is not None
+
+        outcome = _waits.execute(engine, "w", stale, node, lambda n: 1.0, never_run)
+        assert isinstance(outcome, _waits.Parked)
+        assert row() == ("running", current.attempt, current.lease, "w")
+
+        outcome = _waits.execute(engine, "w", current, node, lambda n: 1.0, never_run)
+        assert isinstance(outcome, _waits.Parked)
+        assert row() == ("blocked", current.attempt - 1, current.lease + 1, None)
+        with engine.begin() as conn:
+            conn.execute(sa.update(jobs).where(jobs.c.id == current.id).values(state="running"))
+            assert _rescue.heartbeat(conn, [(current.id, current.lease)]) == set()
+    finally:
+        held.close()

@@ -1,0 +1,121 @@
+"""Durable sleep: ``@wf.sleep(duration)`` nodes start no earlier than ``duration`` after their
+upstreams completed (after the submit, for a root), holding no worker, across restarts."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import cyclone
+from cyclone.schema import jobs
+from tests.conftest import wait_until
+from tests.support.workers import Background
+
+
+def times(
+    engine: sa.Engine, run_id: Any
+) -> dict[str, tuple[str, datetime | None, datetime | None]]:
+    """Per step: state, when it was last started and when it finished."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(jobs.c.kind, jobs.c.state, jobs.c.attempted_at, jobs.c.finalized_at).where(
+                jobs.c.run_id == run_id
+            )
+        ).all()
+    return {kind: (state, started, finished) for kind, state, started, finished in rows}
+
+
+def remind(name: str, pause: timedelta) -> cyclone.Workflow[int]:
+    """signup -> (sleep pause) remind."""
+    wf: cyclone.Workflow[int] = cyclone.Workflow(name, input=int)
+
+    @wf.step()
+    def signup(ctx: cyclone.StepContext, user: int) -> int:
+        return user
+
+    @wf.sleep(pause, after=[signup])
+    def reminder(ctx: cyclone.StepContext, user: int) -> str:
+        return f"reminded {ctx.output(signup)}"
+
+    return wf
+
+
+def test_a_sleep_node_starts_no_earlier_than_its_duration_after_its_upstreams(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = remind(name, timedelta(milliseconds=700))
+    run = wf.submit(engine, 7)
+    worker = cyclone.Worker(engine, workflows=[wf])
+    worker.drain()
+    state, _, _ = times(engine, run.id)["reminder"]
+    assert state == "available"  # parked, no worker holds it
+    wait_until(lambda: run.status().done or worker.drain() < 0, timeout=20, interval=0.05)
+    assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    rows = times(engine, run.id)
+    _, _, signup_done = rows["signup"]
+    _, reminder_started, _ = rows["reminder"]
+    assert signup_done is not None
+    assert reminder_started is not None
+    assert reminder_started - signup_done >= timedelta(milliseconds=700)
+
+
+def test_a_root_sleep_counts_from_the_submit(engine: sa.Engine, name: str) -> None:
+    wf: cyclone.Workflow[int] = cyclone.Workflow(name, input=int)
+
+    @wf.sleep(timedelta(milliseconds=500))
+    def later(ctx: cyclone.StepContext, n: int) -> int:
+        return n
+
+    run = wf.submit(engine, 1)
+    worker = cyclone.Worker(engine, workflows=[wf])
+    wait_until(lambda: worker.drain() >= 0 and run.status().done, timeout=20, interval=0.05)
+    created = run.status().created_at
+    _, started, _ = times(engine, run.id)["later"]
+    assert started is not None
+    assert started - created >= timedelta(milliseconds=500)
+
+
+def test_a_zero_sleep_runs_at_once(engine: sa.Engine, name: str) -> None:
+    wf = remind(name, timedelta(0))
+    run = wf.submit(engine, 3)
+    cyclone.Worker(engine, workflows=[wf]).drain()
+    assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED
+
+
+@pytest.fixture
+def stop_after() -> Iterator[list[tuple[cyclone.Worker, Background]]]:
+    started: list[tuple[cyclone.Worker, Background]] = []
+    yield started
+    for worker, background in started:
+        worker.stop()
+        background.join(30)
+
+
+def test_a_sleep_survives_a_worker_restart_and_wakes_without_polling(
+    engine: sa.Engine, name: str, stop_after: list[tuple[cyclone.Worker, Background]]
+) -> None:
+    wf = remind(name, timedelta(seconds=2))
+    run = wf.submit(engine, 9)
+    first = cyclone.Worker(engine, workflows=[wf], poll_interval=120, sweep=False)
+    serving = Background(first.run)
+    wait_until(lambda: times(engine, run.id)["reminder"][1] is not None)  # reached and parked
+    first.stop()
+    serving.join(30)
+    assert times(engine, run.id)["reminder"][0] == "available"
+    second = cyclone.Worker(engine, workflows=[wf], poll_interval=120, sweep=False)
+    stop_after.append((second, Background(second.run)))
+    assert run.wait(timeout=30).state == cyclone.RunState.COMPLETED
+    rows = times(engine, run.id)
+    assert rows["reminder"][1] - rows["signup"][2] >= timedelta(seconds=2)  # type: ignore[operator]
+
+
+def test_a_bad_duration_is_a_definition_error() -> None:
+    wf: cyclone.Workflow[Any] = cyclone.Workflow("sleepy")
+    with pytest.raises(cyclone.DefinitionError, match="non-negative timedelta"):
+        wf.sleep(timedelta(seconds=-1))
+    with pytest.raises(cyclone.DefinitionError, match="non-negative timedelta"):
+        wf.sleep(5)  # type: ignore[arg-type]
