@@ -22,7 +22,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, func, select
 
-from cyclone import _rescue, _sweeper
+from cyclone import _fastpath, _rescue, _sweeper
 
 log = logging.getLogger("cyclone.worker")
 
@@ -132,7 +132,9 @@ class Leader:
         Callers hold ``self._lock``.
         """
         if self._conn is None:
-            self._conn = dedicated(self.engine, autocommit=False)
+            # The session lock needs a session: the direct route, behind PgBouncer.
+            session = _fastpath.session_engine(self.engine) or self.engine
+            self._conn = dedicated(session, autocommit=False)
         conn = self._conn
         if not self.leading:
             self.leading = _try_lock(conn)
