@@ -41,6 +41,7 @@ class PgBouncer:
             f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
             f"auth_type = trust\nauth_file = {self.base / 'users.txt'}\n"
             f"pool_mode = transaction\ndefault_pool_size = {pool_size}\n"
+            f"admin_users = {server.username or 'postgres'}\n"
             "max_client_conn = 500\nignore_startup_parameters = extra_float_digits,options\n"
             f"logfile = {self.base / 'pgbouncer.log'}\n"
         )
