@@ -26,7 +26,7 @@ from cyclone.jobs import Job, JobStatus
 from cyclone.migrations import check_schema, downgrade, upgrade
 from cyclone.runs import ResultRun, Run, RunStatus
 from cyclone.states import JobState, RunState
-from cyclone.worker import Worker
+from cyclone.worker import Worker, WorkerStats
 from cyclone.workflow import ResultWorkflow, StandaloneStep, Step, Workflow, step
 
 __version__ = _version("cyclone")
@@ -57,6 +57,7 @@ __all__ = [
     "SubmitConflictError",
     "TransactionAbortedError",
     "Worker",
+    "WorkerStats",
     "Workflow",
     "__version__",
     "check_schema",

@@ -78,7 +78,8 @@ def _too_deep() -> str:
 
 def _has_non_finite(value: object) -> bool:
     """Whether a float NaN or infinity is anywhere in ``value`` (walked without recursion)."""
-    stack = [msgspec.to_builtins(value, order="sorted")]
+    # A msgspec.Raw is JSON text already (no Python float in it): kept, not walked.
+    stack = [msgspec.to_builtins(value, order="sorted", builtin_types=(msgspec.Raw,))]
     while stack:
         item = stack.pop()
         if isinstance(item, float):

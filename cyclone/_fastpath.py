@@ -47,7 +47,7 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.type_api import to_instance
 from sqlalchemy.sql.visitors import InternalTraversal
 
-from cyclone import errors, migrations
+from cyclone import _deadline, errors, migrations
 
 _DIALECT = pg_psycopg.dialect()  # type: ignore[no-untyped-call]
 
@@ -368,11 +368,13 @@ _detached_lock = threading.Lock()
 def detached(engine: Engine) -> psycopg.Connection[Any]:
     """A psycopg connection in autocommit, taken from ``engine`` (its connect events
     apply) and detached from its pool: the caller owns it and closes it, and
-    :func:`close_detached` (or ``engine.dispose()``) closes it too."""
+    :func:`close_detached` (or ``engine.dispose()``) closes it too. TCP keepalives are
+    on (see :func:`cyclone._deadline.keepalive`), as it lives long and may sit idle."""
     fairy = engine.raw_connection()
     driver = _psycopg(engine, fairy.driver_connection)
     fairy.detach()
     driver.autocommit = True
+    _deadline.keepalive(driver)
     with _detached_lock:
         _detached.setdefault(engine, weakref.WeakKeyDictionary())[driver] = os.getpid()
     on_dispose(engine, close_detached)
@@ -408,7 +410,8 @@ def set_session_engine(engine: Engine, target: Engine | None) -> None:
     """
     previous = _session_engines.get(engine)
     _session_engines[engine] = target
-    if previous is not None and previous is not target:
+    still_used = any(previous is other for other in _session_engines.values())
+    if previous is not None and not still_used:
         close_detached(previous)
         previous.dispose()
 

@@ -1,15 +1,15 @@
 """Maintenance by one leader at a time: deadline expiry, rescue and retention sweeps.
 
-Every worker runs a :class:`Leader` thread with a connection of its own, detached from
-the pool. It tries a session advisory lock (:data:`LEADER_LOCK`) every
-:data:`LEADER_INTERVAL` seconds; the worker that holds it is the leader and, on that same
-connection, fails runs past their deadline and hands back jobs of stopped workers every
-interval, and sweeps retention every ``sweep_interval``. The lock belongs to the
-leader's database session: when the leader's process dies or its connection is
-terminated, PostgreSQL releases it, and another worker takes over at its next try, so
-within :data:`LEADER_INTERVAL` (plus the time to connect) of the session ending. A
-leader host that vanishes without closing its TCP connection holds the lock until the
-server notices (TCP keepalives; see docs/operations.md).
+Every worker runs a :class:`Leader` thread with a connection of its own, outside the
+application's pool (:func:`side_engine`). It tries a session advisory lock
+(:data:`LEADER_LOCK`) every :data:`LEADER_INTERVAL` seconds; the worker that holds it is
+the leader and, on that same connection, fails runs past their deadline and hands back
+jobs of stopped workers every interval, and sweeps retention every ``sweep_interval``.
+The lock belongs to the leader's database session: when the leader's process dies or
+its connection is terminated, PostgreSQL releases it, and another worker takes over at
+its next try, so within :data:`LEADER_INTERVAL` (plus the time to connect) of the
+session ending. A leader host that vanishes without closing its TCP connection holds
+the lock until the server notices (TCP keepalives; see docs/operations.md).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, func, select
+from sqlalchemy import Connection, Engine, create_engine, func, select
 
 from cyclone import _fastpath, _rescue, _sweeper
 
@@ -39,8 +39,21 @@ def _try_lock(conn: Connection) -> bool:
     return bool(taken)
 
 
+def side_engine(engine: Engine) -> Engine:
+    """An Engine on a pool of its own, a copy of ``engine``'s (same creator, connect
+    arguments and pool events): the worker's own connections are opened there, so an
+    application holding every connection of its pool cannot hold them up, even when
+    they reconnect. It keeps ``engine``'s route for session connections
+    (``cyclone.configure``). Dispose of it when done."""
+    side = create_engine(engine.url, pool=engine.pool.recreate())
+    target = _fastpath.session_engine(engine)
+    if target is not engine:
+        _fastpath.set_session_engine(side, target)
+    return side
+
+
 def dedicated(engine: Engine, *, autocommit: bool) -> Connection:
-    """A connection of ``engine`` detached from its pool: it takes no slot from the app."""
+    """A connection of ``engine`` (a :func:`side_engine`) detached from its pool."""
     conn = engine.connect()
     try:
         if autocommit:
@@ -131,11 +144,13 @@ class Leader:
 
         Callers hold ``self._lock``.
         """
+        # The session lock needs a session: the direct route behind PgBouncer, if any.
+        session = _fastpath.session_engine(self.engine)
         if self._conn is None:
-            # The session lock needs a session: the direct route, behind PgBouncer.
-            session = _fastpath.session_engine(self.engine) or self.engine
-            self._conn = dedicated(session, autocommit=False)
+            self._conn = dedicated(session or self.engine, autocommit=False)
         conn = self._conn
+        if session is None:
+            return self._tick_pooled(conn)
         if not self.leading:
             self.leading = _try_lock(conn)
             if self.leading:
@@ -145,6 +160,21 @@ class Leader:
         with conn.begin():
             expired = _rescue.expire_runs(conn)
             rescued = _rescue.rescue(conn, self.rescue_after)
+        self._report_and_sweep(conn, expired, rescued)
+        return True
+
+    def _tick_pooled(self, conn: Connection) -> bool:
+        """A pass with no session to hold a lock in (transaction pooling, no direct URL):
+        whoever takes the transaction-level lock first leads for this pass only."""
+        with conn.begin():
+            if not conn.execute(select(func.pg_try_advisory_xact_lock(LEADER_LOCK))).scalar():
+                return False
+            expired = _rescue.expire_runs(conn)
+            rescued = _rescue.rescue(conn, self.rescue_after)
+        self._report_and_sweep(conn, expired, rescued)
+        return True
+
+    def _report_and_sweep(self, conn: Connection, expired: int, rescued: list[int]) -> None:
         if expired:
             log.info("failed %d runs past their deadline", expired)
         if rescued:
@@ -157,7 +187,6 @@ class Leader:
             runs_deleted, jobs_deleted = _sweeper.sweep_on(conn, self.sweep_keep)
             if runs_deleted or jobs_deleted:
                 log.info("sweeper deleted %d runs and %d jobs", runs_deleted, jobs_deleted)
-        return True
 
     def once(self) -> bool:
         """A pass on the caller's thread (a drain's first and last), without a sweep: lead

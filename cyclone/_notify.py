@@ -26,6 +26,7 @@ import psycopg
 from psycopg import sql
 from sqlalchemy import Engine, case, func
 
+from cyclone import _deadline
 from cyclone._fastpath import const, detached, on_dispose, session_engine
 from cyclone.states import JobState
 
@@ -36,6 +37,8 @@ RUN_FINISHED = "cyclone_run_finished"
 CHANNELS = (JOBS_AVAILABLE, RUN_FINISHED)
 
 DEFAULT_RECONNECT_DELAY = 1.0
+PING_INTERVAL = 5.0
+PING_TIMEOUT = 5.0
 RECENT_FINISHED = 16384
 
 
@@ -152,6 +155,17 @@ class Listener:
         for channel in CHANNELS:
             self._dispatch(channel, "")
 
+    @staticmethod
+    def _ping(conn: psycopg.Connection[Any]) -> None:
+        """A round trip that fails within :data:`PING_TIMEOUT` if the server is unreachable.
+
+        A LISTEN connection only reads, so a network that drops packets without a reset
+        would leave it waiting for notifications that never come; the ping finds that
+        out and the loop reconnects (and waiters stop trusting what it has not heard).
+        """
+        with _deadline.interrupt_after(conn, PING_TIMEOUT):
+            conn.execute("SELECT 1")
+
     @property
     def alive(self) -> bool:
         return self._thread.is_alive() and not self._stopped.is_set()
@@ -177,9 +191,14 @@ class Listener:
             self._ready.set()
             self._wake_all()
             try:
+                quiet_since = time.monotonic()
                 while not self._stopped.is_set() and self._engine() is not None:
                     for note in conn.notifies(timeout=1.0):
+                        quiet_since = time.monotonic()
                         self._dispatch(note.channel, note.payload)
+                    if time.monotonic() - quiet_since >= PING_INTERVAL:
+                        self._ping(conn)
+                        quiet_since = time.monotonic()
             except Exception as exc:
                 self._listening_since = None
                 self._ready.clear()

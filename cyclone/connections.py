@@ -38,7 +38,7 @@ def configure(engine: Engine, *, listen_url: str | URL | None) -> None:
     ``listen_url`` names a direct route to the same database (a ``postgresql+psycopg://``
     URL that bypasses PgBouncer); they connect there, one connection each, outside any
     pool. ``listen_url=None``: no direct route; nothing LISTENs, workers and waiters
-    poll (``poll_interval``), and the leader lock runs through ``engine``. Call it
+    poll (``poll_interval``), and each maintenance pass takes a transaction-level lock. Call it
     before the engine's first Worker or wait; calling it again replaces the setting.
 
     Raises:

@@ -7,6 +7,7 @@ both win.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
@@ -25,7 +26,7 @@ from sqlalchemy.dialects.postgresql import JSONB, insert
 
 from cyclone import _binds, _codec, _fastpath, _notify, _observe, errors
 from cyclone._fastpath import const
-from cyclone.runs import wait_until_finished
+from cyclone.runs import read_within, wait_until_finished
 from cyclone.schema import jobs
 from cyclone.states import ACTIVE_JOB_STATES, EDGES, TERMINAL_JOB_STATES, JobState
 
@@ -242,6 +243,11 @@ class Job(Generic[R]):
         result: JobStatus = wait_until_finished(self._engine, f"job:{self.id}", timeout, read)
         return result
 
+    def _read_output(self) -> str | None:
+        with _binds.autocommit(self._engine) as conn:
+            output: str | None = conn.execute(_SELECT_OUTPUT, {"job_id": self.id}).one()[1]
+        return output
+
     def result(self, timeout: float | None = None) -> R:
         """Wait for the job and return its output, decoded to the step's return type.
 
@@ -249,6 +255,7 @@ class Job(Generic[R]):
             RunFailedError: the job failed or was cancelled.
             TimeoutError: ``timeout`` seconds passed first.
         """
+        deadline = None if timeout is None else time.monotonic() + timeout
         status = self.wait(timeout)
         if status.state != JobState.COMPLETED:
             raise errors.RunFailedError(
@@ -258,8 +265,7 @@ class Job(Generic[R]):
                 step=self.kind,
                 error=status.errors[-1] if status.errors else None,
             )
-        with _binds.autocommit(self._engine) as conn:
-            output = conn.execute(_SELECT_OUTPUT, {"job_id": self.id}).one()[1]
+        output = read_within(self._read_output, deadline, f"job:{self.id}")
         value: R = _codec.decode(output or "null", self.output_type)
         return value
 

@@ -1,39 +1,47 @@
 """Run handles: ``Run`` and ``ResultRun`` (status, wait, result, cancel, retry, retention).
 
-Handles hold the Engine and open short transactions of their own. Waiting is woken by
+Handles hold the Engine and open short transactions of their own; cancel and retry are
+:mod:`cyclone._control`'s. Waiting is woken by
 ``NOTIFY cyclone_run_finished`` and falls back to a slow poll.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
+import psycopg
 from sqlalchemy import (
     Connection,
     Engine,
     Text,
     and_,
     bindparam,
-    case,
     cast,
-    func,
     select,
     update,
 )
+from sqlalchemy.exc import DBAPIError
 
-from cyclone import _codec, _completion, _fastpath, _notify, errors
-from cyclone._fastpath import const
+from cyclone import _codec, _control, _deadline, _fastpath, _notify, errors
 from cyclone.schema import jobs, runs
-from cyclone.states import EDGES, TERMINAL_RUN_STATES, JobState, RunState
+from cyclone.states import TERMINAL_RUN_STATES, RunState
 
 Out = TypeVar("Out")
+T = TypeVar("T")
+
+log = logging.getLogger(__name__)
 
 DEFAULT_POLL_INTERVAL = 5.0
+RECONNECT_FIRST_PAUSE = 0.05
+RECONNECT_MAX_PAUSE = 1.0
+_SHUTDOWN_STATES = frozenset({"57P01", "57P02", "57P03"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,76 +99,6 @@ def select_status_stmt() -> Any:
     return select(*STATUS_COLUMNS).where(runs.c.id == bindparam("rid"))
 
 
-def cancel_run_stmt() -> Any:
-    """Move a running run to cancelled; returns nothing if it was not running."""
-    return (
-        update(runs)
-        .where(runs.c.id == bindparam("rid"), runs.c.state == const(RunState.RUNNING.value))
-        .values(state=const(RunState.CANCELLED.value), finalized_at=func.now())
-        .returning(runs.c.id)
-    )
-
-
-def reset_jobs_stmt(*, every_step: bool) -> Any:
-    """Make the chosen steps of a run runnable again, counting their unfinished predecessors."""
-    upstream = jobs.alias("upstream")
-    pending = (
-        select(func.count())
-        .where(
-            upstream.c.run_id == jobs.c.run_id,
-            upstream.c.kind == func.any(jobs.c.deps),
-            upstream.c.state != JobState.COMPLETED.value,
-        )
-        .scalar_subquery()
-    )
-    pending_all = func.cardinality(jobs.c.deps)
-    count = pending_all if every_step else pending
-    edge = EDGES["job.reset_all" if every_step else "job.reset"]
-    return (
-        update(jobs)
-        .where(
-            jobs.c.run_id == bindparam("rid"), jobs.c.state.in_([const(s) for s in edge.sources])
-        )
-        .values(
-            pending_deps=count,
-            state=case(
-                (count == 0, const(JobState.AVAILABLE.value)),
-                else_=const(JobState.BLOCKED.value),
-            ),
-            attempt=0,
-            lost=0,
-            worker_id=None,
-            heartbeat_at=None,
-            finalized_at=None,
-            scheduled_at=func.now(),
-            **({"output": None} if every_step else {}),
-        )
-    )
-
-
-def restart_run_stmt(*, from_states: tuple[RunState, ...]) -> Any:
-    """Put a terminal run back to running with its count of unfinished steps."""
-    remaining = (
-        select(func.count())
-        .where(jobs.c.run_id == runs.c.id, jobs.c.state != JobState.COMPLETED.value)
-        .scalar_subquery()
-    )
-    return (
-        update(runs)
-        .where(
-            runs.c.id == bindparam("rid"), runs.c.state.in_([const(s.value) for s in from_states])
-        )
-        .values(
-            state=const(RunState.RUNNING.value),
-            finalized_at=None,
-            error=None,
-            failed_step=None,
-            steps_remaining=remaining,
-        )
-        .returning(runs.c.id)
-    )
-
-
 def set_retention_stmt() -> Any:
     return (
         update(runs)
@@ -183,46 +121,72 @@ def select_result_stmt() -> Any:
     )
 
 
-TRANSITIONS = {
-    cancel_run_stmt: ("run.cancel",),
-    (lambda: reset_jobs_stmt(every_step=False)): ("job.reset", "job.reset_blocked"),
-    (lambda: reset_jobs_stmt(every_step=True)): ("job.reset_all", "job.reset_all_blocked"),
-    (lambda: restart_run_stmt(from_states=(RunState.FAILED, RunState.CANCELLED))): ("run.retry",),
-    (lambda: restart_run_stmt(from_states=tuple(TERMINAL_RUN_STATES))): ("run.retry_all",),
-}
-"""The edges of :data:`cyclone.states.EDGES` each statement of this module implements."""
-
 _SELECT_STATUS = select_status_stmt()
-_CANCEL_RUN = cancel_run_stmt()
-_RESET_FAILED = reset_jobs_stmt(every_step=False)
-_RESET_ALL = reset_jobs_stmt(every_step=True)
-_RESTART_FAILED = restart_run_stmt(from_states=(RunState.FAILED, RunState.CANCELLED))
-_RESTART_ANY = restart_run_stmt(from_states=tuple(TERMINAL_RUN_STATES))
 _SET_RETENTION = set_retention_stmt()
-_ANY_RUNNING = (
-    select(jobs.c.id)
-    .where(jobs.c.run_id == bindparam("rid"), jobs.c.state == JobState.RUNNING.value)
-    .limit(1)
-)
 _SELECT_RESULT = select_result_stmt()
 _FAST_SELECT_STATUS = _fastpath.Compiled(_SELECT_STATUS)
 _FAST_SELECT_RESULT = _fastpath.Compiled(_SELECT_RESULT)
+
+
+def lost_connection(exc: BaseException) -> bool:
+    """Whether ``exc`` says the connection failed (server restarting or gone, backend
+    terminated), not that the statement did: a read can simply be tried again.
+
+    That is a connection SQLAlchemy invalidated, or a driver error with no SQLSTATE
+    (the client saw the connection fail), of class 08 (connection exception), or
+    57P01-57P03 (shutdown, crash, not accepting connections yet). A cancelled statement
+    (57014, ``statement_timeout``) is not.
+    """
+    orig: BaseException | None = exc
+    if isinstance(exc, DBAPIError):
+        if exc.connection_invalidated:
+            return True
+        orig = exc.orig
+    if not isinstance(orig, (psycopg.OperationalError, psycopg.InterfaceError)):
+        return False
+    state = orig.sqlstate
+    return state is None or state.startswith("08") or state in _SHUTDOWN_STATES
+
+
+def read_within(read: Callable[[], T], deadline: float | None, what: str) -> T:
+    """``read()`` bounded by ``deadline`` (monotonic), tried again after a lost connection.
+
+    Raises TimeoutError once the deadline has passed, whether the read is blocked (a
+    frozen network) or keeps failing to connect (a server still restarting).
+    """
+    pause = RECONNECT_FIRST_PAUSE
+    while True:
+        try:
+            return _deadline.call(read, deadline)
+        except TimeoutError:
+            raise TimeoutError(f"{what} did not finish in time") from None
+        except Exception as exc:
+            if not lost_connection(exc):
+                raise
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"{what} did not finish in time: {exc}") from exc
+            log.info("cyclone lost its connection while reading %s (%s); reading again", what, exc)
+            time.sleep(pause if left is None else min(pause, left))
+            pause = min(pause * 2, RECONNECT_MAX_PAUSE)
 
 
 def wait_until_finished(
     engine: Engine,
     token: str,
     timeout: float | None,
-    read: Any,
+    read: Callable[[], T | None],
     started: float | None = None,
-) -> Any:
+) -> T:
     """Call ``read()`` until it returns non-None, woken by notifications carrying ``token``.
 
     ``token`` is a run id, or ``job:<id>`` for a standalone job. ``started`` is when this
     process began the statement that created it: if the listener has listened since
     then and cannot have missed ``token`` finishing, the first read is skipped (it would
     find the run unfinished) and the wait begins at once. The poll fallback still
-    applies, and a timeout is raised only after at least one read.
+    applies, and a timeout is raised only after at least one read was tried. Each read
+    is bounded by the time left (see :func:`read_within`), so the wait ends by its
+    deadline even when the network to the server is frozen.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     woken = threading.Event()
@@ -243,7 +207,10 @@ def wait_until_finished(
                 skip_read = False
             else:
                 woken.clear()
-                value = read()
+                try:
+                    value = read_within(read, deadline, token)
+                except TimeoutError:
+                    raise TimeoutError(f"{token} did not finish within {timeout} s") from None
                 if value is not None:
                     return value
                 read_once = True
@@ -322,16 +289,10 @@ class Run:
     def cancel(self) -> None:
         """Cancel a running run: steps not yet started never start; running ones finish.
 
-        The run's row is locked first, then its jobs (the lock order of
-        :mod:`cyclone.states`).
-
         Raises:
             InvalidStateError: the run is not running.
         """
-        with self._engine.begin() as conn:
-            if conn.execute(_CANCEL_RUN, {"rid": self.id}).first() is None:
-                self._raise_state(conn, "cancel")
-            conn.execute(_completion.CANCEL_UNSTARTED, {"rid": self.id})
+        _control.cancel(self._engine, self.id)
 
     def retry(self) -> None:
         """Run the failed and cancelled steps of a failed or cancelled run again.
@@ -343,7 +304,7 @@ class Run:
                 of its steps is still running (a cancelled run's step runs to its end):
                 retry once it has ended, so that no step ever runs twice at once.
         """
-        self._restart(_RESET_FAILED, _RESTART_FAILED, "retry")
+        _control.restart(self._engine, self.id, every_step=False)
 
     def retry_all(self) -> None:
         """Run every step of a finished run again, from the roots.
@@ -352,41 +313,7 @@ class Run:
             InvalidStateError: the run is still running, past its deadline, or one of its
                 steps is still running (as for :meth:`retry`).
         """
-        self._restart(_RESET_ALL, _RESTART_ANY, "retry_all")
-
-    def _restart(self, reset: Any, restart: Any, operation: str) -> None:
-        with self._engine.begin() as conn:
-            status, deadline_passed = self._read_status_for_update(conn)
-            if operation == "retry" and status not in (RunState.FAILED, RunState.CANCELLED):
-                raise errors.InvalidStateError(operation=operation, run_id=self.id, state=status)
-            if operation == "retry_all" and status == RunState.RUNNING:
-                raise errors.InvalidStateError(operation=operation, run_id=self.id, state=status)
-            if deadline_passed:
-                raise errors.InvalidStateError(
-                    operation=operation, run_id=self.id, state=f"{status} and past its deadline"
-                )
-            # A step still running would record into the restarted run, and its step
-            # would be claimed again while it runs: refuse until it has ended. Under the
-            # run's lock, which every recording of an outcome takes first, no step can
-            # end (or start: the run is not running) until this transaction commits.
-            if conn.execute(_ANY_RUNNING, {"rid": self.id}).first():
-                raise errors.InvalidStateError(
-                    operation=operation,
-                    run_id=self.id,
-                    state=f"{status} with steps still running; {operation} once they end",
-                )
-            conn.execute(reset, {"rid": self.id})
-            conn.execute(restart, {"rid": self.id})
-
-    def _read_status_for_update(self, conn: Connection) -> tuple[RunState, bool]:
-        row = conn.execute(
-            select(runs.c.state, runs.c.deadline <= func.now())
-            .where(runs.c.id == self.id)
-            .with_for_update(key_share=True)
-        ).first()
-        if row is None:
-            raise errors.NotFoundError(f"run {self.id} does not exist")
-        return RunState(row[0]), bool(row[1])
+        _control.restart(self._engine, self.id, every_step=True)
 
     def set_retention(self, retention: timedelta | None) -> None:
         """Keep this run for ``retention`` after it ends (None: the sweeper's default)."""
@@ -398,10 +325,6 @@ class Run:
             found = conn.execute(_SET_RETENTION, {"rid": self.id, "retention": retention})
             if found.first() is None:
                 raise errors.NotFoundError(f"run {self.id} does not exist")
-
-    def _raise_state(self, conn: Connection, operation: str) -> None:
-        state = self._read_status(conn).state
-        raise errors.InvalidStateError(operation=operation, run_id=self.id, state=state)
 
 
 class ResultRun(Run, Generic[Out]):
@@ -442,11 +365,12 @@ class ResultRun(Run, Generic[Out]):
                 raise errors.NoOutputError(run_id=self.id, workflow=self.workflow)
             return (state, output) if state in TERMINAL_RUN_STATES else None
 
+        deadline = None if timeout is None else time.monotonic() + timeout
         state, output = wait_until_finished(
             self._engine, str(self.id), timeout, read, self._started
         )
         if state != RunState.COMPLETED:
-            status = self.status()
+            status = read_within(self.status, deadline, str(self.id))
             raise errors.RunFailedError(
                 run_id=self.id,
                 workflow=self.workflow,

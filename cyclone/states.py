@@ -1,8 +1,9 @@
 """The run and job state machines, declared once in :data:`EDGES`; CHECKs enforce the states.
 
 Every state change is a guarded ``UPDATE`` (``WHERE state IN (sources)``) implementing
-one or more edges of the table; the modules that own the statements name the edges each
-implements (their ``TRANSITIONS``), and a test checks each against this table.
+one or more edges of the table; the modules that own the statements (``_claim``,
+``_completion``, ``_rescue``, ``_control``) name the edges each implements (their
+``TRANSITIONS``), and a test checks each against this table.
 
 Lock order: a statement or transaction that locks both a run and its jobs locks the run
 first (``FOR NO KEY UPDATE``, several runs in id order), then the jobs (in id order).

@@ -335,15 +335,18 @@ class Worker:
             )
             self._steps_pool = _StepThreads(self.concurrency, self._execute)
             self._held = _fastpath.Held(self.engine)
+            side = _leader.side_engine(self.engine)
             self._leader = _leader.Leader(
-                self.engine,
+                side,
                 self.id,
                 rescue_after=self.rescue_after,
                 sweep=self.sweep and not until_idle,
                 sweep_keep=self.sweep_keep,
                 sweep_interval=self.sweep_interval,
             )
-            beater = threading.Thread(target=self._beat, name="cyclone-heartbeat", daemon=True)
+            beater = threading.Thread(
+                target=self._beat, args=(side,), name="cyclone-heartbeat", daemon=True
+            )
             self._beating.clear()
             beater.start()
             abandoned = False
@@ -365,6 +368,7 @@ class Worker:
                 self._steps_pool = None
                 self._held.close()
                 self._held = None
+                side.dispose()
                 self._stopping.clear()
                 self._abandon.clear()
                 self._stop_deadline = None
@@ -382,13 +386,18 @@ class Worker:
         finally:
             self._leader.release()
 
-    def _beat(self) -> None:
+    def _beat(self, side: Engine) -> None:
         """Mark the jobs this worker holds alive, on a connection of its own.
 
-        Neither the application's pool nor the claim loop can hold it up. Jobs whose
-        outcome waits to be recorded are beaten too: their lease stays valid.
+        Neither the application's pool nor the claim loop can hold it up: the connection
+        comes from ``side`` (:func:`cyclone._leader.side_engine`), opened at once. Jobs
+        whose outcome waits to be recorded are beaten too: their lease stays valid.
         """
         conn: Connection | None = None
+        try:
+            conn = _leader.dedicated(side, autocommit=True)
+        except Exception as exc:
+            log.warning("worker %s heartbeat cannot connect yet (%s)", self.id, _first_line(exc))
         failures = 0
         delay = self.heartbeat_interval
         try:
@@ -400,7 +409,7 @@ class Worker:
                     continue
                 try:
                     if conn is None:
-                        conn = _leader.dedicated(self.engine, autocommit=True)
+                        conn = _leader.dedicated(side, autocommit=True)
                     _rescue.heartbeat(conn, held)
                     failures = 0
                 except Exception as exc:
@@ -543,11 +552,17 @@ class Worker:
             self._wake.clear()
 
     def _wait_for_database(self) -> None:
-        """Sleep out the backoff after a failed statement; a stop or 2nd signal cuts it short."""
+        """Sleep out the backoff after a failed statement.
+
+        A stop cuts it short when nothing waits for the database (no job in flight, no
+        outcome to record), and so do the end of the grace and a second signal.
+        """
         delay = backoff_delay(self._db_failures)
         end = time.monotonic() + delay
         while (left := end - time.monotonic()) > 0:
-            if self._abandon.is_set() or (self._stopping.is_set() and self._stop_now()):
+            if self._stopping.is_set() and (
+                self._stop_now() or not (self._inflight or self._pending)
+            ):
                 return
             self._wake.wait(min(left, IDLE_WAKE))
             self._wake.clear()

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.request
 from datetime import timedelta
 from pathlib import Path
 
@@ -303,3 +304,31 @@ def run_step_state(engine: sa.Engine, run_id: object) -> str | None:
             sa.select(jobs.c.state).where(jobs.c.run_id == run_id)
         ).scalar()
     return state
+
+
+def test_dashboard_serves_the_overview_until_interrupted(database_url: URL) -> None:
+    port = closed_port()
+    url = database_url.render_as_string(hide_password=False)
+    with subprocess.Popen(
+        [CYCLONE, "dashboard", "--port", str(port), "--url", url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    ) as server:
+
+        def overview() -> int | None:
+            if server.poll() is not None:
+                pytest.fail(f"the dashboard exited: {server.communicate()[1]}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as page:
+                    status: int = page.status
+                    return status
+            except OSError:
+                return None
+
+        assert wait_until(overview, timeout=30) == 200
+        server.send_signal(signal.SIGINT)
+        _, stderr = server.communicate(timeout=30)
+    assert f"cyclone dashboard on http://127.0.0.1:{port}/" in stderr
+    assert "Traceback" not in stderr

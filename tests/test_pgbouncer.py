@@ -21,6 +21,8 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 import cyclone
+from cyclone import _leader
+from tests.conftest import wait_until
 from tests.support import docs
 from tests.support import pgbouncer as pgb
 from tests.support.workers import Background
@@ -64,6 +66,19 @@ def bounced(bouncer: pgb.PgBouncer, database_url: URL) -> Iterator[sa.Engine]:
     yield engine
     cyclone.close(engine)
     engine.dispose()
+
+
+LEADER_HOLDER = sa.text(
+    "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+    "WHERE l.locktype = 'advisory' AND l.granted AND a.datname = current_database() "
+    "AND ((l.classid::bigint << 32) | l.objid::bigint) = :lock"
+)
+
+
+def leader_lock_holders(engine: sa.Engine) -> list[str | None]:
+    """The application names of the sessions holding the maintenance leader's lock."""
+    with engine.connect() as conn:
+        return list(conn.execute(LEADER_HOLDER, {"lock": _leader.LEADER_LOCK}).scalars())
 
 
 def server_backends(engine: sa.Engine, database: str | None) -> int:
@@ -164,6 +179,8 @@ def test_without_a_direct_url_handles_and_a_worker_poll_through_pgbouncer(
     # The worker's held and heartbeat connections, and the waits, ran through the bouncer's
     # pool of 3 server connections: no connection of cyclone's went to the server directly.
     assert server_backends(engine, database_url.database) <= before + 3
+    # Their maintenance lead was a transaction-level lock: no pooled session keeps it.
+    assert leader_lock_holders(engine) == []
 
 
 def test_with_a_direct_url_an_idle_worker_and_a_waiter_are_woken_by_notify(
@@ -189,6 +206,25 @@ def test_with_a_direct_url_an_idle_worker_and_a_waiter_are_woken_by_notify(
         run, _ = wf.submit_once(bounced, "woken", Cart(items=[20, 22]))
         assert run.result(timeout=30) == Quote(total=42, count=2)
         assert time.monotonic() - started < 5.0
+    finally:
+        worker.stop()
+    serving.join(30)
+
+
+def test_with_a_direct_url_the_leader_lock_is_held_on_a_direct_session(
+    bounced: sa.Engine, engine: sa.Engine, name: str, database_url: URL
+) -> None:
+    # PgBouncer hands a session's advisory lock to whichever client gets that server
+    # connection next; the leader's connection goes to the direct URL instead.
+    direct_name = f"direct-{name}"
+    cyclone.configure(
+        bounced, listen_url=database_url.update_query_dict({"application_name": direct_name})
+    )
+    wf = pricing(name)
+    worker = cyclone.Worker(bounced, workflows=[wf], heartbeat_interval=timedelta(seconds=30))
+    serving = Background(worker.run, name=f"worker-{name}")
+    try:
+        assert wait_until(lambda: leader_lock_holders(engine), timeout=30) == [direct_name]
     finally:
         worker.stop()
     serving.join(30)

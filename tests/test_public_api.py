@@ -36,6 +36,7 @@ EXPECTED = [
     "SubmitConflictError",
     "TransactionAbortedError",
     "Worker",
+    "WorkerStats",
     "Workflow",
     "__version__",
     "check_schema",

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from cyclone import _claim, _completion, _fastpath, _rescue, jobs, runs
+from cyclone import _claim, _completion, _control, _fastpath, _rescue, jobs
 from cyclone.states import EDGES, Edge
 
-OWNERS = (_claim, _completion, _rescue, jobs, runs)
+OWNERS = (_claim, _completion, _control, _rescue, jobs)
 
 
 def implemented() -> list[tuple[str, Any, Edge]]:
@@ -40,15 +40,15 @@ def updates_of(sql: str, table: str) -> list[str]:
 
 
 def assigned_states(update: str) -> set[str]:
-    """The state literals an UPDATE's ``state=`` assignment can set."""
-    match = re.search(r"(?:SET |, )state=(CASE .*? END|E'\w+')", update)
-    return set(re.findall(r"E'(\w+)'", match.group(1))) if match else set()
+    """The state literals (``'x'`` or ``E'x'``) an UPDATE's ``state=`` assignment can set."""
+    match = re.search(r"(?:SET |, )state=(CASE .*? END|E?'\w+')", update)
+    return set(re.findall(r"E?'(\w+)'", match.group(1))) if match else set()
 
 
 def guards(update: str, column: str, state: str) -> bool:
-    literal = f"E'{state}'"
-    equal = re.search(rf"{re.escape(column)} = {re.escape(literal)}", update)
-    listed = re.search(rf"{re.escape(column)} IN \([^)]*{re.escape(literal)}", update)
+    literal = rf"E?'{re.escape(state)}'"
+    equal = re.search(rf"{re.escape(column)} = {literal}", update)
+    listed = re.search(rf"{re.escape(column)} IN \([^)]*{literal}", update)
     return bool(equal or listed)
 
 

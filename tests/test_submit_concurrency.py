@@ -293,3 +293,58 @@ def test_a_duplicate_of_a_locked_run_returns_it_without_waiting(
             pool.shutdown(wait=True)
     assert again.id == run.id
     assert created is False
+
+
+@pytest.mark.parametrize("form", ["submit_once", "submit_once_tx"])
+def test_a_run_purged_between_the_insert_and_the_read_is_made_again(
+    database_url: sa.URL, engine: sa.Engine, name: str, form: str
+) -> None:
+    # The race path of submit_once, driven step by step: its insert waits for another
+    # transaction's run of the key and finds it committed after its snapshot (no row);
+    # before its read, that run is purged; so it inserts again and makes the run.
+    wf = workflow(name)
+    observed = sa.create_engine(database_url)  # its statements pass the cursor events
+    sent: list[str] = []
+    purged: list[uuid.UUID] = []
+
+    def before(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        if threading.current_thread().name != "racer":
+            return
+        sent.append(statement)
+        if len(sent) == 2:  # the read after the insert found nothing: purge the run now
+            with engine.begin() as purge:
+                purged.extend(
+                    purge.execute(
+                        sa.delete(runs)
+                        .where(runs.c.workflow == name, runs.c.submit_key == "k")
+                        .returning(runs.c.id)
+                    ).scalars()
+                )
+
+    sa.event.listen(observed, "before_cursor_execute", before)
+
+    def race() -> tuple[cyclone.Run, bool]:
+        threading.current_thread().name = "racer"
+        if form == "submit_once":
+            return wf.submit_once(observed, "k", 1)
+        with observed.begin() as conn:
+            return wf.submit_once_tx(conn, "k", 1)
+
+    try:
+        with engine.connect() as a:
+            a.begin()
+            first, _ = wf.submit_once_tx(a, "k", 1)
+            pool, racer = in_background(race)
+            try:
+                wait_until(lambda: blocked_by(engine, backend_pid(a)), timeout=30)
+                a.commit()
+                run, created = racer.result(timeout=30)
+            finally:
+                pool.shutdown(wait=True)
+    finally:
+        observed.dispose()
+    assert purged == [first.id]
+    assert len(sent) == 3  # insert (no row), read (purged meanwhile), insert again
+    assert created is True
+    assert run.id != first.id
+    assert count_runs(engine, name, "k") == 1

@@ -12,6 +12,8 @@ import pytest
 import sqlalchemy as sa
 
 import cyclone
+from cyclone.schema import jobs
+from tests.conftest import wait_until
 from tests.support.workers import Background, job_rows
 
 
@@ -401,3 +403,77 @@ def test_names_with_quotes_percent_and_backslash_are_stored_and_run_as_given(
     assert run.status().workflow == f"{name}{odd}w"
     assert cyclone.Worker(engine, workflows=[wf]).drain() == 1
     assert run.status().state == cyclone.RunState.COMPLETED
+
+
+def test_a_join_becomes_available_only_when_its_last_upstream_finishes_seconds_later(
+    engine: sa.Engine, name: str
+) -> None:
+    # The branches' outcomes land in separate statements a second apart: the first
+    # alone must leave the join blocked.
+    wf = cyclone.Workflow(name)
+    release = threading.Event()
+    calls: list[str] = []
+    seen: dict[str, Any] = {}
+
+    @wf.step()
+    def fast(ctx: cyclone.StepContext, value: Any) -> str:
+        calls.append("fast")
+        return "fast"
+
+    @wf.step()
+    def slow(ctx: cyclone.StepContext, value: Any) -> str:
+        assert release.wait(30)
+        calls.append("slow")
+        return "slow"
+
+    @wf.step(after=[fast, slow])
+    def join(ctx: cyclone.StepContext, value: Any) -> None:
+        calls.append("join")
+        seen["outputs"] = (ctx.output(fast), ctx.output(slow))
+
+    run = wf.submit(engine, None)
+    worker = cyclone.Worker(engine, workflows=[wf], concurrency=2, poll_interval=0.05, sweep=False)
+    serving = Background(worker.run)
+    try:
+        wait_until(lambda: job_rows(engine, run.id)["fast"].state == "completed", timeout=10)
+        assert job_rows(engine, run.id)["slow"].state == "running"
+        blocked_at = time.monotonic()
+        while time.monotonic() - blocked_at < 1.5:  # the worker keeps claiming meanwhile
+            assert job_rows(engine, run.id)["join"].state == "blocked"
+            time.sleep(0.05)
+        assert calls == ["fast"]
+        release.set()
+        assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    finally:
+        release.set()
+        worker.stop()
+        serving.join(10)
+    assert calls == ["fast", "slow", "join"]
+    assert seen["outputs"] == ("fast", "slow")
+
+
+def test_a_claim_skips_a_job_another_transaction_has_locked(engine: sa.Engine, name: str) -> None:
+    wf = cyclone.Workflow(name)
+    calls: list[int] = []
+
+    @wf.step()
+    def only(ctx: cyclone.StepContext, value: int) -> None:
+        calls.append(value)
+
+    locked = wf.submit(engine, 1)
+    free = wf.submit(engine, 2)
+    with engine.connect() as other:
+        other.execute(
+            sa.select(jobs.c.id).where(jobs.c.run_id == locked.id).with_for_update()
+        ).one()
+        draining = Background(cyclone.Worker(engine, workflows=[wf], sweep=False).drain)
+        try:
+            assert draining.join(10) == 1  # did not wait for the lock
+        finally:
+            other.rollback()
+    assert calls == [2]
+    assert job_rows(engine, locked.id)["only"].state == "available"
+    assert free.status().state == cyclone.RunState.COMPLETED
+
+    assert cyclone.Worker(engine, workflows=[wf], sweep=False).drain() == 1
+    assert calls == [2, 1]

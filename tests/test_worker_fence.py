@@ -43,11 +43,12 @@ def leader_pids(engine: sa.Engine) -> list[int]:
         )
 
 
-def _job_of(engine: sa.Engine, kind: str) -> Any:
+def _job_of(engine: sa.Engine, kind: str, run_id: Any = None) -> Any:
     with engine.connect() as conn:
         return conn.execute(
             sa.select(jobs.c.state, jobs.c.lease, jobs.c.attempt, jobs.c.lost, jobs.c.output).where(
-                jobs.c.kind == kind
+                jobs.c.kind == kind,
+                jobs.c.run_id.is_(None) if run_id is None else jobs.c.run_id == run_id,
             )
         ).one()
 
@@ -115,6 +116,7 @@ def test_a_rescued_jobs_old_execution_sees_cancelled_and_its_outcome_is_refused_
     wf = cyclone.Workflow(name)
     executions: list[str] = []
     lock = threading.Lock()
+    rescuer_gone = threading.Event()
 
     @wf.step()
     def only(ctx: cyclone.StepContext, value: Any) -> str:
@@ -122,6 +124,8 @@ def test_a_rescued_jobs_old_execution_sees_cancelled_and_its_outcome_is_refused_
             executions.append("started")
             first = len(executions) == 1
         if not first:
+            # Rescued once is the case under test: no second rescue once the rescuer left.
+            assert rescuer_gone.wait(30)
             return "second"
         deadline = time.monotonic() + 30
         while not ctx.cancelled():  # until the job is no longer this execution's
@@ -149,9 +153,14 @@ def test_a_rescued_jobs_old_execution_sees_cancelled_and_its_outcome_is_refused_
         run = wf.submit(engine, None)
         with caplog.at_level(logging.WARNING, logger="cyclone.worker"):
             serving = Background(worker.run)
+            wait_until(lambda: _job_of(engine, "only", run.id).lost == 1, timeout=30)
+            rescuer.stop()
+            rescuing.join(30)
+            rescuer_gone.set()
             assert run.wait(timeout=30).state == cyclone.RunState.COMPLETED
             wait_until(lambda: worker.stats.refused == 1, timeout=30)
     finally:
+        rescuer_gone.set()
         worker.stop()
         rescuer.stop()
         if serving is not None:

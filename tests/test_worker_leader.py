@@ -121,8 +121,6 @@ def test_an_app_holding_every_pooled_connection_longer_than_rescue_after_keeps_i
         run = wf.submit(engine, None)
         serving = Background(worker.run)
         assert started.wait(30)
-        beaten = job_rows(engine, run.id)["long"].scheduled_at
-        assert beaten is not None
         held = [small.connect() for _ in range(2)]
         for conn in held:
             conn.execute(sa.text("SELECT 1"))

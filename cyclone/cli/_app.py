@@ -346,23 +346,23 @@ def _add_commands(group: click.Group) -> None:
             options["queues"] = dict(_queue(q) for q in queues)
         engine = inv.engine(schema=False)
         _db.require_schema(engine, inv.command_path, allow_newer=True)
-        the_worker = Worker(engine, workflows=workflows, steps=steps, **options)
-        logging.getLogger("cyclone.cli").info(
-            "worker %s: workflows %s, step kinds %s, queues %s",
-            the_worker.id,
-            ", ".join(sorted(the_worker.workflows)) or "none",
-            ", ".join(sorted(the_worker.steps)) or "none",
-            ", ".join(the_worker.queues) if the_worker.queues else "all",
-        )
-        if drain:
-            ran = the_worker.drain()
-            stats = the_worker.stats
-            click.echo(
-                f"ran {ran} job{'' if ran == 1 else 's'}: {stats.completed} completed, "
-                f"{stats.retried} retried, {stats.failed} failed"
+        with Worker(engine, workflows=workflows, steps=steps, **options) as the_worker:
+            logging.getLogger("cyclone.cli").info(
+                "worker %s: workflows %s, step kinds %s, queues %s",
+                the_worker.id,
+                ", ".join(sorted(the_worker.workflows)) or "none",
+                ", ".join(sorted(the_worker.steps)) or "none",
+                ", ".join(the_worker.queues) if the_worker.queues else "all",
             )
-        else:
-            the_worker.run(grace=grace)
+            if drain:
+                ran = the_worker.drain()
+                stats = the_worker.stats
+                click.echo(
+                    f"ran {ran} job{'' if ran == 1 else 's'}: {stats.completed} completed, "
+                    f"{stats.retried} retried, {stats.failed} failed"
+                )
+            else:
+                the_worker.run(grace=grace)
 
     runs = click.Group("runs", help="List and inspect runs; cancel and retry them.")
     group.add_command(runs)
@@ -528,16 +528,11 @@ def _add_commands(group: click.Group) -> None:
 
 
 def _print_upgrade_sql(from_revision: str | None) -> None:
-    from alembic.util import CommandError as AlembicError
-
-    from alembic import command
-
-    config = migrations.alembic_config()
-    target = "head" if from_revision is None else f"{from_revision}:head"
     try:
-        command.upgrade(config, target, sql=True)
-    except AlembicError as exc:
+        sql = migrations.upgrade_sql(from_revision)
+    except cyclone.SchemaError as exc:
         raise BadInput(f"cannot print the SQL from {from_revision!r}: {exc}") from exc
+    click.echo(sql, nl=False)
 
 
 def _run_record(run: cyclone.RunStatus) -> dict[str, Any]:

@@ -1,0 +1,166 @@
+"""Run control: cancel, retry and retry_all, each one transaction in the lock order.
+
+The run's row is locked first (``FOR NO KEY UPDATE``), then its jobs: the one lock order
+of :mod:`cyclone.states`, which every recording of an outcome follows too, so a user's
+call never deadlocks with a worker.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import Engine, bindparam, case, func, select, update
+
+from cyclone import _completion, errors
+from cyclone._fastpath import const
+from cyclone.schema import jobs, runs
+from cyclone.states import EDGES, TERMINAL_RUN_STATES, JobState, RunState
+
+
+def cancel_run_stmt() -> Any:
+    """Move a running run to cancelled; returns nothing if it was not running."""
+    return (
+        update(runs)
+        .where(runs.c.id == bindparam("rid"), runs.c.state == const(RunState.RUNNING.value))
+        .values(state=const(RunState.CANCELLED.value), finalized_at=func.now())
+        .returning(runs.c.id)
+    )
+
+
+def reset_jobs_stmt(*, every_step: bool) -> Any:
+    """Make the chosen steps of a run runnable again, counting their unfinished predecessors."""
+    upstream = jobs.alias("upstream")
+    pending = (
+        select(func.count())
+        .where(
+            upstream.c.run_id == jobs.c.run_id,
+            upstream.c.kind == func.any(jobs.c.deps),
+            upstream.c.state != const(JobState.COMPLETED.value),
+        )
+        .scalar_subquery()
+    )
+    pending_all = func.cardinality(jobs.c.deps)
+    count = pending_all if every_step else pending
+    edge = EDGES["job.reset_all" if every_step else "job.reset"]
+    return (
+        update(jobs)
+        .where(
+            jobs.c.run_id == bindparam("rid"), jobs.c.state.in_([const(s) for s in edge.sources])
+        )
+        .values(
+            pending_deps=count,
+            state=case(
+                (count == 0, const(JobState.AVAILABLE.value)),
+                else_=const(JobState.BLOCKED.value),
+            ),
+            attempt=0,
+            lost=0,
+            worker_id=None,
+            heartbeat_at=None,
+            finalized_at=None,
+            scheduled_at=func.now(),
+            **({"output": None} if every_step else {}),
+        )
+    )
+
+
+def restart_run_stmt(*, from_states: tuple[RunState, ...]) -> Any:
+    """Put a terminal run back to running with its count of unfinished steps."""
+    remaining = (
+        select(func.count())
+        .where(jobs.c.run_id == runs.c.id, jobs.c.state != const(JobState.COMPLETED.value))
+        .scalar_subquery()
+    )
+    return (
+        update(runs)
+        .where(
+            runs.c.id == bindparam("rid"), runs.c.state.in_([const(s.value) for s in from_states])
+        )
+        .values(
+            state=const(RunState.RUNNING.value),
+            finalized_at=None,
+            error=None,
+            failed_step=None,
+            steps_remaining=remaining,
+        )
+        .returning(runs.c.id)
+    )
+
+
+def lock_run_stmt() -> Any:
+    """Lock the run ``:rid`` (first, as the lock order says): its state and deadline."""
+    return (
+        select(runs.c.state, runs.c.deadline <= func.now())
+        .where(runs.c.id == bindparam("rid"))
+        .with_for_update(key_share=True)
+    )
+
+
+def any_running_stmt() -> Any:
+    """A step of the run ``:rid`` still running, if any."""
+    return (
+        select(jobs.c.id)
+        .where(jobs.c.run_id == bindparam("rid"), jobs.c.state == const(JobState.RUNNING.value))
+        .limit(1)
+    )
+
+
+TRANSITIONS = {
+    cancel_run_stmt: ("run.cancel",),
+    (lambda: reset_jobs_stmt(every_step=False)): ("job.reset", "job.reset_blocked"),
+    (lambda: reset_jobs_stmt(every_step=True)): ("job.reset_all", "job.reset_all_blocked"),
+    (lambda: restart_run_stmt(from_states=(RunState.FAILED, RunState.CANCELLED))): ("run.retry",),
+    (lambda: restart_run_stmt(from_states=tuple(TERMINAL_RUN_STATES))): ("run.retry_all",),
+}
+"""The edges of :data:`cyclone.states.EDGES` each statement of this module implements."""
+
+_CANCEL_RUN = cancel_run_stmt()
+_RESET_FAILED = reset_jobs_stmt(every_step=False)
+_RESET_ALL = reset_jobs_stmt(every_step=True)
+_RESTART_FAILED = restart_run_stmt(from_states=(RunState.FAILED, RunState.CANCELLED))
+_RESTART_ANY = restart_run_stmt(from_states=tuple(TERMINAL_RUN_STATES))
+_LOCK_RUN = lock_run_stmt()
+_ANY_RUNNING = any_running_stmt()
+_STATE = select(runs.c.state).where(runs.c.id == bindparam("rid"))
+
+
+def cancel(engine: Engine, run_id: uuid.UUID) -> None:
+    """Cancel a running run and its steps not yet started (running ones finish)."""
+    with engine.begin() as conn:
+        if conn.execute(_CANCEL_RUN, {"rid": run_id}).first() is None:
+            state = conn.execute(_STATE, {"rid": run_id}).scalar()
+            if state is None:
+                raise errors.NotFoundError(f"run {run_id} does not exist")
+            raise errors.InvalidStateError(operation="cancel", run_id=run_id, state=RunState(state))
+        conn.execute(_completion.CANCEL_UNSTARTED, {"rid": run_id})
+
+
+def restart(engine: Engine, run_id: uuid.UUID, *, every_step: bool) -> None:
+    """``retry`` (failed and cancelled steps) or ``retry_all`` (every step) of a run.
+
+    Refused (``InvalidStateError``) for a run not in a state the edge starts from, past
+    its deadline, or with a step still running: such a step would record into the
+    restarted run and be claimed again while it runs. Under the run's lock, which every
+    recording of an outcome takes first, no step can end meanwhile.
+    """
+    operation = "retry_all" if every_step else "retry"
+    with engine.begin() as conn:
+        row = conn.execute(_LOCK_RUN, {"rid": run_id}).first()
+        if row is None:
+            raise errors.NotFoundError(f"run {run_id} does not exist")
+        state, deadline_passed = RunState(row[0]), bool(row[1])
+        if state.value not in EDGES[f"run.{operation}"].sources:
+            raise errors.InvalidStateError(operation=operation, run_id=run_id, state=state)
+        if deadline_passed:
+            raise errors.InvalidStateError(
+                operation=operation, run_id=run_id, state=f"{state} and past its deadline"
+            )
+        if conn.execute(_ANY_RUNNING, {"rid": run_id}).first() is not None:
+            raise errors.InvalidStateError(
+                operation=operation,
+                run_id=run_id,
+                state=f"{state} with steps still running; {operation} once they end",
+            )
+        conn.execute(_RESET_ALL if every_step else _RESET_FAILED, {"rid": run_id})
+        conn.execute(_RESTART_ANY if every_step else _RESTART_FAILED, {"rid": run_id})

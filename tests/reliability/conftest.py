@@ -1,0 +1,82 @@
+"""Fixtures of the reliability suite: a private cluster, a database per scenario, figures.
+
+The cluster is started once for the session (never the shared server: scenarios restart
+it, stop it hard and terminate its backends) and removed at the end. Each scenario
+records its figures with :func:`figures`; they are printed in the terminal summary and
+written to ``tests/reliability/.figures/last-run.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import URL
+
+import cyclone
+from tests.support.pgcluster import Cluster, server_bindir
+from tests.support.reliability_proc import EXECUTIONS_DDL
+
+FIGURES_DIR = Path(__file__).parent / ".figures"
+_figures: dict[str, dict[str, Any]] = {}
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    bindir = server_bindir()
+    if bindir is None:
+        pytest.fail("the reliability suite needs PostgreSQL server binaries (initdb, pg_ctl)")
+    cluster = Cluster(bindir)
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+@pytest.fixture
+def scenario_url(cluster: Cluster) -> URL:
+    """A fresh database on the private cluster, migrated, with the ``executions`` table."""
+    url = cluster.create_database(f"rel_{uuid.uuid4().hex[:10]}")
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    cyclone.upgrade(engine)
+    with engine.begin() as conn:
+        conn.execute(sa.text(EXECUTIONS_DDL))
+    engine.dispose()
+    return url
+
+
+def figures(scenario: str, **values: Any) -> None:
+    """Record a scenario's figures: kept for the summary line and the JSON file."""
+    _figures[scenario] = values
+    FIGURES_DIR.mkdir(exist_ok=True)
+    path = FIGURES_DIR / "last-run.json"
+    previous: dict[str, Any] = {}
+    if path.exists():
+        try:
+            previous = json.loads(path.read_text())
+        except ValueError:
+            previous = {}
+    previous[scenario] = {
+        **values,
+        "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    path.write_text(json.dumps(previous, indent=2, sort_keys=True) + "\n")
+    print(summary_line(scenario, values))
+
+
+def summary_line(scenario: str, values: dict[str, Any]) -> str:
+    return f"reliability {scenario}: " + ", ".join(f"{k}={v}" for k, v in values.items())
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _figures:
+        terminalreporter.section("reliability figures")
+        for scenario, values in _figures.items():
+            terminalreporter.write_line(summary_line(scenario, values))
