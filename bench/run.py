@@ -43,12 +43,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
 import cyclone
-from bench import capture, procs, workloads
+from bench import capture, procs, scale, workloads
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-FIGURES = "abcdef"
+FIGURES = "abcdefghijk"
 
 
 # --- settings --------------------------------------------------------------------------------
@@ -64,6 +64,10 @@ class Sizes:
     small: int
     large: int
     grow_ops: int
+    backlog: int = 50_000
+    mixed_seconds: float = 60.0
+    mixed_rate: float = 1_000.0
+    memory_jobs: int = 10_000
 
     @classmethod
     def full(cls) -> Sizes:
@@ -71,7 +75,9 @@ class Sizes:
 
     @classmethod
     def quick(cls) -> Sizes:
-        return cls(500, 200, 1_000, 20, (100, 1_000), 10_000, 100_000, 200)
+        return cls(
+            500, 200, 1_000, 20, (100, 1_000), 10_000, 100_000, 200, 5_000, 10.0, 500.0, 1_000
+        )
 
 
 @dataclass
@@ -1218,6 +1224,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             done += 1
             meta["rounds_done"] = done
             write_results(bench, meta, started, chart_too=False)
+        # Once each, after the rounds: many processes, memory, PgBouncer.
+        for letter, figure in scale.FIGURES.items():
+            if letter in only and not STOP.is_set():
+                t0 = time.perf_counter()
+                figure(bench)
+                print(f"figure {letter}: {time.perf_counter() - t0:.1f} s", flush=True)
+                write_results(bench, meta, started, chart_too=False)
         # Last: its million-row VACUUM ANALYZE would leave statistics that misplan the rounds.
         if "f" in only and not STOP.is_set():
             t0 = time.perf_counter()
@@ -1250,6 +1263,7 @@ FIGURE_ORDER = [
     "f-sub-large",
     "f-claim-small",
     "f-claim-large",
+    *scale.ORDER,
 ]
 
 

@@ -156,3 +156,8 @@ WITH done AS (
 )
 SELECT pg_notify('raw_job_done', id::text) FROM done
 """
+
+
+@cyclone.step("bench.fail")
+def fail(ctx: cyclone.StepContext, args: Any) -> None:
+    raise RuntimeError(f"bench failure {args}")

@@ -6,7 +6,7 @@ from importlib.metadata import version as _version
 
 from cyclone import errors
 from cyclone.client import Client
-from cyclone.connections import close
+from cyclone.connections import close, configure
 from cyclone.context import StepContext
 from cyclone.errors import (
     CycloneError,
@@ -65,6 +65,7 @@ __all__ = [
     "__version__",
     "check_schema",
     "close",
+    "configure",
     "downgrade",
     "errors",
     "step",

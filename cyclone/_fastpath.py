@@ -399,6 +399,28 @@ def close_detached(engine: Engine) -> int:
     return closed
 
 
+_session_engines: weakref.WeakKeyDictionary[Engine, Engine | None] = weakref.WeakKeyDictionary()
+
+
+def set_session_engine(engine: Engine, target: Engine | None) -> None:
+    """Route ``engine``'s session-holding connections (LISTEN, the leader lock) to ``target``.
+
+    ``None`` means ``engine`` has no connection that can hold a session (transaction
+    pooling without a direct URL): nothing LISTENs, waiters poll.
+    """
+    previous = _session_engines.get(engine)
+    _session_engines[engine] = target
+    still_used = any(previous is other for other in _session_engines.values())
+    if previous is not None and not still_used:
+        close_detached(previous)
+        previous.dispose()
+
+
+def session_engine(engine: Engine) -> Engine | None:
+    """The engine whose connections keep a server session for ``engine``: itself by default."""
+    return _session_engines.get(engine, engine)
+
+
 def on_dispose(engine: Engine, hook: Callable[[Engine], object]) -> None:
     """Call ``hook(engine)`` when ``engine.dispose()`` is called (registered once per hook)."""
     if not event.contains(engine, "engine_disposed", hook):

@@ -22,7 +22,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, func, select
 
-from cyclone import _rescue, _sweeper
+from cyclone import _fastpath, _rescue, _sweeper
 
 log = logging.getLogger("cyclone.worker")
 
@@ -43,8 +43,13 @@ def side_engine(engine: Engine) -> Engine:
     """An Engine on a pool of its own, a copy of ``engine``'s (same creator, connect
     arguments and pool events): the worker's own connections are opened there, so an
     application holding every connection of its pool cannot hold them up, even when
-    they reconnect. Dispose of it when done."""
-    return create_engine(engine.url, pool=engine.pool.recreate())
+    they reconnect. It keeps ``engine``'s route for session connections
+    (``cyclone.configure``). Dispose of it when done."""
+    side = create_engine(engine.url, pool=engine.pool.recreate())
+    target = _fastpath.session_engine(engine)
+    if target is not engine:
+        _fastpath.set_session_engine(side, target)
+    return side
 
 
 def dedicated(engine: Engine, *, autocommit: bool) -> Connection:
@@ -139,9 +144,13 @@ class Leader:
 
         Callers hold ``self._lock``.
         """
+        # The session lock needs a session: the direct route behind PgBouncer, if any.
+        session = _fastpath.session_engine(self.engine)
         if self._conn is None:
-            self._conn = dedicated(self.engine, autocommit=False)
+            self._conn = dedicated(session or self.engine, autocommit=False)
         conn = self._conn
+        if session is None:
+            return self._tick_pooled(conn)
         if not self.leading:
             self.leading = _try_lock(conn)
             if self.leading:
@@ -151,6 +160,21 @@ class Leader:
         with conn.begin():
             expired = _rescue.expire_runs(conn)
             rescued = _rescue.rescue(conn, self.rescue_after)
+        self._report_and_sweep(conn, expired, rescued)
+        return True
+
+    def _tick_pooled(self, conn: Connection) -> bool:
+        """A pass with no session to hold a lock in (transaction pooling, no direct URL):
+        whoever takes the transaction-level lock first leads for this pass only."""
+        with conn.begin():
+            if not conn.execute(select(func.pg_try_advisory_xact_lock(LEADER_LOCK))).scalar():
+                return False
+            expired = _rescue.expire_runs(conn)
+            rescued = _rescue.rescue(conn, self.rescue_after)
+        self._report_and_sweep(conn, expired, rescued)
+        return True
+
+    def _report_and_sweep(self, conn: Connection, expired: int, rescued: list[int]) -> None:
         if expired:
             log.info("failed %d runs past their deadline", expired)
         if rescued:
@@ -163,7 +187,6 @@ class Leader:
             runs_deleted, jobs_deleted = _sweeper.sweep_on(conn, self.sweep_keep)
             if runs_deleted or jobs_deleted:
                 log.info("sweeper deleted %d runs and %d jobs", runs_deleted, jobs_deleted)
-        return True
 
     def once(self) -> bool:
         """A pass on the caller's thread (a drain's first and last), without a sweep: lead

@@ -27,7 +27,7 @@ from psycopg import sql
 from sqlalchemy import Engine, case, func
 
 from cyclone import _deadline
-from cyclone._fastpath import const, detached, on_dispose
+from cyclone._fastpath import const, detached, on_dispose, session_engine
 from cyclone.states import JobState
 
 log = logging.getLogger(__name__)
@@ -97,9 +97,10 @@ class Listener:
 
     def _connect(self) -> psycopg.Connection[Any]:
         engine = self._engine()
-        if engine is None:
+        target = None if engine is None else session_engine(engine)
+        if target is None:
             raise _EngineGone
-        driver = detached(engine)
+        driver = detached(target)
         for channel in CHANNELS:
             driver.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
         return driver
@@ -212,11 +213,31 @@ class Listener:
         self._stopped.set()
 
 
+class Polling:
+    """Stands in for the listener where nothing can LISTEN: never ready, so waiters poll."""
+
+    alive = True
+
+    def subscribe(self, channel: str, callback: Callback) -> Callable[[], None]:
+        return lambda: None
+
+    def wait_ready(self, timeout: float) -> bool:
+        return False
+
+    def surely_unfinished(self, payload: str, moment: float) -> bool:
+        return False
+
+    def stop(self, timeout: float | None = None) -> None:
+        pass
+
+
 class _EngineGone(Exception):
     """The listener's engine was garbage-collected: nothing is left to listen for."""
 
 
-_listeners: weakref.WeakKeyDictionary[Engine, tuple[int, Listener]] = weakref.WeakKeyDictionary()
+_listeners: weakref.WeakKeyDictionary[Engine, tuple[int, Listener | Polling]] = (
+    weakref.WeakKeyDictionary()
+)
 _listeners_lock = threading.Lock()
 
 STOP_TIMEOUT = 5.0
@@ -233,12 +254,17 @@ def close(engine: Engine) -> None:
         entry[1].stop(STOP_TIMEOUT)
 
 
-def listener(engine: Engine) -> Listener:
-    """The listener of ``engine`` in this process, started on first use (or after it ended)."""
+def listener(engine: Engine) -> Listener | Polling:
+    """The listener of ``engine`` in this process, started on first use (or after it ended).
+
+    An engine configured with no direct URL (``cyclone.configure(engine, listen_url=None)``)
+    gets a :class:`Polling` stand-in.
+    """
     with _listeners_lock:
         entry = _listeners.get(engine)
         if entry is None or entry[0] != os.getpid() or not entry[1].alive:
             on_dispose(engine, close)
-            entry = (os.getpid(), Listener(engine))
+            made = Listener(engine) if session_engine(engine) is not None else Polling()
+            entry = (os.getpid(), made)
             _listeners[engine] = entry
         return entry[1]

@@ -1,8 +1,10 @@
-"""Closing what cyclone opened outside an engine's pool (``cyclone.close``)."""
+"""What cyclone opens outside an engine's pool: ``cyclone.close`` and ``cyclone.configure``."""
 
 from __future__ import annotations
 
+import sqlalchemy as sa
 from sqlalchemy import Engine
+from sqlalchemy.engine import URL
 
 from cyclone import _binds, _fastpath, _notify
 
@@ -20,5 +22,37 @@ def close(engine: Engine) -> None:
     engine = _binds.engine_of(engine)
     _notify.close(engine)
     _fastpath.close_detached(engine)
+    target = _fastpath.session_engine(engine)
+    if target is not None and target is not engine:
+        _fastpath.close_detached(target)
     if _binds.forget_derived(engine):
         engine.dispose()
+
+
+def configure(engine: Engine, *, listen_url: str | URL | None) -> None:
+    """Say where ``engine``'s session-holding connections go, for PgBouncer in transaction mode.
+
+    Two of cyclone's connections keep state in their server session: the one that
+    LISTENs (workers' and ``run.wait()``/``result()``'s wake-ups) and a worker's
+    maintenance-leader lock. Behind a transaction-pooling PgBouncer neither works, so
+    ``listen_url`` names a direct route to the same database (a ``postgresql+psycopg://``
+    URL that bypasses PgBouncer); they connect there, one connection each, outside any
+    pool. ``listen_url=None``: no direct route; nothing LISTENs, workers and waiters
+    poll (``poll_interval``), and each maintenance pass takes a transaction-level lock. Call it
+    before the engine's first Worker or wait; calling it again replaces the setting.
+
+    Raises:
+        TypeError: ``engine`` is not a psycopg Engine, or ``listen_url`` does not use psycopg.
+    """
+    if not isinstance(engine, Engine) or engine.dialect.driver != "psycopg":
+        raise TypeError("cyclone.configure needs a SQLAlchemy Engine on postgresql+psycopg://")
+    target: Engine | None = None
+    if listen_url is not None:
+        url = sa.make_url(listen_url)
+        if url.get_backend_name() != "postgresql" or url.get_driver_name() != "psycopg":
+            raise TypeError(
+                f"listen_url must be a postgresql+psycopg:// URL, got {url.drivername!r}"
+            )
+        target = sa.create_engine(url, poolclass=sa.NullPool)
+    _notify.close(engine)
+    _fastpath.set_session_engine(engine, target)

@@ -315,6 +315,7 @@ _cy_find_postgres() {
 
 _cy_setup_venv
 bash "$CYCLONE_ROOT/scripts/chromium.sh" || _cy_die "could not install chromium (scripts/chromium.sh)"
+bash "$CYCLONE_ROOT/scripts/pgbouncer.sh" || _cy_die "could not install pgbouncer (scripts/pgbouncer.sh)"
 export VIRTUAL_ENV="$CYCLONE_VENV"
 export PATH="$CYCLONE_VENV/bin:$PATH"
 _cy_find_postgres

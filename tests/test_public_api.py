@@ -43,6 +43,7 @@ EXPECTED = [
     "__version__",
     "check_schema",
     "close",
+    "configure",
     "downgrade",
     "errors",
     "step",
