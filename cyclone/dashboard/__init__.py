@@ -30,8 +30,9 @@ def create_app(
     Args:
         engine: the Engine of the database cyclone's tables live in.
         authorize: called with the WSGI environ of each request; the actions (retry,
-            retry all, cancel) are shown and accepted only when it returns True. Without
-            it the dashboard is read-only: no buttons, and every POST gets 403.
+            retry all, cancel, pause and resume of a schedule) are shown and accepted
+            only when it returns True. Without it the dashboard is read-only: no
+            buttons, and every POST gets 403.
         title: the name in the page header and the browser tab.
         secret: the key that signs the CSRF tokens of the action forms. Pass the same
             value to every process serving the dashboard; by default each application

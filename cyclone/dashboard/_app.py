@@ -1,7 +1,8 @@
 """The dashboard's WSGI application: routing, pages, actions, CSRF and authorisation.
 
 Pages read through :mod:`cyclone.dashboard._queries`; actions go through cyclone's public
-handles (``Run.retry``, ``Run.retry_all``, ``Run.cancel``, ``Job.cancel``), so the
+handles (``Run.retry``, ``Run.retry_all``, ``Run.cancel``, ``Job.cancel``,
+``Client.pause_schedule``, ``Client.resume_schedule``), so the
 dashboard changes nothing the library's own rules would not allow.
 """
 
@@ -23,6 +24,7 @@ from werkzeug.utils import redirect
 from werkzeug.wrappers import Request, Response
 
 from cyclone import errors
+from cyclone.client import Client
 from cyclone.dashboard import _csrf, _dag, _format, _queries
 from cyclone.jobs import Job
 from cyclone.runs import Run
@@ -34,6 +36,8 @@ _NOTICES = {
     "retry": "Retry requested: the failed and cancelled steps run again.",
     "retry-all": "Retry of every step requested.",
     "cancel": "Cancelled.",
+    "pause": "Paused: its ticks are not fired until it is resumed.",
+    "resume": "Resumed: it fires again from its next tick.",
 }
 
 _STATIC_TYPES = {"css": "text/css; charset=utf-8"}
@@ -60,6 +64,12 @@ _URLS = Map(
         Rule("/jobs", endpoint="jobs"),
         Rule("/jobs/<int:job_id>", endpoint="job"),
         Rule("/jobs/<int:job_id>/cancel", endpoint="job_action", methods=["POST"]),
+        Rule("/schedules", endpoint="schedules"),
+        Rule(
+            "/schedules/<any(pause, resume):action>",
+            endpoint="schedule_action",
+            methods=["POST"],
+        ),
         Rule("/static/<name>", endpoint="static"),
     ],
     strict_slashes=False,
@@ -323,6 +333,41 @@ class Dashboard:
             notice=_NOTICES.get(request.args.get("done", "")),
             problem=None,
         )
+
+    def _page_schedules(self, request: Request, csrf: str) -> Response:
+        return self._schedules_page(
+            request, csrf, notice=_NOTICES.get(request.args.get("done", ""))
+        )
+
+    def _schedules_page(
+        self,
+        request: Request,
+        csrf: str,
+        *,
+        notice: str | None = None,
+        problem: str | None = None,
+    ) -> Response:
+        return self._render(
+            request,
+            "schedules.html",
+            csrf,
+            status=200 if problem is None else 404,
+            schedules=Client(self.engine).list_schedules(),
+            notice=notice,
+            problem=problem,
+        )
+
+    def _page_schedule_action(self, request: Request, csrf: str, action: str) -> Response:
+        name = request.form.get("schedule")
+        if not name:
+            raise BadRequest("The form names no schedule.")
+        client = Client(self.engine)
+        operation = {"pause": client.pause_schedule, "resume": client.resume_schedule}
+        try:
+            operation[action](name)
+        except errors.NotFoundError as exc:
+            return self._schedules_page(request, csrf, problem=str(exc))
+        return redirect(f"{request.script_root}/schedules?done={action}", code=303)
 
     def _page_job_action(self, request: Request, csrf: str, job_id: int) -> Response:
         with self._connect() as conn:
