@@ -1,6 +1,6 @@
 """A PgBouncer in transaction pooling mode that a test starts in front of the test server.
 
-Debian's ``pgbouncer`` (installed by scripts/pgbouncer.sh) runs in the foreground as an
+Debian's ``pgbouncer`` (installed by scripts/debian-packages.sh) runs in the foreground as an
 unprivileged OS user (``postgres`` when the tests run as root), on a free port of
 127.0.0.1, with ``auth_type = trust``; it forwards every database name to the server of
 ``CYCLONE_DATABASE_URL``. Version 1.18 has no prepared-statement support, so clients
