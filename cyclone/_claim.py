@@ -23,6 +23,7 @@ from sqlalchemy import (
     Text,
     and_,
     bindparam,
+    case,
     cast,
     false,
     func,
@@ -34,9 +35,9 @@ from sqlalchemy import (
     union_all,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import ARRAY, insert
 
-from cyclone import _completion, _fastpath, _observe
+from cyclone import _completion, _fastpath, _notify, _observe, _unstarted
 from cyclone._fastpath import const
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
@@ -176,6 +177,185 @@ def _pick(scope: Scope, limit: int) -> Any:
     )
 
 
+def _due_run(table: Any) -> tuple[Any, ...]:
+    """A run not started yet whose time has come, still running and not past its deadline."""
+    return (
+        table.c.start_at.is_not(None),
+        table.c.state == const(RunState.RUNNING.value),
+        table.c.start_at <= func.now(),
+        or_(table.c.deadline.is_(None), table.c.deadline > func.now()),
+    )
+
+
+def _pick_runs(scope: Scope, limit: int) -> Any:
+    """Lock up to ``limit`` due runs of the served workflows to start, oldest first.
+
+    Each workflow is a range of ``ix_cyclone_runs_start``; several are merged as
+    :func:`_pick` merges jobs. The start time is re-checked on the locked row, so a run
+    another worker started meanwhile is skipped.
+    """
+    top: Any = literal_column(str(int(limit)))
+    if len(scope.workflows) == 1:
+        return (
+            select(runs.c.id, runs.c.start_at)
+            .where(runs.c.workflow == const(scope.workflows[0]), *_due_run(runs))
+            .order_by(runs.c.start_at, runs.c.id)
+            .limit(top)
+            .with_for_update(skip_locked=True)
+        )
+    c = runs.alias("rc")
+    candidates = union_all(
+        *(
+            select(c.c.id, c.c.start_at)
+            .where(c.c.workflow == const(name), *_due_run(c))
+            .order_by(c.c.start_at, c.c.id)
+            .limit(top)
+            for name in sorted(scope.workflows)
+        )
+    ).subquery("rcand")
+    return (
+        select(runs.c.id, runs.c.start_at)
+        .join_from(candidates, runs, runs.c.id == candidates.c.id)
+        .where(*_due_run(runs))
+        .order_by(candidates.c.start_at, candidates.c.id)
+        .limit(top)
+        .with_for_update(of=runs, skip_locked=True)
+    )
+
+
+def _start_runs(scope: Scope, limit: int, claimed: Any) -> Any:
+    """Start up to ``limit`` due runs: create their steps, claiming roots for free slots.
+
+    Every step of a started run is inserted from the graph its run row keeps, blocked or
+    (a root) available, as the submit did before the steps moved here; the roots of the
+    served queues take the slots ``claimed`` left free, in priority and start order,
+    and are inserted running for ``:me``, their first attempt. The ``RETURNING`` rings
+    NOTIFY for each root left available, for the other workers.
+    """
+    picked = _pick_runs(scope, limit).cte("to_start")
+    started = (
+        update(runs)
+        .where(runs.c.id == picked.c.id)
+        .values(start_at=null())
+        .returning(
+            runs.c.id,
+            runs.c.workflow,
+            runs.c.graph,
+            runs.c.deadline,
+            runs.c.created_at,
+            picked.c.start_at.label("starts"),
+        )
+        .cte("started")
+    )
+    elements, step = _unstarted.graph_steps(started.c.graph)
+    root = _unstarted.is_root(step)
+    eligible = root if scope.queues is None else and_(root, _one_of(step.c.queue, scope.queues))
+    rank = func.row_number().over(
+        partition_by=eligible,
+        order_by=(step.c.priority, started.c.starts, started.c.id, elements.c.ord),
+    )
+    room = const(int(limit), Integer) - select(func.count()).select_from(claimed).scalar_subquery()
+    born = (
+        select(
+            started.c.id.label("run_id"),
+            started.c.workflow,
+            started.c.deadline,
+            started.c.starts,
+            started.c.created_at,
+            elements.c.ord,
+            step.c.name,
+            step.c.after,
+            step.c.max_attempts,
+            step.c.queue,
+            step.c.priority,
+            step.c.signal,
+            root.label("root"),
+            and_(eligible, rank <= room).label("mine"),
+        )
+        .select_from(started)
+        .join(elements, true())
+        .join(step, true())
+        .subquery("born")
+    )
+    mine = born.c.mine
+    rows = select(
+        born.c.run_id,
+        born.c.workflow,
+        born.c.name,
+        born.c.queue,
+        born.c.priority,
+        case(
+            (mine, const(JobState.RUNNING.value)),
+            (born.c.root, const(JobState.AVAILABLE.value)),
+            else_=const(JobState.BLOCKED.value),
+        ),
+        born.c.after,
+        func.cardinality(born.c.after),
+        born.c.max_attempts,
+        born.c.deadline,
+        born.c.starts,
+        born.c.created_at,
+        case(
+            (
+                born.c.signal.is_not(None),
+                func.jsonb_build_object(const("signal"), born.c.signal),
+            ),
+        ),
+        case((mine, const(1, Integer)), else_=const(0, Integer)),
+        case((mine, const(1, Integer)), else_=const(0, Integer)),
+        case((mine, bindparam("me", type_=Text))),
+        case((mine, func.now())),
+        case((mine, func.now())),
+    ).order_by(born.c.run_id, born.c.ord)
+    return (
+        insert(jobs)
+        .from_select(
+            [
+                jobs.c.run_id,
+                jobs.c.workflow,
+                jobs.c.kind,
+                jobs.c.queue,
+                jobs.c.priority,
+                jobs.c.state,
+                jobs.c.deps,
+                jobs.c.pending_deps,
+                jobs.c.max_attempts,
+                jobs.c.deadline,
+                jobs.c.scheduled_at,
+                jobs.c.created_at,
+                jobs.c.args,
+                jobs.c.attempt,
+                jobs.c.lease,
+                jobs.c.worker_id,
+                jobs.c.attempted_at,
+                jobs.c.heartbeat_at,
+            ],
+            rows,
+        )
+        .returning(*_CLAIMED_COLUMNS, jobs.c.state, _notify.when_available(jobs.c.state))
+        .cte("new_jobs")
+    )
+
+
+_CLAIMED_COLUMNS = (
+    jobs.c.id,
+    jobs.c.run_id,
+    jobs.c.workflow,
+    jobs.c.kind,
+    jobs.c.queue,
+    jobs.c.attempt,
+    jobs.c.lease,
+    jobs.c.max_attempts,
+    jobs.c.deadline,
+    jobs.c.deps,
+    jobs.c.args,
+    jobs.c.priority,
+    jobs.c.scheduled_at,
+    jobs.c.unique_key,
+    jobs.c.trace_context,
+)
+
+
 def claim_jobs_stmt(scope: Scope, limit: int, *, completing: bool = False) -> Any:
     """Claim up to ``limit`` runnable jobs of ``scope`` for the worker ``:me``.
 
@@ -204,25 +384,18 @@ def claim_jobs_stmt(scope: Scope, limit: int, *, completing: bool = False) -> An
             attempted_at=func.now(),
             heartbeat_at=func.now(),
         )
-        .returning(
-            jobs.c.id,
-            jobs.c.run_id,
-            jobs.c.workflow,
-            jobs.c.kind,
-            jobs.c.queue,
-            jobs.c.attempt,
-            jobs.c.lease,
-            jobs.c.max_attempts,
-            jobs.c.deadline,
-            jobs.c.deps,
-            jobs.c.args,
-            jobs.c.priority,
-            jobs.c.scheduled_at,
-            jobs.c.unique_key,
-            jobs.c.trace_context,
-        )
+        .returning(*_CLAIMED_COLUMNS)
         .cte("claimed")
     )
+    if scope.workflows:
+        new_jobs = _start_runs(scope, limit, claimed)
+        names = [c.name for c in _CLAIMED_COLUMNS]
+        claimed = union_all(
+            select(*(claimed.c[n] for n in names)),
+            select(*(new_jobs.c[n] for n in names)).where(
+                new_jobs.c.state == const(JobState.RUNNING.value)
+            ),
+        ).cte("claims")
     upstream = jobs.alias("upstream")
     outputs = (
         select(cast(func.jsonb_object_agg(upstream.c.kind, upstream.c.output), Text))

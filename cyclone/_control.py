@@ -11,6 +11,7 @@ import uuid
 from typing import Any
 
 from sqlalchemy import Engine, bindparam, case, func, select, update
+from sqlalchemy.dialects.postgresql import JSONB
 
 from cyclone import _completion, errors
 from cyclone._fastpath import const
@@ -67,10 +68,15 @@ def reset_jobs_stmt(*, every_step: bool) -> Any:
 
 def restart_run_stmt(*, from_states: tuple[RunState, ...]) -> Any:
     """Put a terminal run back to running with its count of unfinished steps."""
-    remaining = (
-        select(func.count())
+    # A run cancelled or expired before it started has no step rows: all its steps remain.
+    remaining = case(
+        (
+            runs.c.start_at.is_not(None),
+            func.jsonb_array_length(runs.c.graph.op("->", return_type=JSONB)(const("steps"))),
+        ),
+        else_=select(func.count())
         .where(jobs.c.run_id == runs.c.id, jobs.c.state != const(JobState.COMPLETED.value))
-        .scalar_subquery()
+        .scalar_subquery(),
     )
     return (
         update(runs)

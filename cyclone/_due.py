@@ -1,10 +1,11 @@
 """When the next job a worker serves falls due: what an idle worker sleeps until.
 
-A job scheduled for later (``run_at=``, ``delay=``, a retry's backoff) is available but
-not yet due. An idle worker that found nothing to claim reads when the earliest such job
-of its scope falls due and sleeps until then (never longer than its poll interval), so it
-neither polls in a busy loop nor starts the job late. The statement reads the claim
-indexes' ranges of the workflows and kinds the worker serves.
+A job scheduled for later (a retry's backoff, a sleep) is available but not yet due, and
+a run submitted with ``run_at=`` or ``delay=`` waits to be started. An idle worker that
+found nothing to claim reads when the earliest of them falls due and sleeps until then
+(never longer than its poll interval), so it neither polls in a busy loop nor starts the
+job late. The statement reads the claim indexes' ranges of the workflows and kinds the
+worker serves.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from sqlalchemy import Float, and_, extract, false, func, or_, select, true
 from cyclone import _fastpath
 from cyclone._claim import Scope
 from cyclone._fastpath import const
-from cyclone.schema import jobs
-from cyclone.states import JobState
+from cyclone.schema import jobs, runs
+from cyclone.states import JobState, RunState
 
 
 def _one_of(column: Any, values: tuple[str, ...]) -> Any:
@@ -26,17 +27,38 @@ def _one_of(column: Any, values: tuple[str, ...]) -> Any:
 
 
 def next_due_stmt(scope: Scope) -> Any:
-    """Seconds from now until the earliest not-yet-due available job of ``scope``, or NULL."""
+    """Seconds from now until the earliest not-yet-due job or run start of ``scope``, or NULL.
+
+    A run submitted for later has no jobs yet: its ``start_at`` is read from
+    ``ix_cyclone_runs_start``'s ranges of the served workflows.
+    """
     served = or_(
         _one_of(jobs.c.workflow, scope.workflows),
         and_(jobs.c.workflow.is_(None), _one_of(jobs.c.kind, scope.kinds)),
     )
-    return select(extract("epoch", func.min(jobs.c.scheduled_at) - func.now()).cast(Float)).where(
-        jobs.c.state == const(JobState.AVAILABLE.value),
-        served,
-        true() if scope.queues is None else _one_of(jobs.c.queue, scope.queues),
-        jobs.c.scheduled_at > func.now(),
+    due: Any = (
+        select(func.min(jobs.c.scheduled_at))
+        .where(
+            jobs.c.state == const(JobState.AVAILABLE.value),
+            served,
+            true() if scope.queues is None else _one_of(jobs.c.queue, scope.queues),
+            jobs.c.scheduled_at > func.now(),
+        )
+        .scalar_subquery()
     )
+    if scope.workflows:
+        starts = (
+            select(func.min(runs.c.start_at))
+            .where(
+                _one_of(runs.c.workflow, scope.workflows),
+                runs.c.start_at.is_not(None),
+                runs.c.state == const(RunState.RUNNING.value),
+                runs.c.start_at > func.now(),
+            )
+            .scalar_subquery()
+        )
+        due = func.least(due, starts)
+    return select(extract("epoch", due - func.now()).cast(Float))
 
 
 @functools.lru_cache(maxsize=64)

@@ -25,7 +25,6 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-import msgspec
 from sqlalchemy import (
     BigInteger,
     Connection,
@@ -58,11 +57,6 @@ log = logging.getLogger("cyclone.worker")
 
 PARK_FOR = timedelta(days=365 * 100)
 """How far ahead a wait node without a timeout is parked; a signal brings it back to now."""
-
-
-def signal_args(signal: str) -> str:
-    """The ``args`` of a wait node's job: ``{"signal": name}``, how a signal finds its node."""
-    return msgspec.json.encode({"signal": signal}).decode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,7 +204,6 @@ def _mark(conn: Connection, key: dict[str, Any], timeout: timedelta | None) -> d
 # -- the sender's side -----------------------------------------------------------------
 
 _NODE_ARGS = cast(func.jsonb_build_object(const("signal"), bindparam("signal", type_=Text)), JSONB)
-_WAITING_NODE = and_(jobs.c.run_id == runs.c.id, jobs.c.args == _NODE_ARGS)
 _LIVE_JOB_STATES = [
     const(JobState.BLOCKED.value),
     const(JobState.AVAILABLE.value),
@@ -220,7 +213,10 @@ _LIVE_JOB_STATES = [
 
 def _read_stmt(by_key: bool) -> Any:
     """The run, whether it has a wait node for the signal, and the signal already sent."""
-    node_exists = select(jobs.c.id).where(_WAITING_NODE).exists()
+    # From the graph, which a run not started yet has already (its steps have no rows).
+    node_exists = runs.c.graph.op("->", return_type=JSONB)(const("steps")).op("@>")(
+        func.jsonb_build_array(_NODE_ARGS)
+    )
     sent = signals.alias("sent")
     stmt = (
         select(

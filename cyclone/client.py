@@ -8,9 +8,19 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import Engine, Text, bindparam, cast, func, literal_column, select, tuple_
+from sqlalchemy import (
+    Engine,
+    Text,
+    bindparam,
+    cast,
+    func,
+    literal_column,
+    select,
+    tuple_,
+    union_all,
+)
 
-from cyclone import _binds, _codec, _lookup, _sweeper, schedules
+from cyclone import _binds, _codec, _lookup, _sweeper, _unstarted, schedules
 from cyclone.jobs import JOB_STATUS_COLUMNS, JobStatus, cancel_job, job_status_from_row
 from cyclone.runs import STATUS_COLUMNS, RunStatus, status_from_row
 from cyclone.schedules import ScheduleStatus
@@ -28,7 +38,8 @@ class StepStatus:
     """
 
     name: str
-    job_id: int
+    job_id: int | None
+    """None while the run has not started: its steps are created when a worker starts it."""
     state: JobState
     queue: str
     attempt: int
@@ -68,23 +79,33 @@ class JobDetail:
 
 
 _RUN_DATA = select(cast(runs.c.input, Text), runs.c.result_step).where(runs.c.id == bindparam("id"))
-_STEPS = (
-    select(
-        jobs.c.kind,
-        jobs.c.id,
-        jobs.c.state,
-        jobs.c.queue,
-        jobs.c.attempt,
-        jobs.c.max_attempts,
-        jobs.c.scheduled_at,
-        jobs.c.attempted_at,
-        jobs.c.finalized_at,
-        cast(jobs.c.errors, Text),
-        cast(jobs.c.output, Text),
-    )
-    .where(jobs.c.run_id == bindparam("id"))
-    .order_by(jobs.c.id)
+_STEP_COLUMNS = (
+    "kind",
+    "id",
+    "state",
+    "queue",
+    "attempt",
+    "max_attempts",
+    "scheduled_at",
+    "attempted_at",
+    "finalized_at",
+    "errors",
+    "output",
 )
+_STEPS_CREATED = select(*(jobs.c[n] for n in _STEP_COLUMNS), jobs.c.id.label("ord")).where(
+    jobs.c.run_id == bindparam("id")
+)
+_UNSTARTED = _unstarted.steps_of(bindparam("id")).subquery("unstarted")
+_STEPS_ALL = union_all(
+    _STEPS_CREATED, select(*(_UNSTARTED.c[n] for n in (*_STEP_COLUMNS, "ord")))
+).subquery("steps")
+_STEPS = select(
+    *(
+        cast(_STEPS_ALL.c[n], Text) if n in ("errors", "output") else _STEPS_ALL.c[n]
+        for n in _STEP_COLUMNS
+    )
+).order_by(_STEPS_ALL.c.ord)
+"""A run's steps in order: its jobs, or, for a run not started yet, its graph's steps."""
 _JOB_DATA = select(
     *JOB_STATUS_COLUMNS, cast(jobs.c.args, Text), cast(jobs.c.output, Text), jobs.c.attempted_at
 ).where(jobs.c.id == bindparam("id"), jobs.c.run_id.is_(None))

@@ -75,6 +75,7 @@ runs = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("finalized_at", DateTime(timezone=True)),
     Column("trace_context", Text),
+    Column("start_at", DateTime(timezone=True)),
     CheckConstraint(_in("state", RunState), name="state"),
     CheckConstraint(
         _finalized_iff(TERMINAL_RUN_STATES),
@@ -99,6 +100,14 @@ Index(
     "ix_cyclone_runs_finalized_at",
     runs.c.finalized_at,
     postgresql_where=text("finalized_at IS NOT NULL"),
+)
+# The runs a claim starts: submitted, their steps not created yet (revision cyclone_0008).
+Index(
+    "ix_cyclone_runs_start",
+    runs.c.workflow,
+    runs.c.start_at,
+    runs.c.id,
+    postgresql_where=text("start_at IS NOT NULL AND state = 'running'"),
 )
 Index(
     "ix_cyclone_runs_deadline",

@@ -1,9 +1,11 @@
 """Submission: the insert-once statements of ``submit``, ``submit_once`` and their ``_tx`` forms.
 
-A new key costs one statement: a CTE inserts the run ``ON CONFLICT DO NOTHING``, inserts
-its steps from the inserted row, and, in the same statement, reads an existing run of the
-key and compares its input as ``jsonb``. A second statement is needed only when another
-transaction committed the key after the first statement's snapshot. When cyclone owns
+A new key costs one statement writing one row: a CTE inserts the run ``ON CONFLICT DO
+NOTHING`` and, in the same statement, reads an existing run of the key and compares its
+input as ``jsonb``. The run's steps are not written here: the claim that starts the run
+creates them (:mod:`cyclone._claim`), from the graph the run row keeps. A second
+statement is needed only when another transaction committed the key after the first
+statement's snapshot. When cyclone owns
 the transaction (a bind), the statement is sent in autocommit mode: one statement is
 atomic on its own, so no BEGIN or COMMIT round trips are needed.
 """
@@ -31,36 +33,18 @@ from sqlalchemy import (
     exists,
     false,
     func,
-    literal,
     literal_column,
     select,
     true,
     union_all,
-    values,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
+from sqlalchemy.dialects.postgresql import JSONB, insert
 
-from cyclone import _binds, _fastpath, _graph, _keys, _notify, _observe, _waits, errors
-from cyclone.schema import jobs, runs
-from cyclone.states import JobState, RunState
+from cyclone import _binds, _fastpath, _graph, _keys, _notify, _observe, errors
+from cyclone.schema import runs
+from cyclone.states import RunState
 
 _MAX_RACE_RETRIES = 5
-
-
-@dataclass(frozen=True, slots=True)
-class _StepRow:
-    kind: str
-    queue: str
-    priority: int
-    deps: tuple[str, ...]
-    max_attempts: int
-    args: str | None = None
-    """The job's ``args``: for a wait node, ``{"signal": name}`` (how a signal finds it)."""
-
-
-def _text_array(items: Sequence[str]) -> Any:
-    """A ``text[]`` constant for ``VALUES``, rendered by SQLAlchemy; the cast types ``ARRAY[]``."""
-    return cast(literal(list(items), ARRAY(Text)), ARRAY(Text))
 
 
 _const = _fastpath.const
@@ -87,26 +71,15 @@ class Plan:
 
     @classmethod
     def build(cls, workflow: str, graph: _graph.GraphSnapshot) -> Plan:
-        steps = [
-            _StepRow(
-                node.name,
-                node.queue,
-                node.priority,
-                tuple(node.after),
-                node.max_attempts,
-                None if node.signal is None else _waits.signal_args(node.signal),
-            )
-            for node in graph.steps
-        ]
         encoded = msgspec.json.encode(graph).decode()
-        consts = _Consts(workflow, encoded, graph.result, steps)
+        consts = _Consts(workflow, encoded, graph.result, len(graph.steps))
         insert_run = consts.insert_run_stmt()
         insert_run_once = consts.insert_run_once_stmt()
         return cls(
             workflow=workflow,
             graph=encoded,
             result_step=graph.result,
-            step_count=len(steps),
+            step_count=len(graph.steps),
             insert_run=insert_run,
             insert_run_once=insert_run_once,
             insert_runs_once=consts.insert_runs_once_stmt(),
@@ -136,81 +109,7 @@ class _Consts:
     workflow: str
     graph: str
     result_step: str | None
-    steps: Sequence[_StepRow]
-
-    def _step_rows(self) -> Any:
-        return values(
-            column("kind", Text),
-            column("queue", Text),
-            column("priority", Integer),
-            column("deps", ARRAY(Text)),
-            column("pending", Integer),
-            column("max_attempts", Integer),
-            column("args", Text),
-            name="s",
-            literal_binds=True,
-        ).data(
-            [
-                (
-                    st.kind,
-                    st.queue,
-                    st.priority,
-                    _text_array(st.deps),
-                    len(st.deps),
-                    st.max_attempts,
-                    st.args,
-                )
-                for st in self.steps
-            ]
-        )
-
-    def _insert_jobs_stmt(self, inserted: Any) -> Any:
-        """Insert one job per step of every run in ``inserted`` (a CTE with id and deadline).
-
-        Its ``RETURNING`` rings NOTIFY for each step available at once: the CTE's rows are
-        never read, but PostgreSQL runs a data-modifying CTE, and its ``RETURNING``, to the end.
-        """
-        steps = self._step_rows()
-        return (
-            insert(jobs)
-            .from_select(
-                [
-                    jobs.c.run_id,
-                    jobs.c.workflow,
-                    jobs.c.kind,
-                    jobs.c.queue,
-                    jobs.c.priority,
-                    jobs.c.state,
-                    jobs.c.deps,
-                    jobs.c.pending_deps,
-                    jobs.c.max_attempts,
-                    jobs.c.deadline,
-                    jobs.c.scheduled_at,
-                    jobs.c.args,
-                ],
-                select(
-                    inserted.c.id,
-                    inserted.c.workflow,
-                    steps.c.kind,
-                    steps.c.queue,
-                    steps.c.priority,
-                    case(
-                        (
-                            steps.c.pending == _const(0, Integer),
-                            _const(JobState.AVAILABLE.value, Text),
-                        ),
-                        else_=_const(JobState.BLOCKED.value, Text),
-                    ),
-                    steps.c.deps,
-                    steps.c.pending,
-                    steps.c.max_attempts,
-                    inserted.c.deadline,
-                    _starts_at(),
-                    cast(steps.c.args, JSONB),
-                ).select_from(inserted.join(steps, true())),
-            )
-            .returning(_notify.when_available(jobs.c.state))
-        )
+    step_count: int
 
     def _run_values(self) -> dict[str, Any]:
         deadline = func.coalesce(
@@ -223,8 +122,9 @@ class _Consts:
             "graph": cast(_const(self.graph, Text), JSONB),
             "result_step": _const(self.result_step, Text),
             "state": _const(RunState.RUNNING.value, Text),
-            "steps_remaining": _const(len(self.steps), Integer),
+            "steps_remaining": _const(self.step_count, Integer),
             "deadline": deadline,
+            "start_at": _starts_at(),
             "retention": bindparam("retention", type_=Interval),
             "trace_context": bindparam("trace_context", None, type_=Text),
         }
@@ -232,16 +132,13 @@ class _Consts:
     def select_run_by_key_stmt(self) -> Select[Any]:
         return _select_run_by_key(_const(self.workflow, Text))
 
-    def insert_run_stmt(self) -> Select[Any]:
+    def insert_run_stmt(self) -> Any:
         """Insert a keyless run and its steps; returns the run id."""
-        inserted = (
+        return (
             insert(runs)
             .values(submit_key=None, **self._run_values())
-            .returning(runs.c.id, runs.c.workflow, runs.c.deadline)
-            .cte("ins")
+            .returning(runs.c.id, _ring_when_due())
         )
-        new_jobs = self._insert_jobs_stmt(inserted).cte("new_jobs")
-        return select(inserted.c.id).add_cte(new_jobs)
 
     def insert_run_once_stmt(self) -> Any:
         """Insert the run of a key unless one exists, else read that run and compare inputs.
@@ -265,13 +162,12 @@ class _Consts:
                 ),
             )
             .on_conflict_do_nothing(index_elements=[runs.c.workflow, runs.c.submit_key])
-            .returning(runs.c.id, runs.c.workflow, runs.c.deadline)
+            .returning(runs.c.id, _ring_when_due())
             .cte("ins")
         )
-        new_jobs = self._insert_jobs_stmt(inserted).cte("new_jobs")
         created = select(inserted.c.id, true().label("created"), true())
         existing = self.select_run_by_key_stmt().where(~exists(select(inserted.c.id)))
-        return union_all(created, existing).add_cte(new_jobs)
+        return union_all(created, existing)
 
     def insert_runs_once_stmt(self) -> Any:
         """The batch form of :meth:`insert_run_once_stmt` over a jsonb array of ``{i, key, input}``.
@@ -305,10 +201,9 @@ class _Consts:
                 ).order_by(first.c.key),
             )
             .on_conflict_do_nothing(index_elements=[runs.c.workflow, runs.c.submit_key])
-            .returning(runs.c.id, runs.c.workflow, runs.c.deadline, runs.c.submit_key, runs.c.input)
+            .returning(runs.c.id, runs.c.submit_key, runs.c.input, _ring_when_due())
             .cte("ins")
         )
-        new_jobs = self._insert_jobs_stmt(inserted).cte("new_jobs")
         created = (
             select(
                 items_cte.c.i,
@@ -331,17 +226,28 @@ class _Consts:
             & (runs.c.submit_key == items_cte.c.key)
             & ~exists().where(inserted.c.submit_key == items_cte.c.key),
         )
-        return union_all(created, existing).add_cte(new_jobs)
+        return union_all(created, existing)
+
+
+def _ring_when_due() -> Any:
+    """A ``RETURNING`` column of a run insert: NOTIFY the workers for a run due now.
+
+    PostgreSQL runs a data-modifying CTE, and its ``RETURNING``, to the end, so a column
+    no one reads still rings; repeats within a transaction are folded into one.
+    """
+    return case(
+        (runs.c.start_at <= func.now(), func.pg_notify(_const(_notify.JOBS_AVAILABLE), _const("")))
+    ).label("notified")
 
 
 def _starts_at() -> Any:
-    """When a new run's steps may start: ``run_at=``, else now plus ``delay=``, else now.
+    """When a new run may start: ``run_at=``, else now plus ``delay=``, else now.
 
-    Every step gets it: the roots wait for it, and a later step, which waits for its
-    roots anyway, keeps the claim order by submission time.
+    The claim that starts the run creates its steps with it as their ``scheduled_at``:
+    the roots wait for it, and a later step keeps the claim order by submission time.
     """
     return func.coalesce(
-        bindparam("start_at", type_=jobs.c.scheduled_at.type),
+        bindparam("start_at", type_=runs.c.start_at.type),
         func.now() + bindparam("start_in", type_=Interval),
         func.now(),
     )

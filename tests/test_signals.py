@@ -15,7 +15,7 @@ import cyclone
 from cyclone import _claim, _fastpath, _rescue, _waits
 from cyclone.schema import jobs, signals
 from tests.conftest import StatementCounter, wait_until
-from tests.support.workers import Background
+from tests.support.workers import Background, job_rows
 
 
 class Order(msgspec.Struct):
@@ -50,13 +50,8 @@ def checkout(name: str, *, timeout: timedelta | None = None) -> cyclone.ResultWo
 
 
 def node_row(engine: sa.Engine, run_id: Any, kind: str = "paid") -> tuple[str, int, Any]:
-    with engine.connect() as conn:
-        state, attempt, errors = conn.execute(
-            sa.select(jobs.c.state, jobs.c.attempt, jobs.c.errors).where(
-                jobs.c.run_id == run_id, jobs.c.kind == kind
-            )
-        ).one()
-    return state, attempt, errors
+    row = job_rows(engine, run_id)[kind]
+    return row.state, row.attempt, row.errors
 
 
 def stored_signals(engine: sa.Engine, run_id: Any) -> dict[str, Any]:

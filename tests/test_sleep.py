@@ -11,21 +11,15 @@ import pytest
 import sqlalchemy as sa
 
 import cyclone
-from cyclone.schema import jobs
 from tests.conftest import wait_until
-from tests.support.workers import Background
+from tests.support.workers import Background, step_columns
 
 
 def times(
     engine: sa.Engine, run_id: Any
 ) -> dict[str, tuple[str, datetime | None, datetime | None]]:
     """Per step: state, when it was last started and when it finished."""
-    with engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(jobs.c.kind, jobs.c.state, jobs.c.attempted_at, jobs.c.finalized_at).where(
-                jobs.c.run_id == run_id
-            )
-        ).all()
+    rows = step_columns(engine, run_id, "kind", "state", "attempted_at", "finalized_at")
     return {kind: (state, started, finished) for kind, state, started, finished in rows}
 
 

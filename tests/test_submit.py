@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import cyclone
+from cyclone import _claim, _fastpath
 from cyclone import submit as submit_module
 from cyclone.schema import jobs, runs
 from tests.conftest import StatementCounter
@@ -20,6 +21,7 @@ from tests.support.factories import (
     count_runs,
     finish,
     job_kinds,
+    noop,
     result_workflow,
     run_ids,
     workflow,
@@ -471,22 +473,63 @@ def test_submit_once_statements_do_not_grow_with_the_steps(
     assert len(job_kinds(engine, run.id)) == steps
 
 
-def test_jobs_of_a_new_run_start_blocked_or_available(engine: sa.Engine, name: str) -> None:
+def _step_rows(engine: sa.Engine, run_id: uuid.UUID) -> list[Any]:
+    with engine.connect() as conn:
+        return list(
+            conn.execute(
+                sa.select(
+                    jobs.c.kind,
+                    jobs.c.state,
+                    jobs.c.pending_deps,
+                    jobs.c.deadline,
+                    jobs.c.attempt,
+                    jobs.c.worker_id,
+                )
+                .where(jobs.c.run_id == run_id)
+                .order_by(jobs.c.kind)
+            )
+        )
+
+
+def test_a_submit_writes_the_run_row_only_and_shows_its_steps_blocked_or_available(
+    engine: sa.Engine, name: str
+) -> None:
     wf = workflow(name, 3)
     run, _ = wf.submit_once(engine, "k", 1, deadline=timedelta(hours=1))
-    with engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(jobs.c.kind, jobs.c.state, jobs.c.pending_deps, jobs.c.deadline)
-            .where(jobs.c.run_id == run.id)
-            .order_by(jobs.c.kind)
-        ).all()
+    assert _step_rows(engine, run.id) == []
+    detail = cyclone.Client(engine).get_run_detail(run.id)
+    assert detail is not None
+    assert [(s.name, s.state, s.job_id, s.attempt) for s in detail.steps] == [
+        ("s0", "available", None, 0),
+        ("s1", "blocked", None, 0),
+        ("s2", "blocked", None, 0),
+    ]
+
+
+def test_the_claim_that_starts_a_run_creates_its_steps_and_claims_roots_for_free_slots(
+    engine: sa.Engine, name: str
+) -> None:
+    wf: cyclone.Workflow[Any] = cyclone.Workflow(name)
+    wf.step("a")(noop)
+    wf.step("b")(noop)
+    wf.step("c", after=["a", "b"])(noop)
+    run, _ = wf.submit_once(engine, "k", 1, deadline=timedelta(hours=1))
+    scope = _claim.Scope(queues=None, workflows=(name,), kinds=())
+    with _fastpath.connect(engine) as conn:
+        _recorded, claimed = _claim.record_and_claim(
+            conn, worker_id="w1", successes=[], scope=scope, limit=1
+        )
     deadline = run.status().deadline
-    assert [(r.kind, r.state, r.pending_deps) for r in rows] == [
-        ("s0", "available", 0),
-        ("s1", "blocked", 1),
-        ("s2", "blocked", 1),
+    rows = _step_rows(engine, run.id)
+    assert [(r.kind, r.state, r.pending_deps, r.attempt, r.worker_id) for r in rows] == [
+        ("a", "running", 0, 1, "w1"),
+        ("b", "available", 0, 0, None),
+        ("c", "blocked", 2, 0, None),
     ]
     assert all(r.deadline == deadline for r in rows)
+    assert [(c.run_id, c.kind, c.attempt, c.lease, c.key) for c in claimed] == [
+        (run.id, "a", 1, 1, "k")
+    ]
 
 
 def test_result_on_the_handle_of_an_existing_key_returns_the_result(

@@ -12,9 +12,9 @@ import pytest
 import sqlalchemy as sa
 
 import cyclone
-from cyclone.schema import jobs
+from cyclone.schema import jobs, runs
 from tests.conftest import wait_until
-from tests.support.workers import Background, job_rows
+from tests.support.workers import Background, job_rows, start_runs
 
 
 class Order(msgspec.Struct):
@@ -452,6 +452,31 @@ def test_a_join_becomes_available_only_when_its_last_upstream_finishes_seconds_l
     assert seen["outputs"] == ("fast", "slow")
 
 
+def test_a_claim_skips_a_run_to_start_that_another_transaction_has_locked(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = cyclone.Workflow(name)
+    calls: list[int] = []
+
+    @wf.step()
+    def only(ctx: cyclone.StepContext, value: int) -> None:
+        calls.append(value)
+
+    locked = wf.submit(engine, 1)
+    wf.submit(engine, 2)
+    with engine.connect() as other:
+        other.execute(sa.select(runs.c.id).where(runs.c.id == locked.id).with_for_update()).one()
+        draining = Background(cyclone.Worker(engine, workflows=[wf], sweep=False).drain)
+        try:
+            assert draining.join(10) == 1  # did not wait for the lock
+        finally:
+            other.rollback()
+    assert calls == [2]
+    assert job_rows(engine, locked.id)["only"].state == "available"
+    assert cyclone.Worker(engine, workflows=[wf], sweep=False).drain() == 1
+    assert calls == [2, 1]
+
+
 def test_a_claim_skips_a_job_another_transaction_has_locked(engine: sa.Engine, name: str) -> None:
     wf = cyclone.Workflow(name)
     calls: list[int] = []
@@ -462,6 +487,7 @@ def test_a_claim_skips_a_job_another_transaction_has_locked(engine: sa.Engine, n
 
     locked = wf.submit(engine, 1)
     free = wf.submit(engine, 2)
+    start_runs(engine, wf)
     with engine.connect() as other:
         other.execute(
             sa.select(jobs.c.id).where(jobs.c.run_id == locked.id).with_for_update()

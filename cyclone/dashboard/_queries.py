@@ -24,6 +24,7 @@ from sqlalchemy import (
     union_all,
 )
 
+from cyclone import _unstarted
 from cyclone.schema import LISTED_SINCE, jobs, runs
 from cyclone.states import JobState, RunState
 
@@ -390,22 +391,37 @@ def get_run(conn: Connection, run_id: uuid.UUID) -> RunDetail | None:
     return RunDetail(*values)
 
 
+_STEP_ROW_COLUMNS = (
+    "kind",
+    "state",
+    "queue",
+    "attempt",
+    "max_attempts",
+    "errors",
+    "output",
+    "created_at",
+    "scheduled_at",
+    "attempted_at",
+    "finalized_at",
+    "worker_id",
+)
+
+
+def _as_text(col: Any) -> Any:
+    """The jsonb columns of a step as text, the others as they are."""
+    return cast(col, Text).label(col.name) if col.name in ("errors", "output") else col
+
+
 def run_steps(conn: Connection, run_id: uuid.UUID) -> list[StepRow]:
+    """A run's steps: its jobs, or, for a run not started yet, the steps of its graph."""
+    unstarted = _unstarted.steps_of(run_id).subquery("unstarted")
     rows = conn.execute(
-        select(
-            jobs.c.kind,
-            jobs.c.state,
-            jobs.c.queue,
-            jobs.c.attempt,
-            jobs.c.max_attempts,
-            cast(jobs.c.errors, Text),
-            cast(jobs.c.output, Text),
-            jobs.c.created_at,
-            jobs.c.scheduled_at,
-            jobs.c.attempted_at,
-            jobs.c.finalized_at,
-            jobs.c.worker_id,
-        ).where(jobs.c.run_id == run_id)
+        union_all(
+            select(*(_as_text(jobs.c[n]) for n in _STEP_ROW_COLUMNS)).where(
+                jobs.c.run_id == run_id
+            ),
+            select(*(_as_text(unstarted.c[n]) for n in _STEP_ROW_COLUMNS)),
+        )
     )
     return [StepRow(row[0], JobState(row[1]), *row[2:]) for row in rows]
 

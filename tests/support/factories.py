@@ -61,9 +61,9 @@ def run_ids(engine: sa.Engine, workflow: str) -> set[uuid.UUID]:
 
 
 def job_kinds(engine: sa.Engine, run_id: uuid.UUID) -> list[str]:
-    with engine.connect() as conn:
-        stmt = sa.select(jobs.c.kind).where(jobs.c.run_id == run_id).order_by(jobs.c.kind)
-        return list(conn.execute(stmt).scalars())
+    """The run's steps by name, as its detail shows them (created or not yet), sorted."""
+    detail = cyclone.Client(engine).get_run_detail(run_id)
+    return [] if detail is None else sorted(step.name for step in detail.steps)
 
 
 def finish(

@@ -15,6 +15,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
+import cyclone
+from cyclone import _unstarted
 from cyclone.schema import jobs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,20 +64,34 @@ class JobRow:
     output: Any
 
 
-def job_rows(engine: sa.Engine, run_id: uuid.UUID) -> dict[str, JobRow]:
-    """The jobs of a run, by step name."""
+def step_columns(engine: sa.Engine, run_id: Any, *names: str) -> list[sa.Row[Any]]:
+    """These columns of a run's jobs; a run not started yet shows the steps it will create
+    (``cyclone._unstarted``), as its detail does."""
+    unstarted = _unstarted.steps_of(run_id).subquery("unstarted")
     with engine.connect() as conn:
-        rows = conn.execute(
-            sa.select(
-                jobs.c.kind,
-                jobs.c.state,
-                jobs.c.attempt,
-                jobs.c.errors,
-                jobs.c.worker_id,
-                jobs.c.scheduled_at,
-                jobs.c.output,
-            ).where(jobs.c.run_id == run_id)
-        ).all()
+        return list(
+            conn.execute(
+                sa.union_all(
+                    sa.select(*(jobs.c[n] for n in names)).where(jobs.c.run_id == run_id),
+                    sa.select(*(unstarted.c[n] for n in names)),
+                )
+            )
+        )
+
+
+def start_runs(engine: sa.Engine, wf: cyclone.Workflow[Any]) -> None:
+    """Start the due runs of ``wf`` (create their steps) without running a step of them.
+
+    A worker serving only a queue no step uses starts runs as it claims, and claims none.
+    """
+    with cyclone.Worker(engine, workflows=[wf], queues={"~unserved": 64}, sweep=False) as worker:
+        assert worker.drain() == 0
+
+
+def job_rows(engine: sa.Engine, run_id: uuid.UUID) -> dict[str, JobRow]:
+    """The jobs of a run, by step name; a run not started yet shows the steps it will create."""
+    names = ("kind", "state", "attempt", "errors", "worker_id", "scheduled_at", "output")
+    rows = step_columns(engine, run_id, *names)
     return {row[0]: JobRow(*row) for row in rows}
 
 

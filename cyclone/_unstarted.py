@@ -1,0 +1,95 @@
+"""The steps of a run not started yet, read from the graph its row keeps.
+
+A submit writes the run row only; its steps become rows of ``cyclone_jobs`` when a claim
+starts the run (:mod:`cyclone._claim`). Until then a run's ``start_at`` is set, and
+whoever shows the run's steps reads them from its graph snapshot with this module: roots
+available, the others blocked, no attempt made, as the claim will create them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Integer,
+    Select,
+    Text,
+    case,
+    cast,
+    column,
+    func,
+    null,
+    select,
+    true,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+
+from cyclone._fastpath import const
+from cyclone.schema import runs
+from cyclone.states import JobState
+
+STEP_FIELDS = (
+    column("name", Text),
+    column("after", ARRAY(Text)),
+    column("max_attempts", Integer),
+    column("queue", Text),
+    column("priority", Integer),
+    column("signal", Text),
+)
+"""The fields of a step in a run's graph (:class:`cyclone._graph.NodeSnapshot`)."""
+
+
+def graph_steps(graph: Any) -> tuple[Any, Any]:
+    """The steps of ``graph`` (a jsonb column) as FROM items: their elements with ``ord``,
+    and each element's fields (``STEP_FIELDS``); join both on true after the graph's row."""
+    elements = (
+        func.jsonb_array_elements(graph.op("->", return_type=JSONB)(const("steps")))
+        .table_valued("value", with_ordinality="ord")
+        .render_derived("e")
+    )
+    step = (
+        func.jsonb_to_record(elements.c.value)
+        .table_valued(*STEP_FIELDS)
+        .render_derived("s", with_types=True)
+    )
+    return elements, step
+
+
+def is_root(step: Any) -> Any:
+    """Whether a step of :func:`graph_steps` comes after no other step."""
+    return func.cardinality(step.c.after) == const(0, Integer)
+
+
+def steps_of(run_id: Any) -> Select[Any]:
+    """The steps of the run ``run_id`` if it has not started, named as ``cyclone_jobs``' columns.
+
+    No row for a run that has started (its steps are rows of ``cyclone_jobs``).
+    """
+    elements, step = graph_steps(runs.c.graph)
+    return (
+        select(
+            step.c.name.label("kind"),
+            cast(null(), BigInteger).label("id"),
+            case(
+                (is_root(step), const(JobState.AVAILABLE.value)),
+                else_=const(JobState.BLOCKED.value),
+            ).label("state"),
+            step.c.queue.label("queue"),
+            step.c.priority.label("priority"),
+            const(0, Integer).label("attempt"),
+            step.c.max_attempts.label("max_attempts"),
+            cast(const("[]"), JSONB).label("errors"),
+            cast(null(), JSONB).label("output"),
+            runs.c.created_at.label("created_at"),
+            runs.c.start_at.label("scheduled_at"),
+            cast(null(), runs.c.start_at.type).label("attempted_at"),
+            cast(null(), runs.c.start_at.type).label("finalized_at"),
+            cast(null(), Text).label("worker_id"),
+            elements.c.ord.label("ord"),
+        )
+        .select_from(runs)
+        .join(elements, true())
+        .join(step, true())
+        .where(runs.c.id == run_id, runs.c.start_at.is_not(None))
+    )
