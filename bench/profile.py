@@ -218,31 +218,8 @@ def explain(engine: sa.Engine) -> None:
     )
 
 
-_STEPS_TRIGGER = """
-CREATE FUNCTION bench_insert_steps() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    INSERT INTO cyclone_jobs (run_id, workflow, kind, queue, priority, state, deps,
-                              pending_deps, max_attempts, deadline)
-    SELECT NEW.id, NEW.workflow, s.name, s.queue, s.priority,
-           CASE WHEN cardinality(s.after) = 0 THEN 'available' ELSE 'blocked' END,
-           s.after, cardinality(s.after), s.max_attempts, NEW.deadline
-    FROM jsonb_to_recordset(NEW.graph -> 'steps')
-         AS s(name text, queue text, priority smallint, after text[], max_attempts int);
-    RETURN NULL;
-END $$;
-CREATE TRIGGER bench_runs_inserted AFTER INSERT ON cyclone_runs
-    FOR EACH ROW EXECUTE FUNCTION bench_insert_steps();
-"""
-
-
-_INSERT_TRIGGER = """
-CREATE TRIGGER cyclone_jobs_inserted AFTER INSERT ON cyclone_jobs
-    FOR EACH ROW WHEN (NEW.state = 'available') EXECUTE FUNCTION cyclone_notify_job_changed();
-"""
-
-
 def _drop_checks(conn: Any) -> None:
-    for table in ("cyclone_runs", "cyclone_jobs"):
+    for table in ("cyclone_runs",):
         names = conn.execute(
             "SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'c'",
             (table,),
@@ -251,45 +228,17 @@ def _drop_checks(conn: Any) -> None:
             conn.execute(f"ALTER TABLE {table} DROP CONSTRAINT {name}")
 
 
-def _merge_checks(conn: Any) -> None:
-    for table in ("cyclone_runs", "cyclone_jobs"):
-        rows = conn.execute(
-            "SELECT conname, pg_get_constraintdef(oid) FROM pg_constraint "
-            "WHERE conrelid = %s::regclass AND contype = 'c'",
-            (table,),
-        ).fetchall()
-        for name, _ in rows:
-            conn.execute(f"ALTER TABLE {table} DROP CONSTRAINT {name}")
-        body = " AND ".join(d.removeprefix("CHECK ") for _, d in rows)
-        conn.execute(f"ALTER TABLE {table} ADD CONSTRAINT {table}_all CHECK ({body})")
-
-
 _VARIANTS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "cyclone": ("the schema and statement as shipped", lambda c: None),
-    "no NOTIFY": ("without the pg_notify of the new available job", lambda c: None),
-    "NOTIFY by trigger": (
-        "the row trigger that notified before revision cyclone_0004",
-        lambda c: c.execute(_INSERT_TRIGGER),
+    "no NOTIFY": ("without the pg_notify of the new run", lambda c: None),
+    "no checks": ("without the CHECK constraints of the runs table", _drop_checks),
+    "no listing indexes": (
+        "without the runs' created_at and listing indexes",
+        lambda c: c.execute("DROP INDEX ix_cyclone_runs_created_at_id, ix_cyclone_runs_listing"),
     ),
-    "checks merged (experiment)": ("each table's CHECKs as one constraint", _merge_checks),
-    "no foreign key": (
-        "without cyclone_jobs.run_id -> cyclone_runs",
-        lambda c: c.execute(
-            "ALTER TABLE cyclone_jobs DROP CONSTRAINT fk_cyclone_jobs_run_id_cyclone_runs"
-        ),
-    ),
-    "no checks": ("without the CHECK constraints of both tables", _drop_checks),
-    "no listing/claim indexes": (
-        "without the runs' created_at indexes and the jobs' claim and (run_id, kind) ones",
-        lambda c: c.execute(
-            "DROP INDEX ix_cyclone_runs_created_at_id, ix_cyclone_runs_listing, "
-            "ix_cyclone_jobs_claim_workflow, ix_cyclone_jobs_claim_kind, "
-            "ix_cyclone_jobs_run_id_kind"
-        ),
-    ),
-    "steps by trigger": (
-        "the run row alone in the statement; a row trigger inserts the steps from the graph",
-        lambda c: c.execute(_STEPS_TRIGGER),
+    "no start index": (
+        "without the index of the runs to start",
+        lambda c: c.execute("DROP INDEX ix_cyclone_runs_start"),
     ),
 }
 
@@ -307,12 +256,7 @@ def parts(url: str, n: int) -> None:
     admin = make_url(url)
     plan = workloads.one_step.plan()
     full = plan.fast_insert_run_once.sql
-    run_only = (
-        full[: full.index("new_jobs AS")].rstrip().rstrip(",")
-        + "\n"
-        + full[full.index(" SELECT ins.id, true") :]
-    )
-    notify = full.index(" RETURNING CASE WHEN (cyclone_jobs.state")
+    notify = full.index(", CASE WHEN (cyclone_runs.start_at")
     silent = full[:notify] + full[full.index(" AS notified", notify) + len(" AS notified") :]
     created: list[Any] = []
     conns: dict[str, tuple[psycopg.Connection[Any], str | None]] = {}
@@ -327,14 +271,13 @@ def parts(url: str, n: int) -> None:
             engine.dispose()
             c = psycopg.connect(run.conninfo(db), autocommit=True)
             change(c)
-            conns[label] = (c, {"steps by trigger": run_only}.get(label, full))
-            if label in ("no NOTIFY", "NOTIFY by trigger"):
-                conns[label] = (c, silent)
+            conns[label] = (c, silent if label == "no NOTIFY" else full)
         # The baseline gets a connection of its own: a backend that ran the previous call
         # is warmer, so sharing one, or a fixed order, favours one side.
         conns["raw psycopg"] = (psycopg.connect(run.conninfo(created[0]), autocommit=True), None)
         params = {"input": json.dumps(workloads.payload(1)), "deadline_at": None}
         params |= {"deadline_in": None, "retention": None}
+        params |= {"start_at": None, "start_in": None, "trace_context": None}
 
         def call(c: psycopg.Connection[Any], sql: str | None, key: str) -> None:
             if sql is None:

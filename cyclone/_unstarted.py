@@ -3,7 +3,8 @@
 A submit writes the run row only; its steps become rows of ``cyclone_jobs`` when a claim
 starts the run (:mod:`cyclone._claim`). Until then a run's ``start_at`` is set, and
 whoever shows the run's steps reads them from its graph snapshot with this module: roots
-available, the others blocked, no attempt made, as the claim will create them.
+available, the others blocked, no attempt made, as the claim will create them; cancelled
+once the run has ended without starting.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from cyclone._fastpath import const
 from cyclone.schema import runs
-from cyclone.states import JobState
+from cyclone.states import JobState, RunState
 
 STEP_FIELDS = (
     column("name", Text),
@@ -72,6 +73,9 @@ def steps_of(run_id: Any) -> Select[Any]:
             step.c.name.label("kind"),
             cast(null(), BigInteger).label("id"),
             case(
+                # Ended (cancelled, or failed by its deadline) before it started: its steps
+                # never will, as a cancel marks the unstarted steps of a started run.
+                (runs.c.state != const(RunState.RUNNING.value), const(JobState.CANCELLED.value)),
                 (is_root(step), const(JobState.AVAILABLE.value)),
                 else_=const(JobState.BLOCKED.value),
             ).label("state"),
@@ -92,4 +96,29 @@ def steps_of(run_id: Any) -> Select[Any]:
         .join(elements, true())
         .join(step, true())
         .where(runs.c.id == run_id, runs.c.start_at.is_not(None))
+    )
+
+
+def pending_steps() -> Select[Any]:
+    """The steps of every running run not started yet, as :func:`steps_of` names them.
+
+    Reads the runs of ``ix_cyclone_runs_start`` (its predicate is stated), so it costs
+    the runs waiting to start, never the history.
+    """
+    elements, step = graph_steps(runs.c.graph)
+    return (
+        select(
+            runs.c.workflow.label("workflow"),
+            step.c.name.label("kind"),
+            case(
+                (is_root(step), const(JobState.AVAILABLE.value)),
+                else_=const(JobState.BLOCKED.value),
+            ).label("state"),
+            step.c.queue.label("queue"),
+            runs.c.start_at.label("scheduled_at"),
+        )
+        .select_from(runs)
+        .join(elements, true())
+        .join(step, true())
+        .where(runs.c.start_at.is_not(None), runs.c.state == const(RunState.RUNNING.value))
     )

@@ -325,10 +325,19 @@ class Client:
         return counts
 
     def count_jobs(self, *, queue: str | None = None) -> dict[JobState, int]:
-        """Jobs (workflow steps and standalone) per state, for a dashboard."""
-        stmt = select(jobs.c.state, func.count()).group_by(jobs.c.state)
+        """Jobs (workflow steps and standalone) per state, for a dashboard.
+
+        The steps of a run not started yet count as it shows them: roots available, the
+        others blocked.
+        """
+        pending = _unstarted.pending_steps().subquery("pending")
+        every = union_all(
+            select(jobs.c.state, jobs.c.queue), select(pending.c.state, pending.c.queue)
+        )
+        rows = every.subquery("every")
+        stmt = select(rows.c.state, func.count()).group_by(rows.c.state)
         if queue is not None:
-            stmt = stmt.where(jobs.c.queue == queue)
+            stmt = stmt.where(rows.c.queue == queue)
         counts = dict.fromkeys(JobState, 0)
         with _binds.autocommit(self._engine) as conn:
             for state, count in conn.execute(stmt):
@@ -340,12 +349,18 @@ class Client:
         return _sweeper.count_due(self._engine, older_than)
 
     def backlog(self) -> dict[str, int]:
-        """Jobs waiting for a worker (available and due), per queue that has any."""
-        stmt = (
-            select(jobs.c.queue, func.count())
-            .where(jobs.c.state == JobState.AVAILABLE.value, jobs.c.scheduled_at <= func.now())
-            .group_by(jobs.c.queue)
-        )
+        """Jobs waiting for a worker (available and due), per queue that has any; the roots of
+        runs not started yet, due, count."""
+        pending = _unstarted.pending_steps().subquery("pending")
+        waiting = union_all(
+            select(jobs.c.queue).where(
+                jobs.c.state == JobState.AVAILABLE.value, jobs.c.scheduled_at <= func.now()
+            ),
+            select(pending.c.queue).where(
+                pending.c.state == JobState.AVAILABLE.value, pending.c.scheduled_at <= func.now()
+            ),
+        ).subquery("waiting")
+        stmt = select(waiting.c.queue, func.count()).group_by(waiting.c.queue)
         with _binds.autocommit(self._engine) as conn:
             return {queue: count for queue, count in conn.execute(stmt)}
 

@@ -7,7 +7,8 @@ one or more edges of the table; the modules that own the statements (``_claim``,
 
 Lock order: a statement or transaction that locks both a run and its jobs locks the run
 first (``FOR NO KEY UPDATE``, several runs in id order), then the jobs (in id order).
-Submit inserts the run before its jobs; a claim locks jobs only, skipping locked rows; a
+Submit inserts the run only; a claim locks jobs, skipping locked rows, and the runs it
+starts (whose jobs do not exist yet), skipping locked runs, then inserts their jobs; a
 heartbeat locks jobs only, skipping locked rows; a hand-back locks its own running jobs
 in id order. So no two of them wait for each other in a cycle: there is no deadlock to
 retry.
@@ -100,6 +101,9 @@ EDGES: dict[str, Edge] = {
     )
 }
 """Every transition of runs and jobs, by ``machine.name``.
+
+A job is born when the claim that starts its run creates the run's steps: blocked, or
+(a root) available, or running for that claim's worker, its first attempt.
 
 A step whose run ended while it ran (cancelled, failed by another step, past its
 deadline) is ``cancel_ended`` when its attempt fails, is rescued or handed back.

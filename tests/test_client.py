@@ -14,6 +14,7 @@ import sqlalchemy as sa
 
 import cyclone
 from cyclone.schema import jobs, runs
+from tests.support.workers import start_runs
 
 pytestmark = pytest.mark.usefixtures("clean_tables")
 
@@ -241,7 +242,9 @@ def test_get_job_returns_a_standalone_job_or_none(
         "u",
         cyclone.JobState.AVAILABLE,
     )
-    run = flaky_workflow(name).submit(engine, 1)
+    flaky = flaky_workflow(name)
+    run = flaky.submit(engine, 1)
+    start_runs(engine, flaky)
     with engine.connect() as c:
         step_job = c.execute(sa.select(jobs.c.id).where(jobs.c.run_id == run.id)).scalar_one()
     assert client.get_job(step_job) is None

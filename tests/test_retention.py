@@ -19,6 +19,7 @@ import cyclone
 from cyclone._leader import LEADER_LOCK
 from cyclone.schema import jobs, runs
 from tests.conftest import StatementCounter, wait_until
+from tests.support.workers import start_runs
 
 pytestmark = pytest.mark.usefixtures("clean_tables")
 
@@ -122,6 +123,7 @@ def test_purge_deletes_the_jobs_of_the_runs_it_deletes(
     done = [wf.submit(engine, i) for i in range(3)]
     cyclone.Worker(engine, workflows=[wf]).drain()
     kept = wf.submit(engine, 9)
+    start_runs(engine, wf)
     assert jobs_of(engine, done) == 6
     age(engine, done, "2 days")
     assert client.purge_terminal_runs(older_than=DAY) == 3

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 import cyclone
 from tests.conftest import wait_until
-from tests.support.workers import Background, job_rows
+from tests.support.workers import Background, job_rows, start_runs
 
 
 def no_backoff(attempt: int) -> float:
@@ -391,6 +391,7 @@ def test_retry_refuses_while_a_step_of_the_failed_run_is_still_running(
         return None
 
     run = wf.submit(engine, 1)
+    start_runs(engine, wf)
     with engine.begin() as conn:
         conn.execute(
             sa.text(
@@ -482,6 +483,7 @@ def test_a_step_lost_with_its_worker_max_attempts_times_fails_its_run(
         raise AssertionError("a step after a failed one never starts")
 
     run = wf.submit(engine, 1)
+    start_runs(engine, wf)
     # Lost twice before (counted in ``lost``), and now running on a worker that died.
     with engine.begin() as conn:
         conn.execute(

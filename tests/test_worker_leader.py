@@ -19,7 +19,7 @@ from sqlalchemy.engine import URL
 import cyclone
 from cyclone._leader import LEADER_INTERVAL
 from tests.conftest import wait_until
-from tests.support.workers import Background, job_rows
+from tests.support.workers import Background, job_rows, start_runs
 from tests.test_worker_fence import QUICK, leader_pids
 
 
@@ -71,6 +71,7 @@ def test_a_leader_rescues_the_jobs_of_a_worker_that_stopped_beating(
     engine = own_engine
     wf = idle_workflow(name)
     run = wf.submit(engine, None)
+    start_runs(engine, wf)
     with engine.begin() as conn:
         conn.execute(
             sa.text(

@@ -94,10 +94,12 @@ class Active:
 
 
 def active_jobs(conn: Connection) -> list[Active]:
-    """Available and running jobs per queue, workflow and kind.
+    """Available and running jobs per queue, workflow and kind; a run not started yet counts
+    its roots as available.
 
-    Each arm states the predicate of a partial index (the two claim indexes and the
-    heartbeat index), so the read costs the active jobs, never the finished history.
+    Each arm states the predicate of a partial index (the two claim indexes, the
+    heartbeat index and the index of runs to start), so the read costs the active jobs,
+    never the finished history.
     """
     due = jobs.c.scheduled_at <= func.now()
     available = jobs.c.state == JobState.AVAILABLE.value
@@ -110,7 +112,16 @@ def active_jobs(conn: Connection) -> list[Active]:
     running = select(jobs.c.queue, jobs.c.workflow, jobs.c.kind, true(), jobs.c.state).where(
         jobs.c.state == JobState.RUNNING.value
     )
-    active = union_all(*arms, running).subquery()
+    # The roots of runs not started yet: available jobs to be, read from their graphs.
+    pending = _unstarted.pending_steps().subquery("pending")
+    unstarted = select(
+        pending.c.queue,
+        pending.c.workflow,
+        pending.c.kind,
+        (pending.c.scheduled_at <= func.now()).label("due"),
+        pending.c.state,
+    ).where(pending.c.state == JobState.AVAILABLE.value)
+    active = union_all(*arms, running, unstarted).subquery()
     is_available = active.c.state == JobState.AVAILABLE.value
     rows = conn.execute(
         select(

@@ -10,6 +10,7 @@ import msgspec
 import sqlalchemy as sa
 
 import cyclone
+from cyclone import _unstarted
 from cyclone.schema import jobs, runs
 
 
@@ -50,9 +51,12 @@ def count_runs(bind: sa.Engine | sa.Connection, workflow: str, key: str | None =
 
 
 def count_jobs(engine: sa.Engine, workflow: str) -> int:
+    """The workflow's steps: created ones, and those of its runs not started yet."""
+    pending = _unstarted.pending_steps().subquery("pending")
     with engine.connect() as conn:
-        stmt = sa.select(sa.func.count()).where(jobs.c.workflow == workflow)
-        return int(conn.execute(stmt).scalar_one())
+        created = sa.select(sa.func.count()).where(jobs.c.workflow == workflow)
+        to_create = sa.select(sa.func.count()).where(pending.c.workflow == workflow)
+        return int(conn.execute(created).scalar_one() + conn.execute(to_create).scalar_one())
 
 
 def run_ids(engine: sa.Engine, workflow: str) -> set[uuid.UUID]:

@@ -28,6 +28,9 @@ class Run(models.Model):
     retention = models.DurationField(null=True)
     created_at = models.DateTimeField("created")
     finalized_at = models.DateTimeField("finished", null=True)
+    start_at = models.DateTimeField(
+        "starts at", null=True, help_text="Set until a worker starts the run and creates its steps."
+    )
 
     class Meta:
         managed = False

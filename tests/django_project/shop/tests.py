@@ -326,6 +326,19 @@ class AdminTests(EmptiesCycloneTables):
         with worker(concurrency=1) as w:
             w.drain()
         self.running = place(self.running_key)
+        # A worker serving no queue its steps use starts the run (creates its steps), runs none.
+        with worker(queues={"unserved": 8}) as w:
+            w.drain()
+
+    def test_a_run_no_worker_started_shows_when_it_starts_and_no_steps_yet(self) -> None:
+        waiting = place(new_key())
+        page = self.client.get(f"/admin/cyclone/run/{waiting.id}/change/")
+        self.assertEqual(page.status_code, 200)
+        self.assertContains(page, "Starts at")
+        self.assertContains(page, "Set until a worker starts the run and creates its steps.")
+        self.assertFalse(Job.objects.filter(run_id=waiting.id).exists())
+        started = Run.objects.get(id=self.running.id)
+        self.assertIsNone(started.start_at)
 
     def test_run_list_shows_runs_and_filters_by_state_and_workflow(self) -> None:
         page = self.client.get("/admin/cyclone/run/")

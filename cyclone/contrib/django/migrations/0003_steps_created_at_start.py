@@ -1,11 +1,11 @@
 """cyclone's revision ``cyclone_0008``: a run's steps are created when it starts.
 
-The unmanaged models are unchanged; only the schema moves on to the new head.
+The schema moves on to the new head; the unmanaged ``Run`` model gains ``start_at``.
 """
 
 from __future__ import annotations
 
-from django.db import migrations
+from django.db import migrations, models
 
 from cyclone.contrib.django._migrate import apply_revisions
 
@@ -16,4 +16,15 @@ class Migration(migrations.Migration):
 
     dependencies = [("cyclone", "0002_leases_schedules_signals_trace_context")]
 
-    operations = [apply_revisions(down_to="cyclone_0007")]
+    operations = [
+        apply_revisions(down_to="cyclone_0007"),
+        migrations.AddField(
+            model_name="run",
+            name="start_at",
+            field=models.DateTimeField(
+                "starts at",
+                null=True,
+                help_text="Set until a worker starts the run and creates its steps.",
+            ),
+        ),
+    ]
