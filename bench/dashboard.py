@@ -49,6 +49,24 @@ def define(name: str) -> cyclone.Workflow[Any]:
     return wf
 
 
+CREATE_STEPS = """
+WITH started AS (
+    UPDATE cyclone_runs SET start_at = NULL WHERE start_at IS NOT NULL
+    RETURNING id, workflow, graph, deadline, created_at
+)
+INSERT INTO cyclone_jobs (run_id, workflow, kind, queue, priority, state, deps, pending_deps,
+                          max_attempts, deadline, created_at)
+SELECT r.id, r.workflow, s.name, s.queue, s.priority,
+       CASE WHEN cardinality(s.after) = 0 THEN 'available' ELSE 'blocked' END,
+       s.after, cardinality(s.after), s.max_attempts, r.deadline, r.created_at
+FROM started r
+CROSS JOIN LATERAL jsonb_array_elements(r.graph -> 'steps') WITH ORDINALITY AS e(step, ord)
+CROSS JOIN LATERAL jsonb_to_record(e.step)
+    AS s(name text, after text[], max_attempts integer, queue text, priority smallint)
+ORDER BY r.id, e.ord
+"""
+
+
 def load(engine: sa.Engine, runs: int) -> None:
     """Submit ``runs`` runs, then settle 95% of them: completed, or failed in ``charge``."""
     started = time.perf_counter()
@@ -66,6 +84,8 @@ def load(engine: sa.Engine, runs: int) -> None:
         '\\n  File \\"shop.py\\", line 12, in charge\\nCardDeclined: card declined\\n"}]'
     )
     with engine.begin() as c:
+        # Start every run as a worker's claim would: create its steps from its graph.
+        c.execute(sa.text(CREATE_STEPS))
         # Spread creation over the last day; every 20th run stays running, every 20th+1 fails.
         c.execute(
             sa.text("UPDATE cyclone_runs SET created_at = now() - random() * interval '1 day'")
