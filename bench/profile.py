@@ -256,7 +256,7 @@ def parts(url: str, n: int) -> None:
     admin = make_url(url)
     plan = workloads.one_step.plan()
     full = plan.fast_insert_run_once.sql
-    notify = full.index(", CASE WHEN (cyclone_runs.start_at")
+    notify = full.index(", pg_notify(")
     silent = full[:notify] + full[full.index(" AS notified", notify) + len(" AS notified") :]
     created: list[Any] = []
     conns: dict[str, tuple[psycopg.Connection[Any], str | None]] = {}

@@ -187,12 +187,13 @@ def _due_run(table: Any) -> tuple[Any, ...]:
     )
 
 
-def _pick_runs(scope: Scope, limit: int) -> Any:
-    """Lock up to ``limit`` due runs of the served workflows to start, oldest first.
+def _pick_runs(scope: Scope, limit: int, room: Any) -> Any:
+    """Lock up to ``room`` (at most ``limit``) due runs of the served workflows, oldest first.
 
     Each workflow is a range of ``ix_cyclone_runs_start``; several are merged as
     :func:`_pick` merges jobs. The start time is re-checked on the locked row, so a run
-    another worker started meanwhile is skipped.
+    another worker started meanwhile is skipped. A worker starts no more runs than it has
+    free slots: a run it cannot start now is left to an idle worker.
     """
     top: Any = literal_column(str(int(limit)))
     if len(scope.workflows) == 1:
@@ -200,7 +201,7 @@ def _pick_runs(scope: Scope, limit: int) -> Any:
             select(runs.c.id, runs.c.start_at)
             .where(runs.c.workflow == const(scope.workflows[0]), *_due_run(runs))
             .order_by(runs.c.start_at, runs.c.id)
-            .limit(top)
+            .limit(room)
             .with_for_update(skip_locked=True)
         )
     c = runs.alias("rc")
@@ -218,7 +219,7 @@ def _pick_runs(scope: Scope, limit: int) -> Any:
         .join_from(candidates, runs, runs.c.id == candidates.c.id)
         .where(*_due_run(runs))
         .order_by(candidates.c.start_at, candidates.c.id)
-        .limit(top)
+        .limit(room)
         .with_for_update(of=runs, skip_locked=True)
     )
 
@@ -232,7 +233,11 @@ def _start_runs(scope: Scope, limit: int, claimed: Any) -> Any:
     and are inserted running for ``:me``, their first attempt. The ``RETURNING`` rings
     NOTIFY for each root left available, for the other workers.
     """
-    picked = _pick_runs(scope, limit).cte("to_start")
+    room = func.greatest(
+        const(int(limit), Integer) - select(func.count()).select_from(claimed).scalar_subquery(),
+        const(0, Integer),
+    )
+    picked = _pick_runs(scope, limit, room).cte("to_start")
     started = (
         update(runs)
         .where(runs.c.id == picked.c.id)
@@ -254,7 +259,6 @@ def _start_runs(scope: Scope, limit: int, claimed: Any) -> Any:
         partition_by=eligible,
         order_by=(step.c.priority, started.c.starts, started.c.id, elements.c.ord),
     )
-    room = const(int(limit), Integer) - select(func.count()).select_from(claimed).scalar_subquery()
     born = (
         select(
             started.c.id.label("run_id"),

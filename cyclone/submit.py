@@ -27,7 +27,6 @@ from sqlalchemy import (
     Select,
     Text,
     bindparam,
-    case,
     cast,
     column,
     exists,
@@ -135,9 +134,7 @@ class _Consts:
     def insert_run_stmt(self) -> Any:
         """Insert a keyless run and its steps; returns the run id."""
         return (
-            insert(runs)
-            .values(submit_key=None, **self._run_values())
-            .returning(runs.c.id, _ring_when_due())
+            insert(runs).values(submit_key=None, **self._run_values()).returning(runs.c.id, _ring())
         )
 
     def insert_run_once_stmt(self) -> Any:
@@ -162,7 +159,7 @@ class _Consts:
                 ),
             )
             .on_conflict_do_nothing(index_elements=[runs.c.workflow, runs.c.submit_key])
-            .returning(runs.c.id, _ring_when_due())
+            .returning(runs.c.id, _ring())
             .cte("ins")
         )
         created = select(inserted.c.id, true().label("created"), true())
@@ -201,7 +198,7 @@ class _Consts:
                 ).order_by(first.c.key),
             )
             .on_conflict_do_nothing(index_elements=[runs.c.workflow, runs.c.submit_key])
-            .returning(runs.c.id, runs.c.submit_key, runs.c.input, _ring_when_due())
+            .returning(runs.c.id, runs.c.submit_key, runs.c.input, _ring())
             .cte("ins")
         )
         created = (
@@ -229,15 +226,15 @@ class _Consts:
         return union_all(created, existing)
 
 
-def _ring_when_due() -> Any:
-    """A ``RETURNING`` column of a run insert: NOTIFY the workers for a run due now.
+def _ring() -> Any:
+    """A ``RETURNING`` column of a run insert: NOTIFY the workers of the new run.
 
-    PostgreSQL runs a data-modifying CTE, and its ``RETURNING``, to the end, so a column
-    no one reads still rings; repeats within a transaction are folded into one.
+    A run due later rings too: a woken worker finds nothing to claim, reads when the
+    run falls due and sleeps until then. PostgreSQL runs a data-modifying CTE, and its
+    ``RETURNING``, to the end, so a column no one reads still rings; repeats within a
+    transaction are folded into one.
     """
-    return case(
-        (runs.c.start_at <= func.now(), func.pg_notify(_const(_notify.JOBS_AVAILABLE), _const("")))
-    ).label("notified")
+    return func.pg_notify(_const(_notify.JOBS_AVAILABLE), _const("")).label("notified")
 
 
 def _starts_at() -> Any:
