@@ -32,8 +32,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from typing import Any, NoReturn, Protocol
 
 import psycopg
@@ -259,51 +258,87 @@ def observed(engine: Engine) -> bool:
     )
 
 
-@contextmanager
-def connect(engine: Engine) -> Iterator[Executor]:
+def connect(engine: Engine) -> contextlib.AbstractContextManager[Executor]:
     """Check a connection out of ``engine``'s pool for a few autocommit statements.
 
     A statement that finds cyclone's schema missing raises SchemaError once the
     connection is back in the pool (see :func:`schema_problem`).
     """
-    try:
-        with _checkout(engine) as conn:
-            yield conn
-    except sa_exc.DBAPIError as exc:
-        schema = schema_problem(engine, exc)
-        if schema is not None:
-            raise schema from None
-        raise
+    return _Observing(engine) if observed(engine) else _Pooled(engine)
 
 
-@contextmanager
-def _checkout(engine: Engine) -> Iterator[Executor]:
-    if observed(engine):
-        with engine.connect() as conn:
-            conn.execution_options(isolation_level="AUTOCOMMIT")
-            yield Observed(conn, translate=False)
-        return
-    fairy = engine.raw_connection()
-    try:
-        driver = _psycopg(engine, fairy.driver_connection)
-        previous = driver.autocommit
+class _Pooled:
+    """:func:`connect` on the driver: a pooled psycopg connection switched to autocommit.
+
+    A class rather than a generator: this is on every submit's path, and a generator's
+    context manager costs more Python than the statement's own bookkeeping.
+    """
+
+    __slots__ = ("_driver", "_engine", "_fairy", "_previous")
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def __enter__(self) -> Executor:
+        engine = self._engine
+        fairy = self._fairy = engine.raw_connection()
         try:
-            driver.autocommit = True
-        except psycopg.Error as exc:
-            fairy.invalidate(exc)
-            raise _wrap(engine, "SET autocommit", {}, exc, lost=True) from exc
-        cursor = fairy.info.get(_CURSOR)
-        if cursor is None or cursor.connection is not driver or cursor.closed:
-            cursor = fairy.info[_CURSOR] = driver.cursor()
+            driver = self._driver = _psycopg(engine, fairy.driver_connection)
+            self._previous = driver.autocommit
+            try:
+                driver.autocommit = True
+            except psycopg.Error as exc:
+                fairy.invalidate(exc)
+                raise _wrap(engine, "SET autocommit", {}, exc, lost=True) from exc
+            cursor = fairy.info.get(_CURSOR)
+            if cursor is None or cursor.connection is not driver or cursor.closed:
+                cursor = fairy.info[_CURSOR] = driver.cursor()
+        except BaseException:
+            fairy.close()
+            raise
+        return Direct(engine, driver, cursor, translate=False)
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        driver, fairy = self._driver, self._fairy
         try:
-            yield Direct(engine, driver, cursor, translate=False)
-        finally:
             if driver.closed or driver.broken:
                 fairy.invalidate()
             else:
-                driver.autocommit = previous
-    finally:
-        fairy.close()
+                driver.autocommit = self._previous
+        finally:
+            fairy.close()
+        _raise_schema_problem(self._engine, exc)
+
+
+class _Observing:
+    """:func:`connect` for an engine whose SQL is logged or listened to: an autocommit
+    ``Connection``, so its log and listeners see every statement."""
+
+    __slots__ = ("_conn", "_engine")
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def __enter__(self) -> Executor:
+        conn = self._conn = self._engine.connect()
+        try:
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+        except BaseException:
+            conn.close()
+            raise
+        return Observed(conn, translate=False)
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self._conn.close()
+        _raise_schema_problem(self._engine, exc)
+
+
+def _raise_schema_problem(engine: Engine, exc: BaseException | None) -> None:
+    """Raise the SchemaError a failed statement stands for, if it is one."""
+    if isinstance(exc, sa_exc.DBAPIError):
+        schema = schema_problem(engine, exc)
+        if schema is not None:
+            raise schema from None
 
 
 class Held:
