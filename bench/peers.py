@@ -497,8 +497,10 @@ class PgQueuer(AsyncSystem):
     done_sql = "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'"
 
     async def _connect(self) -> tuple[Any, Any]:
-        conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True)
-        driver = _imp("pgqueuer.db").PsycopgDriver(conn)
+        # asyncpg, the driver of PgQueuer's quickstart: with its psycopg driver the
+        # listener holds the one connection and every query waited ~1 s behind it here.
+        conn = await _imp("asyncpg").connect(self.dsn)
+        driver = _imp("pgqueuer.db").AsyncpgDriver(conn)
         return conn, driver
 
     async def ainstall(self) -> None:
