@@ -927,6 +927,10 @@ def _fmt(value: float) -> str:
     return f"{value:.2f}"
 
 
+def _ratio(r: float) -> str:
+    return f"{r:.2f}x" if r >= 0.01 else f"{r:.4f}x"
+
+
 def cell(results: dict[str, Any], name: str, key: str) -> tuple[str, float | None]:
     """The shown value with its ratio to raw, and the ratio alone (None if n/a)."""
     got = results["systems"].get(name, {})
@@ -937,7 +941,7 @@ def cell(results: dict[str, Any], name: str, key: str) -> tuple[str, float | Non
     value = got[key]
     if not raw:
         return _fmt(value), None
-    return f"{_fmt(value)} ({value / raw:.2f}x)", value / raw
+    return f"{_fmt(value)} ({_ratio(value / raw)})", value / raw
 
 
 def table_rows(results: dict[str, Any]) -> list[list[str]]:
@@ -989,7 +993,9 @@ def chart(results: dict[str, Any], path: Path) -> None:
         ]
         ax.barh(ys, [r or 0 for r in ratios], color=colors)
         for y, r in zip(ys, ratios, strict=True):
-            ax.text(r or 0, y, f" {r:.2f}x" if r is not None else " n/a", va="center", fontsize=8)
+            ax.text(
+                r or 0, y, f" {_ratio(r)}" if r is not None else " n/a", va="center", fontsize=8
+            )
         ax.axvline(1.0, color="black", linestyle="--", linewidth=1)
         ax.set_yticks(ys, names)
         ax.invert_yaxis()
