@@ -1066,6 +1066,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     admin = make_url(args.url)
     if args.child_oban:  # inside the >= 3.12 interpreter: oban's figures 3 and 4, as JSON
         data = {**fig_drain(admin, ["oban"], sizes), "latency": fig_latency(admin, ["oban"], sizes)}
+        data["meta"] = {"python": platform.python_version(), "versions": versions(["oban"])}
         print(json.dumps(data))
         return 0
 
@@ -1134,6 +1135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             data = oban_elsewhere(oban_python, admin, sizes)
             systems["oban"].update(data.get("oban", {}))
             systems["oban"].update(data.get("latency", {}).get("oban", {}))
+            results["meta"]["oban_run"] = data.get("meta", {})
         except Exception as exc:
             systems["oban"]["why"]["*"] = f"its run failed: {exc}"[:300]
         print(f"oban (figures 3-4 in {oban_python}): {time.perf_counter() - t0:.1f} s", flush=True)
