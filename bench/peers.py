@@ -85,7 +85,7 @@ class System:
 
     name: ClassVar[str] = ""
     module: ClassVar[str] = ""
-    """What must be importable for the figures (empty: nothing beyond cyclone's venv)."""
+    """What must be importable for the figures, comma-separated (empty: nothing more)."""
     dedup: ClassVar[str] = ""
     """The deduplication feature figures 1 and 2 use, for the table."""
     no_dedup: ClassVar[str] = ""
@@ -108,7 +108,8 @@ class System:
         if not cls.module:
             return ""
         try:
-            _imp(cls.module)
+            for module in cls.module.split(","):
+                _imp(module)
         except ImportError as exc:
             return f"not importable here ({exc}); pip install -e '.[bench-peers]'"
         return ""
@@ -491,7 +492,7 @@ class Dbos(System):
 
 class PgQueuer(AsyncSystem):
     name = "pgqueuer"
-    module = "pgqueuer"
+    module = "pgqueuer,asyncpg"
     dedup = "Queries.enqueue(entrypoint, payload, dedupe_key=key); DuplicateJobError on a duplicate"
     count_sql = "SELECT count(*) FROM pgqueuer"
     done_sql = "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'"
