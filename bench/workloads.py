@@ -87,6 +87,31 @@ def payload(i: int) -> dict[str, Any]:
     return {"order": i, "amount": 4200, "currency": "EUR"}
 
 
+# --- no-op task bodies of the peers (bench/peers.py) ------------------------------------------
+# Here, not in bench/peers.py, so that their import path is never ``__main__``: Chancy's
+# process pool imports its job function by that path.
+
+
+def procrastinate_noop(**kwargs: Any) -> None:
+    return None
+
+
+def dbos_noop(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+async def pgqueuer_noop(job: Any) -> None:
+    return None
+
+
+def chancy_noop(**kwargs: Any) -> None:
+    return None
+
+
+def oban_noop(value: Any = None) -> None:
+    return None
+
+
 # --- the raw psycopg baseline ----------------------------------------------------------------
 
 RAW_DDL = """
