@@ -46,7 +46,8 @@ import cyclone
 from bench import capture, procs, scale, workloads
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+RESULTS = Path(os.environ.get("CYCLONE_BENCH_RESULTS") or ROOT / "bench" / "results")
+"""Where results go: ``bench/results``, or the folder ``CYCLONE_BENCH_RESULTS`` names."""
 DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 FIGURES = "abcdefghijk"
 
