@@ -236,10 +236,11 @@ class Trace:
 def traced_serve(url: str, concurrency: int, out: Any, stop: Any) -> None:
     """An idle cyclone worker like :func:`bench.procs.cyclone_serve`, tracing its hot path;
     it sends its marks on ``out`` once ``stop`` is set."""
-    from cyclone import _claim, _notify, worker
+    from cyclone import _claim, worker
 
     trace = Trace()
-    trace.wrap(_notify.Listener, "_dispatch", "notify")
+    woken_by = "_on_notified" if hasattr(worker.Worker, "_on_notified") else "_on_jobs_available"
+    trace.wrap(worker.Worker, woken_by, "jobs")
     trace.wrap(worker.Worker, "_take_outcomes", "loop")
     trace.wrap(_claim, "record_and_claim", "statement")
     trace.wrap(worker.Worker, "_execute", "step")
@@ -261,7 +262,7 @@ def traced_serve(url: str, concurrency: int, out: Any, stop: Any) -> None:
 
 PING_LEGS = (
     ("C submit>", -1),
-    ("W notify cyclone_jobs_available", 0),
+    ("W jobs>", 0),
     ("C submit<", 0),
     ("W loop>", 1),
     ("W statement>", 3),
@@ -522,7 +523,7 @@ def main() -> None:
         elif args.what == "drain-wf":
             profile_drain(engine, args.n, "workflow", args.concurrency)
         elif args.what == "ping":
-            profile_ping(engine, min(args.n, 50))
+            profile_ping(engine, min(args.n, 500))
         else:
             explain(engine)
 

@@ -8,6 +8,8 @@ import pytest
 import sqlalchemy as sa
 
 import cyclone
+from cyclone import _notify
+from tests.conftest import wait_until
 from tests.support.workers import Background
 
 
@@ -93,6 +95,23 @@ def test_a_worker_whose_connections_are_terminated_reconnects_and_runs_the_next_
         own_engine.dispose()
         assert step.enqueue(own_engine, 2).result(timeout=20) == 2
         assert step.enqueue(own_engine, 3).result(timeout=10) == 3
+    finally:
+        worker.stop()
+        running.join(10)
+
+
+def test_an_idle_worker_is_woken_by_a_notify_on_its_own_connection_without_a_listener(
+    engine: sa.Engine, own_engine: sa.Engine, name: str
+) -> None:
+    step = noop_kind(name)
+    worker = cyclone.Worker(own_engine, steps=[step], poll_interval=120, sweep=False)
+    running = Background(worker.run)
+    try:
+        wait_until(lambda: worker._held is not None and worker._held.fileno() is not None)
+        # Its poll interval is far longer than the test: only a NOTIFY can wake it.
+        for i in range(3):
+            assert step.enqueue(engine, i).result(timeout=10) == i
+        assert own_engine not in _notify._listeners
     finally:
         worker.stop()
         running.join(10)
