@@ -159,7 +159,7 @@ class _Doorbell:
     """The claim loop's wake-up, rung from any thread: a finished step, a stop, a signal.
 
     Like an ``Event`` (``set``/``wait``/``clear``), but its wait also watches the held
-    connection's socket when given one (:meth:`watch`): a NOTIFY there wakes the loop
+    connection's socket when given one (see :meth:`open`): a NOTIFY there wakes the loop
     directly, with no listener thread handing it over. Ringing takes no lock, so a
     signal handler may ring it. Its socket pair exists while a loop serves
     (:meth:`open` to :meth:`close`).
@@ -207,9 +207,8 @@ class _Doorbell:
         pair = self._pair
         if self._written and pair is not None:
             self._written = False
-            with contextlib.suppress(OSError):
-                while pair[0].recv(4096):
-                    pass
+            with contextlib.suppress(OSError):  # a byte left behind only wakes once more
+                pair[0].recv(4096)
 
     def wait(self, timeout: float) -> bool:
         """Wait until rung or ``timeout`` seconds passed; True if rung."""
@@ -342,6 +341,7 @@ class Worker:
         self._leader: _leader.Leader | None = None
         self._beating = threading.Event()
         self._recheck_due = True
+        self._scopes: dict[str, _claim.Scope] = {}
 
     def __repr__(self) -> str:
         return (
@@ -568,11 +568,14 @@ class Worker:
 
     def _scope(self, queue: str) -> _claim.Scope:
         """The literals of this worker's claim statement for one queue group ("*": all)."""
-        return _claim.Scope(
-            queues=None if queue == "*" else (queue,),
-            workflows=tuple(sorted(self.workflows)),
-            kinds=tuple(sorted(self.steps)),
-        )
+        scope = self._scopes.get(queue)
+        if scope is None:
+            scope = self._scopes[queue] = _claim.Scope(
+                queues=None if queue == "*" else (queue,),
+                workflows=tuple(sorted(self.workflows)),
+                kinds=tuple(sorted(self.steps)),
+            )
+        return scope
 
     def _capacity(self) -> int:
         """How many jobs this worker holds at most: running, or waiting for a thread."""
