@@ -286,6 +286,7 @@ def _timeline(client: list[tuple[str, float]], served: list[tuple[str, float]]) 
     starts = [i for i, (_t, m) in enumerate(marks) if m == "C submit>"]
     legs: dict[int, list[float]] = defaultdict(list)
     totals: list[float] = []
+    slow: list[tuple[float, list[tuple[float, str]]]] = []
     for n, first in enumerate(starts):
         end = starts[n + 1] if n + 1 < len(starts) else len(marks)
         found: list[int] = []
@@ -298,6 +299,7 @@ def _timeline(client: list[tuple[str, float]], served: list[tuple[str, float]]) 
         if len(found) != len(PING_LEGS):
             continue
         totals.append((marks[found[-1]][0] - marks[first][0]) * 1e3)
+        slow.append((totals[-1], [marks[i] for i in found]))
         for leg, (_label, after) in enumerate(PING_LEGS[1:], 1):
             legs[leg].append((marks[found[leg]][0] - marks[found[after]][0]) * 1e3)
     print(f"  timeline of {len(totals)} pings, medians (ms; C client, W worker process):")
@@ -306,6 +308,9 @@ def _timeline(client: list[tuple[str, float]], served: list[tuple[str, float]]) 
             print(f"    {statistics.median(legs[leg]):7.3f}  {PING_LEGS[after][0]} -> {label}")
     if totals:
         print(f"    {statistics.median(totals):7.3f}  total")
+    for total, path in sorted(slow, key=lambda ping: -ping[0])[:3]:
+        at = ", ".join(f"{m} {(t - path[0][0]) * 1e3:.2f}" for t, m in path[1:])
+        print(f"  a slow ping, {total:.2f} ms (ms after submit>): {at}")
 
 
 def explain(engine: sa.Engine) -> None:
