@@ -186,7 +186,8 @@ def wait_until_finished(
     find the run unfinished) and the wait begins at once. The poll fallback still
     applies, and a timeout is raised only after at least one read was tried. Each read
     is bounded by the time left (see :func:`read_within`), so the wait ends by its
-    deadline even when the network to the server is frozen.
+    deadline even when the network to the server is frozen (a read that follows a wait
+    may take :data:`cyclone._deadline.MIN_READ_WINDOW` past it).
 
     With a timeout the reads run on a helper thread; the wait before a read runs there
     too, so that the notification wakes the thread that reads, not the caller, which
