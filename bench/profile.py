@@ -269,7 +269,7 @@ PING_LEGS = (
     ("W statement<", 4),
     ("W step>", 5),
     ("W step<", 6),
-    ("W loop>", 7),
+    ("W loop>", 6),
     ("W statement>", 8),
     ("W statement<", 9),
     ("C notify cyclone_run_finished", 9),

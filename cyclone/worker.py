@@ -198,30 +198,44 @@ class _Doorbell:
             self._ring(pair[1])
 
     def _ring(self, writer: socket.socket) -> None:
+        self._written = True
         with contextlib.suppress(OSError):  # full (rung already), or closed meanwhile
             writer.send(b"\0")
-            self._written = True
 
     def clear(self) -> None:
         self._rung = False
         pair = self._pair
         if self._written and pair is not None:
             self._written = False
-            with contextlib.suppress(OSError):  # a byte left behind only wakes once more
-                pair[0].recv(4096)
+            self._drain(pair[0])
+
+    @staticmethod
+    def _drain(reader: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            reader.recv(4096)
 
     def wait(self, timeout: float) -> bool:
-        """Wait until rung or ``timeout`` seconds passed; True if rung."""
-        pair = self._pair
-        if self._rung or pair is None:
-            return self._rung
-        held = self._held
-        fd = None if held is None else held.fileno()
-        reader = pair[0].fileno()
-        ready = _readable([reader] if fd is None else [reader, fd], timeout)
-        if held is not None and fd in ready and not held.poll():
-            self.set()  # the connection failed: the loop's next statement opens another
-        return self._rung or reader in ready
+        """Wait until rung or ``timeout`` seconds passed; True if rung.
+
+        A byte whose ring was already cleared (its writer was slower than the clear) and
+        a socket that carried no notification do not end the wait.
+        """
+        end = time.monotonic() + timeout
+        while not self._rung:
+            pair = self._pair
+            if pair is None:
+                return False
+            held = self._held
+            fd = None if held is None else held.fileno()
+            reader = pair[0].fileno()
+            ready = _readable([reader] if fd is None else [reader, fd], end - time.monotonic())
+            if not ready:
+                return self._rung
+            if held is not None and fd in ready and not held.poll():
+                self.set()  # the connection failed: the loop's next statement opens another
+            if reader in ready and not self._rung:
+                self._drain(pair[0])
+        return True
 
 
 class Worker:
