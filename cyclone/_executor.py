@@ -67,13 +67,6 @@ def execute(
     context); what it raises counts as the step's error.
     """
     started = time.perf_counter()
-    extra = {
-        "run_id": str(job.run_id),
-        "workflow": job.workflow,
-        "step": job.kind,
-        "attempt": job.attempt,
-        "job_id": job.id,
-    }
     try:
         fn, input_type, output_type = _resolve(job, workflows, steps)
         try:
@@ -106,7 +99,7 @@ def execute(
         permanent = isinstance(exc, _Permanent)
         retry_in = None if permanent or job.attempt >= job.max_attempts else backoff(job.attempt)
         outcome = "failed" if retry_in is None else "retrying"
-        fields = {**extra, "duration": duration, "outcome": outcome}
+        fields = {**_fields(job), "duration": duration, "outcome": outcome}
         if retry_in is None:
             log.error(
                 "%s failed for good on attempt %d/%d after %.3fs: %r",
@@ -130,16 +123,28 @@ def execute(
                 extra=fields,
             )
         return Failure(job.id, job.lease, _error_record(exc, job), retry_in)
-    duration = time.perf_counter() - started
-    log.info(
-        "%s completed on attempt %d/%d in %.3fs",
-        describe(job),
-        job.attempt,
-        job.max_attempts,
-        duration,
-        extra={**extra, "duration": duration, "outcome": "completed"},
-    )
+    if log.isEnabledFor(logging.INFO):
+        duration = time.perf_counter() - started
+        log.info(
+            "%s completed on attempt %d/%d in %.3fs",
+            describe(job),
+            job.attempt,
+            job.max_attempts,
+            duration,
+            extra={**_fields(job), "duration": duration, "outcome": "completed"},
+        )
     return Success(job.id, job.lease, output)
+
+
+def _fields(job: Claimed) -> dict[str, Any]:
+    """The structured fields of a step's log lines."""
+    return {
+        "run_id": str(job.run_id),
+        "workflow": job.workflow,
+        "step": job.kind,
+        "attempt": job.attempt,
+        "job_id": job.id,
+    }
 
 
 def describe(job: Claimed) -> str:

@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, NoReturn, Protocol
 
 import psycopg
+from psycopg import sql
 from psycopg.rows import tuple_row
 from sqlalchemy import Connection, Engine, Text, cast, event, literal, null
 from sqlalchemy import exc as sa_exc
@@ -354,13 +355,27 @@ class Held:
     connection raises as on the pooled path, and the next statement opens a new one. An
     engine whose SQL is logged or has cursor-event listeners gets pooled ``Connection``
     calls instead (see :func:`connect`).
+
+    With ``listen``, each connection it opens LISTENs on those channels before its first
+    statement, and ``on_notify`` is called (on the thread that uses it) for every
+    notification: those that arrive during a statement, and, after :meth:`fileno`
+    became readable, those that :meth:`poll` reads. A loop can so sleep on its own
+    socket, woken by the server without a listener thread in between.
     """
 
-    __slots__ = ("_direct", "_engine")
+    __slots__ = ("_direct", "_engine", "_listen", "_on_notify")
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        listen: tuple[str, ...] = (),
+        on_notify: Callable[[], None] | None = None,
+    ) -> None:
         self._engine = engine
         self._direct: Direct | None = None
+        self._listen = listen
+        self._on_notify = on_notify
 
     def execute(self, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]:
         """Run one statement (its own transaction) and return its rows."""
@@ -377,14 +392,49 @@ class Held:
     def _open(self) -> Direct:
         driver = detached(self._engine)
         prepare = None if driver.prepare_threshold is None else True
+        setup: list[sql.SQL | sql.Composed] = []
         if prepare:
+            setup.append(sql.SQL("SET plan_cache_mode = force_generic_plan"))
+        setup += [sql.SQL("LISTEN {}").format(sql.Identifier(c)) for c in self._listen]
+        for statement in setup:
             try:
-                driver.execute("SET plan_cache_mode = force_generic_plan")
+                driver.execute(statement)
             except psycopg.Error as exc:
                 driver.close()
-                raise _wrap(self._engine, "SET plan_cache_mode", {}, exc, lost=True) from exc
+                raise _wrap(self._engine, statement.as_string(), {}, exc, lost=True) from exc
+        on_notify = self._on_notify
+        if on_notify is not None:
+            driver.add_notify_handler(lambda _note: on_notify())
         self._direct = Direct(self._engine, driver, driver.cursor(), prepare)
         return self._direct
+
+    def fileno(self) -> int | None:
+        """The open connection's socket, readable when the server sent something; None
+        when no connection is open (the next statement opens one)."""
+        direct = self._direct
+        if direct is None or direct._driver.closed:
+            return None
+        return direct._driver.pgconn.socket
+
+    def poll(self) -> bool:
+        """Read what the server sent while the connection was idle, calling ``on_notify``
+        for each notification; False, and the connection closed, if it has failed."""
+        direct = self._direct
+        if direct is None:
+            return False
+        pgconn = direct._driver.pgconn
+        try:
+            with direct._driver.lock:
+                pgconn.consume_input()
+                notes = 0
+                while pgconn.notifies() is not None:
+                    notes += 1
+        except psycopg.Error:
+            self.close()
+            return False
+        if notes and self._on_notify is not None:
+            self._on_notify()
+        return True
 
     def close(self) -> None:
         """Close the connection, if one is open; the next statement opens another."""

@@ -186,7 +186,12 @@ def wait_until_finished(
     find the run unfinished) and the wait begins at once. The poll fallback still
     applies, and a timeout is raised only after at least one read was tried. Each read
     is bounded by the time left (see :func:`read_within`), so the wait ends by its
-    deadline even when the network to the server is frozen.
+    deadline even when the network to the server is frozen (a read that follows a wait
+    may take :data:`cyclone._deadline.MIN_READ_WINDOW` past it).
+
+    With a timeout the reads run on a helper thread; the wait before a read runs there
+    too, so that the notification wakes the thread that reads, not the caller, which
+    would then only hand the read over.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     woken = threading.Event()
@@ -196,32 +201,39 @@ def wait_until_finished(
         if payload in (wanted, ""):
             woken.set()
 
+    awaiting = False
+
+    def wait_then_read() -> T | None:
+        nonlocal awaiting
+        if awaiting:  # once: a read tried again after a lost connection does not wait
+            awaiting = False
+            left = DEFAULT_POLL_INTERVAL
+            if deadline is not None:
+                left = min(left, deadline - time.monotonic())
+            if left > 0:
+                woken.wait(left)
+        woken.clear()
+        return read()
+
     listener = _notify.listener(engine)
     unsubscribe = listener.subscribe(_notify.RUN_FINISHED, on_finished)
     try:
         listener.wait_ready(1.0 if timeout is None else min(1.0, timeout))
-        skip_read = started is not None and listener.surely_unfinished(token, started)
-        read_once = False
+        awaiting = started is not None and listener.surely_unfinished(token, started)
         while True:
-            if skip_read:
-                skip_read = False
-            else:
-                woken.clear()
-                try:
-                    value = read_within(read, deadline, token)
-                except TimeoutError:
-                    raise TimeoutError(f"{token} did not finish within {timeout} s") from None
-                if value is not None:
-                    return value
-                read_once = True
-            left = DEFAULT_POLL_INTERVAL
-            if deadline is not None:
-                left = min(left, deadline - time.monotonic())
-                if left <= 0:
-                    if read_once:
-                        raise TimeoutError(f"{token} did not finish within {timeout} s")
-                    continue
-            woken.wait(left)
+            # A read after a wait that lasted to the deadline still gets its window.
+            within = deadline
+            if awaiting and deadline is not None:
+                within = max(deadline, time.monotonic()) + _deadline.MIN_READ_WINDOW
+            try:
+                value = read_within(wait_then_read, within, token)
+            except TimeoutError:
+                raise TimeoutError(f"{token} did not finish within {timeout} s") from None
+            if value is not None:
+                return value
+            awaiting = True
+            if deadline is not None and deadline - time.monotonic() <= 0:
+                raise TimeoutError(f"{token} did not finish within {timeout} s")
     finally:
         unsubscribe()
 

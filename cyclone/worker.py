@@ -2,10 +2,12 @@
 
 One loop thread claims in batches (``FOR UPDATE SKIP LOCKED``) and records finished jobs
 in the same statement as the next claim; daemon threads run the steps. An idle worker
-sleeps until ``NOTIFY cyclone_jobs_available`` or its poll interval. Each claim takes a
-lease (:attr:`cyclone._claim.Claimed.lease`) that every outcome and heartbeat presents:
-a worker that lost a job (rescued, handed back, retried) has its late outcome refused.
-A heartbeat thread on a connection of its own marks held jobs alive; a worker that dies
+sleeps until ``NOTIFY cyclone_jobs_available`` or its poll interval, on the socket of the
+connection it claims on, which LISTENs (the engine's listener wakes it where that
+connection cannot hold a session). Each claim takes a lease
+(:attr:`cyclone._claim.Claimed.lease`) that every outcome and heartbeat presents: a
+worker that lost a job (rescued, handed back, retried) has its late outcome refused. A
+heartbeat thread on a connection of its own marks held jobs alive; a worker that dies
 mid-step stops beating, and the maintenance leader (:mod:`cyclone._leader`) hands its
 jobs back after ``rescue_after``. An outcome that cannot be recorded (the database is
 away) is kept, still heartbeaten, and recorded when the database answers again.
@@ -13,9 +15,11 @@ away) is kept, still heartbeaten, and recorded when the database answers again.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
+import select
 import signal
 import socket
 import threading
@@ -140,6 +144,100 @@ class _StepThreads:
                 thread.join()
 
 
+def _readable(fds: list[int], timeout: float) -> list[int]:
+    """The descriptors of ``fds`` readable (or closed) within ``timeout`` seconds."""
+    if hasattr(select, "poll"):  # any descriptor number, unlike select()
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        return [fd for fd, _event in poller.poll(max(0.0, timeout) * 1000)]
+    ready, _, _ = select.select(fds, [], [], max(0.0, timeout))
+    return ready
+
+
+class _Doorbell:
+    """The claim loop's wake-up, rung from any thread: a finished step, a stop, a signal.
+
+    Like an ``Event`` (``set``/``wait``/``clear``), but its wait also watches the held
+    connection's socket when given one (see :meth:`open`): a NOTIFY there wakes the loop
+    directly, with no listener thread handing it over. Ringing takes no lock, so a
+    signal handler may ring it. Its socket pair exists while a loop serves
+    (:meth:`open` to :meth:`close`).
+    """
+
+    def __init__(self) -> None:
+        self._pair: tuple[socket.socket, socket.socket] | None = None
+        self._rung = False
+        self._written = False
+        self._held: _fastpath.Held | None = None
+
+    def open(self, held: _fastpath.Held | None) -> None:
+        """Make the socket pair; with ``held``, also wake for what arrives on its connection."""
+        reader, writer = socket.socketpair()
+        reader.setblocking(False)
+        writer.setblocking(False)
+        self._pair = (reader, writer)
+        self._written = False
+        if self._rung:
+            self._ring(writer)
+        self._held = held
+
+    def close(self) -> None:
+        pair, self._pair = self._pair, None
+        self._held = None
+        if pair is not None:
+            for sock in pair:
+                sock.close()
+
+    def set(self) -> None:
+        if self._rung:
+            return
+        self._rung = True
+        pair = self._pair
+        if pair is not None:
+            self._ring(pair[1])
+
+    def _ring(self, writer: socket.socket) -> None:
+        self._written = True
+        with contextlib.suppress(OSError):  # full (rung already), or closed meanwhile
+            writer.send(b"\0")
+
+    def clear(self) -> None:
+        self._rung = False
+        pair = self._pair
+        if self._written and pair is not None:
+            self._written = False
+            self._drain(pair[0])
+
+    @staticmethod
+    def _drain(reader: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            reader.recv(4096)
+
+    def wait(self, timeout: float) -> bool:
+        """Wait until rung or ``timeout`` seconds passed; True if rung.
+
+        A byte whose ring was already cleared (its writer was slower than the clear) and
+        a socket that carried no notification do not end the wait.
+        """
+        end = time.monotonic() + timeout
+        while not self._rung:
+            pair = self._pair
+            if pair is None:
+                return False
+            held = self._held
+            fd = None if held is None else held.fileno()
+            reader = pair[0].fileno()
+            ready = _readable([reader] if fd is None else [reader, fd], end - time.monotonic())
+            if not ready:
+                return self._rung
+            if held is not None and fd in ready and not held.poll():
+                self.set()  # the connection failed: the loop's next statement opens another
+            if reader in ready and not self._rung:
+                self._drain(pair[0])
+        return True
+
+
 class Worker:
     """Runs the jobs of the given workflows and standalone step kinds.
 
@@ -239,7 +337,7 @@ class Worker:
         _observe.serving(self)
 
         self._outcomes: queue.SimpleQueue[tuple[_claim.Claimed, Outcome]] = queue.SimpleQueue()
-        self._wake = threading.Event()
+        self._wake = _Doorbell()
         self._stopping = threading.Event()
         self._abandon = threading.Event()
         self._stop_deadline: float | None = None
@@ -257,6 +355,7 @@ class Worker:
         self._leader: _leader.Leader | None = None
         self._beating = threading.Event()
         self._recheck_due = True
+        self._scopes: dict[str, _claim.Scope] = {}
 
     def __repr__(self) -> str:
         return (
@@ -340,11 +439,24 @@ class Worker:
                 migrations.check_schema_at_start(self.engine)  # once: not started without it
                 self._schema_checked = True
             self.stats = WorkerStats()
-            unsubscribe = _notify.listener(self.engine).subscribe(
-                _notify.JOBS_AVAILABLE, self._on_jobs_available
-            )
             self._steps_pool = _StepThreads(self.concurrency, self._execute)
-            self._held = _fastpath.Held(self.engine)
+            # The loop sleeps on its own connection's socket, which LISTENs, unless that
+            # connection cannot hold a session (a pooler) or is not one connection (an
+            # observed engine's statements go through the pool): then the listener wakes it.
+            if _fastpath.session_engine(self.engine) is self.engine and not _fastpath.observed(
+                self.engine
+            ):
+                self._held = _fastpath.Held(
+                    self.engine, listen=(_notify.JOBS_AVAILABLE,), on_notify=self._on_notified
+                )
+                self._wake.open(self._held)
+                unsubscribe: Callable[[], None] = _no_op
+            else:
+                self._held = _fastpath.Held(self.engine)
+                self._wake.open(None)
+                unsubscribe = _notify.listener(self.engine).subscribe(
+                    _notify.JOBS_AVAILABLE, self._on_jobs_available
+                )
             side = _leader.side_engine(self.engine)
             self._leader = _leader.Leader(
                 side,
@@ -383,6 +495,7 @@ class Worker:
                 beater.join(JOIN_TIMEOUT)
                 self._steps_pool.shutdown(wait=not abandoned)
                 self._steps_pool = None
+                self._wake.close()
                 self._held.close()
                 self._held = None
                 side.dispose()
@@ -469,11 +582,14 @@ class Worker:
 
     def _scope(self, queue: str) -> _claim.Scope:
         """The literals of this worker's claim statement for one queue group ("*": all)."""
-        return _claim.Scope(
-            queues=None if queue == "*" else (queue,),
-            workflows=tuple(sorted(self.workflows)),
-            kinds=tuple(sorted(self.steps)),
-        )
+        scope = self._scopes.get(queue)
+        if scope is None:
+            scope = self._scopes[queue] = _claim.Scope(
+                queues=None if queue == "*" else (queue,),
+                workflows=tuple(sorted(self.workflows)),
+                kinds=tuple(sorted(self.steps)),
+            )
+        return scope
 
     def _capacity(self) -> int:
         """How many jobs this worker holds at most: running, or waiting for a thread."""
@@ -607,6 +723,9 @@ class Worker:
         return time.monotonic() + seconds + DUE_SLACK
 
     def _on_jobs_available(self, _payload: str) -> None:
+        self._on_notified()
+
+    def _on_notified(self) -> None:
         self._recheck_due = True
         self._wake.set()
 
@@ -772,6 +891,10 @@ class Worker:
         return _executor.execute(
             job, self.engine, self.workflows, self.steps, self.backoff, self.step_context
         )
+
+
+def _no_op() -> None:
+    return None
 
 
 def _close_quietly(conn: Connection) -> None:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
 
 import cyclone
+from cyclone import _notify
+from tests.conftest import wait_until
+from tests.support.counting import Recorder
 from tests.support.workers import Background
 
 
@@ -93,6 +97,58 @@ def test_a_worker_whose_connections_are_terminated_reconnects_and_runs_the_next_
         own_engine.dispose()
         assert step.enqueue(own_engine, 2).result(timeout=20) == 2
         assert step.enqueue(own_engine, 3).result(timeout=10) == 3
+    finally:
+        worker.stop()
+        running.join(10)
+
+
+def test_an_idle_worker_is_woken_by_a_notify_on_its_own_connection_without_a_listener(
+    engine: sa.Engine, own_engine: sa.Engine, name: str
+) -> None:
+    step = noop_kind(name)
+    worker = cyclone.Worker(own_engine, steps=[step], poll_interval=120, sweep=False)
+    running = Background(worker.run)
+    try:
+        wait_until(lambda: worker._held is not None and worker._held.fileno() is not None)
+        # Its poll interval is far longer than the test: only a NOTIFY can wake it.
+        for i in range(3):
+            assert step.enqueue(engine, i).result(timeout=10) == i
+        assert own_engine not in _notify._listeners
+    finally:
+        worker.stop()
+        running.join(10)
+
+
+class LoopStatements(Recorder):
+    """The statements sent by one thread."""
+
+    def __init__(self, thread: str) -> None:
+        self.thread = thread
+        self.statements: list[str] = []
+        self.lock = threading.Lock()
+
+    def record(self, thread: str, statement: str) -> None:
+        if thread == self.thread:
+            with self.lock:
+                self.statements.append(statement)
+
+
+def test_an_idle_worker_claims_and_records_a_job_in_two_statements_and_no_more(
+    engine: sa.Engine, name: str
+) -> None:
+    step = noop_kind(name)
+    worker = cyclone.Worker(engine, steps=[step], poll_interval=120, sweep=False)
+    running = Background(worker.run, name=f"loop-{name}")
+    try:
+        wait_until(lambda: worker._held is not None and worker._held.fileno() is not None)
+        sent = LoopStatements(running.thread.name)
+        with sent:
+            for i in range(1, 6):
+                assert step.enqueue(engine, i).result(timeout=10) == i
+                # The step's end wakes the loop once: to record, not again to claim.
+                wait_until(lambda: len(sent.statements) >= 2 * i)  # noqa: B023
+                threading.Event().wait(0.1)
+                assert len(sent.statements) == 2 * i, sent.statements
     finally:
         worker.stop()
         running.join(10)
