@@ -21,6 +21,7 @@ from sqlalchemy import (
     BigInteger,
     Integer,
     Text,
+    Uuid,
     and_,
     bindparam,
     case,
@@ -150,7 +151,7 @@ def _pick(scope: Scope, limit: int) -> Any:
     top: Any = literal_column(str(int(limit)))
     if not scope.merges:
         return (
-            select(jobs.c.id)
+            select(jobs.c.id, jobs.c.priority, jobs.c.scheduled_at)
             .where(_serves(jobs, keys[0]) if keys else false(), *_runnable(jobs, scope))
             .order_by(jobs.c.priority, jobs.c.scheduled_at, jobs.c.id)
             .limit(top)
@@ -168,7 +169,7 @@ def _pick(scope: Scope, limit: int) -> Any:
         )
     ).subquery("cand")
     return (
-        select(jobs.c.id)
+        select(jobs.c.id, jobs.c.priority, jobs.c.scheduled_at)
         .join_from(candidates, jobs, jobs.c.id == candidates.c.id)
         .where(*_runnable(jobs, scope))
         .order_by(candidates.c.priority, candidates.c.scheduled_at, candidates.c.id)
@@ -187,13 +188,12 @@ def _due_run(table: Any) -> tuple[Any, ...]:
     )
 
 
-def _pick_runs(scope: Scope, limit: int, room: Any) -> Any:
-    """Lock up to ``room`` (at most ``limit``) due runs of the served workflows, oldest first.
+def _pick_runs(scope: Scope, limit: int) -> Any:
+    """Lock up to ``limit`` due runs of the served workflows, oldest first.
 
     Each workflow is a range of ``ix_cyclone_runs_start``; several are merged as
     :func:`_pick` merges jobs. The start time is re-checked on the locked row, so a run
-    another worker started meanwhile is skipped. A worker starts no more runs than it has
-    free slots: a run it cannot start now is left to an idle worker.
+    another worker started meanwhile is skipped.
     """
     top: Any = literal_column(str(int(limit)))
     if len(scope.workflows) == 1:
@@ -201,7 +201,7 @@ def _pick_runs(scope: Scope, limit: int, room: Any) -> Any:
             select(runs.c.id, runs.c.start_at)
             .where(runs.c.workflow == const(scope.workflows[0]), *_due_run(runs))
             .order_by(runs.c.start_at, runs.c.id)
-            .limit(room)
+            .limit(top)
             .with_for_update(skip_locked=True)
         )
     c = runs.alias("rc")
@@ -219,28 +219,25 @@ def _pick_runs(scope: Scope, limit: int, room: Any) -> Any:
         .join_from(candidates, runs, runs.c.id == candidates.c.id)
         .where(*_due_run(runs))
         .order_by(candidates.c.start_at, candidates.c.id)
-        .limit(room)
+        .limit(top)
         .with_for_update(of=runs, skip_locked=True)
     )
 
 
-def _start_runs(scope: Scope, limit: int, claimed: Any) -> Any:
-    """Start up to ``limit`` due runs: create their steps, claiming roots for free slots.
+def _start_runs(scope: Scope, limit: int, chosen: Any, claimed: Any) -> Any:
+    """Start the runs ``chosen`` (``run_id``, ``t``: its start time): create their steps,
+    claiming roots for the slots ``claimed`` left free.
 
     Every step of a started run is inserted from the graph its run row keeps, blocked or
     (a root) available, as the submit did before the steps moved here; the roots of the
-    served queues take the slots ``claimed`` left free, in priority and start order,
-    and are inserted running for ``:me``, their first attempt. The ``RETURNING`` rings
-    NOTIFY for each root left available, for the other workers.
+    served queues take the free slots in priority and start order, and are inserted
+    running for ``:me``, their first attempt. The ``RETURNING`` rings NOTIFY for each
+    root left available, for the other workers.
     """
-    room = func.greatest(
-        const(int(limit), Integer) - select(func.count()).select_from(claimed).scalar_subquery(),
-        const(0, Integer),
-    )
-    picked = _pick_runs(scope, limit, room).cte("to_start")
+    room = const(int(limit), Integer) - select(func.count()).select_from(claimed).scalar_subquery()
     started = (
         update(runs)
-        .where(runs.c.id == picked.c.id)
+        .where(runs.c.id == chosen.c.run_id)
         .values(start_at=null())
         .returning(
             runs.c.id,
@@ -248,7 +245,7 @@ def _start_runs(scope: Scope, limit: int, claimed: Any) -> Any:
             runs.c.graph,
             runs.c.deadline,
             runs.c.created_at,
-            picked.c.start_at.label("starts"),
+            chosen.c.t.label("starts"),
         )
         .cte("started")
     )
@@ -360,6 +357,30 @@ _CLAIMED_COLUMNS = (
 )
 
 
+def _choose(picked: Any, to_start: Any, limit: int) -> Any:
+    """The first ``limit`` of the locked jobs and runs to start, in priority and time order.
+
+    A run to start ranks at the default priority by when it may start, a job by its own
+    priority and ``scheduled_at``: a job handed back or retried (scheduled anew) waits
+    behind the runs submitted before, as it did behind their roots when a submit wrote
+    them. A row locked here but not chosen is left as it was, for the next claim.
+    """
+    jobs_ = select(
+        picked.c.id.label("job_id"),
+        cast(null(), Uuid).label("run_id"),
+        picked.c.priority.label("p"),
+        picked.c.scheduled_at.label("t"),
+    )
+    runs_ = select(cast(null(), BigInteger), to_start.c.id, const(0, Integer), to_start.c.start_at)
+    both = union_all(jobs_, runs_).subquery("both")
+    return (
+        select(both.c.job_id, both.c.run_id, both.c.t)
+        .order_by(both.c.p, both.c.t, both.c.job_id)
+        .limit(literal_column(str(int(limit))))
+        .cte("chosen")
+    )
+
+
 def claim_jobs_stmt(scope: Scope, limit: int, *, completing: bool = False) -> Any:
     """Claim up to ``limit`` runnable jobs of ``scope`` for the worker ``:me``.
 
@@ -377,9 +398,16 @@ def claim_jobs_stmt(scope: Scope, limit: int, *, completing: bool = False) -> An
     if runs_locked is not None:
         pick = pick.where(runs_locked)
     picked = pick.cte("picked")
+    chosen: Any = None
+    if scope.workflows:
+        chosen = _choose(picked, _pick_runs(scope, limit).cte("to_start"), limit)
+        claim_ids = select(chosen.c.job_id).where(chosen.c.job_id.is_not(None)).scalar_subquery()
+        claim_where = jobs.c.id.in_(claim_ids)
+    else:
+        claim_where = jobs.c.id == picked.c.id
     claimed = (
         update(jobs)
-        .where(jobs.c.id == picked.c.id)
+        .where(claim_where)
         .values(
             state=const(JobState.RUNNING.value),
             attempt=jobs.c.attempt + 1,
@@ -391,8 +419,8 @@ def claim_jobs_stmt(scope: Scope, limit: int, *, completing: bool = False) -> An
         .returning(*_CLAIMED_COLUMNS)
         .cte("claimed")
     )
-    if scope.workflows:
-        new_jobs = _start_runs(scope, limit, claimed)
+    if chosen is not None:
+        new_jobs = _start_runs(scope, limit, chosen, claimed)
         names = [c.name for c in _CLAIMED_COLUMNS]
         claimed = union_all(
             select(*(claimed.c[n] for n in names)),

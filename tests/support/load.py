@@ -332,6 +332,34 @@ def unfinished(engine: sa.Engine) -> int:
     return int(count)
 
 
+def stuck(engine: sa.Engine) -> str:
+    """The unfinished runs of the workflow with their steps, for a failure message."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.select(
+                runs.c.id,
+                runs.c.state,
+                runs.c.start_at,
+                runs.c.steps_remaining,
+                sa.select(
+                    sa.func.string_agg(
+                        jobs.c.kind
+                        + sa.literal(":")
+                        + jobs.c.state
+                        + sa.literal("@")
+                        + sa.func.coalesce(jobs.c.worker_id, sa.literal("-")),
+                        sa.literal(" "),
+                    )
+                )
+                .where(jobs.c.run_id == runs.c.id)
+                .scalar_subquery(),
+            )
+            .where(runs.c.workflow == NAME, runs.c.state != "completed")
+            .limit(10)
+        ).all()
+    return "\n".join(" ".join(str(v) for v in row) for row in rows)
+
+
 def wait_for_runs(engine: sa.Engine, workers: Workers | None, timeout: float = 90) -> None:
     """Wait until every run of the workflow has completed, keeping the workers alive."""
     deadline = time.monotonic() + timeout
@@ -346,7 +374,9 @@ def wait_for_runs(engine: sa.Engine, workers: Workers | None, timeout: float = 9
                 raise
         if time.monotonic() > deadline:
             tail = workers.tail() if workers is not None else ""
-            raise AssertionError(f"runs still unfinished after {timeout} s\n{tail}")
+            raise AssertionError(
+                f"runs still unfinished after {timeout} s\n{stuck(engine)}\n{tail}"
+            )
         time.sleep(0.1)
 
 
