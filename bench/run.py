@@ -1006,7 +1006,7 @@ def chart(figures: Sequence[Figure], path: Path, meta: dict[str, Any]) -> None:
     goals = [f for f in figures if f.goal is not None and f.goal_ratio]
     rate = [f for f in figures if f.higher_is_better and f.raw and not f.id.startswith("a-ref")]
     lat = [f for f in figures if not f.higher_is_better and f.raw]
-    fig, axes = plt.subplots(2, 1, figsize=(11, 12), gridspec_kw={"height_ratios": [1, 1.6]})
+    fig, axes = plt.subplots(2, 1, figsize=(12, 14), gridspec_kw={"height_ratios": [1, 1.7]})
 
     ax = axes[0]
     scores = []
@@ -1023,7 +1023,10 @@ def chart(figures: Sequence[Figure], path: Path, meta: dict[str, Any]) -> None:
     ax.set_title("Goals")
 
     ax = axes[1]
-    compared = [f for f in (*rate, *lat) if f.cyclone_median and f.raw_median]
+    # Batches compare cyclone with itself one at a time: their goal panel shows them.
+    compared = [
+        f for f in (*rate, *lat) if f.cyclone_median and f.raw_median and not f.id.startswith("c")
+    ]
     # One linear axis for every figure: how fast cyclone is relative to its baseline
     # (throughput ratio, or inverse latency ratio), so 1.0 means as fast as the baseline.
     speed = [
@@ -1033,7 +1036,7 @@ def chart(figures: Sequence[Figure], path: Path, meta: dict[str, Any]) -> None:
         for f in compared
     ]
     ax.barh(
-        [f"{f.title}\n[vs {f.raw_label}]" for f in compared],
+        [f"{f.title} (vs {f.raw_label})" for f in compared],
         speed,
         color=["tab:blue" if s >= 1 else "tab:orange" for s in speed],
     )

@@ -367,7 +367,7 @@ def fig_j(bench: Bench) -> None:
         commands.put("drain")
         kind_, (done, rss) = out.get(timeout=1200)
         assert kind_ == "rss"
-        bench.sql("TRUNCATE cyclone_jobs, cyclone_runs")
+        bench.sql("TRUNCATE cyclone_signals, cyclone_jobs, cyclone_runs")
         return int(done), float(rss)
 
     try:
