@@ -6,6 +6,7 @@
     .venv/bin/python -m bench.profile ping         # timeline of one submit -> result()
     .venv/bin/python -m bench.profile explain      # server-side EXPLAIN ANALYZE of hot statements
     .venv/bin/python -m bench.profile parts        # the submit statement's cost, part by part
+    .venv/bin/python -m bench.profile calls        # a new key's time, client path by path
 
 Each creates and drops its own throwaway database, like ``bench.run``.
 """
@@ -453,9 +454,56 @@ def parts(url: str, n: int) -> None:
             run.drop_database(admin, db)
 
 
+def calls(engine: sa.Engine, n: int) -> None:
+    """Where a new key's time goes from the client: four calls interleaved call by call.
+
+    Raw's insert on one connection; the same insert on a connection checked out of the
+    engine's pool (autocommit switched on and off, as cyclone does); cyclone's statement
+    sent on one connection; and ``submit_once``. Medians in microseconds per call.
+    """
+    import json
+
+    wf = workloads.one_step
+    plan = wf.plan()
+    stmt, defaults = plan.fast_insert_run_once.sql, plan.fast_insert_run_once.defaults
+    params = {**defaults, "workflow": wf.name, "deadline_at": None, "deadline_in": None}
+    params |= {"retention": None, "start_at": None, "start_in": None, "trace_context": None}
+    samples: dict[str, list[float]] = defaultdict(list)
+    with psycopg.connect(run.conninfo(engine.url), autocommit=True) as one:
+        for i in range(n):
+            body = json.dumps(workloads.payload(i))
+            t0 = time.perf_counter()
+            one.execute(workloads.RAW_INSERT_ONCE, ("w", f"a{i}", body)).fetchall()
+            t1 = time.perf_counter()
+            fairy = engine.raw_connection()
+            driver = fairy.driver_connection
+            assert driver is not None
+            driver.autocommit = True
+            driver.execute(workloads.RAW_INSERT_ONCE, ("w", f"b{i}", body)).fetchall()
+            driver.autocommit = False
+            fairy.close()
+            t2 = time.perf_counter()
+            one.execute(stmt, {**params, "key": f"c{i}", "input": body}).fetchall()
+            t3 = time.perf_counter()
+            wf.submit_once(engine, f"d{i}", workloads.payload(i))
+            t4 = time.perf_counter()
+            for label, took in (
+                ("raw insert, one connection", t1 - t0),
+                ("raw insert, pooled checkout", t2 - t1),
+                ("cyclone's statement, one connection", t3 - t2),
+                ("submit_once", t4 - t3),
+            ):
+                samples[label].append(took)
+    print(f"{n} rounds, the four calls interleaved, medians (us per call)")
+    for label, values in samples.items():
+        print(f"{label:<38} {statistics.median(values[n // 10 :]) * 1e6:8.0f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.profile")
-    parser.add_argument("what", choices=["submit", "drain", "drain-wf", "ping", "explain", "parts"])
+    parser.add_argument(
+        "what", choices=["submit", "drain", "drain-wf", "ping", "explain", "parts", "calls"]
+    )
     parser.add_argument("-n", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--url", default=os.environ.get("CYCLONE_DATABASE_URL", run.DEFAULT_URL))
@@ -472,6 +520,8 @@ def main() -> None:
             profile_drain(engine, args.n, "workflow", args.concurrency)
         elif args.what == "ping":
             profile_ping(engine, min(args.n, 500))
+        elif args.what == "calls":
+            calls(engine, args.n)
         else:
             explain(engine)
 
