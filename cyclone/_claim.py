@@ -483,9 +483,27 @@ TRANSITIONS = {
 """The edges of :data:`cyclone.states.EDGES` each statement of this module implements."""
 
 
+_LIMIT_TOKEN = 2_147_480_009
+"""A limit no claim asks for: a claim compiled with it has the limit's text where it goes."""
+
+
+@functools.lru_cache(maxsize=64)
+def _claim_template(scope: Scope, completing: bool) -> _fastpath.Compiled:
+    return _fastpath.Compiled(claim_jobs_stmt(scope, _LIMIT_TOKEN, completing=completing))
+
+
 @functools.lru_cache(maxsize=256)
 def _fast_claim(scope: Scope, completing: bool, limit: int) -> _fastpath.Compiled:
-    return _fastpath.Compiled(claim_jobs_stmt(scope, limit, completing=completing))
+    """The claim statement for ``limit`` jobs, its text compiled once per scope.
+
+    A worker's free slots vary from claim to claim, and each limit is a literal of its
+    own statement: with one key served, the statement for a new limit is the template's
+    text with the limit put in. Several keys derive other literals from the limit
+    (:data:`CANDIDATES_PER_CLAIMED`), so each such statement is compiled.
+    """
+    if scope.merges:
+        return _fastpath.Compiled(claim_jobs_stmt(scope, limit, completing=completing))
+    return _claim_template(scope, completing).replaced(str(_LIMIT_TOKEN), str(int(limit)))
 
 
 _upstream_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])

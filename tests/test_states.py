@@ -91,3 +91,20 @@ def test_every_update_of_a_state_in_the_owners_is_tied_to_an_edge() -> None:
                     assert build in tied or name in {"claim_jobs_stmt"}, (
                         f"{module.__name__}.{name} changes a state but names no edge"
                     )
+
+
+@pytest.mark.parametrize("completing", [False, True])
+@pytest.mark.parametrize(
+    "scope",
+    [
+        _claim.Scope(queues=None, workflows=("w",), kinds=()),
+        _claim.Scope(queues=("q",), workflows=(), kinds=("k",)),
+    ],
+)
+def test_a_claim_for_any_limit_is_the_statement_compiled_for_that_limit(
+    scope: _claim.Scope, completing: bool
+) -> None:
+    for limit in (1, 4, 7, 12, 48, 256):
+        compiled = _fastpath.Compiled(_claim.claim_jobs_stmt(scope, limit, completing=completing))
+        fast = _claim._fast_claim(scope, completing, limit)
+        assert (fast.sql, fast.defaults) == (compiled.sql, compiled.defaults)
