@@ -62,6 +62,17 @@ def is_root(step: Any) -> Any:
     return func.cardinality(step.c.after) == const(0, Integer)
 
 
+def _state(step: Any) -> Any:
+    """A step's state before its run starts: a root available, the others blocked, and
+    every step cancelled once the run ended (cancelled, or failed by its deadline) without
+    starting, as a cancel marks the unstarted steps of a started run."""
+    return case(
+        (runs.c.state != const(RunState.RUNNING.value), const(JobState.CANCELLED.value)),
+        (is_root(step), const(JobState.AVAILABLE.value)),
+        else_=const(JobState.BLOCKED.value),
+    )
+
+
 def steps_of(run_id: Any) -> Select[Any]:
     """The steps of the run ``run_id`` if it has not started, named as ``cyclone_jobs``' columns.
 
@@ -72,13 +83,7 @@ def steps_of(run_id: Any) -> Select[Any]:
         select(
             step.c.name.label("kind"),
             cast(null(), BigInteger).label("id"),
-            case(
-                # Ended (cancelled, or failed by its deadline) before it started: its steps
-                # never will, as a cancel marks the unstarted steps of a started run.
-                (runs.c.state != const(RunState.RUNNING.value), const(JobState.CANCELLED.value)),
-                (is_root(step), const(JobState.AVAILABLE.value)),
-                else_=const(JobState.BLOCKED.value),
-            ).label("state"),
+            _state(step).label("state"),
             step.c.queue.label("queue"),
             step.c.priority.label("priority"),
             const(0, Integer).label("attempt"),
@@ -110,10 +115,7 @@ def pending_steps() -> Select[Any]:
         select(
             runs.c.workflow.label("workflow"),
             step.c.name.label("kind"),
-            case(
-                (is_root(step), const(JobState.AVAILABLE.value)),
-                else_=const(JobState.BLOCKED.value),
-            ).label("state"),
+            _state(step).label("state"),
             step.c.queue.label("queue"),
             runs.c.start_at.label("scheduled_at"),
         )
