@@ -342,8 +342,10 @@ class Worker:
         self._abandon = threading.Event()
         self._stop_deadline: float | None = None
         self._grace: float | None = None
-        self._inflight: dict[int, _claim.Claimed] = {}
-        self._pending: dict[int, tuple[_claim.Claimed, Outcome]] = {}
+        # Keyed by (job id, lease): a rescued job can be claimed again by this worker while
+        # its earlier execution still runs, and each execution's outcome is its own.
+        self._inflight: dict[tuple[int, int], _claim.Claimed] = {}
+        self._pending: dict[tuple[int, int], tuple[_claim.Claimed, Outcome]] = {}
         self._busy: Counter[str] = Counter()
         self._steps_pool: _StepThreads | None = None
         self._claim_turn = 0
@@ -632,10 +634,10 @@ class Worker:
                 self._wake.clear()
                 continue
             for job, outcome in self._take_outcomes():
-                self._inflight.pop(job.id, None)
+                self._inflight.pop((job.id, job.lease), None)
                 self._busy[job.queue] -= 1
                 if not isinstance(outcome, _waits.Parked):  # parked: nothing to record
-                    self._pending[job.id] = (job, outcome)
+                    self._pending[job.id, job.lease] = (job, outcome)
             outcomes = list(self._pending.values())
             claimed: list[_claim.Claimed] = []
             free = {} if self._stopping.is_set() else self._free()
@@ -802,10 +804,18 @@ class Worker:
         return claimed, False
 
     def _settle(self, outcomes: list[Any], recorded: set[int]) -> None:
-        """Count recorded outcomes, log refused ones; neither is pending any more."""
+        """Count recorded outcomes, log refused ones; neither is pending any more.
+
+        ``recorded`` holds job ids. Two outcomes of one job (an execution and the one
+        claimed after its rescue) can meet in one statement; leases only grow, so only
+        the newer can hold the job's lease, and the older one is the refused one.
+        """
+        newest: dict[int, int] = {}
         for outcome in outcomes:
-            job, _ = self._pending.pop(outcome.job_id, (None, None))
-            if outcome.job_id not in recorded:
+            newest[outcome.job_id] = max(outcome.lease, newest.get(outcome.job_id, 0))
+        for outcome in outcomes:
+            job, _ = self._pending.pop((outcome.job_id, outcome.lease), (None, None))
+            if outcome.job_id not in recorded or outcome.lease < newest[outcome.job_id]:
                 self.stats.refused += 1
                 log.warning(
                     "worker %s: outcome of %s refused: lease %d is no longer the job's "
@@ -828,9 +838,9 @@ class Worker:
         running can no longer record), their attempt not counted.
         """
         for job, outcome in self._take_outcomes():
-            self._inflight.pop(job.id, None)
+            self._inflight.pop((job.id, job.lease), None)
             if not isinstance(outcome, _waits.Parked):
-                self._pending[job.id] = (job, outcome)
+                self._pending[job.id, job.lease] = (job, outcome)
         if self._pending:
             _claimed, failed = self._record_and_claim(list(self._pending.values()), {})
             if failed:
@@ -861,7 +871,7 @@ class Worker:
 
     def _start(self, job: _claim.Claimed) -> None:
         assert self._steps_pool is not None
-        self._inflight[job.id] = job
+        self._inflight[job.id, job.lease] = job
         self._busy[job.queue] += 1
         self._steps_pool.submit(job)
 

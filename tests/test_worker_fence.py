@@ -111,9 +111,15 @@ def test_a_stale_owners_outcome_is_refused_even_when_the_same_worker_claimed_the
         held.close()
 
 
-def test_a_rescued_jobs_old_execution_sees_cancelled_and_its_outcome_is_refused_and_logged(
-    own_engine: sa.Engine, name: str, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize("rescues", [1, 2])
+def test_a_rescued_jobs_old_executions_see_cancelled_and_their_outcomes_are_refused_and_logged(
+    own_engine: sa.Engine, name: str, caplog: pytest.LogCaptureFixture, rescues: int
 ) -> None:
+    """Only the execution holding the newest lease records; every older one is refused.
+
+    With two rescues the worker runs three executions of one job, and the last two end
+    together, so their outcomes meet in the same record statement.
+    """
     engine = own_engine
     other = cyclone.Workflow(f"{name}-other")
 
@@ -132,16 +138,16 @@ def test_a_rescued_jobs_old_execution_sees_cancelled_and_its_outcome_is_refused_
             executions.append("started")
             first = len(executions) == 1
         if not first:
-            # Rescued once is the case under test: no second rescue once the rescuer left.
             assert rescuer_gone.wait(30)
-            return "second"
+            return "later"
         deadline = time.monotonic() + 30
         while not ctx.cancelled():  # until the job is no longer this execution's
             assert time.monotonic() < deadline, "ctx.cancelled() never saw the lease move on"
             time.sleep(0.05)
         return "first"
 
-    # The rescuer leads maintenance and rescues after 1 s; the worker beats every 20 s.
+    # The rescuer leads maintenance and rescues after 1 s; the worker beats every 20 s,
+    # so each of its executions is rescued until the rescuer leaves.
     rescuer = cyclone.Worker(
         engine, workflows=[other], rescue_after=timedelta(seconds=1), sweep=False, **QUICK
     )
@@ -149,7 +155,7 @@ def test_a_rescued_jobs_old_execution_sees_cancelled_and_its_outcome_is_refused_
     worker = cyclone.Worker(
         engine,
         workflows=[wf],
-        concurrency=2,
+        concurrency=3,
         heartbeat_interval=timedelta(seconds=20),
         rescue_after=timedelta(seconds=30),
         poll_interval=0.05,
@@ -162,14 +168,16 @@ def test_a_rescued_jobs_old_execution_sees_cancelled_and_its_outcome_is_refused_
         with caplog.at_level(logging.WARNING, logger="cyclone.worker"):
             serving = Background(worker.run)
             wait_until(
-                lambda: getattr(_created_job_of(engine, "only", run.id), "lost", 0) == 1,
+                lambda: getattr(_created_job_of(engine, "only", run.id), "lost", 0) >= rescues,
                 timeout=30,
             )
+            wait_until(lambda: len(executions) > rescues, timeout=30)
             rescuer.stop()
             rescuing.join(30)
             rescuer_gone.set()
             assert run.wait(timeout=30).state == cyclone.RunState.COMPLETED
-            wait_until(lambda: worker.stats.refused == 1, timeout=30)
+            settled = lambda: worker.stats.refused + worker.stats.completed  # noqa: E731
+            wait_until(lambda: settled() == len(executions), timeout=30)
     finally:
         rescuer_gone.set()
         worker.stop()
@@ -177,13 +185,14 @@ def test_a_rescued_jobs_old_execution_sees_cancelled_and_its_outcome_is_refused_
         if serving is not None:
             serving.join(30)
         rescuing.join(30)
-    row = job_rows(engine, run.id)["only"]
-    assert (row.state, row.output) == ("completed", "second")
-    assert len(executions) == 2
+    state, _lease, _attempt, lost, output = _job_of(engine, "only", run.id)
+    assert (state, output) == ("completed", "later")
+    assert len(executions) == lost + 1 > rescues
     assert worker.stats.completed == 1
+    assert worker.stats.refused == len(executions) - 1
     refused = [r for r in caplog.records if "refused" in r.getMessage()]
-    assert len(refused) == 1
-    assert refused[0].levelno == logging.WARNING
+    assert len(refused) == len(executions) - 1
+    assert all(r.levelno == logging.WARNING for r in refused)
 
 
 def test_retry_all_refuses_a_cancelled_run_whose_step_is_still_running(
