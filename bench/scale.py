@@ -12,7 +12,7 @@ import os
 import threading
 import time
 from multiprocessing import Queue
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psycopg
 import sqlalchemy as sa
@@ -46,9 +46,13 @@ def submitter(
     prefix: str,
     count: int,
     start: multiprocessing.synchronize.Event,
+    finish: multiprocessing.synchronize.Event,
     out: Queue[Any],
 ) -> None:
-    """``count`` new-key submits, cyclone's ``submit_once`` or the raw insert, as fast as it can."""
+    """``count`` new-key submits, cyclone's ``submit_once`` or the raw insert, as fast as it can.
+
+    Its connections stay open until ``finish``, so that their backends' CPU can be read.
+    """
     engine = sa.create_engine(url, pool_size=2)
     conn = psycopg.connect(dsn, autocommit=True)
     wf = workloads.one_step
@@ -68,11 +72,12 @@ def submitter(
         one(-1 - i)
     out.put(("ready", None))
     start.wait()
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), time.process_time()
     for i in range(count):
         one(i)
-    t1 = time.monotonic()
-    out.put(("done", (t0, t1, count)))
+    t1, cpu1 = time.monotonic(), time.process_time()
+    out.put(("done", (t0, t1, count, cpu1 - cpu0)))
+    finish.wait(60)
     conn.close()
     engine.dispose()
 
@@ -151,20 +156,71 @@ def memory_worker(url: str, concurrency: int, commands: Queue[Any], out: Queue[A
 # --- figures -------------------------------------------------------------------------------
 
 
-def spawn_timed(bench: Bench, target: Any, arglist: list[tuple[Any, ...]]) -> tuple[float, int]:
-    """Start one process per argument tuple, release them at once; (aggregate rate, total)."""
+class Timed(NamedTuple):
+    """What :func:`spawn_timed` measured: the processes' aggregate and where the CPU went."""
+
+    rate: float
+    total: int
+    client_cpu: float
+    """CPU seconds the processes spent in their timed loops (their own reports)."""
+    server_cpu: float | None
+    """CPU seconds of the server's processes meanwhile; None when they cannot be read."""
+    busy: float | None
+    """The machine's CPU in use meanwhile, as a fraction of all its cores."""
+
+
+def server_cpu() -> float | None:
+    """CPU seconds used so far by this host's ``postgres`` processes (None if unreadable).
+
+    Backends that ended meanwhile are not counted: the timed processes keep theirs open.
+    """
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    seen = False
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as stat:
+                text = stat.read()
+        except OSError:
+            continue
+        name = text[text.index("(") + 1 : text.rindex(")")]
+        if name != "postgres" and not name.startswith("postgres:"):
+            continue
+        seen = True
+        fields = text[text.rindex(")") + 2 :].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / tick if seen else None
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, all) CPU seconds of this machine so far, from /proc/stat."""
+    with open("/proc/stat") as stat:
+        values = [int(v) for v in stat.readline().split()[1:]]
+    tick = os.sysconf("SC_CLK_TCK")
+    idle = values[3] + values[4]  # idle, iowait
+    return (sum(values) - idle) / tick, sum(values) / tick
+
+
+def spawn_timed(bench: Bench, target: Any, arglist: list[tuple[Any, ...]]) -> Timed:
+    """Start one process per argument tuple, release them at once; what they did and cost."""
     start = bench.mp.Event()
+    finish = bench.mp.Event()
     out: Any = bench.mp.Queue()
-    ps = [bench.mp.Process(target=target, args=(*args, start, out)) for args in arglist]
+    ps = [bench.mp.Process(target=target, args=(*args, start, finish, out)) for args in arglist]
     for p in ps:
         p.start()
     try:
         for _ in ps:
             kind, _payload = out.get(timeout=120)
             assert kind == "ready"
+        server0, (busy0, all0) = server_cpu(), machine_cpu()
         start.set()
         results = [out.get(timeout=1200)[1] for _ in ps]
+        server1, (busy1, all1) = server_cpu(), machine_cpu()
     finally:
+        finish.set()
         for p in ps:
             p.join(timeout=30)
             if p.is_alive():
@@ -173,7 +229,10 @@ def spawn_timed(bench: Bench, target: Any, arglist: list[tuple[Any, ...]]) -> tu
     t0 = min(res[0] for res in results)
     t1 = max(res[1] for res in results)
     total = sum(res[2] for res in results)
-    return total / (t1 - t0), total
+    client = sum(res[3] for res in results if len(res) > 3)
+    server = None if server0 is None or server1 is None else server1 - server0
+    busy = (busy1 - busy0) / (all1 - all0) if all1 > all0 else None
+    return Timed(total / (t1 - t0), total, client, server, busy)
 
 
 def fig_g(bench: Bench) -> None:
@@ -188,15 +247,28 @@ def fig_g(bench: Bench) -> None:
         goal_text=">= 0.85x raw",
         raw_label=f"raw psycopg, {SUBMITTERS} processes",
     )
+    cpu: dict[str, list[dict[str, float | None]]] = {"raw": [], "cyclone": []}
     for turn in range(2):
         for side in ("raw", "cyclone"):
             args = [
                 (bench.sa_url, bench.dsn, side, f"g-{side}-{turn}-{p}", per_proc)
                 for p in range(SUBMITTERS)
             ]
-            rate, _total = spawn_timed(bench, submitter, args)
-            (f.raw if side == "raw" else f.cyclone).append(rate)
-            print(f"  g turn {turn} {side}: {rate:,.0f} submits/s", flush=True)
+            timed = spawn_timed(bench, submitter, args)
+            (f.raw if side == "raw" else f.cyclone).append(timed.rate)
+            # Where each submit's CPU went: the submitters', the server's, and how much of
+            # the machine was busy (all of it means the cores, not the waits, set the rate).
+            client_us = timed.client_cpu / timed.total * 1e6
+            server_us = None if timed.server_cpu is None else timed.server_cpu / timed.total * 1e6
+            cpu[side].append({"client_us": client_us, "server_us": server_us, "busy": timed.busy})
+            print(
+                f"  g turn {turn} {side}: {timed.rate:,.0f} submits/s; CPU per submit: "
+                f"submitters {client_us:.0f} us, server "
+                + ("n/a" if server_us is None else f"{server_us:.0f} us")
+                + ("" if timed.busy is None else f"; machine {timed.busy:.0%} busy"),
+                flush=True,
+            )
+    f.extra["cpu_per_submit"] = cpu
 
 
 def fig_h(bench: Bench) -> None:
