@@ -371,6 +371,20 @@ def _insert_once(
     return _resolve_once(once, plan.workflow, params["key"])
 
 
+def _rung(engine: Engine, insert: Callable[[bool], tuple[Any, bool]]) -> tuple[Any, bool]:
+    """``insert(ring)`` (its statement NOTIFYs when ``ring``) -> (run id, created), on
+    ``engine`` in autocommit; the engine's Ringer rings for a run created without."""
+    ringer = _notify.ringer(engine)
+    alone = ringer.begin()
+    try:
+        run_id, created = insert(alone)
+    except BaseException:
+        ringer.end(False)
+        raise
+    ringer.end(created and not alone)
+    return run_id, created
+
+
 @_observe.submits
 def submit(
     bind: _binds.Bind,
@@ -383,18 +397,14 @@ def submit(
 ) -> Submitted:
     params = _params(plan, input, deadline, retention, run_at, delay)
     engine = _binds.engine_of(bind)
-    ringer = _notify.ringer(engine)
     started = time.monotonic()
-    alone = ringer.begin()
-    try:
-        rows = _fastpath.execute(
-            engine, plan.fast_insert_run if alone else plan.fast_insert_run_quiet, params
-        )
-    except BaseException:
-        ringer.end(False)
-        raise
-    ringer.end(not alone)
-    return Submitted(engine, rows[0][0], None, True, started)
+
+    def insert(ring: bool) -> tuple[Any, bool]:
+        stmt = plan.fast_insert_run if ring else plan.fast_insert_run_quiet
+        return _fastpath.execute(engine, stmt, params)[0][0], True
+
+    run_id, _created = _rung(engine, insert)
+    return Submitted(engine, run_id, None, True, started)
 
 
 @_observe.submits
@@ -428,16 +438,13 @@ def submit_once(
     params = _params(plan, input, deadline, retention, run_at, delay)
     params["key"] = key
     engine = _binds.engine_of(bind)
-    ringer = _notify.ringer(engine)
     started = time.monotonic()
-    alone = ringer.begin()
-    try:
+
+    def insert(ring: bool) -> tuple[Any, bool]:
         with _fastpath.connect(engine) as conn:
-            run_id, created = _insert_once(conn, plan, params, ring=alone)
-    except BaseException:
-        ringer.end(False)
-        raise
-    ringer.end(created and not alone)
+            return _insert_once(conn, plan, params, ring=ring)
+
+    run_id, created = _rung(engine, insert)
     return Submitted(engine, run_id, key, created, started if created else None)
 
 
