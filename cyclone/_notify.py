@@ -1,10 +1,8 @@
 """LISTEN/NOTIFY: channel names and one listener thread per engine.
 
 New available jobs notify ``cyclone_jobs_available`` from the statements that insert
-them (:func:`when_available`), and so do new runs (a run submitted right after another
-of the same process has its :class:`Ringer` ring for it); triggers (see the first
-alembic revision) notify the same channel for jobs that become available by an update
-(unblocked, retried, rescued), and
+them (:func:`when_available`); triggers (see the first alembic revision) notify the same
+channel for jobs that become available by an update (unblocked, retried, rescued), and
 ``cyclone_run_finished`` for a run that ends or a standalone job that ends (payload
 ``job:<id>``).
 
@@ -14,7 +12,6 @@ and every waiter keeps a slow poll as the fallback for a lost connection.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import os
@@ -27,10 +24,10 @@ from typing import Any
 
 import psycopg
 from psycopg import sql
-from sqlalchemy import Engine, case, func, select
+from sqlalchemy import Engine, case, func
 
 from cyclone import _deadline
-from cyclone._fastpath import Compiled, const, detached, execute, on_dispose, session_engine
+from cyclone._fastpath import const, detached, on_dispose, session_engine
 from cyclone.states import JobState
 
 log = logging.getLogger(__name__)
@@ -43,11 +40,6 @@ DEFAULT_RECONNECT_DELAY = 1.0
 PING_INTERVAL = 5.0
 PING_TIMEOUT = 5.0
 RECENT_FINISHED = 16384
-RING_WINDOW = 0.002
-"""Seconds after a submit of the process within which the next one leaves its NOTIFY to the
-:class:`Ringer`'s thread."""
-RINGER_IDLE = 1.0
-"""Seconds a :class:`Ringer`'s thread waits for another ring before it ends."""
 
 
 Callback = Callable[[str], None]
@@ -62,100 +54,6 @@ def when_available(state: Any) -> Any:
     return case(
         (state == const(JobState.AVAILABLE.value), func.pg_notify(const(JOBS_AVAILABLE), const("")))
     ).label("notified")
-
-
-_RING = Compiled(select(func.pg_notify(const(JOBS_AVAILABLE), const(""))))
-
-
-class Ringer:
-    """Rings ``cyclone_jobs_available`` for the runs that one engine's submits create here.
-
-    PostgreSQL serializes the commits of transactions that NOTIFY: each holds one lock
-    from queueing its notification until after its commit is flushed, so notifying
-    commits from many sessions go one at a time. A submit that comes alone rings in its
-    own statement, the shortest path to an idle worker. One that comes while another
-    submit of this process is in flight, or right after one (:data:`RING_WINDOW`),
-    commits without NOTIFY and asks this object's thread to ring: the thread sends one
-    NOTIFY after the commits it covers, for all the submits that asked meanwhile.
-    """
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-        self._lock = threading.Lock()
-        self._asked = threading.Condition(self._lock)
-        self._in_flight = 0
-        self._last = float("-inf")
-        self._due = False
-        self._thread: threading.Thread | None = None
-
-    def begin(self) -> bool:
-        """Count a submit in; True when its own statement should ring."""
-        with self._lock:
-            alone = not self._in_flight and time.monotonic() - self._last >= RING_WINDOW
-            self._in_flight += 1
-        return alone
-
-    def end(self, ring: bool) -> None:
-        """Count a submit out; ``ring``: it committed a new run without ringing itself."""
-        with self._lock:
-            self._in_flight -= 1
-            self._last = time.monotonic()
-            if not ring:
-                return
-            self._due = True
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._loop, name="cyclone-ringer", daemon=True
-                )
-                self._thread.start()
-            else:
-                self._asked.notify()
-
-    def flush(self) -> None:
-        """Ring now if a ring is due (at exit, before the daemon thread is gone)."""
-        with self._lock:
-            due, self._due = self._due, False
-        if due:
-            self._ring()
-
-    def _loop(self) -> None:
-        while True:
-            with self._lock:
-                while not self._due:
-                    if not self._asked.wait(RINGER_IDLE) and not self._due:
-                        self._thread = None
-                        return
-                self._due = False
-            self._ring()
-
-    def _ring(self) -> None:
-        try:
-            execute(self._engine, _RING, {})
-        except Exception as exc:  # the workers' poll finds the runs
-            log.debug("could not NOTIFY %s: %s", JOBS_AVAILABLE, exc)
-
-
-_ringers: weakref.WeakKeyDictionary[Engine, tuple[int, Ringer]] = weakref.WeakKeyDictionary()
-_ringers_lock = threading.Lock()
-
-
-def ringer(engine: Engine) -> Ringer:
-    """The :class:`Ringer` of ``engine`` in this process."""
-    entry = _ringers.get(engine)
-    if entry is not None and entry[0] == os.getpid():
-        return entry[1]
-    with _ringers_lock:
-        entry = _ringers.get(engine)
-        if entry is None or entry[0] != os.getpid():
-            entry = _ringers[engine] = (os.getpid(), Ringer(engine))
-        return entry[1]
-
-
-@atexit.register
-def _flush_ringers() -> None:
-    for pid, made in list(_ringers.values()):
-        if pid == os.getpid():
-            made.flush()
 
 
 class Listener:

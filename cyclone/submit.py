@@ -67,9 +67,6 @@ class Plan:
     insert_runs_once: Any
     fast_insert_run: _fastpath.Compiled
     fast_insert_run_once: _fastpath.Compiled
-    fast_insert_run_quiet: _fastpath.Compiled
-    """:attr:`fast_insert_run` without its NOTIFY, for a submit the :class:`Ringer` rings for."""
-    fast_insert_run_once_quiet: _fastpath.Compiled
 
     @classmethod
     def build(cls, workflow: str, graph: _graph.GraphSnapshot) -> Plan:
@@ -87,8 +84,6 @@ class Plan:
             insert_runs_once=consts.insert_runs_once_stmt(),
             fast_insert_run=_fastpath.Compiled(insert_run),
             fast_insert_run_once=_fastpath.Compiled(insert_run_once),
-            fast_insert_run_quiet=_fastpath.Compiled(consts.insert_run_stmt(ring=False)),
-            fast_insert_run_once_quiet=_fastpath.Compiled(consts.insert_run_once_stmt(ring=False)),
         )
 
 
@@ -136,12 +131,13 @@ class _Consts:
     def select_run_by_key_stmt(self) -> Select[Any]:
         return _select_run_by_key(_const(self.workflow, Text))
 
-    def insert_run_stmt(self, *, ring: bool = True) -> Any:
-        """Insert a keyless run; returns the run id (and rings, see :func:`_ring`)."""
-        returned = (runs.c.id, _ring()) if ring else (runs.c.id,)
-        return insert(runs).values(submit_key=None, **self._run_values()).returning(*returned)
+    def insert_run_stmt(self) -> Any:
+        """Insert a keyless run and its steps; returns the run id."""
+        return (
+            insert(runs).values(submit_key=None, **self._run_values()).returning(runs.c.id, _ring())
+        )
 
-    def insert_run_once_stmt(self, *, ring: bool = True) -> Any:
+    def insert_run_once_stmt(self) -> Any:
         """Insert the run of a key unless one exists, else read that run and compare inputs.
 
         Rows: ``(id, created, same_input)``. The insert is skipped for a run of the key
@@ -163,7 +159,7 @@ class _Consts:
                 ),
             )
             .on_conflict_do_nothing(index_elements=[runs.c.workflow, runs.c.submit_key])
-            .returning(*((runs.c.id, _ring()) if ring else (runs.c.id,)))
+            .returning(runs.c.id, _ring())
             .cte("ins")
         )
         created = select(inserted.c.id, true().label("created"), true())
@@ -236,8 +232,7 @@ def _ring() -> Any:
     A run due later rings too: a woken worker finds nothing to claim, reads when the
     run falls due and sleeps until then. PostgreSQL runs a data-modifying CTE, and its
     ``RETURNING``, to the end, so a column no one reads still rings; repeats within a
-    transaction are folded into one. A submit on an engine that comes right after
-    another leaves the ring to the engine's :class:`cyclone._notify.Ringer` instead.
+    transaction are folded into one.
     """
     return func.pg_notify(_const(_notify.JOBS_AVAILABLE), _const("")).label("notified")
 
@@ -354,35 +349,15 @@ def _resolve_once(once: _Once, workflow: str, key: str) -> tuple[Any, bool]:
     raise RuntimeError(f"key {key!r} kept changing hands while submitting; try again")
 
 
-def _insert_once(
-    conn: _fastpath.Executor, plan: Plan, params: dict[str, Any], *, ring: bool = True
-) -> tuple[Any, bool]:
-    """The run of ``params["key"]`` and whether this call created it, on ``conn``.
-
-    ``ring``: the insert NOTIFYs the workers (else the caller has the run rung for).
-    """
-    inserting = plan.fast_insert_run_once if ring else plan.fast_insert_run_once_quiet
+def _insert_once(conn: _fastpath.Executor, plan: Plan, params: dict[str, Any]) -> tuple[Any, bool]:
+    """The run of ``params["key"]`` and whether this call created it, on ``conn``."""
 
     def once(insert: bool) -> _Row:
-        stmt = inserting if insert else _FAST_SELECT_RUN_BY_KEY
+        stmt = plan.fast_insert_run_once if insert else _FAST_SELECT_RUN_BY_KEY
         rows = conn.execute(stmt, params)
         return rows[0] if rows else None
 
     return _resolve_once(once, plan.workflow, params["key"])
-
-
-def _rung(engine: Engine, insert: Callable[[bool], tuple[Any, bool]]) -> tuple[Any, bool]:
-    """``insert(ring)`` (its statement NOTIFYs when ``ring``) -> (run id, created), on
-    ``engine`` in autocommit; the engine's Ringer rings for a run created without."""
-    ringer = _notify.ringer(engine)
-    alone = ringer.begin()
-    try:
-        run_id, created = insert(alone)
-    except BaseException:
-        ringer.end(False)
-        raise
-    ringer.end(created and not alone)
-    return run_id, created
 
 
 @_observe.submits
@@ -398,13 +373,8 @@ def submit(
     params = _params(plan, input, deadline, retention, run_at, delay)
     engine = _binds.engine_of(bind)
     started = time.monotonic()
-
-    def insert(ring: bool) -> tuple[Any, bool]:
-        stmt = plan.fast_insert_run if ring else plan.fast_insert_run_quiet
-        return _fastpath.execute(engine, stmt, params)[0][0], True
-
-    run_id, _created = _rung(engine, insert)
-    return Submitted(engine, run_id, None, True, started)
+    rows = _fastpath.execute(engine, plan.fast_insert_run, params)
+    return Submitted(engine, rows[0][0], None, True, started)
 
 
 @_observe.submits
@@ -439,12 +409,8 @@ def submit_once(
     params["key"] = key
     engine = _binds.engine_of(bind)
     started = time.monotonic()
-
-    def insert(ring: bool) -> tuple[Any, bool]:
-        with _fastpath.connect(engine) as conn:
-            return _insert_once(conn, plan, params, ring=ring)
-
-    run_id, created = _rung(engine, insert)
+    with _fastpath.connect(engine) as conn:
+        run_id, created = _insert_once(conn, plan, params)
     return Submitted(engine, run_id, key, created, started if created else None)
 
 

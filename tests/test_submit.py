@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -12,7 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import cyclone
-from cyclone import _claim, _fastpath, _notify
+from cyclone import _claim, _fastpath
 from cyclone import submit as submit_module
 from cyclone.schema import jobs, runs
 from tests.conftest import StatementCounter
@@ -462,7 +461,6 @@ def test_submit_once_statements_do_not_grow_with_the_steps(
     statements.reset()
     wf.submit_once(engine, "k", 1)
     existing_key = statements.count
-    time.sleep(2 * _notify.RING_WINDOW)  # alone, so it rings itself (see test_submit_ringing)
     statements.reset()
     wf.submit(engine, 1)
     keyless = statements.count
