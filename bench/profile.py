@@ -7,6 +7,7 @@
     .venv/bin/python -m bench.profile explain      # server-side EXPLAIN ANALYZE of hot statements
     .venv/bin/python -m bench.profile parts        # the submit statement's cost, part by part
     .venv/bin/python -m bench.profile calls        # a new key's time, client path by path
+    .venv/bin/python -m bench.profile notify       # 8 submitters: raw, raw + NOTIFY, cyclone
 
 Each creates and drops its own throwaway database, like ``bench.run``.
 """
@@ -34,7 +35,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 import cyclone
-from bench import capture, run, workloads
+from bench import capture, run, scale, workloads
 
 
 @contextmanager
@@ -499,10 +500,72 @@ def calls(engine: sa.Engine, n: int) -> None:
         print(f"{label:<38} {statistics.median(values[n // 10 :]) * 1e6:8.0f}")
 
 
+def notify(engine: sa.Engine, n: int, rounds: int = 3) -> None:
+    """Figure g's 8 submitter processes: raw's insert, raw's insert with cyclone's NOTIFY,
+    and ``submit_once``, in turns, each with the CPU per call of the submitters and of the
+    server (from /proc) and how busy the machine was.
+
+    PostgreSQL lets one notifying commit through at a time (each holds a lock from queueing
+    its notification until its commit is flushed): "raw + NOTIFY" shows what that costs
+    raw's insert; the CPU columns show whether cyclone's submits reach that limit, and
+    the wait events of the database's backends (sampled from pg_stat_activity) what they
+    wait for.
+    """
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    url = engine.url.render_as_string(hide_password=False)
+    dsn = run.conninfo(engine.url)
+    per_proc = max(1, n // scale.SUBMITTERS)
+    sides = ["raw", "raw-notify", "cyclone"]
+    print(f"{scale.SUBMITTERS} processes x {per_proc} new keys per turn, {rounds} rounds")
+    for r in range(rounds):
+        for side in sides[r % 3 :] + sides[: r % 3]:
+            args = [(url, dsn, side, f"n{r}-{side}-{p}", per_proc) for p in range(scale.SUBMITTERS)]
+            with WaitEvents(dsn) as waits:
+                timed = scale.spawn_timed(ctx, scale.submitter, args)
+            print(f"  round {r} {side:<10} {timed.describe('submits')}", flush=True)
+            print(f"    backends: {waits.summary()}", flush=True)
+
+
+class WaitEvents:
+    """Samples what the database's active backends wait for, every few milliseconds."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.counts: dict[str, int] = defaultdict(int)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+
+    def __enter__(self) -> WaitEvents:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+    def _sample(self) -> None:
+        with psycopg.connect(self.dsn, autocommit=True) as conn:
+            while not self.stop.wait(0.005):
+                for (event,) in conn.execute(
+                    "SELECT coalesce(wait_event_type || ':' || wait_event, 'on CPU') "
+                    "FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND state = 'active' AND pid <> pg_backend_pid()"
+                ):
+                    self.counts[event] += 1
+
+    def summary(self, most: int = 5) -> str:
+        total = sum(self.counts.values()) or 1
+        ranked = sorted(self.counts.items(), key=lambda kv: -kv[1])[:most]
+        return ", ".join(f"{event} {n / total:.0%}" for event, n in ranked)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.profile")
     parser.add_argument(
-        "what", choices=["submit", "drain", "drain-wf", "ping", "explain", "parts", "calls"]
+        "what",
+        choices=["submit", "drain", "drain-wf", "ping", "explain", "parts", "calls", "notify"],
     )
     parser.add_argument("-n", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=4)
@@ -522,6 +585,8 @@ def main() -> None:
             profile_ping(engine, min(args.n, 500))
         elif args.what == "calls":
             calls(engine, args.n)
+        elif args.what == "notify":
+            notify(engine, args.n)
         else:
             explain(engine)
 

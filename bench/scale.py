@@ -49,19 +49,22 @@ def submitter(
     finish: multiprocessing.synchronize.Event,
     out: Queue[Any],
 ) -> None:
-    """``count`` new-key submits, cyclone's ``submit_once`` or the raw insert, as fast as it can.
+    """``count`` new-key submits as fast as it can: ``side`` "cyclone" (``submit_once``),
+    "raw" (the raw insert) or "raw-notify" (the raw insert with cyclone's NOTIFY).
 
     Its connections stay open until ``finish``, so that their backends' CPU can be read.
     """
     engine = sa.create_engine(url, pool_size=2)
     conn = psycopg.connect(dsn, autocommit=True)
     wf = workloads.one_step
-    if side == "raw":
+    if side.startswith("raw"):
+        statement = (
+            workloads.RAW_INSERT_ONCE_NOTIFY if side == "raw-notify" else workloads.RAW_INSERT_ONCE
+        )
 
         def one(i: int) -> None:
             conn.execute(
-                workloads.RAW_INSERT_ONCE,
-                ("bench_one", f"{prefix}-{i}", json.dumps(workloads.payload(i))),
+                statement, ("bench_one", f"{prefix}-{i}", json.dumps(workloads.payload(i)))
             ).fetchone()
     else:
 
@@ -168,6 +171,25 @@ class Timed(NamedTuple):
     busy: float | None
     """The machine's CPU in use meanwhile, as a fraction of all its cores."""
 
+    def cpu_per_call(self) -> dict[str, float | None]:
+        """Microseconds of CPU per call, the processes' and the server's, and ``busy``."""
+        server = None if self.server_cpu is None else self.server_cpu / self.total * 1e6
+        return {
+            "client_us": self.client_cpu / self.total * 1e6,
+            "server_us": server,
+            "busy": self.busy,
+        }
+
+    def describe(self, unit: str) -> str:
+        """One line: the rate, then where each call's CPU went and how busy the machine was."""
+        cpu = self.cpu_per_call()
+        server = "n/a" if cpu["server_us"] is None else f"{cpu['server_us']:.0f} us"
+        busy = "" if self.busy is None else f"; machine {self.busy:.0%} busy"
+        return (
+            f"{self.rate:,.0f} {unit}/s; CPU per call: processes {cpu['client_us']:.0f} us, "
+            f"server {server}{busy}"
+        )
+
 
 def server_cpu() -> float | None:
     """CPU seconds used so far by this host's ``postgres`` processes (None if unreadable).
@@ -203,12 +225,13 @@ def machine_cpu() -> tuple[float, float]:
     return (sum(values) - idle) / tick, sum(values) / tick
 
 
-def spawn_timed(bench: Bench, target: Any, arglist: list[tuple[Any, ...]]) -> Timed:
-    """Start one process per argument tuple, release them at once; what they did and cost."""
-    start = bench.mp.Event()
-    finish = bench.mp.Event()
-    out: Any = bench.mp.Queue()
-    ps = [bench.mp.Process(target=target, args=(*args, start, finish, out)) for args in arglist]
+def spawn_timed(mp: Any, target: Any, arglist: list[tuple[Any, ...]]) -> Timed:
+    """Start one process per argument tuple (``mp``: a multiprocessing context), release them
+    at once; what they did and what it cost."""
+    start = mp.Event()
+    finish = mp.Event()
+    out: Any = mp.Queue()
+    ps = [mp.Process(target=target, args=(*args, start, finish, out)) for args in arglist]
     for p in ps:
         p.start()
     try:
@@ -254,20 +277,12 @@ def fig_g(bench: Bench) -> None:
                 (bench.sa_url, bench.dsn, side, f"g-{side}-{turn}-{p}", per_proc)
                 for p in range(SUBMITTERS)
             ]
-            timed = spawn_timed(bench, submitter, args)
+            timed = spawn_timed(bench.mp, submitter, args)
             (f.raw if side == "raw" else f.cyclone).append(timed.rate)
-            # Where each submit's CPU went: the submitters', the server's, and how much of
-            # the machine was busy (all of it means the cores, not the waits, set the rate).
-            client_us = timed.client_cpu / timed.total * 1e6
-            server_us = None if timed.server_cpu is None else timed.server_cpu / timed.total * 1e6
-            cpu[side].append({"client_us": client_us, "server_us": server_us, "busy": timed.busy})
-            print(
-                f"  g turn {turn} {side}: {timed.rate:,.0f} submits/s; CPU per submit: "
-                f"submitters {client_us:.0f} us, server "
-                + ("n/a" if server_us is None else f"{server_us:.0f} us")
-                + ("" if timed.busy is None else f"; machine {timed.busy:.0%} busy"),
-                flush=True,
-            )
+            # Where each submit's CPU went, and how much of the machine was busy: all of it
+            # means the cores, not waits, set the rate.
+            cpu[side].append(timed.cpu_per_call())
+            print(f"  g turn {turn} {side}: {timed.describe('submits')}", flush=True)
     f.extra["cpu_per_submit"] = cpu
 
 

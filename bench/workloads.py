@@ -142,6 +142,11 @@ RAW_INSERT_ONCE = (
     "ON CONFLICT DO NOTHING RETURNING id"
 )
 
+RAW_INSERT_ONCE_NOTIFY = RAW_INSERT_ONCE.replace(
+    "RETURNING id", "RETURNING id, pg_notify('raw_jobs_available', '')"
+)
+"""Raw's insert ringing NOTIFY as cyclone's does, for ``bench.profile notify``."""
+
 RAW_INSERT_OR_SELECT = """
 WITH ins AS (
     INSERT INTO raw_runs (workflow, submit_key, input) VALUES (%(wf)s, %(key)s, %(input)s::jsonb)
