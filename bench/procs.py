@@ -33,6 +33,7 @@ def cyclone_drain(
     what: str,
     concurrency: int,
     start: multiprocessing.synchronize.Event,
+    finish: multiprocessing.synchronize.Event,
     out: Queue[Any],
 ) -> None:
     """Drain the pre-enqueued jobs of ``what`` ("jobs" or "workflow") with one Worker."""
@@ -61,6 +62,7 @@ def raw_drain(
     url: str,
     batch: int,
     start: multiprocessing.synchronize.Event,
+    finish: multiprocessing.synchronize.Event,
     out: Queue[Any],
 ) -> None:
     """The raw limit: claim ``batch`` jobs with SKIP LOCKED, run them, mark them done."""

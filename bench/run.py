@@ -463,27 +463,10 @@ class Bench:
     def _spawn_drain(
         self, target: Callable[..., None], args: tuple[Any, ...], nproc: int
     ) -> tuple[float, int]:
-        start = self.mp.Event()
-        out: Any = self.mp.Queue()
-        ps = [self.mp.Process(target=target, args=(*args, start, out)) for _ in range(nproc)]
-        for p in ps:
-            p.start()
-        try:
-            for _ in ps:
-                kind, _payload = out.get(timeout=60)
-                assert kind == "ready"
-            start.set()
-            results = [out.get(timeout=600)[1] for _ in ps]
-        finally:
-            for p in ps:
-                p.join(timeout=30)
-                if p.is_alive():
-                    p.terminate()
-                    p.join()
-        t0 = min(res[0] for res in results)
-        t1 = max(res[1] for res in results)
-        total = sum(res[2] for res in results)
-        return total / (t1 - t0), total
+        from bench import scale
+
+        timed = scale.spawn_timed(self.mp, target, [args] * nproc)
+        return timed.rate, timed.total
 
     # e. submit -> result latency -----------------------------------------------------------
 
