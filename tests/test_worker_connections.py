@@ -138,17 +138,21 @@ def test_an_idle_worker_claims_and_records_a_job_in_two_statements_and_no_more(
 ) -> None:
     step = noop_kind(name)
     worker = cyclone.Worker(engine, steps=[step], poll_interval=120, sweep=False)
-    running = Background(worker.run, name=f"loop-{name}")
-    try:
-        wait_until(lambda: worker._held is not None and worker._held.fileno() is not None)
-        sent = LoopStatements(running.thread.name)
-        with sent:
+    with LoopStatements(f"loop-{name}") as sent:
+        running = Background(worker.run, name=f"loop-{name}")
+        try:
+            # On an empty queue the loop's startup ends with a claim that finds nothing and
+            # a read of when the next job is due; then it sleeps.
+            wait_until(lambda: any("min(cyclone_jobs.scheduled_at)" in s for s in sent.statements))
+            threading.Event().wait(0.1)
+            start = len(sent.statements)
+            assert "min(cyclone_jobs.scheduled_at)" in sent.statements[-1], sent.statements
             for i in range(1, 6):
                 assert step.enqueue(engine, i).result(timeout=10) == i
                 # The step's end wakes the loop once: to record, not again to claim.
-                wait_until(lambda: len(sent.statements) >= 2 * i)  # noqa: B023
+                wait_until(lambda: len(sent.statements) >= start + 2 * i)  # noqa: B023
                 threading.Event().wait(0.1)
-                assert len(sent.statements) == 2 * i, sent.statements
-    finally:
-        worker.stop()
-        running.join(10)
+                assert len(sent.statements) == start + 2 * i, sent.statements
+        finally:
+            worker.stop()
+            running.join(10)
