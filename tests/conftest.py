@@ -14,6 +14,7 @@ from sqlalchemy.engine import URL, make_url
 
 import cyclone
 from tests.support.counting import CountingCursor, Recorder
+from tests.support.workers import Background
 
 DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
@@ -152,3 +153,19 @@ def own_engine(own_url: URL) -> Iterator[sa.Engine]:
     engine = sa.create_engine(own_url, pool_size=20, max_overflow=40)
     yield engine
     engine.dispose()
+
+
+@pytest.fixture
+def serving() -> Iterator[Callable[[cyclone.Worker], Background]]:
+    """Start ``worker.run()`` in a thread named ``serving-N``; stop them all at the end."""
+    started: list[tuple[cyclone.Worker, Background]] = []
+
+    def start(worker: cyclone.Worker) -> Background:
+        background = Background(worker.run, name=f"serving-{len(started)}")
+        started.append((worker, background))
+        return background
+
+    yield start
+    for worker, background in started:
+        worker.stop()
+        background.join(30)

@@ -7,7 +7,7 @@ given; an idle worker wakes for that time without polling in a busy loop.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -170,22 +170,6 @@ class ThreadStatements(Recorder):
     def count(self) -> int:
         with self.lock:
             return len(self.statements)
-
-
-@pytest.fixture
-def serving() -> Iterator[Callable[[cyclone.Worker], Background]]:
-    """Start ``worker.run()`` in a thread named after the worker; stop them all at the end."""
-    started: list[tuple[cyclone.Worker, Background]] = []
-
-    def start(worker: cyclone.Worker) -> Background:
-        background = Background(worker.run, name=f"serving-{len(started)}")
-        started.append((worker, background))
-        return background
-
-    yield start
-    for worker, background in started:
-        worker.stop()
-        background.join(30)
 
 
 def test_an_idle_worker_wakes_for_a_delayed_run_without_polling(

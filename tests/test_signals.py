@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -208,21 +208,6 @@ def test_a_timed_out_node_retried_waits_again_for_its_signal(engine: sa.Engine, 
     wf.signal(engine, "k", "paid", Payment("retried", 1))
     worker.drain()
     assert run.result(timeout=10) == "order 11 paid by retried (1)"
-
-
-@pytest.fixture
-def serving(engine: sa.Engine) -> Iterator[Callable[[cyclone.Worker], Background]]:
-    started: list[tuple[cyclone.Worker, Background]] = []
-
-    def start(worker: cyclone.Worker) -> Background:
-        background = Background(worker.run, name=f"serving-{len(started)}")
-        started.append((worker, background))
-        return background
-
-    yield start
-    for worker, background in started:
-        worker.stop()
-        background.join(30)
 
 
 def test_a_waiting_run_survives_every_worker_stopping_and_completes_on_the_signal(
