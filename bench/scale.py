@@ -334,7 +334,6 @@ def fig_i(bench: Bench) -> None:
     for f in (subs, steps, p50, p99):
         f.extra["setup"] = label
     bench.reset()
-    bench.analyze()
     start = bench.mp.Event()
     stop = bench.mp.Event()
     wout: Any = bench.mp.Queue()
