@@ -8,6 +8,7 @@
     .venv/bin/python -m bench.profile parts        # the submit statement's cost, part by part
     .venv/bin/python -m bench.profile calls        # a new key's time, client path by path
     .venv/bin/python -m bench.profile notify       # 8 submitters: raw, raw + NOTIFY, cyclone
+    .venv/bin/python -m bench.profile unprepared   # figure k: statements planned on every call
 
 Each creates and drops its own throwaway database, like ``bench.run``.
 """
@@ -500,6 +501,57 @@ def calls(engine: sa.Engine, n: int) -> None:
         print(f"{label:<38} {statistics.median(values[n // 10 :]) * 1e6:8.0f}")
 
 
+def unprepared(engine: sa.Engine, n: int) -> None:
+    """Figure k's gap: a new key's statement with and without a server-side prepared plan.
+
+    Behind PgBouncer in transaction mode the driver cannot prepare, so the server parses
+    and plans every call. Raw's insert and cyclone's new-key statement, each prepared and
+    unprepared on one direct connection, interleaved call by call (medians, us per call);
+    then the planning time PostgreSQL reports for each (``EXPLAIN (ANALYZE, SUMMARY)``,
+    medians of 50, rolled back).
+    """
+    import json
+
+    plan = workloads.one_step.plan()
+    stmt, defaults = plan.fast_insert_run_once.sql, plan.fast_insert_run_once.defaults
+    params = {**defaults, "workflow": workloads.one_step.name, "deadline_at": None}
+    params |= {"deadline_in": None, "retention": None, "start_at": None, "start_in": None}
+    params["trace_context"] = None
+    samples: dict[str, list[float]] = defaultdict(list)
+    with psycopg.connect(run.conninfo(engine.url), autocommit=True) as conn:
+        for i in range(n):
+            body = json.dumps(workloads.payload(i))
+            calls: list[tuple[str, str, Any, bool]] = [
+                ("raw, prepared", workloads.RAW_INSERT_ONCE, ("w", f"a{i}", body), True),
+                ("raw, unprepared", workloads.RAW_INSERT_ONCE, ("w", f"b{i}", body), False),
+                ("cyclone, prepared", stmt, {**params, "key": f"c{i}", "input": body}, True),
+                ("cyclone, unprepared", stmt, {**params, "key": f"d{i}", "input": body}, False),
+            ]
+            random.shuffle(calls)
+            for label, sql, args, prepare in calls:
+                t0 = time.perf_counter()
+                conn.execute(sql, args, prepare=prepare).fetchall()
+                samples[label].append(time.perf_counter() - t0)
+        planning: dict[str, list[float]] = defaultdict(list)
+        conn.autocommit = False
+        for i in range(50):
+            body = json.dumps(workloads.payload(i))
+            for label, sql, args in (
+                ("raw", workloads.RAW_INSERT_ONCE, ("w", f"e{i}", body)),
+                ("cyclone", stmt, {**params, "key": f"f{i}", "input": body}),
+            ):
+                rows = conn.execute("EXPLAIN (ANALYZE, SUMMARY) " + sql, args).fetchall()
+                conn.rollback()
+                for (line,) in rows:
+                    if line.startswith("Planning Time:"):
+                        planning[label].append(float(line.split()[2]))
+    print(f"{n} rounds, the four calls in a new random order each round, medians (us per call)")
+    for label in ("raw, prepared", "raw, unprepared", "cyclone, prepared", "cyclone, unprepared"):
+        print(f"{label:<22} {statistics.median(samples[label][n // 10 :]) * 1e6:8.0f}")
+    for label, values in planning.items():
+        print(f"planning time, {label:<8} {statistics.median(values) * 1e3:8.0f} us (EXPLAIN)")
+
+
 def notify(engine: sa.Engine, n: int, rounds: int = 3) -> None:
     """Figure g's 8 submitter processes: raw's insert, raw's insert with cyclone's NOTIFY,
     and ``submit_once``, in turns, each with the CPU per call of the submitters and of the
@@ -565,7 +617,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.profile")
     parser.add_argument(
         "what",
-        choices=["submit", "drain", "drain-wf", "ping", "explain", "parts", "calls", "notify"],
+        choices=[
+            "submit",
+            "drain",
+            "drain-wf",
+            "ping",
+            "explain",
+            "parts",
+            "calls",
+            "notify",
+            "unprepared",
+        ],
     )
     parser.add_argument("-n", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=4)
@@ -587,6 +649,8 @@ def main() -> None:
             calls(engine, args.n)
         elif args.what == "notify":
             notify(engine, args.n)
+        elif args.what == "unprepared":
+            unprepared(engine, args.n)
         else:
             explain(engine)
 
