@@ -9,6 +9,7 @@
     .venv/bin/python -m bench.profile calls        # a new key's time, client path by path
     .venv/bin/python -m bench.profile notify       # 8 submitters: raw, raw + NOTIFY, cyclone
     .venv/bin/python -m bench.profile unprepared   # figure k: statements planned on every call
+    .venv/bin/python -m bench.profile start        # a drain's fixed cost: drains of an empty queue
 
 Each creates and drops its own throwaway database, like ``bench.run``.
 """
@@ -552,6 +553,36 @@ def unprepared(engine: sa.Engine, n: int) -> None:
         print(f"planning time, {label:<8} {statistics.median(values) * 1e3:8.0f} us (EXPLAIN)")
 
 
+def start(engine: sa.Engine, n: int) -> None:
+    """A drain's fixed cost, which figure d's 5,000-job drains include, against its rate.
+
+    ``drain()`` of an empty queue ``n`` times (the maintenance passes before and after,
+    the worker's own connections), then drains of 5,000 and of 50,000 no-op jobs (inserted
+    with ``generate_series``, then ANALYZEd as in figure d), twice each, in one process.
+    """
+    worker = cyclone.Worker(engine, steps=[workloads.noop], concurrency=4, sweep=False)
+    took = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        assert worker.drain() == 0
+        took.append(time.perf_counter() - t0)
+    print(f"drain() of an empty queue: median {statistics.median(took) * 1e3:.1f} ms of {n}")
+    for jobs in (5_000, 50_000, 5_000, 50_000):
+        with engine.begin() as conn:
+            conn.exec_driver_sql("TRUNCATE cyclone_jobs, cyclone_runs CASCADE")
+            conn.exec_driver_sql(
+                "INSERT INTO cyclone_jobs (kind, queue, priority, state, args, max_attempts) "
+                "SELECT 'bench.noop', 'default', 0, 'available', to_jsonb(g), 3 "
+                f"FROM generate_series(1, {jobs}) g"
+            )
+        with engine.begin() as conn:
+            conn.exec_driver_sql("ANALYZE cyclone_jobs, cyclone_runs")
+        t0 = time.perf_counter()
+        assert worker.drain() == jobs
+        wall = time.perf_counter() - t0
+        print(f"drain() of {jobs:,} jobs: {wall * 1e3:,.0f} ms, {jobs / wall:,.0f} jobs/s")
+
+
 def notify(engine: sa.Engine, n: int, rounds: int = 3) -> None:
     """Figure g's 8 submitter processes: raw's insert, raw's insert with cyclone's NOTIFY,
     and ``submit_once``, in turns, each with the CPU per call of the submitters and of the
@@ -627,6 +658,7 @@ def main() -> None:
             "calls",
             "notify",
             "unprepared",
+            "start",
         ],
     )
     parser.add_argument("-n", type=int, default=2000)
@@ -651,6 +683,8 @@ def main() -> None:
             notify(engine, args.n)
         elif args.what == "unprepared":
             unprepared(engine, args.n)
+        elif args.what == "start":
+            start(engine, min(args.n, 50))
         else:
             explain(engine)
 

@@ -94,19 +94,24 @@ class Leader:
         self._failures = 0
         self._lock = threading.Lock()
 
-    def start(self) -> None:
+    def start(self, *, after_a_pass: bool = False) -> None:
+        """Run the passes on a thread; ``after_a_pass``: one just ran, the first waits."""
         self._stop.clear()
-        self._thread = threading.Thread(target=self._loop, name="cyclone-leader", daemon=True)
+        self._thread = threading.Thread(
+            target=self._loop, args=(after_a_pass,), name="cyclone-leader", daemon=True
+        )
         self._thread.start()
 
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop, give up the lead (closing the connection releases the lock) and wait."""
+    def stop(self, timeout: float = 10.0, *, release: bool = True) -> None:
+        """Stop the thread and wait; give up the lead (closing the connection releases
+        the lock) unless ``release`` is False, for a drain's last pass on the same session."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
-        with self._lock:
-            self._close()
+        if release:
+            with self._lock:
+                self._close()
 
     def _close(self) -> None:
         conn, self._conn = self._conn, None
@@ -117,7 +122,9 @@ class Leader:
             except Exception:
                 log.debug("closing the leader connection failed", exc_info=True)
 
-    def _loop(self) -> None:
+    def _loop(self, after_a_pass: bool) -> None:
+        if after_a_pass:
+            self._stop.wait(self.interval)
         while not self._stop.is_set():
             delay = self.interval
             try:

@@ -149,3 +149,31 @@ def test_an_app_holding_every_pooled_connection_longer_than_rescue_after_keeps_i
     assert executions == 1
     row = job_rows(engine, run.id)["long"]
     assert (row.state, row.output, row.errors) == ("completed", 1, [])
+
+
+def test_a_drain_runs_its_maintenance_passes_on_one_connection(
+    own_engine: sa.Engine, name: str
+) -> None:
+    # A drain's passes (the first, the leader thread's, the last) share one session: a
+    # drain opens at most three connections (its held one, unless the pool has one to
+    # give, its heartbeat's, and maintenance's), not one more a pass.
+    wf = idle_workflow(name)
+    worker = cyclone.Worker(own_engine, workflows=[wf], sweep=False)
+    worker.drain()  # the engine's own first connection is not the worker's
+    opened: list[object] = []
+
+    def on_connect(dbapi_conn: object, record: object) -> None:
+        opened.append(dbapi_conn)
+
+    sa.event.listen(own_engine.pool, "connect", on_connect)
+    try:
+        for _ in range(3):
+            opened.clear()
+            assert worker.drain() == 0
+            assert len(opened) <= 3, opened
+        wf.submit_once(own_engine, "k", 1)
+        opened.clear()
+        assert worker.drain() == 1
+        assert len(opened) <= 3, opened
+    finally:
+        sa.event.remove(own_engine.pool, "connect", on_connect)
