@@ -292,7 +292,8 @@ class Raw(System):
         return procs.raw_ping(self.conn, i)
 
     def spawn_drain(self, mp: Any, n: int, start: Any, out: Any) -> Any:
-        return mp.Process(target=procs.raw_drain, args=(self.dsn, 10, start, out))
+        self._finish = mp.Event()  # procs' drains take one; kept alive for the child
+        return mp.Process(target=procs.raw_drain, args=(self.dsn, 10, start, self._finish, out))
 
     def spawn_serve(self, mp: Any, out: Any) -> Any:
         self._stop = mp.Event()
@@ -343,9 +344,10 @@ class Cyclone(System):
         return elapsed
 
     def spawn_drain(self, mp: Any, n: int, start: Any, out: Any) -> Any:
+        self._finish = mp.Event()  # procs' drains take one; kept alive for the child
         return mp.Process(
             target=procs.cyclone_drain,
-            args=(self.sa_url, "jobs", CYCLONE_CONCURRENCY, start, out),
+            args=(self.sa_url, "jobs", CYCLONE_CONCURRENCY, start, self._finish, out),
         )
 
     def spawn_serve(self, mp: Any, out: Any) -> Any:
