@@ -97,10 +97,11 @@ class Leader:
     def start(self, *, after_a_pass: bool = False) -> None:
         """Run the passes on a thread; ``after_a_pass``: one just ran, the first waits."""
         self._stop.clear()
-        self._thread = threading.Thread(
+        thread = threading.Thread(
             target=self._loop, args=(after_a_pass,), name="cyclone-leader", daemon=True
         )
-        self._thread.start()
+        thread.start()
+        self._thread = thread  # only once started: stop() joins it
 
     def stop(self, timeout: float = 10.0, *, release: bool = True) -> None:
         """Stop the thread and wait; give up the lead (closing the connection releases

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 import cyclone
 from cyclone import _notify
 from tests.conftest import wait_until
-from tests.support.counting import Recorder
+from tests.support.counting import CountingCursor, Recorder
 from tests.support.workers import Background
 
 
@@ -134,8 +134,10 @@ class LoopStatements(Recorder):
 
 
 def test_an_idle_worker_claims_and_records_a_job_in_two_statements_and_no_more(
-    engine: sa.Engine, name: str
+    own_url: sa.URL, name: str
 ) -> None:
+    # A database of its own: another test's NOTIFY would wake the worker for a claim more.
+    engine = sa.create_engine(own_url, connect_args={"cursor_factory": CountingCursor})
     step = noop_kind(name)
     worker = cyclone.Worker(engine, steps=[step], poll_interval=120, sweep=False)
     with LoopStatements(f"loop-{name}") as sent:
@@ -156,3 +158,4 @@ def test_an_idle_worker_claims_and_records_a_job_in_two_statements_and_no_more(
         finally:
             worker.stop()
             running.join(10)
+            engine.dispose()
