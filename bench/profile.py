@@ -109,17 +109,22 @@ def profile_submit(engine: sa.Engine, n: int) -> None:
     print(profiler.output_text(unicode=False, color=False, show_all=False))
 
 
+def enqueue_noops(engine: sa.Engine, n: int) -> None:
+    """``n`` available no-op standalone jobs in one statement (untimed set-up)."""
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            "INSERT INTO cyclone_jobs (kind, queue, priority, state, args, max_attempts) "
+            "SELECT 'bench.noop', 'default', 0, 'available', to_jsonb(g), 3 "
+            f"FROM generate_series(1, {int(n)}) g"
+        )
+
+
 def profile_drain(engine: sa.Engine, n: int, what: str, concurrency: int) -> None:
     """A pyinstrument profile of ``Worker.drain()``'s loop thread (the caller's)."""
     from pyinstrument import Profiler
 
     if what == "jobs":
-        with engine.begin() as conn:
-            conn.exec_driver_sql(
-                "INSERT INTO cyclone_jobs (kind, queue, priority, state, args, max_attempts) "
-                "SELECT 'bench.noop', 'default', 0, 'available', to_jsonb(g), 3 "
-                f"FROM generate_series(1, {n}) g"
-            )
+        enqueue_noops(engine, n)
         w = cyclone.Worker(engine, steps=[workloads.noop], concurrency=concurrency, sweep=False)
     else:
         items = [(f"p{i}", workloads.payload(i)) for i in range(n // 3)]
@@ -457,6 +462,16 @@ def parts(url: str, n: int) -> None:
             run.drop_database(admin, db)
 
 
+def new_key_statement() -> tuple[str, dict[str, Any]]:
+    """The SQL ``submit_once`` sends for a new key of the 1-step workflow, and its
+    parameters but ``key`` and ``input`` (no deadline, retention, delay or trace)."""
+    wf = workloads.one_step
+    compiled = wf.plan().fast_insert_run_once
+    params = {**compiled.defaults, "workflow": wf.name, "deadline_at": None}
+    params |= {"deadline_in": None, "retention": None, "start_at": None, "start_in": None}
+    return compiled.sql, params | {"trace_context": None}
+
+
 def calls(engine: sa.Engine, n: int) -> None:
     """Where a new key's time goes from the client: four calls interleaved call by call.
 
@@ -467,10 +482,7 @@ def calls(engine: sa.Engine, n: int) -> None:
     import json
 
     wf = workloads.one_step
-    plan = wf.plan()
-    stmt, defaults = plan.fast_insert_run_once.sql, plan.fast_insert_run_once.defaults
-    params = {**defaults, "workflow": wf.name, "deadline_at": None, "deadline_in": None}
-    params |= {"retention": None, "start_at": None, "start_in": None, "trace_context": None}
+    stmt, params = new_key_statement()
     samples: dict[str, list[float]] = defaultdict(list)
     with psycopg.connect(run.conninfo(engine.url), autocommit=True) as one:
         for i in range(n):
@@ -513,11 +525,7 @@ def unprepared(engine: sa.Engine, n: int) -> None:
     """
     import json
 
-    plan = workloads.one_step.plan()
-    stmt, defaults = plan.fast_insert_run_once.sql, plan.fast_insert_run_once.defaults
-    params = {**defaults, "workflow": workloads.one_step.name, "deadline_at": None}
-    params |= {"deadline_in": None, "retention": None, "start_at": None, "start_in": None}
-    params["trace_context"] = None
+    stmt, params = new_key_statement()
     samples: dict[str, list[float]] = defaultdict(list)
     with psycopg.connect(run.conninfo(engine.url), autocommit=True) as conn:
         for i in range(n):
@@ -570,11 +578,7 @@ def start(engine: sa.Engine, n: int) -> None:
     for jobs in (5_000, 50_000, 5_000, 50_000):
         with engine.begin() as conn:
             conn.exec_driver_sql("TRUNCATE cyclone_jobs, cyclone_runs CASCADE")
-            conn.exec_driver_sql(
-                "INSERT INTO cyclone_jobs (kind, queue, priority, state, args, max_attempts) "
-                "SELECT 'bench.noop', 'default', 0, 'available', to_jsonb(g), 3 "
-                f"FROM generate_series(1, {jobs}) g"
-            )
+        enqueue_noops(engine, jobs)
         with engine.begin() as conn:
             conn.exec_driver_sql("ANALYZE cyclone_jobs, cyclone_runs")
         t0 = time.perf_counter()

@@ -93,13 +93,12 @@ class Leader:
         self._last_sweep: float | None = None
         self._failures = 0
         self._lock = threading.Lock()
+        self._passed_at: float | None = None
 
-    def start(self, *, after_a_pass: bool = False) -> None:
-        """Run the passes on a thread; ``after_a_pass``: one just ran, the first waits."""
+    def start(self) -> None:
+        """Run the passes on a thread, the first an interval after the last pass, if any."""
         self._stop.clear()
-        thread = threading.Thread(
-            target=self._loop, args=(after_a_pass,), name="cyclone-leader", daemon=True
-        )
+        thread = threading.Thread(target=self._loop, name="cyclone-leader", daemon=True)
         thread.start()
         self._thread = thread  # only once started: stop() joins it
 
@@ -123,9 +122,9 @@ class Leader:
             except Exception:
                 log.debug("closing the leader connection failed", exc_info=True)
 
-    def _loop(self, after_a_pass: bool) -> None:
-        if after_a_pass:
-            self._stop.wait(self.interval)
+    def _loop(self) -> None:
+        if self._passed_at is not None:
+            self._stop.wait(self.interval - (time.monotonic() - self._passed_at))
         while not self._stop.is_set():
             delay = self.interval
             try:
@@ -152,6 +151,7 @@ class Leader:
 
         Callers hold ``self._lock``.
         """
+        self._passed_at = time.monotonic()
         # The session lock needs a session: the direct route behind PgBouncer, if any.
         session = _fastpath.session_engine(self.engine)
         if self._conn is None:
@@ -209,7 +209,7 @@ class Leader:
             self.sweep = previous
 
     def release(self) -> None:
-        """Give up the lead now (a drain ends), keeping nothing open."""
+        """Give up the lead now (a drain's pass failed), keeping nothing open."""
         with self._lock:
             self._close()
 

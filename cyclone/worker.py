@@ -480,8 +480,8 @@ class Worker:
                     scheduler = schedules.Scheduler(self.engine, self.schedules, self._stopping)
                     scheduler.start()
                 if until_idle:
-                    self._maintain_once(release=False)
-                self._leader.start(after_a_pass=until_idle)
+                    self._maintain_once()
+                self._leader.start()
                 abandoned = self._loop(until_idle)
                 if until_idle:
                     self._leader.stop(release=False)
@@ -508,10 +508,11 @@ class Worker:
                 self._pending.clear()
                 self._busy.clear()
 
-    def _maintain_once(self, *, release: bool = True) -> None:
+    def _maintain_once(self) -> None:
         """A drain's deadline and rescue pass, if no other worker leads maintenance.
 
-        The first keeps its session (and lead) for the leader thread and the last pass.
+        Its session (and lead) stays for the leader thread and the last pass; the end of
+        the drain closes it.
         """
         assert self._leader is not None
         try:
@@ -519,9 +520,6 @@ class Worker:
         except Exception as exc:
             log.warning("worker %s maintenance failed (%s)", self.id, _first_line(exc))
             self._leader.release()
-        else:
-            if release:
-                self._leader.release()
 
     def _beat(self, side: Engine) -> None:
         """Mark the jobs this worker holds alive, on a connection of its own.
