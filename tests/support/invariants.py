@@ -1,0 +1,161 @@
+"""The state that must always hold in cyclone's tables, written as queries.
+
+Each invariant is a query that returns the rows breaking it (none when it holds).
+:func:`violations` runs them all on a connection; :func:`check` fails with every broken
+row listed. ``at_rest`` adds the invariants that hold only once no worker is serving
+(after a test has stopped what it started): a running job then breaks the rule that
+every running job belongs to a live worker, and a terminal run may not keep one either.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+TERMINAL_RUNS = "('completed', 'failed', 'cancelled')"
+ACTIVE_JOBS = "('available', 'blocked', 'running')"
+
+
+@dataclass(frozen=True, slots=True)
+class Invariant:
+    """One rule: its name, and a query returning the rows that break it."""
+
+    name: str
+    query: str
+    at_rest_only: bool = False
+
+
+INVARIANTS: tuple[Invariant, ...] = (
+    Invariant(
+        "a terminal run has no job waiting to run (available or blocked)",
+        f"""
+        SELECT r.id AS run_id, r.state AS run_state, j.id AS job_id, j.kind, j.state
+        FROM cyclone_runs r JOIN cyclone_jobs j ON j.run_id = r.id
+        WHERE r.state IN {TERMINAL_RUNS} AND j.state IN ('available', 'blocked')
+        """,
+    ),
+    Invariant(
+        "a terminal run has no running job once its workers have stopped",
+        f"""
+        SELECT r.id AS run_id, r.state AS run_state, j.id AS job_id, j.kind, j.worker_id
+        FROM cyclone_runs r JOIN cyclone_jobs j ON j.run_id = r.id
+        WHERE r.state IN {TERMINAL_RUNS} AND j.state = 'running'
+        """,
+        at_rest_only=True,
+    ),
+    Invariant(
+        "a running, started run's steps_remaining equals its jobs not completed",
+        """
+        SELECT r.id AS run_id, r.steps_remaining,
+               (SELECT count(*) FROM cyclone_jobs j
+                WHERE j.run_id = r.id AND j.state <> 'completed') AS not_completed
+        FROM cyclone_runs r
+        WHERE r.state = 'running' AND r.start_at IS NULL
+          AND r.steps_remaining <> (SELECT count(*) FROM cyclone_jobs j
+                                    WHERE j.run_id = r.id AND j.state <> 'completed')
+        """,
+    ),
+    Invariant(
+        "a running, started run has a job for every step of its graph",
+        """
+        SELECT r.id AS run_id, jsonb_array_length(r.graph -> 'steps') AS steps,
+               (SELECT count(*) FROM cyclone_jobs j WHERE j.run_id = r.id) AS jobs
+        FROM cyclone_runs r
+        WHERE r.state = 'running' AND r.start_at IS NULL
+          AND jsonb_array_length(r.graph -> 'steps')
+              <> (SELECT count(*) FROM cyclone_jobs j WHERE j.run_id = r.id)
+        """,
+    ),
+    Invariant(
+        "a run not started yet has no jobs",
+        """
+        SELECT r.id AS run_id, r.state FROM cyclone_runs r
+        WHERE r.start_at IS NOT NULL
+          AND EXISTS (SELECT 1 FROM cyclone_jobs j WHERE j.run_id = r.id)
+        """,
+    ),
+    Invariant(
+        "a completed run has every job completed and no step remaining",
+        """
+        SELECT r.id AS run_id, r.steps_remaining, j.id AS job_id, j.kind, j.state
+        FROM cyclone_runs r LEFT JOIN cyclone_jobs j
+             ON j.run_id = r.id AND j.state <> 'completed'
+        WHERE r.state = 'completed' AND (r.steps_remaining <> 0 OR j.id IS NOT NULL)
+        """,
+    ),
+    Invariant(
+        "a running run with no step remaining is not left running",
+        """
+        SELECT r.id AS run_id FROM cyclone_runs r
+        WHERE r.state = 'running' AND r.start_at IS NULL AND r.steps_remaining = 0
+        """,
+    ),
+    Invariant(
+        "a step's pending_deps counts its upstream steps not completed (unless it ended)",
+        f"""
+        SELECT j.id AS job_id, j.run_id, j.kind, j.state, j.pending_deps,
+               (SELECT count(*) FROM cyclone_jobs u
+                WHERE u.run_id = j.run_id AND u.kind = ANY (j.deps)
+                  AND u.state <> 'completed') AS upstream_not_completed
+        FROM cyclone_jobs j JOIN cyclone_runs r ON r.id = j.run_id
+        WHERE r.state = 'running' AND j.state IN {ACTIVE_JOBS}
+          AND j.pending_deps <> (SELECT count(*) FROM cyclone_jobs u
+                                 WHERE u.run_id = j.run_id AND u.kind = ANY (j.deps)
+                                   AND u.state <> 'completed')
+        """,
+    ),
+    Invariant(
+        "an available job has no upstream pending",
+        """
+        SELECT j.id AS job_id, j.kind, j.pending_deps FROM cyclone_jobs j
+        WHERE j.state = 'available' AND j.pending_deps <> 0
+        """,
+    ),
+    Invariant(
+        "every running job has an owner, a lease and a start",
+        """
+        SELECT j.id AS job_id, j.kind, j.worker_id, j.heartbeat_at, j.attempted_at
+        FROM cyclone_jobs j
+        WHERE j.state = 'running'
+          AND (j.worker_id IS NULL OR j.heartbeat_at IS NULL OR j.attempted_at IS NULL
+               OR j.attempt < 1)
+        """,
+    ),
+    Invariant(
+        "no job is running once every worker has stopped",
+        """
+        SELECT j.id AS job_id, j.run_id, j.kind, j.worker_id, j.heartbeat_at
+        FROM cyclone_jobs j WHERE j.state = 'running'
+        """,
+        at_rest_only=True,
+    ),
+)
+"""Every invariant; ``at_rest_only`` ones hold once no worker serves the database."""
+
+
+def violations(conn: sa.Connection, *, at_rest: bool) -> dict[str, list[dict[str, object]]]:
+    """The rows breaking each invariant, by the invariant's name (only broken ones)."""
+    broken: dict[str, list[dict[str, object]]] = {}
+    for invariant in INVARIANTS:
+        if invariant.at_rest_only and not at_rest:
+            continue
+        rows = conn.execute(sa.text(invariant.query + " LIMIT 20")).mappings().all()
+        if rows:
+            broken[invariant.name] = [dict(row) for row in rows]
+    return broken
+
+
+def check(engine_or_conn: sa.Engine | sa.Connection, *, at_rest: bool = True) -> None:
+    """Raise AssertionError listing every broken invariant, with up to 20 rows each."""
+    if isinstance(engine_or_conn, sa.Engine):
+        with engine_or_conn.connect() as conn:
+            broken = violations(conn, at_rest=at_rest)
+    else:
+        broken = violations(engine_or_conn, at_rest=at_rest)
+    if broken:
+        lines = ["cyclone's invariants are broken:"]
+        for name, rows in broken.items():
+            lines.append(f"  {name}:")
+            lines.extend(f"    {row}" for row in rows)
+        raise AssertionError("\n".join(lines))
