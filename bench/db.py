@@ -45,13 +45,18 @@ def drop_database(admin: URL, url: URL) -> None:
         conn.execute(f'DROP DATABASE IF EXISTS "{url.database}" WITH (FORCE)')
 
 
-def install(url: URL) -> None:
-    """cyclone's schema (``cyclone.upgrade``) and the raw baseline's tables."""
+def upgrade(url: URL) -> None:
+    """cyclone's schema, through ``cyclone.upgrade``."""
     engine = sa.create_engine(url, poolclass=sa.NullPool)
     try:
         cyclone.upgrade(engine)
     finally:
         engine.dispose()
+
+
+def install(url: URL) -> None:
+    """cyclone's schema and the raw baseline's tables."""
+    upgrade(url)
     execute(url, workloads.RAW_DDL)
 
 

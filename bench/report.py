@@ -83,6 +83,14 @@ def pyplot() -> Any:
     return plt
 
 
+def save_figure(plt: Any, fig: Any, title: str, path: Path) -> None:
+    """Title the chart, lay it out and write it as a PNG."""
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 # --- the table and chart of bench.run ---------------------------------------------------------
 
 HEADERS = ["figure", "unit", "cyclone", "raw", "baseline", "cyclone/raw", "goal", "got", "met"]
@@ -180,15 +188,12 @@ def chart(figures: Sequence[Figure], path: Path, meta: dict[str, Any]) -> None:
     ax.invert_yaxis()
     ax.set_xlabel("cyclone's speed relative to the baseline (linear; 1.0 = as fast)")
     ax.set_title("cyclone beside its baseline, same run, same server")
-    fig.suptitle(
+    title = (
         f"cyclone benchmark, {meta['date']} — {meta['nproc']} cores, PostgreSQL "
         f"{meta['postgres']}, Python {meta['python']}, "
-        f"medians of {meta.get('rounds_done', meta['rounds'])} rounds",
-        fontsize=10,
+        f"medians of {meta.get('rounds_done', meta['rounds'])} rounds"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(plt, fig, title, path)
 
 
 # --- the table and chart of bench.peers -------------------------------------------------------
@@ -262,12 +267,9 @@ def peers_chart(results: dict[str, Any], path: Path) -> None:
         better = "higher is better" if higher else "lower is better"
         ax.set_title(f"{title}\nx raw, linear ({better})", fontsize=9)
     meta = results["meta"]
-    fig.suptitle(
+    title = (
         f"cyclone and its peers, ratio to raw psycopg in the same run — {meta['date']}, "
         f"{meta['nproc']} cores, PostgreSQL {meta['postgres']}, "
-        f"load {meta['loadavg_start'][0]:.2f}",
-        fontsize=10,
+        f"load {meta['loadavg_start'][0]:.2f}"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(plt, fig, title, path)

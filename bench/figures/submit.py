@@ -30,6 +30,21 @@ def raw_new_key(conn: psycopg.Connection[Any], prefix: str) -> Callable[[int], N
     return one
 
 
+def raw_existing_key(conn: psycopg.Connection[Any], key: str, value: Any) -> None:
+    """Raw's insert-or-select of a key that exists, with the same input."""
+    row = conn.execute(
+        workloads.RAW_INSERT_OR_SELECT, {"wf": "bench_one", "key": key, "input": json.dumps(value)}
+    ).fetchone()
+    assert row is not None
+    assert row[1:] == (False, True)
+
+
+def existing_key(wf: cyclone.Workflow[Any], engine: sa.Engine, key: str, value: Any) -> None:
+    """``wf.submit_once`` of a key that exists, with the same input."""
+    _run, created = wf.submit_once(engine, key, value)
+    assert not created
+
+
 def new_key(wf: cyclone.Workflow[Any], engine: sa.Engine, prefix: str) -> Callable[[int], None]:
     """Call ``i``: ``wf.submit_once`` of the new key ``prefix-i``."""
 
@@ -118,16 +133,10 @@ def fig_b(bench: Bench, r: int) -> None:
             workloads.one_step.submit_once_many(bench.engine, items[start : start + 1000])
 
         def raw(i: int) -> None:
-            row = conn.execute(
-                workloads.RAW_INSERT_OR_SELECT,
-                {"wf": "bench_one", "key": keys[i], "input": json.dumps(inputs[i])},
-            ).fetchone()
-            assert row is not None
-            assert row[1:] == (False, True)
+            raw_existing_key(conn, keys[i], inputs[i])
 
         def once(i: int) -> None:
-            _run, created = workloads.one_step.submit_once(bench.engine, keys[i], inputs[i])
-            assert not created
+            existing_key(workloads.one_step, bench.engine, keys[i], inputs[i])
 
         rates = measure.interleaved({"raw": (raw, n), "cyclone": (once, n)})
     f.raw.append(1e6 / rates["raw"])

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import json
-import time
 from typing import Any
 
 import psycopg
 import sqlalchemy as sa
 
-import cyclone
-from bench import procs, workloads
-from bench.systems.system import System, key
+from bench import db, procs, workloads
+from bench.figures import latency, submit
+from bench.systems.system import KEY_PREFIX, System, key
 
 CYCLONE_CONCURRENCY = 4  # cyclone.Worker's default
 
@@ -23,39 +21,26 @@ class Raw(System):
     done_sql = "SELECT count(*) FROM raw_jobs WHERE state = 'completed'"
 
     def install(self) -> None:
-        with psycopg.connect(self.dsn, autocommit=True) as conn:
-            conn.execute(workloads.RAW_DDL)
+        db.execute(self.dsn, workloads.RAW_DDL)
 
     def open(self) -> None:
         self.conn = psycopg.connect(self.dsn, autocommit=True)
         self.conn.execute("LISTEN raw_job_done")
+        self.new_key = submit.raw_new_key(self.conn, KEY_PREFIX)
 
     def close(self) -> None:
         self.conn.close()
 
     def new(self, idx: range) -> None:
         for i in idx:
-            row = self.conn.execute(
-                workloads.RAW_INSERT_ONCE,
-                ("bench_one", key(i), json.dumps(workloads.payload(i))),
-            ).fetchone()
-            assert row is not None
+            self.new_key(i)
 
     def dup(self, idx: range) -> None:
         for i in idx:
-            row = self.conn.execute(
-                workloads.RAW_INSERT_OR_SELECT,
-                {"wf": "bench_one", "key": key(i), "input": json.dumps(workloads.payload(i))},
-            ).fetchone()
-            assert row is not None
-            assert row[1:] == (False, True)
+            submit.raw_existing_key(self.conn, key(i), workloads.payload(i))
 
     def preload(self, n: int) -> None:
-        self.conn.execute(
-            "INSERT INTO raw_jobs (kind, args) "
-            "SELECT 'noop', to_jsonb(g) FROM generate_series(1, %s) g",
-            (n,),
-        )
+        db.enqueue_raw_noops(self.dsn, n)
 
     def ping(self, i: int) -> float:
         return procs.raw_ping(self.conn, i)
@@ -76,41 +61,29 @@ class Cyclone(System):
     done_sql = "SELECT count(*) FROM cyclone_jobs WHERE state = 'completed'"
 
     def install(self) -> None:
-        engine = sa.create_engine(self.url, poolclass=sa.NullPool)
-        cyclone.upgrade(engine)
-        engine.dispose()
+        db.upgrade(self.url)
 
     def open(self) -> None:
         self.engine = sa.create_engine(self.url, pool_size=5, max_overflow=5)
+        self.new_key = submit.new_key(workloads.one_step, self.engine, KEY_PREFIX)
 
     def close(self) -> None:
         self.engine.dispose()
 
     def new(self, idx: range) -> None:
         for i in idx:
-            _run, created = workloads.one_step.submit_once(
-                self.engine, key(i), workloads.payload(i)
-            )
-            assert created
+            self.new_key(i)
 
     def dup(self, idx: range) -> None:
         for i in idx:
-            _run, created = workloads.one_step.submit_once(
-                self.engine, key(i), workloads.payload(i)
-            )
-            assert not created
+            submit.existing_key(workloads.one_step, self.engine, key(i), workloads.payload(i))
 
     def preload(self, n: int) -> None:
         for i in range(n):
             workloads.noop.enqueue(self.engine, i)
 
     def ping(self, i: int) -> float:
-        t0 = time.perf_counter()
-        run, _created = workloads.ping.submit_once(self.engine, f"ping-{i}", i)
-        value = run.result(timeout=30)
-        elapsed = time.perf_counter() - t0
-        assert value == i
-        return elapsed
+        return latency.ping(self.engine, f"ping-{i}", i)
 
     def spawn_drain(self, mp: Any, n: int, start: Any, out: Any) -> Any:
         self._finish = mp.Event()  # procs' drains take one; kept alive for the child

@@ -30,9 +30,12 @@ def imp(name: str) -> Any:
     return importlib.import_module(name)
 
 
+KEY_PREFIX = "key"
+
+
 def key(i: int) -> str:
     """The deduplication key of submission ``i``."""
-    return f"key-{i}"
+    return f"{KEY_PREFIX}-{i}"
 
 
 class System:
