@@ -763,9 +763,13 @@ class Worker:
         claimed: list[_claim.Claimed] = []
         try:
             if failures:
+                ended: set[int] = set()
                 with self.engine.begin() as conn:
-                    recorded = _completion.record_failures(conn, failures)
+                    recorded = _completion.record_failures(conn, failures, ended)
                 self._settle(failures, recorded)
+                for failure in failures:
+                    if failure.report is not None and failure.job_id in recorded:
+                        failure.report(failure.job_id not in ended)
             held = self._held
             assert held is not None, "record_and_claim runs inside _serve"
             # Per-queue room can add up to more than concurrency: cap the total, and

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 import threading
 import time
@@ -672,3 +673,33 @@ def test_a_retried_then_cancelled_run_has_no_error(engine: sa.Engine, name: str)
         ).scalar_one()
     assert error_is_null  # SQL NULL, not a JSON null that shows as an empty error
     assert run.status().error is None
+
+
+def test_a_step_failing_after_its_run_was_cancelled_logs_that_its_run_ended(
+    engine: sa.Engine, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    wf = cyclone.Workflow(name)
+    started = threading.Event()
+    release = threading.Event()
+
+    @wf.step(max_attempts=3)
+    def flaky(ctx: cyclone.StepContext, value: Any) -> None:
+        started.set()
+        assert release.wait(10)
+        raise RuntimeError("fails after the run was cancelled")
+
+    run = wf.submit(engine, None)
+    worker = cyclone.Worker(engine, workflows=[wf], backoff=no_backoff)
+    with caplog.at_level(logging.INFO, logger="cyclone.worker"):
+        draining = Background(worker.drain)
+        assert started.wait(10)
+        run.cancel()
+        release.set()
+        assert draining.join(10) == 1
+
+    lines = [r for r in caplog.records if getattr(r, "step", None) == "flaky"]
+    assert [r.getMessage() for r in lines if "retrying" in r.getMessage()] == []
+    (ended,) = [r for r in lines if getattr(r, "outcome", None) == "run ended"]
+    assert ended.levelno == logging.WARNING
+    assert "its run has ended, so it is not retried" in ended.getMessage()
+    assert job_rows(engine, run.id)["flaky"].state == "cancelled"
