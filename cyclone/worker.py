@@ -107,7 +107,7 @@ class WorkerStats:
 
 def backoff_delay(failures: int) -> float:
     """Seconds before try ``failures + 1`` of a database that failed ``failures`` times."""
-    return float(min(RETRY_CAP, RETRY_FIRST * 2 ** max(0, failures - 1)))
+    return _retry.doubling(RETRY_FIRST, RETRY_CAP, failures)
 
 
 def _first_line(exc: BaseException) -> str:
