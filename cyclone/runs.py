@@ -195,6 +195,8 @@ def wait_until_finished(
     would then only hand the read over.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
+    if deadline is not None:
+        _deadline.interruptible(engine)
     woken = threading.Event()
     wanted = token
 
