@@ -129,6 +129,11 @@ class _Task:
         with self.lock, contextlib.suppress(ValueError):
             self.drivers.remove(driver)
 
+    def finished(self) -> None:
+        """Forget the connections: an interrupt that comes after the read touches none."""
+        with self.lock:
+            self.drivers.clear()
+
     def interrupt(self) -> None:
         with self.lock:
             self.interrupted = True
@@ -137,7 +142,7 @@ class _Task:
 
 
 _running = threading.local()
-"""``task``: the task the current helper thread runs, if it is one."""
+"""On a helper thread running a task: ``task``, and ``deadline`` (monotonic) it ends by."""
 
 
 def _current() -> _Task | None:
@@ -201,6 +206,7 @@ class _Helper:
             except BaseException as exc:
                 task.error = exc
             _running.task = _running.deadline = None
+            task.finished()
             self.thread.name = IDLE_NAME
             task.done.set()
             del task
