@@ -10,8 +10,8 @@ count the run's remaining steps down to completion.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -52,6 +52,8 @@ class Failure:
     error: dict[str, Any]
     retry_in: float | None
     """Seconds until the next attempt, or None when the job fails for good."""
+    report: Callable[[bool], None] | None = field(default=None, compare=False)
+    """Called once the attempt is recorded: with True if retried, False if its run ended."""
 
 
 def _items() -> Any:
@@ -211,7 +213,7 @@ def retry_job_stmt() -> Any:
             scheduled_at=func.now() + func.make_interval(0, 0, 0, 0, 0, 0, bindparam("delay")),
             errors=jobs.c.errors.op("||")(cast(bindparam("error", type_=Text), JSONB)),
         )
-        .returning(jobs.c.id)
+        .returning(jobs.c.id, jobs.c.state)
     )
 
 
@@ -282,13 +284,16 @@ def items_payload(successes: Sequence[Success]) -> str:
     ).decode()
 
 
-def record_failures(conn: Connection, failures: Sequence[Failure]) -> set[int]:
+def record_failures(
+    conn: Connection, failures: Sequence[Failure], ended: set[int] | None = None
+) -> set[int]:
     """Write failed attempts in the caller's transaction; return the ids recorded.
 
     A failure whose lease is no longer the job's (the job was rescued, handed back,
-    retried or cancelled meanwhile) is refused: its id is not in the result. The runs of
-    the jobs are locked first, then the jobs in id order. Successes are recorded by the
-    claim statement (:func:`cyclone._claim.record_and_claim`).
+    retried or cancelled meanwhile) is refused: its id is not in the result. A job to
+    retry whose run has ended is cancelled instead; its id is added to ``ended``. The
+    runs of the jobs are locked first, then the jobs in id order. Successes are recorded
+    by the claim statement (:func:`cyclone._claim.record_and_claim`).
     """
     recorded: set[int] = set()
     if not failures:
@@ -298,8 +303,11 @@ def record_failures(conn: Connection, failures: Sequence[Failure]) -> set[int]:
         error = msgspec.json.encode(failure.error).decode()
         params = {"job_id": failure.job_id, "held_lease": failure.lease, "error": f"[{error}]"}
         if failure.retry_in is not None:
-            if conn.execute(_RETRY, {**params, "delay": failure.retry_in}).first() is not None:
+            retried = conn.execute(_RETRY, {**params, "delay": failure.retry_in}).first()
+            if retried is not None:
                 recorded.add(failure.job_id)
+                if ended is not None and retried[1] == JobState.CANCELLED.value:
+                    ended.add(failure.job_id)
             continue
         row = conn.execute(_FAIL_JOB, params).first()
         if row is None:

@@ -1,8 +1,13 @@
 """Run control: cancel, retry and retry_all, each one transaction in the lock order.
 
-The run's row is locked first (``FOR NO KEY UPDATE``), then its jobs: the one lock order
-of :mod:`cyclone.states`, which every recording of an outcome follows too, so a user's
-call never deadlocks with a worker.
+The run's row is locked first (``FOR NO KEY UPDATE``), then its jobs, then the signal
+rows of its wait nodes: the one lock order of :mod:`cyclone.states` (and of
+:mod:`cyclone._waits`, which locks a wait node's job before its signal), which every
+recording of an outcome follows too, so a user's call never deadlocks with a worker.
+
+A retried wait node sees a signal already sent to its run (a run receives each signal
+once): it runs at once with that payload. A wait node whose signal was never sent waits
+anew, its timeout counted from when it parks again.
 """
 
 from __future__ import annotations
@@ -10,12 +15,12 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import Engine, bindparam, case, func, select, update
+from sqlalchemy import Engine, bindparam, case, delete, func, null, select, update
 from sqlalchemy.dialects.postgresql import JSONB
 
 from cyclone import _completion, errors
 from cyclone._fastpath import const
-from cyclone.schema import jobs, runs
+from cyclone.schema import jobs, runs, signals
 from cyclone.states import EDGES, TERMINAL_RUN_STATES, JobState, RunState
 
 
@@ -86,12 +91,41 @@ def restart_run_stmt(*, from_states: tuple[RunState, ...]) -> Any:
         .values(
             state=const(RunState.RUNNING.value),
             finalized_at=None,
-            error=None,
+            error=null(),  # SQL NULL, not the JSON null a None binds to in a jsonb column
             failed_step=None,
             steps_remaining=remaining,
         )
         .returning(runs.c.id)
     )
+
+
+def complete_restarted_run_stmt() -> Any:
+    """Complete the restarted run ``:rid`` if none of its steps is left to run.
+
+    A run cancelled while its last steps ran keeps them completed when they end (a
+    cancelled run counts nothing down); a retry then finds nothing to run, and no
+    outcome would ever be recorded to complete it.
+    """
+    return (
+        update(runs)
+        .where(
+            runs.c.id == bindparam("rid"),
+            runs.c.state == const(RunState.RUNNING.value),
+            runs.c.start_at.is_(None),
+            runs.c.steps_remaining == 0,
+        )
+        .values(state=const(RunState.COMPLETED.value), finalized_at=func.now())
+        .returning(runs.c.id)
+    )
+
+
+def clear_unsent_signals_stmt() -> Any:
+    """Forget when the wait nodes of the run ``:rid`` began waiting for a signal not sent.
+
+    The marker holds the wait's deadline (``wait_until``); a node restarted by a retry
+    parks again and starts its timeout over. Signals already sent keep their payload.
+    """
+    return delete(signals).where(signals.c.run_id == bindparam("rid"), signals.c.payload.is_(None))
 
 
 def lock_run_stmt() -> Any:
@@ -118,6 +152,7 @@ TRANSITIONS = {
     (lambda: reset_jobs_stmt(every_step=True)): ("job.reset_all", "job.reset_all_blocked"),
     (lambda: restart_run_stmt(from_states=(RunState.FAILED, RunState.CANCELLED))): ("run.retry",),
     (lambda: restart_run_stmt(from_states=tuple(TERMINAL_RUN_STATES))): ("run.retry_all",),
+    complete_restarted_run_stmt: ("run.complete",),
 }
 """The edges of :data:`cyclone.states.EDGES` each statement of this module implements."""
 
@@ -126,6 +161,8 @@ _RESET_FAILED = reset_jobs_stmt(every_step=False)
 _RESET_ALL = reset_jobs_stmt(every_step=True)
 _RESTART_FAILED = restart_run_stmt(from_states=(RunState.FAILED, RunState.CANCELLED))
 _RESTART_ANY = restart_run_stmt(from_states=tuple(TERMINAL_RUN_STATES))
+_COMPLETE_RESTARTED = complete_restarted_run_stmt()
+_CLEAR_UNSENT_SIGNALS = clear_unsent_signals_stmt()
 _LOCK_RUN = lock_run_stmt()
 _ANY_RUNNING = any_running_stmt()
 _STATE = select(runs.c.state).where(runs.c.id == bindparam("rid"))
@@ -148,7 +185,8 @@ def restart(engine: Engine, run_id: uuid.UUID, *, every_step: bool) -> None:
     Refused (``InvalidStateError``) for a run not in a state the edge starts from, past
     its deadline, or with a step still running: such a step would record into the
     restarted run and be claimed again while it runs. Under the run's lock, which every
-    recording of an outcome takes first, no step can end meanwhile.
+    recording of an outcome takes first, no step can end meanwhile. A run whose steps
+    had all completed (cancelled while its last steps ran) is completed at once.
     """
     operation = "retry_all" if every_step else "retry"
     with engine.begin() as conn:
@@ -169,4 +207,6 @@ def restart(engine: Engine, run_id: uuid.UUID, *, every_step: bool) -> None:
                 state=f"{state} with steps still running; {operation} once they end",
             )
         conn.execute(_RESET_ALL if every_step else _RESET_FAILED, {"rid": run_id})
+        conn.execute(_CLEAR_UNSENT_SIGNALS, {"rid": run_id})
         conn.execute(_RESTART_ANY if every_step else _RESTART_FAILED, {"rid": run_id})
+        conn.execute(_COMPLETE_RESTARTED, {"rid": run_id})

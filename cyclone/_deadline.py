@@ -13,15 +13,17 @@ for itself, unless the connection string sets them.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any, TypeVar
 
 import psycopg
+from sqlalchemy import Engine, event
 
 T = TypeVar("T")
 
@@ -31,6 +33,8 @@ KEEPALIVE_COUNT = 3
 USER_TIMEOUT_MS = 30_000
 MIN_READ_WINDOW = 0.2
 IDLE_NAME = "cyclone-read"
+MAX_IDLE = 1
+"""Helper threads kept idle for the next read with a deadline; others end after theirs."""
 
 _LIBPQ_PARAMETERS = (
     "keepalives",
@@ -94,7 +98,15 @@ def interrupt_after(driver: psycopg.Connection[Any], seconds: float) -> Iterator
 
 
 class _Task:
-    __slots__ = ("done", "error", "fn", "name", "value")
+    """One read handed to a helper, and the connections it has checked out meanwhile.
+
+    At its deadline the caller interrupts it: the sockets of those connections are shut
+    down, so the read blocked on one fails at once and its helper thread ends. A
+    connection is forgotten when it goes back to its pool, so an interrupt never touches
+    a connection the task no longer holds.
+    """
+
+    __slots__ = ("done", "drivers", "error", "fn", "interrupted", "lock", "name", "value")
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         self.fn = fn
@@ -102,32 +114,104 @@ class _Task:
         self.done = threading.Event()
         self.value: Any = None
         self.error: BaseException | None = None
+        self.lock = threading.Lock()
+        self.drivers: list[Any] = []
+        self.interrupted = False
+
+    def checked_out(self, driver: Any) -> None:
+        with self.lock:
+            if self.interrupted:
+                shutdown(driver)
+            else:
+                self.drivers.append(driver)
+
+    def checked_in(self, driver: Any) -> None:
+        with self.lock, contextlib.suppress(ValueError):
+            self.drivers.remove(driver)
+
+    def finished(self) -> None:
+        """Forget the connections: an interrupt that comes after the read touches none."""
+        with self.lock:
+            self.drivers.clear()
+
+    def interrupt(self) -> None:
+        with self.lock:
+            self.interrupted = True
+            for driver in self.drivers:
+                shutdown(driver)
+
+
+_running = threading.local()
+"""On a helper thread running a task: ``task``, and ``deadline`` (monotonic) it ends by."""
+
+
+def _current() -> _Task | None:
+    task: _Task | None = getattr(_running, "task", None)
+    return task
+
+
+def _on_checkout(driver: Any, record: Any, proxy: Any) -> None:
+    task = _current()
+    if task is not None and isinstance(driver, psycopg.Connection):
+        task.checked_out(driver)
+
+
+def _on_checkin(driver: Any, record: Any) -> None:
+    task = _current()
+    if task is not None and driver is not None:
+        task.checked_in(driver)
+
+
+def _on_connect(dialect: Any, record: Any, cargs: Any, cparams: MutableMapping[str, Any]) -> None:
+    """A connection opened by a task gives up connecting by the task's deadline (libpq's
+    ``connect_timeout``, at least its minimum of 2 s), unless its URL says otherwise."""
+    task = _current()
+    deadline = getattr(_running, "deadline", None)
+    if task is not None and deadline is not None and "connect_timeout" not in cparams:
+        cparams["connect_timeout"] = max(2, math.ceil(deadline - time.monotonic()))
+
+
+def interruptible(engine: Engine) -> None:
+    """Let :func:`call` interrupt reads on ``engine``'s connections at their deadline."""
+    for name, fn in (
+        ("checkout", _on_checkout),
+        ("checkin", _on_checkin),
+        ("do_connect", _on_connect),
+    ):
+        if not event.contains(engine, name, fn):
+            event.listen(engine, name, fn)
 
 
 class _Helper:
-    """A daemon thread running one task at a time, returned to the idle list after each.
+    """A daemon thread running one task at a time.
 
     While it runs a task it bears the name of the thread that asked for it, so that log
-    records and statement counters attribute the read to its caller.
+    records and statement counters attribute the read to its caller. After a task it
+    waits for the next one if no other helper is idle, and ends otherwise: at most
+    :data:`MAX_IDLE` helpers outlive the calls they served.
     """
 
     def __init__(self) -> None:
-        self.tasks: queue.SimpleQueue[_Task] = queue.SimpleQueue()
+        self.tasks: queue.SimpleQueue[tuple[_Task, float | None]] = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._loop, name=IDLE_NAME, daemon=True)
         self.thread.start()
 
     def _loop(self) -> None:
         while True:
-            task = self.tasks.get()
+            task, deadline = self.tasks.get()
             self.thread.name = task.name
+            _running.task, _running.deadline = task, deadline
             try:
                 task.value = task.fn()
             except BaseException as exc:
                 task.error = exc
+            _running.task = _running.deadline = None
+            task.finished()
             self.thread.name = IDLE_NAME
             task.done.set()
             del task
-            _release(self)
+            if not _release(self):
+                return
 
 
 _idle: list[_Helper] = []
@@ -146,10 +230,13 @@ def _take() -> _Helper:
     return _Helper()
 
 
-def _release(helper: _Helper) -> None:
+def _release(helper: _Helper) -> bool:
+    """Keep ``helper`` for the next call if fewer than :data:`MAX_IDLE` are idle."""
     with _idle_lock:
-        if _idle_pid == os.getpid():
+        if _idle_pid == os.getpid() and len(_idle) < MAX_IDLE:
             _idle.append(helper)
+            return True
+    return False
 
 
 def call(fn: Callable[[], T], deadline: float | None) -> T:
@@ -157,13 +244,18 @@ def call(fn: Callable[[], T], deadline: float | None) -> T:
 
     With no deadline ``fn`` runs on the calling thread. Otherwise it runs on a helper
     thread and gets at least :data:`MIN_READ_WINDOW` seconds, so that a wait whose time
-    is up still reads once.
+    is up still reads once. At the deadline the read is interrupted (on an engine made
+    :func:`interruptible`): the connections it holds are shut down and a connection it
+    is opening gives up by then, so its thread ends with the call, not when TCP would
+    give up, minutes later (or never, on a network that still acknowledges).
     """
     if deadline is None:
         return fn()
     task = _Task(fn)
-    _take().tasks.put(task)
-    if not task.done.wait(max(deadline - time.monotonic(), MIN_READ_WINDOW)):
+    window = max(deadline - time.monotonic(), MIN_READ_WINDOW)
+    _take().tasks.put((task, time.monotonic() + window))
+    if not task.done.wait(window):
+        task.interrupt()
         raise TimeoutError("the read did not finish by the deadline")
     if task.error is not None:
         raise task.error

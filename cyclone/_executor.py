@@ -111,18 +111,27 @@ def execute(
                 exc_info=exc,
                 extra=fields,
             )
-        else:
-            log.warning(
-                "%s failed on attempt %d/%d after %.3fs: %r; retrying in %.2fs",
-                describe(job),
-                job.attempt,
-                job.max_attempts,
-                duration,
-                exc,
-                retry_in,
-                extra=fields,
-            )
-        return Failure(job.id, job.lease, _error_record(exc, job), retry_in)
+            return Failure(job.id, job.lease, _error_record(exc, job), retry_in)
+        failed = (describe(job), job.attempt, job.max_attempts, duration, repr(exc))
+
+        def report(retried: bool) -> None:
+            """Log the attempt once it is recorded: retried, or not since its run ended."""
+            if retried:
+                log.warning(
+                    "%s failed on attempt %d/%d after %.3fs: %s; retrying in %.2fs",
+                    *failed,
+                    retry_in,
+                    extra=fields,
+                )
+            else:
+                log.warning(
+                    "%s failed on attempt %d/%d after %.3fs: %s; its run has ended, "
+                    "so it is not retried",
+                    *failed,
+                    extra={**fields, "outcome": "run ended"},
+                )
+
+        return Failure(job.id, job.lease, _error_record(exc, job), retry_in, report)
     if log.isEnabledFor(logging.INFO):
         duration = time.perf_counter() - started
         log.info(

@@ -22,7 +22,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, func, select
 
-from cyclone import _fastpath, _rescue, _sweeper
+from cyclone import _fastpath, _rescue, _retry, _sweeper
 
 log = logging.getLogger("cyclone.worker")
 
@@ -137,7 +137,7 @@ class Leader:
                 with self._lock:
                     self._close()
                 self._failures += 1
-                delay = min(MAX_BACKOFF, self.interval * 2 ** (self._failures - 1))
+                delay = _retry.doubling(self.interval, MAX_BACKOFF, self._failures)
                 log.warning(
                     "worker %s maintenance failed (%s); retrying in %.1fs",
                     self.worker_id,

@@ -1,7 +1,10 @@
 """Heartbeats of running jobs, hand-backs, rescue of jobs whose worker stopped, deadlines.
 
 Every statement here follows the lock order of :mod:`cyclone.states`: runs first, in id
-order, then jobs, in id order; the heartbeat locks jobs only and never waits.
+order, then jobs, in id order; the heartbeat locks jobs only and never waits. A
+hand-back and a rescue release a running job through one statement builder,
+:func:`release_jobs_stmt` (the park of a wait or sleep node in :mod:`cyclone._waits`
+is the one release not written with it yet).
 """
 
 from __future__ import annotations
@@ -70,14 +73,51 @@ def heartbeat_stmt() -> Any:
     )
 
 
+def release_jobs_stmt(
+    chosen: Any, *, guard: tuple[Any, ...] = (), give_up: Any = None, **values: Any
+) -> Any:
+    """Release the running jobs whose ids ``chosen`` selects: available again now, under a
+    new lease, the attempt not counted; or cancelled when their run has ended.
+
+    The one statement for a job taken from its worker (a hand-back, a rescue): the lease
+    grows, so the execution still running can no longer record its outcome. A job
+    whose run is over (cancelled, failed, past its deadline) is ``cancel_ended``, so an
+    ended run keeps no job to run; ``give_up``, a condition, fails the job instead of
+    releasing it. The caller's transaction has locked the jobs' runs first (the lock
+    order of :mod:`cyclone.states`), so the run's state read here is current. ``guard``
+    adds conditions to the ``WHERE``; ``values`` adds columns to set.
+    """
+    over = run_over()
+    outcomes = [(over, const(JobState.CANCELLED.value))]
+    kept_attempt = []
+    ends = over
+    if give_up is not None:
+        outcomes.append((give_up, const(JobState.FAILED.value)))
+        kept_attempt.append((give_up, jobs.c.attempt))
+        ends = over | give_up
+    return (
+        update(jobs)
+        .where(jobs.c.id.in_(chosen), jobs.c.state == const(JobState.RUNNING.value), *guard)
+        .values(
+            state=case(*outcomes, else_=const(JobState.AVAILABLE.value)),
+            finalized_at=case((ends, func.now()), else_=None),
+            attempt=case(*kept_attempt, (jobs.c.attempt > 0, jobs.c.attempt - 1), else_=0),
+            lease=jobs.c.lease + 1,
+            worker_id=None,
+            heartbeat_at=None,
+            scheduled_at=func.now(),
+            **values,
+        )
+    )
+
+
 def hand_back_stmt() -> Any:
     """Make the jobs held under ``:leases`` available again, now, without counting the attempt.
 
-    The lease grows, so the execution still running cannot record its outcome; a job
-    whose run is over is cancelled instead. Locks jobs only, in id order.
+    A job whose run is over is cancelled instead (:func:`release_jobs_stmt`). Locks the
+    jobs in id order, after :func:`hand_back` has locked their runs.
     """
     held = _leases()
-    over = run_over()
     mine = (
         select(jobs.c.id)
         .join(held, and_(jobs.c.id == held.c.id, jobs.c.lease == held.c.lease))
@@ -85,22 +125,7 @@ def hand_back_stmt() -> Any:
         .order_by(jobs.c.id)
         .with_for_update(of=jobs)
     )
-    return (
-        update(jobs)
-        .where(jobs.c.id.in_(mine.scalar_subquery()))
-        .values(
-            state=case(
-                (over, const(JobState.CANCELLED.value)), else_=const(JobState.AVAILABLE.value)
-            ),
-            finalized_at=case((over, func.now()), else_=None),
-            attempt=case((jobs.c.attempt > 0, jobs.c.attempt - 1), else_=0),
-            lease=jobs.c.lease + 1,
-            worker_id=None,
-            heartbeat_at=None,
-            scheduled_at=func.now(),
-        )
-        .returning(jobs.c.id)
-    )
+    return release_jobs_stmt(mine.scalar_subquery()).returning(jobs.c.id)
 
 
 def _stale() -> tuple[Any, ...]:
@@ -131,7 +156,6 @@ def rescue_jobs_stmt() -> Any:
     and a job whose run ended meanwhile (cancelled, failed, past its deadline) is
     cancelled.
     """
-    over = run_over()
     gives_up = jobs.c.lost + 1 >= func.greatest(jobs.c.max_attempts, MIN_LOSSES)
     record = func.jsonb_build_array(
         func.jsonb_build_object(
@@ -157,28 +181,13 @@ def rescue_jobs_stmt() -> Any:
         .order_by(jobs.c.id)
         .with_for_update(skip_locked=True)
     )
-    return (
-        update(jobs)
-        .where(jobs.c.id.in_(taken.scalar_subquery()), *_stale())
-        .values(
-            state=case(
-                (over, const(JobState.CANCELLED.value)),
-                (gives_up, const(JobState.FAILED.value)),
-                else_=const(JobState.AVAILABLE.value),
-            ),
-            finalized_at=case((over | gives_up, func.now()), else_=None),
-            attempt=case(
-                (gives_up, jobs.c.attempt), (jobs.c.attempt > 0, jobs.c.attempt - 1), else_=0
-            ),
-            lost=jobs.c.lost + 1,
-            lease=jobs.c.lease + 1,
-            worker_id=None,
-            heartbeat_at=None,
-            scheduled_at=func.now(),
-            errors=jobs.c.errors.op("||")(record),
-        )
-        .returning(jobs.c.id, jobs.c.run_id, jobs.c.kind, jobs.c.state)
-    )
+    return release_jobs_stmt(
+        taken.scalar_subquery(),
+        guard=_stale(),
+        give_up=gives_up,
+        lost=jobs.c.lost + 1,
+        errors=jobs.c.errors.op("||")(record),
+    ).returning(jobs.c.id, jobs.c.run_id, jobs.c.kind, jobs.c.state)
 
 
 def expire_runs_stmt() -> Any:
@@ -235,6 +244,7 @@ TRANSITIONS = {
 """The edges of :data:`cyclone.states.EDGES` each statement of this module implements."""
 
 _HEARTBEAT = heartbeat_stmt()
+_LOCK_RUNS = _completion.lock_runs_of_jobs_stmt()
 _HAND_BACK = hand_back_stmt()
 _LOCK_STALE_RUNS = lock_runs_of_stale_jobs_stmt()
 _RESCUE = rescue_jobs_stmt()
@@ -252,7 +262,14 @@ def heartbeat(conn: Connection, held: Iterable[tuple[int, int]]) -> set[int]:
 
 
 def hand_back(conn: Connection, held: Iterable[tuple[int, int]]) -> set[int]:
-    """Hand back the jobs held under these ``(id, lease)`` pairs; return the ids handed back."""
+    """Hand back the jobs held under these ``(id, lease)`` pairs; return the ids handed back.
+
+    Their runs are locked first, in id order, so a cancel either ends before the
+    hand-back reads the run's state (the job is cancelled) or waits for it (and cancels
+    the job it made available).
+    """
+    held = sorted(held)
+    conn.execute(_LOCK_RUNS, {"ids": [job_id for job_id, _ in held]}).all()
     return set(conn.execute(_HAND_BACK, {"leases": leases_payload(held)}).scalars())
 
 

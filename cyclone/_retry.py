@@ -1,4 +1,5 @@
-"""Backoff between attempts of a step that raised: exponential, capped, with jitter (pure)."""
+"""Backoff, written once: between attempts of a step that raised (exponential, capped, with
+jitter), and before trying the database again (the same doubling, without jitter). Pure."""
 
 from __future__ import annotations
 
@@ -12,6 +13,16 @@ DEFAULT_CAP = 300.0
 DEFAULT_JITTER = 0.25
 
 
+def doubling(first: float, cap: float, failures: int) -> float:
+    """Seconds to wait after ``failures`` failures in a row: ``min(cap, first * 2**(failures-1))``.
+
+    The delay after the first failure is ``first``; it doubles with each further one, up
+    to ``cap``. Used as it is by the loops that try the database again (a worker's claim,
+    the maintenance leader, a wait's read), and with jitter by :func:`exponential`.
+    """
+    return float(min(cap, first * 2 ** max(0, failures - 1)))
+
+
 def exponential(
     base: float = DEFAULT_BASE,
     cap: float = DEFAULT_CAP,
@@ -21,7 +32,7 @@ def exponential(
     """Seconds to wait after failed attempt ``n``: ``min(cap, base * 2**(n-1))`` +/- jitter."""
 
     def backoff(attempt: int) -> float:
-        delay = min(cap, base * 2 ** max(0, attempt - 1))
+        delay = doubling(base, cap, attempt)
         return float(max(0.0, delay * (1 + jitter * (2 * rand() - 1))))
 
     return backoff

@@ -29,7 +29,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import DBAPIError
 
-from cyclone import _codec, _control, _deadline, _fastpath, _notify, _waits, errors
+from cyclone import _codec, _control, _deadline, _fastpath, _notify, _retry, _waits, errors
 from cyclone.schema import jobs, runs
 from cyclone.states import TERMINAL_RUN_STATES, RunState
 
@@ -154,7 +154,7 @@ def read_within(read: Callable[[], T], deadline: float | None, what: str) -> T:
     Raises TimeoutError once the deadline has passed, whether the read is blocked (a
     frozen network) or keeps failing to connect (a server still restarting).
     """
-    pause = RECONNECT_FIRST_PAUSE
+    failures = 0
     while True:
         try:
             return _deadline.call(read, deadline)
@@ -167,8 +167,9 @@ def read_within(read: Callable[[], T], deadline: float | None, what: str) -> T:
             if left is not None and left <= 0:
                 raise TimeoutError(f"{what} did not finish in time: {exc}") from exc
             log.info("cyclone lost its connection while reading %s (%s); reading again", what, exc)
+            failures += 1
+            pause = _retry.doubling(RECONNECT_FIRST_PAUSE, RECONNECT_MAX_PAUSE, failures)
             time.sleep(pause if left is None else min(pause, left))
-            pause = min(pause * 2, RECONNECT_MAX_PAUSE)
 
 
 def wait_until_finished(
@@ -194,6 +195,8 @@ def wait_until_finished(
     would then only hand the read over.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
+    if deadline is not None:
+        _deadline.interruptible(engine)
     woken = threading.Event()
     wanted = token
 

@@ -107,7 +107,7 @@ class WorkerStats:
 
 def backoff_delay(failures: int) -> float:
     """Seconds before try ``failures + 1`` of a database that failed ``failures`` times."""
-    return float(min(RETRY_CAP, RETRY_FIRST * 2 ** max(0, failures - 1)))
+    return _retry.doubling(RETRY_FIRST, RETRY_CAP, failures)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -763,9 +763,13 @@ class Worker:
         claimed: list[_claim.Claimed] = []
         try:
             if failures:
+                ended: set[int] = set()
                 with self.engine.begin() as conn:
-                    recorded = _completion.record_failures(conn, failures)
+                    recorded = _completion.record_failures(conn, failures, ended)
                 self._settle(failures, recorded)
+                for failure in failures:
+                    if failure.report is not None and failure.job_id in recorded:
+                        failure.report(failure.job_id not in ended)
             held = self._held
             assert held is not None, "record_and_claim runs inside _serve"
             # Per-queue room can add up to more than concurrency: cap the total, and

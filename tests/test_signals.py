@@ -360,3 +360,56 @@ def test_a_park_presents_the_claims_lease_and_moves_it_on(engine: sa.Engine, nam
             assert _rescue.heartbeat(conn, [(current.id, current.lease)]) == set()
     finally:
         held.close()
+
+
+def wait_deadline(engine: sa.Engine, run_id: Any) -> Any:
+    """``(wait_until, now())`` of the run's "paid" marker, or None when there is none."""
+    with engine.connect() as conn:
+        return conn.execute(
+            sa.select(signals.c.wait_until, sa.func.now()).where(
+                signals.c.run_id == run_id, signals.c.name == "paid"
+            )
+        ).first()
+
+
+@pytest.mark.parametrize("operation", ["retry", "retry_all"])
+def test_a_retried_wait_node_starts_its_timeout_over(
+    engine: sa.Engine, name: str, operation: str
+) -> None:
+    wf = checkout(name, timeout=timedelta(seconds=1))
+    run, _ = wf.submit_once(engine, "k", Order(12, 1))
+    worker = cyclone.Worker(engine, workflows=[wf])
+    assert worker.drain() == 1  # reserve; the wait node parks until its timeout
+    first = wait_deadline(engine, run.id)
+    assert first is not None
+    run.cancel()
+    # The wait's first deadline passes while the run is cancelled.
+    wait_until(lambda: (lambda row: row[0] <= row[1])(wait_deadline(engine, run.id)), timeout=10)
+
+    getattr(run, operation)()
+    worker.drain()
+    assert run.status().state == cyclone.RunState.RUNNING
+    state, attempt, errors = node_row(engine, run.id)
+    assert (state, attempt, errors) == ("available", 0, [])  # parked again, no timeout
+    again = wait_deadline(engine, run.id)
+    assert again is not None
+    assert again[0] > first[0]
+    assert wf.signal(engine, "k", "paid", Payment("retried", 1)) is True
+    worker.drain()
+    assert run.result(timeout=10) == "order 12 paid by retried (1)"
+
+
+def test_a_retried_wait_node_runs_with_the_signal_its_run_was_sent(
+    engine: sa.Engine, name: str
+) -> None:
+    # A run receives a signal once: a retried wait node sees the payload already sent.
+    wf = checkout(name, timeout=timedelta(seconds=30))
+    run, _ = wf.submit_once(engine, "k", Order(13, 1))
+    worker = cyclone.Worker(engine, workflows=[wf])
+    assert wf.signal(engine, "k", "paid", Payment("first", 1)) is True
+    worker.drain()
+    assert run.result(timeout=10) == "order 13 paid by first (1)"
+    run.retry_all()
+    assert worker.drain() == 3
+    assert run.result(timeout=10) == "order 13 paid by first (1)"
+    assert stored_signals(engine, run.id) == {"paid": {"ref": "first", "amount": 1}}

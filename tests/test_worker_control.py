@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -13,6 +17,7 @@ import sqlalchemy as sa
 
 import cyclone
 from tests.conftest import wait_until
+from tests.support import invariants
 from tests.support.workers import Background, job_rows, start_runs
 
 
@@ -550,3 +555,158 @@ def test_step_context_is_entered_around_every_step_and_its_error_is_the_steps(
     assert status.state is cyclone.RunState.FAILED
     assert status.error is not None
     assert "no application context" in str(status.error)
+
+
+@pytest.mark.parametrize(
+    ("running", "operation"),
+    [(1, "retry"), (2, "retry"), (1, "retry_all")],
+    ids=["last-step-retry", "several-steps-retry", "last-step-retry_all"],
+)
+def test_a_retried_run_whose_steps_all_completed_completes_with_its_result(
+    own_engine: sa.Engine, name: str, running: int, operation: str
+) -> None:
+    # Cancelled while its last steps ran, which then completed: nothing is left to run.
+    wf: cyclone.ResultWorkflow[int, int] = cyclone.ResultWorkflow(name, input=int, output=int)
+    started = threading.Semaphore(0)
+    release = threading.Event()
+
+    def gated(n: int) -> int:
+        started.release()
+        assert release.wait(10)
+        return n
+
+    if running == 2:
+
+        @wf.step()
+        def side(ctx: cyclone.StepContext, n: int) -> int:
+            return gated(n)
+
+    @wf.result()
+    def double(ctx: cyclone.StepContext, n: int) -> int:
+        return 2 * gated(n)
+
+    run = wf.submit(own_engine, 21)
+    worker = cyclone.Worker(own_engine, workflows=[wf], concurrency=2)
+    draining = Background(worker.drain)
+    for _ in range(running):
+        assert started.acquire(timeout=10)
+    run.cancel()
+    release.set()
+    assert draining.join(10) == running
+    assert {row.state for row in job_rows(own_engine, run.id).values()} == {"completed"}
+    assert run.status().state == cyclone.RunState.CANCELLED
+
+    getattr(run, operation)()
+    if operation == "retry_all":
+        assert worker.drain() == running
+    assert run.result(timeout=10) == 42
+    assert run.status().state == cyclone.RunState.COMPLETED
+    invariants.check(own_engine)
+
+
+def test_random_cancels_and_retries_against_a_live_worker_leave_every_run_terminal(
+    own_engine: sa.Engine, name: str, serving: Callable[[cyclone.Worker], Background]
+) -> None:
+    wf: cyclone.ResultWorkflow[int, int] = cyclone.ResultWorkflow(name, input=int, output=int)
+    rand = random.Random()
+
+    def work() -> None:
+        # The steps' own work: short and uneven, so cancels land before, during and after.
+        threading.Event().wait(rand.uniform(0, 0.01))
+
+    @wf.step()
+    def first(ctx: cyclone.StepContext, n: int) -> int:
+        work()
+        return n
+
+    @wf.step()
+    def second(ctx: cyclone.StepContext, n: int) -> int:
+        work()
+        return n
+
+    @wf.result(after=[first, second])
+    def total(ctx: cyclone.StepContext, n: int) -> int:
+        work()
+        return ctx.output(first) + ctx.output(second)
+
+    runs = [wf.submit(own_engine, n) for n in range(60)]
+    serving(cyclone.Worker(own_engine, workflows=[wf], concurrency=8, poll_interval=0.05))
+    for _ in range(3):
+        for run in rand.sample(runs, len(runs)):
+            when = rand.choice(["at once", "a moment later", "while its last step runs"])
+            if when == "a moment later":
+                threading.Event().wait(rand.uniform(0, 0.01))
+            elif when == "while its last step runs":
+                wait_until(lambda run=run: last_step_runs_or_run_ended(own_engine, run))
+            with contextlib.suppress(cyclone.InvalidStateError):
+                run.cancel()
+            # A cancelled run's running step ends on its own; retry once it has.
+            wait_until(lambda run=run: retried_or_finished(run), timeout=10)
+
+    # Each run was retried after its last cancel (or was not cancelled): all complete.
+    for n, run in enumerate(runs):
+        assert run.result(timeout=20) == 2 * n
+    invariants.check(own_engine, at_rest=False)
+
+
+def last_step_runs_or_run_ended(engine: sa.Engine, run: cyclone.ResultRun[int]) -> bool:
+    rows = job_rows(engine, run.id)
+    return "total" in rows and rows["total"].state in ("running", "completed")
+
+
+def retried_or_finished(run: cyclone.ResultRun[int]) -> bool:
+    """Retry ``run`` if it is cancelled or failed with no step running; True once done so
+    (or once it completed)."""
+    try:
+        run.retry()
+    except cyclone.InvalidStateError as exc:
+        return exc.state in (cyclone.RunState.RUNNING, cyclone.RunState.COMPLETED)
+    return True
+
+
+def test_a_retried_then_cancelled_run_has_no_error(engine: sa.Engine, name: str) -> None:
+    wf = cyclone.Workflow(name)
+    switch = Switch()
+    chain(wf, switch)
+    run = wf.submit(engine, None)
+    cyclone.Worker(engine, workflows=[wf], backoff=no_backoff).drain()
+    assert run.status().error is not None
+
+    run.retry()
+    run.cancel()
+    with engine.connect() as conn:
+        error_is_null = conn.execute(
+            sa.text("SELECT error IS NULL FROM cyclone_runs WHERE id = :id"), {"id": run.id}
+        ).scalar_one()
+    assert error_is_null  # SQL NULL, not a JSON null that shows as an empty error
+    assert run.status().error is None
+
+
+def test_a_step_failing_after_its_run_was_cancelled_logs_that_its_run_ended(
+    engine: sa.Engine, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    wf = cyclone.Workflow(name)
+    started = threading.Event()
+    release = threading.Event()
+
+    @wf.step(max_attempts=3)
+    def flaky(ctx: cyclone.StepContext, value: Any) -> None:
+        started.set()
+        assert release.wait(10)
+        raise RuntimeError("fails after the run was cancelled")
+
+    run = wf.submit(engine, None)
+    worker = cyclone.Worker(engine, workflows=[wf], backoff=no_backoff)
+    with caplog.at_level(logging.INFO, logger="cyclone.worker"):
+        draining = Background(worker.drain)
+        assert started.wait(10)
+        run.cancel()
+        release.set()
+        assert draining.join(10) == 1
+
+    lines = [r for r in caplog.records if getattr(r, "step", None) == "flaky"]
+    assert [r.getMessage() for r in lines if "retrying" in r.getMessage()] == []
+    (ended,) = [r for r in lines if getattr(r, "outcome", None) == "run ended"]
+    assert ended.levelno == logging.WARNING
+    assert "its run has ended, so it is not retried" in ended.getMessage()
+    assert job_rows(engine, run.id)["flaky"].state == "cancelled"

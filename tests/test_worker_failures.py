@@ -7,10 +7,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
+import psycopg
 import pytest
 import sqlalchemy as sa
 
 import cyclone
+from cyclone import runs as runs_module
+from cyclone import worker as worker_module
 from cyclone._retry import exponential
 from tests.support.workers import job_rows
 
@@ -286,3 +289,25 @@ def test_an_error_message_jsonb_cannot_store_is_recorded_and_the_worker_goes_on(
     assert status.error is not None
     assert "NUL" in status.error["message"]
     assert good_run.wait(timeout=10).state == cyclone.RunState.COMPLETED
+
+
+def test_a_worker_tries_the_database_again_after_a_delay_doubling_from_half_a_second() -> None:
+    delays = [worker_module.backoff_delay(n) for n in range(1, 9)]
+    assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    assert worker_module.backoff_delay(0) == 0.5
+
+
+def test_a_read_that_lost_its_connection_is_tried_again_after_a_doubling_pause(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pauses: list[float] = []
+    monkeypatch.setattr(runs_module.time, "sleep", pauses.append)
+    failures = iter(range(7))
+
+    def read() -> str:
+        if next(failures, None) is not None:
+            raise psycopg.OperationalError("the server closed the connection")
+        return "read"
+
+    assert runs_module.read_within(read, None, "a run") == "read"
+    assert pauses == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0]

@@ -20,6 +20,7 @@ import cyclone
 from cyclone import _claim, _completion, _fastpath, _rescue
 from cyclone.schema import jobs
 from tests.conftest import wait_until
+from tests.support import invariants
 from tests.support.workers import Background, job_rows
 
 QUICK = {"heartbeat_interval": timedelta(milliseconds=200), "poll_interval": 0.05}
@@ -255,3 +256,60 @@ def test_a_heartbeat_interval_not_below_rescue_after_is_refused(
             cyclone.Worker(
                 engine, workflows=[wf], heartbeat_interval=beat, rescue_after=timedelta(seconds=60)
             )
+
+
+def waiting_on_locks(engine: sa.Engine) -> int:
+    """How many backends of this database wait for a lock."""
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                )
+            ).scalar_one()
+        )
+
+
+def test_a_hand_back_racing_a_cancel_leaves_no_job_to_run_in_the_cancelled_run(
+    own_engine: sa.Engine, name: str
+) -> None:
+    engine = own_engine
+    wf = cyclone.Workflow(name)
+
+    @wf.step()
+    def only(ctx: cyclone.StepContext, value: Any) -> None:
+        return None
+
+    run = wf.submit(engine, None)
+    scope = _claim.Scope(queues=None, workflows=(name,), kinds=())
+    held = _fastpath.Held(engine)
+    try:
+        claimed = wait_until(
+            lambda: _claim.record_and_claim(
+                held, worker_id="w", successes=[], scope=scope, limit=1
+            )[1]
+        )
+    finally:
+        held.close()
+    (job,) = claimed
+
+    def hand_back() -> set[int]:
+        with engine.begin() as conn:
+            return _rescue.hand_back(conn, [(job.id, job.lease)])
+
+    # A transaction holds the job's row, so the hand-back waits for it once it has begun;
+    # meanwhile the run is cancelled (or the cancel waits for the hand-back's run lock).
+    with engine.connect() as holder:
+        holder.execute(sa.select(jobs.c.id).where(jobs.c.id == job.id).with_for_update(read=True))
+        handing = Background(hand_back, name="hand-back")
+        wait_until(lambda: waiting_on_locks(engine) == 1)
+        cancelling = Background(run.cancel, name="cancel")
+        wait_until(lambda: not cancelling.alive() or waiting_on_locks(engine) == 2)
+        holder.rollback()
+    assert handing.join(10) == {job.id}
+    cancelling.join(10)
+
+    assert run.status().state == cyclone.RunState.CANCELLED
+    assert _job_of(engine, "only", run.id)[0] == "cancelled"
+    invariants.check(engine)

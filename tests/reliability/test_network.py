@@ -6,6 +6,7 @@ cluster; the workers connect to the cluster directly.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -196,3 +197,35 @@ def test_calling_submit_once_again_after_a_reply_lost_past_the_commit_returns_th
     cyclone.Worker(direct, workflows=[wf]).drain()
     assert again.result(timeout=30) == 14
     figures(f"reply_lost_{variant}", replies_lost=proxy.replies_lost, runs_for_key=len(ids))
+
+
+def cyclones_threads() -> list[str]:
+    """The threads alive but the proxy's (two per connection through it)."""
+    return [t.name for t in threading.enumerate() if not t.name.startswith(("Thread-", "proxy"))]
+
+
+def test_waits_that_time_out_on_a_frozen_network_leave_no_thread_behind(
+    client: sa.Engine, proxy: Proxy
+) -> None:
+    wf = doubling(name())
+    run = wf.submit(client, 21)
+    echo = cyclone.step(name())(lambda ctx, n: n)
+    job = echo.enqueue(client, 5)
+    with pytest.raises(TimeoutError):  # no worker: the listener is up, a reader is idle
+        run.result(timeout=0.3)
+    threads = cyclones_threads()
+
+    proxy.freeze()
+    calls = [
+        lambda: run.result(timeout=0.5),
+        lambda: run.wait(timeout=0.5),
+        lambda: job.result(timeout=0.5),
+        lambda: job.wait(timeout=0.5),
+    ]
+    for call in calls * 3:
+        with pytest.raises(TimeoutError):
+            call()
+    # Each read left blocked on the frozen network is interrupted: its thread ends.
+    wait_until(lambda: len(cyclones_threads()) <= len(threads), timeout=15)
+    proxy.thaw()
+    assert run.status().state == cyclone.RunState.RUNNING
