@@ -1,14 +1,12 @@
-"""An application role that owns nothing, with the grants of docs/operations.md, runs everything."""
+"""An application role that owns nothing, with the grants of docs/deployment.md, runs everything."""
 
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,13 +15,14 @@ from sqlalchemy.engine import URL
 
 import cyclone
 from tests.conftest import admin_url, wait_until
+from tests.support import docs
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
+DOC = "docs/deployment.md"
 
 
 def grants(role: str) -> list[str]:
     """The grant statements of the doc, for ``role``."""
-    (block,) = re.findall(r"<!-- snippet: grants -->\n```sql\n(.*?)```", DOC.read_text(), re.S)
+    block = docs.snippet(DOC, "grants")
     return [line.replace("app_role", f'"{role}"') for line in block.splitlines() if line]
 
 
