@@ -126,3 +126,36 @@ def test_an_application_role_with_the_documented_grants_runs_everything(
     assert client.list_runs(workflow=name) == []
     cyclone.close(engine)
     engine.dispose()
+
+
+def test_an_application_role_with_the_documented_grants_signals_runs_and_registers_schedules(
+    app_url: URL, name: str
+) -> None:
+    engine = sa.create_engine(app_url)
+    client = cyclone.Client(engine)
+    wf: cyclone.ResultWorkflow[Any, Any] = cyclone.ResultWorkflow(name, input=int, output=int)
+
+    @wf.wait("go")
+    def go(ctx: cyclone.StepContext, payload: int) -> int:
+        return payload
+
+    @wf.result(after=[go])
+    def done(ctx: cyclone.StepContext, value: int) -> int:
+        return ctx.output(go) + value
+
+    wf.schedule(f"{name}-hourly", every=timedelta(hours=1), input=1)
+    run, _ = wf.submit_once(engine, "k", 1)
+    worker = cyclone.Worker(engine, workflows=[wf], poll_interval=0.05, sweep=False)
+    thread = threading.Thread(target=worker.run)
+    thread.start()
+    try:
+        wait_until(lambda: client.list_schedules(), timeout=30)
+        assert wf.signal(engine, "k", "go", 41)
+        assert run.result(timeout=30) == 42
+    finally:
+        worker.close()
+        thread.join(30)
+    assert not thread.is_alive()
+    assert [schedule.name for schedule in client.list_schedules()] == [f"{name}-hourly"]
+    cyclone.close(engine)
+    engine.dispose()
