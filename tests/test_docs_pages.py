@@ -123,7 +123,8 @@ def test_the_standalone_jobs_blocks_enqueue_jobs_a_worker_runs(own_engine: sa.En
         send_email.enqueue(
             own_engine, namespace["Email"]("bob@example.com", "x"), unique="welcome:42"
         )
-    assert cyclone.Worker(own_engine, steps=[send_email]).drain() == 2
+    with cyclone.Worker(own_engine, steps=[send_email]) as worker:
+        assert worker.drain() == 2
     assert job.result(timeout=10) == "sent to ada@example.com"
     assert sorted(sent) == [("ada@example.com", "welcome"), ("grace@example.com", "hello")]
 
@@ -147,7 +148,8 @@ def test_the_operations_blocks_list_purge_and_recover_runs(own_engine: sa.Engine
     runs = [checkout.submit(own_engine, order) for order in range(3)]
     job = email.enqueue(own_engine, {"to": "ada@example.com"})
     failed = charge.submit(own_engine, 1)
-    cyclone.Worker(own_engine, workflows=[charge]).drain()
+    with cyclone.Worker(own_engine, workflows=[charge]) as worker:
+        worker.drain()
     pages: list[list[cyclone.RunStatus]] = []
     namespace: dict[str, Any] = {
         "__name__": "docs_operations",

@@ -128,6 +128,20 @@ def test_an_application_role_with_the_documented_grants_runs_everything(
     engine.dispose()
 
 
+def parked(engine: sa.Engine, run_id: uuid.UUID) -> bool:
+    """Whether the run's wait node was claimed and parked to wait for its signal (a signal
+    sent while the worker parks it is not seen: that race is not what this test is about)."""
+    with engine.connect() as conn:
+        parked = conn.execute(
+            sa.text(
+                "SELECT 1 FROM cyclone_jobs WHERE run_id = :id AND kind = 'go'"
+                " AND state = 'blocked' AND lease > 0"
+            ),
+            {"id": run_id},
+        )
+        return parked.first() is not None
+
+
 def test_an_application_role_with_the_documented_grants_signals_runs_and_registers_schedules(
     app_url: URL, name: str
 ) -> None:
@@ -150,6 +164,7 @@ def test_an_application_role_with_the_documented_grants_signals_runs_and_registe
     thread.start()
     try:
         wait_until(lambda: client.list_schedules(), timeout=30)
+        wait_until(lambda: parked(engine, run.id), timeout=30)
         assert wf.signal(engine, "k", "go", 41)
         assert run.result(timeout=30) == 42
     finally:
