@@ -1,4 +1,4 @@
-"""The terminal sessions of docs/operations.md and README.md, run as written, output compared.
+"""The terminal sessions of docs/cli.md and README.md, run as written, output compared.
 
 The ```console blocks of a file are one bash session in a fresh database: a ``$ `` line is a command
 (``export CYCLONE_DATABASE_URL=...`` is pointed at the test's database), the lines after it
@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy.engine import URL
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "docs" / "operations.md", ROOT / "README.md"]
+DOCS = [ROOT / "docs" / "cli.md", ROOT / "README.md"]
 SEPARATOR = "@@cyclone-doc-command@@"
 
 _NORMAL = [

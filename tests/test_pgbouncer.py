@@ -2,7 +2,7 @@
 
 Each test starts from an engine on a PgBouncer the module starts itself (Debian's
 ``pgbouncer``, pool_mode = transaction, 1.18: no prepared-statement support), with
-``prepare_threshold=None`` as docs/operations.md says, and a small server pool so that
+``prepare_threshold=None`` as docs/deployment.md says, and a small server pool so that
 consecutive statements of one client land on different server connections.
 """
 
@@ -235,15 +235,15 @@ def test_configure_refuses_a_listen_url_of_another_driver(bounced: sa.Engine) ->
         cyclone.configure(bounced, listen_url="postgresql+psycopg2://postgres@127.0.0.1/x")
 
 
-def test_the_operations_guide_snippet_runs_behind_pgbouncer(
+def test_the_deployment_guide_snippet_runs_behind_pgbouncer(
     bouncer: pgb.PgBouncer, database_url: URL, name: str
 ) -> None:
     namespace: dict[str, object] = {
         "BOUNCER_URL": bouncer.url_for(database_url),
         "DIRECT_URL": database_url,
     }
-    code = docs.snippet("docs/operations.md", "pgbouncer")
-    exec(compile(code, "docs/operations.md", "exec"), namespace)
+    code = docs.snippet("docs/deployment.md", "pgbouncer")
+    exec(compile(code, "docs/deployment.md", "exec"), namespace)
     engine = namespace["engine"]
     assert isinstance(engine, sa.Engine)
     try:

@@ -1,7 +1,7 @@
 """The command line's database: the URL, the Engine, the schema check, and one-line errors.
 
 Every failure a command reports is a :class:`CommandError`: one line on stderr and an
-exit status from the table below (documented in docs/operations.md).
+exit status from the table below (documented in docs/cli.md).
 """
 
 from __future__ import annotations

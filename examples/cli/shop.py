@@ -1,4 +1,4 @@
-"""The shop that docs/operations.md and the README's terminal session operate with ``cyclone``.
+"""The shop that docs/cli.md and the README's terminal session operate with ``cyclone``.
 
 ``cyclone worker shop`` runs what this module defines (and registers the daily
 ``restock`` schedule); ``python shop.py`` submits three checkouts (the third one's charge

@@ -2,11 +2,14 @@
 
 A named snippet is a fenced block preceded by ``<!-- snippet: NAME -->`` on the line above;
 :func:`blocks` and :func:`all_blocks` read the fenced blocks of a section or of a page.
+:data:`EXECUTED` names the test that runs each section's blocks, for every page of docs/
+(``tests/test_docs_pages.py`` checks that no block of a page is left out).
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -77,3 +80,134 @@ def all_blocks(page: str, language: str = "python") -> list[str]:
     """The fenced blocks of ``language`` anywhere in ``page``, in order."""
     lines = (ROOT / page).read_text().splitlines()
     return _fenced(lines, language)
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A fenced block of a page: its language, first line, and the headings it is under."""
+
+    language: str
+    line: int
+    headings: tuple[str, ...]
+
+
+def fences(page: str) -> list[Fence]:
+    """Every fenced block of ``page``, with the chain of headings above it."""
+    found: list[Fence] = []
+    chain: list[str] = []
+    fenced = False
+    for number, line in enumerate((ROOT / page).read_text().splitlines(), start=1):
+        if line.startswith("```"):
+            if not fenced:
+                found.append(Fence(line[3:].strip(), number, tuple(chain)))
+            fenced = not fenced
+        elif not fenced and re.match(r"#+ ", line):
+            level = len(line) - len(line.lstrip("#"))
+            chain = [h for h in chain if len(h) - len(h.lstrip("#")) < level] + [line]
+    return found
+
+
+@dataclass(frozen=True)
+class Executed:
+    """``test`` (``tests/FILE.py::NAME``) runs the blocks of ``page`` under ``heading``
+    (all of the page's when None) written in ``language`` (any when None)."""
+
+    page: str
+    heading: str | None
+    test: str
+    language: str | None = None
+
+    def covers(self, page: str, fence: Fence) -> bool:
+        return (
+            page == self.page
+            and (self.heading is None or self.heading in fence.headings)
+            and (self.language is None or self.language == fence.language)
+        )
+
+
+EXECUTED = (
+    Executed(
+        "docs/cli.md",
+        None,
+        "tests/test_cli_docs.py::test_a_terminal_session_prints_what_the_docs_show",
+    ),
+    Executed(
+        "docs/dashboard.md",
+        None,
+        "tests/test_dashboard_docs.py::test_every_block_of_the_page_is_a_named_snippet_a_test_runs",
+    ),
+    Executed(
+        "docs/deployment.md",
+        "## Database roles and grants",
+        "tests/test_roles.py::test_an_application_role_with_the_documented_grants_runs_everything",
+    ),
+    Executed(
+        "docs/deployment.md",
+        "## Behind PgBouncer",
+        "tests/test_pgbouncer.py::test_the_deployment_guide_snippet_runs_behind_pgbouncer",
+    ),
+    Executed(
+        "docs/django.md",
+        None,
+        "tests/test_django.py::test_every_python_snippet_of_docs_django_md_is_taken_from_the_test_project",
+        "python",
+    ),
+    Executed(
+        "docs/django.md",
+        None,
+        "tests/test_django.py::test_every_command_of_docs_django_md_is_run_by_a_test",
+        "bash",
+    ),
+    Executed(
+        "docs/flask.md",
+        None,
+        "tests/test_flask.py::test_every_python_snippet_of_the_flask_doc_is_code_of_the_example",
+        "python",
+    ),
+    Executed(
+        "docs/flask.md",
+        None,
+        "tests/test_flask.py::test_the_flask_doc_commands_run_as_written",
+        "console",
+    ),
+    Executed(
+        "docs/jobs.md",
+        "## Standalone jobs and unique keys",
+        "tests/test_docs_pages.py::test_the_standalone_jobs_blocks_enqueue_jobs_a_worker_runs",
+    ),
+    Executed(
+        "docs/keys.md", None, "tests/test_docs_keys_and_time.py::test_doc_page_blocks_run_in_order"
+    ),
+    Executed(
+        "docs/migrations.md",
+        None,
+        "tests/test_alembic_wheel.py::test_every_block_of_the_doc_is_a_snippet_these_tests_run",
+    ),
+    *(
+        Executed(
+            "docs/operations.md",
+            heading,
+            "tests/test_docs_pages.py::test_the_operations_blocks_list_purge_and_recover_runs",
+        )
+        for heading in (
+            "## Listing, pagination and counts",
+            "## Retention and the sweeper",
+            "## Recovery workflows",
+        )
+    ),
+    Executed(
+        "docs/operations.md",
+        "## Tracing and metrics",
+        "tests/test_otel.py::test_operations_doc_tracing_snippet_runs",
+    ),
+    Executed(
+        "docs/schedules.md",
+        None,
+        "tests/test_docs_keys_and_time.py::test_doc_page_blocks_run_in_order",
+    ),
+    Executed(
+        "docs/signals.md",
+        None,
+        "tests/test_docs_keys_and_time.py::test_doc_page_blocks_run_in_order",
+    ),
+)
