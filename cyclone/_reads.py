@@ -31,7 +31,7 @@ from cyclone import _codec, _unstarted
 from cyclone.schema import LISTED_SINCE, jobs, runs
 from cyclone.states import JobState, RunState
 
-STATUS_COLUMNS = (
+_STATUS_OF_TABLE = (
     runs.c.id,
     runs.c.workflow,
     runs.c.submit_key,
@@ -39,10 +39,11 @@ STATUS_COLUMNS = (
     runs.c.created_at,
     runs.c.finalized_at,
     runs.c.deadline,
-    cast(runs.c.error, Text),
+    runs.c.error,
     runs.c.failed_step,
     runs.c.retention,
 )
+STATUS_COLUMNS = tuple(cast(c, Text) if c is runs.c.error else c for c in _STATUS_OF_TABLE)
 """A run's status, in the order of ``RunStatus``'s fields."""
 
 RunStatusFields = tuple[
@@ -202,7 +203,8 @@ def page_runs(
     bounded read per page instead of a read of the whole table. Send it in one snapshot:
     the page and the run it stopped at are read by two statements.
     """
-    stmt = select(*STATUS_COLUMNS)
+    # Filtered on the table's own columns: the window below casts only the runs it keeps.
+    stmt = select(*_STATUS_OF_TABLE)
     if workflow is not None:
         stmt = stmt.where(
             runs.c.workflow == workflow,
@@ -230,12 +232,13 @@ def page_runs(
             found.append(c.submit_key.startswith(key[:-1], autoescape=True))
         return found
 
+    status = stmt.with_only_columns(*STATUS_COLUMNS)
     if not unindexed(runs.c) or exact_key:
-        page = stmt.where(*unindexed(runs.c)).order_by(*newest_first).limit(limit + 1)
+        page = status.where(*unindexed(runs.c)).order_by(*newest_first).limit(limit + 1)
         return [run_status_fields(r) for r in conn.execute(page)], None
     window = stmt.order_by(*newest_first).limit(scan).subquery()
     page = (
-        select(*window.c)
+        select(*(cast(c, Text) if c.name == "error" else c for c in window.c))
         .where(*unindexed(window.c))
         .order_by(window.c.created_at.desc(), window.c.id.desc())
         .limit(limit + 1)
@@ -243,7 +246,7 @@ def page_runs(
     found = [run_status_fields(r) for r in conn.execute(page)]
     if len(found) > limit:
         return found, None
-    edge = conn.execute(stmt.order_by(*newest_first).offset(scan - 1).limit(1)).first()
+    edge = conn.execute(status.order_by(*newest_first).offset(scan - 1).limit(1)).first()
     return found, None if edge is None else run_status_fields(edge)
 
 

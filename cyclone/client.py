@@ -217,12 +217,9 @@ class Client:
     @contextmanager
     def _reading_together(self) -> Iterator[Connection]:
         """The connection of a read of several statements that must see one moment."""
-        if self._snapshot is not None:
-            yield self._snapshot
-            return
-        snapshot = self._engine.connect().execution_options(isolation_level="REPEATABLE READ")
-        with snapshot as conn, conn.begin():
-            yield conn
+        with self.snapshot() as reader:
+            assert reader._snapshot is not None
+            yield reader._snapshot
 
     def list_runs(
         self,
