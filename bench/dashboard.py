@@ -24,7 +24,7 @@ from sqlalchemy.engine import make_url
 from werkzeug.test import Client
 
 import cyclone
-from bench.run import create_database, drop_database
+from bench.db import create_database, drop_database
 from cyclone.dashboard import create_app
 
 WORKFLOWS = ("checkout", "invoice", "onboarding", "refund", "report")

@@ -1,4 +1,5 @@
-"""A PgBouncer in transaction pooling mode in front of the bench server, for figure k.
+"""Figure k: figure a's new-key submit through a PgBouncer in transaction pooling mode
+in front of the bench server, in turns with the same calls made directly.
 
 Debian's ``pgbouncer`` (``apt-get install pgbouncer``; scripts/env.sh installs it when
 root) runs in the foreground as ``postgres`` when the bench runs as root, on a free port
@@ -16,7 +17,12 @@ import time
 from pathlib import Path
 
 import psycopg
+import sqlalchemy as sa
 from sqlalchemy.engine import URL
+
+from bench import measure, workloads
+from bench.figures.submit import new_key, raw_new_key
+from bench.harness import Bench
 
 BINARY = "/usr/sbin/pgbouncer"
 
@@ -79,3 +85,51 @@ class PgBouncer:
             self.process.terminate()
             self.process.wait(10)
         shutil.rmtree(self.base, ignore_errors=True)
+
+
+def fig_k(bench: Bench) -> None:
+    """Figure a's 1-step new-key submit through PgBouncer (transaction mode), in turns."""
+    if not available():
+        print("  k: no /usr/sbin/pgbouncer (apt-get install pgbouncer): skipped")
+        return
+    n = bench.sizes.new_keys
+    f = bench.fig(
+        "k",
+        "submit_once new key, 1-step, via PgBouncer",
+        "submits/s",
+        True,
+        goal=0.85,
+        goal_text=">= 0.85x raw",
+        raw_label="raw psycopg via PgBouncer",
+    )
+    direct = bench.fig(
+        "k-ref-direct", "  ref: the same turns, direct", "submits/s", True, raw_label="raw psycopg"
+    )
+    bench.reset()
+    pgb = PgBouncer(bench.url)
+    engine = sa.create_engine(pgb.url(), pool_size=5, connect_args={"prepare_threshold": None})
+    raw_pgb = psycopg.connect(pgb.dsn(), autocommit=True, prepare_threshold=None)
+    raw_direct = bench.raw_conn()
+    try:
+        wf = workloads.one_step
+        rates = measure.interleaved(
+            {
+                "raw-pgb": (raw_new_key(raw_pgb, "k-raw-pgb"), n),
+                "cyc-pgb": (new_key(wf, engine, "k-cyc-pgb"), n),
+                "raw": (raw_new_key(raw_direct, "k-raw"), n),
+                "cyc": (new_key(wf, bench.engine, "k-cyc"), n),
+            }
+        )
+    finally:
+        raw_pgb.close()
+        raw_direct.close()
+        engine.dispose()
+        pgb.stop()
+    f.cyclone.append(rates["cyc-pgb"])
+    f.raw.append(rates["raw-pgb"])
+    direct.cyclone.append(rates["cyc"])
+    direct.raw.append(rates["raw"])
+    print(
+        f"  k: via PgBouncer cyclone {rates['cyc-pgb']:,.0f} / raw {rates['raw-pgb']:,.0f}; "
+        f"direct cyclone {rates['cyc']:,.0f} / raw {rates['raw']:,.0f} submits/s"
+    )

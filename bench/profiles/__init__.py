@@ -1,0 +1,1 @@
+"""The profiles of ``python -m bench.profile``, one module per question."""
