@@ -14,8 +14,8 @@ from typing import Any
 
 from sqlalchemy import Text, bindparam, select
 
-from cyclone import _binds, _fastpath, _keys, errors
-from cyclone.runs import STATUS_COLUMNS, RunStatus, status_from_row
+from cyclone import _binds, _fastpath, _keys, _reads, errors
+from cyclone.runs import RunStatus
 from cyclone.schema import runs
 
 _BY_KEY = select(runs.c.id).where(
@@ -23,7 +23,7 @@ _BY_KEY = select(runs.c.id).where(
     runs.c.submit_key == bindparam("key", type_=Text),
 )
 _BY_ID = select(runs.c.workflow, runs.c.submit_key).where(runs.c.id == bindparam("rid"))
-_STATUS_BY_KEY = select(*STATUS_COLUMNS).where(
+_STATUS_BY_KEY = select(*_reads.STATUS_COLUMNS).where(
     runs.c.workflow == bindparam("workflow", type_=Text),
     runs.c.submit_key == bindparam("key", type_=Text),
 )
@@ -81,4 +81,4 @@ def status_by_key(bind: _binds.Bind, workflow: str, key: str) -> RunStatus | Non
     rows: list[Any] = _fastpath.execute(
         _binds.engine_of(bind), _FAST_STATUS_BY_KEY, {"workflow": workflow, "key": key}
     )
-    return status_from_row(rows[0]) if rows else None
+    return RunStatus(*_reads.run_status_fields(rows[0])) if rows else None

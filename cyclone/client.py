@@ -1,38 +1,35 @@
-"""``Client``: list and read runs and jobs (keyset pagination), counts, and purging."""
+"""``Client``: the one read API of cyclone's runs and jobs (listings with keyset
+pagination, details, counts), and purging.
+
+The CLI, the dashboard and the Django admin's actions read through it; its statements
+live in :mod:`cyclone._reads` and :mod:`cyclone._counts`.
+"""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from sqlalchemy import (
-    Engine,
-    Text,
-    bindparam,
-    cast,
-    func,
-    literal_column,
-    select,
-    tuple_,
-    union_all,
-)
+from sqlalchemy import Connection, Engine
 
-from cyclone import _binds, _codec, _lookup, _sweeper, _unstarted, schedules
-from cyclone.jobs import JOB_STATUS_COLUMNS, JobStatus, cancel_job, job_status_from_row
-from cyclone.runs import STATUS_COLUMNS, RunStatus, status_from_row
+from cyclone import _binds, _codec, _counts, _lookup, _reads, _standalone, _sweeper, schedules
+from cyclone.jobs import JobStatus
+from cyclone.runs import RunStatus
 from cyclone.schedules import ScheduleStatus
-from cyclone.schema import LISTED_SINCE, jobs, runs
 from cyclone.states import JobState, RunState
 
 DEFAULT_PAGE = 100
+DEFAULT_SCAN = 10_000
+"""Runs :meth:`Client.page_runs` reads, at most, to fill a page with filters no index serves."""
 
 
 @dataclass(frozen=True, slots=True)
 class StepStatus:
-    """One step of a run as its job stands: state, attempts, timing and every error.
+    """One step of a run as its job stands: state, attempts, timing, every error and output.
 
     Each error is a dict with ``type``, ``message``, ``traceback``, ``attempt`` and ``at``.
     """
@@ -48,6 +45,10 @@ class StepStatus:
     started_at: datetime | None
     finished_at: datetime | None
     errors: list[dict[str, Any]]
+    output: Any
+    """The step's output, decoded (None until it completes)."""
+    worker_id: str | None
+    """The worker that ran (or runs) its last attempt."""
 
     @property
     def duration(self) -> timedelta | None:
@@ -59,60 +60,93 @@ class StepStatus:
 
 @dataclass(frozen=True, slots=True)
 class RunDetail:
-    """A run with its input, its result node's output (if any) and its steps in order."""
+    """A run with its input, graph, its result node's output (if any) and its steps in order,
+    all read as of one moment."""
 
     status: RunStatus
     input: Any
     result_step: str | None
     result: Any
     steps: list[StepStatus]
+    graph: dict[str, Any]
+    """The graph the run was submitted with: ``{"steps": [{"name", "after", ...}, ...]}``."""
+    steps_remaining: int
+    """Steps not yet completed, as the run counts them."""
+    read_at: datetime
+    """The database's clock when this was read, to measure the run's times against."""
 
 
 @dataclass(frozen=True, slots=True)
 class JobDetail:
-    """A standalone job with its arguments, its output and when its last attempt started."""
+    """A standalone job with its arguments, its output and its last attempt's start and worker."""
 
     status: JobStatus
     args: Any
     output: Any
     started_at: datetime | None
+    worker_id: str | None
 
 
-_RUN_DATA = select(cast(runs.c.input, Text), runs.c.result_step).where(runs.c.id == bindparam("id"))
-_STEP_COLUMNS = (
-    "kind",
-    "id",
-    "state",
-    "queue",
-    "attempt",
-    "max_attempts",
-    "scheduled_at",
-    "attempted_at",
-    "finalized_at",
-    "errors",
-    "output",
-)
-_STEPS_CREATED = select(*(jobs.c[n] for n in _STEP_COLUMNS), jobs.c.id.label("ord")).where(
-    jobs.c.run_id == bindparam("id")
-)
-_UNSTARTED = _unstarted.steps_of(bindparam("id")).subquery("unstarted")
-_STEPS_ALL = union_all(
-    _STEPS_CREATED, select(*(_UNSTARTED.c[n] for n in (*_STEP_COLUMNS, "ord")))
-).subquery("steps")
-_STEPS = select(
-    *(
-        cast(_STEPS_ALL.c[n], Text) if n in ("errors", "output") else _STEPS_ALL.c[n]
-        for n in _STEP_COLUMNS
-    )
-).order_by(_STEPS_ALL.c.ord)
-"""A run's steps in order: its jobs, or, for a run not started yet, its graph's steps."""
-_JOB_DATA = select(
-    *JOB_STATUS_COLUMNS, cast(jobs.c.args, Text), cast(jobs.c.output, Text), jobs.c.attempted_at
-).where(jobs.c.id == bindparam("id"), jobs.c.run_id.is_(None))
+class Position(Protocol):
+    """Where a listing stands: a RunStatus or JobStatus of the last page, or any object with
+    its ``created_at`` and ``id``."""
+
+    @property
+    def created_at(self) -> datetime: ...
+
+    @property
+    def id(self) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RunPage:
+    """A page of runs (:meth:`Client.page_runs`) and where the next one starts.
+
+    ``next`` is None on the last page; pass it as ``after`` for the next. ``searched_to``
+    is set when the page stopped short because it read its ``scan`` of runs without
+    filling up: the next page goes on with the runs created before that moment.
+    """
+
+    runs: list[RunStatus]
+    next: RunStatus | None
+    searched_to: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveJobs:
+    """Active jobs of one queue, workflow and kind: due now, scheduled later, running.
+
+    ``workflow`` is None for standalone jobs. Steps blocked on their upstream steps are
+    not counted: they wait on their run, not on a queue.
+    """
+
+    queue: str
+    workflow: str | None
+    kind: str
+    ready: int
+    scheduled: int
+    running: int
+
+
+@dataclass(frozen=True, slots=True)
+class FinishedMinute:
+    """How many runs and standalone jobs completed and failed in one minute."""
+
+    minute: datetime
+    completed: int
+    failed: int
 
 
 def _json(text: str | None) -> Any:
     return None if text is None else _codec.decode(text)
+
+
+def _position(after: Position | None) -> tuple[datetime, Any] | None:
+    return None if after is None else (after.created_at, after.id)
+
+
+def _run_uuid(run_id: uuid.UUID | str) -> uuid.UUID:
+    return run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
 
 
 class HasName(Protocol):
@@ -125,6 +159,9 @@ class HasName(Protocol):
 class Client:
     """Wraps an Engine; every workflow method that takes an Engine also takes a Client.
 
+    Each read opens a short autocommit connection of its own, except inside
+    :meth:`snapshot`, whose reads all see one moment.
+
     Example:
         client = cyclone.Client(engine)
         failed = client.list_runs(workflow="checkout", state=cyclone.RunState.FAILED)
@@ -134,6 +171,7 @@ class Client:
         if not isinstance(engine, Engine):
             raise TypeError(f"Client takes a SQLAlchemy Engine, not {type(engine).__name__}")
         self._engine = engine
+        self._snapshot: Connection | None = None
 
     @property
     def engine(self) -> Engine:
@@ -141,6 +179,47 @@ class Client:
 
     def __repr__(self) -> str:
         return f"<cyclone.Client {self._engine.url!r}>"
+
+    @contextmanager
+    def snapshot(self) -> Iterator[Client]:
+        """A Client whose reads all see the database as of one moment, until the block ends.
+
+        Its reads share one read-only ``REPEATABLE READ`` transaction on one connection,
+        so a page that shows several reads (counts, a listing and its filter's choices)
+        shows them consistent with each other. Its write methods (cancel, purge, pause)
+        still run in transactions of their own.
+
+        Example:
+            with client.snapshot() as reader:
+                counts = reader.count_runs()
+                failed = reader.list_runs(state=cyclone.RunState.FAILED)
+        """
+        if self._snapshot is not None:
+            yield self
+            return
+        connection = self._engine.connect().execution_options(
+            isolation_level="REPEATABLE READ", postgresql_readonly=True
+        )
+        with connection as conn, conn.begin():
+            reader = Client(self._engine)
+            reader._snapshot = conn
+            yield reader
+
+    @contextmanager
+    def _reading(self) -> Iterator[Connection]:
+        """The connection of one read: the snapshot's, else a pooled one in autocommit."""
+        if self._snapshot is not None:
+            yield self._snapshot
+            return
+        with _binds.autocommit(self._engine) as conn:
+            yield conn
+
+    @contextmanager
+    def _reading_together(self) -> Iterator[Connection]:
+        """The connection of a read of several statements that must see one moment."""
+        with self.snapshot() as reader:
+            assert reader._snapshot is not None
+            yield reader._snapshot
 
     def list_runs(
         self,
@@ -150,7 +229,7 @@ class Client:
         key: str | None = None,
         since: datetime | None = None,
         limit: int = DEFAULT_PAGE,
-        after: RunStatus | None = None,
+        after: Position | None = None,
     ) -> list[RunStatus]:
         """Runs newest first. Pass the last run of a page as ``after`` for the next page.
 
@@ -159,24 +238,20 @@ class Client:
         Pagination is by ``(created_at, id)``, so pages neither repeat nor skip runs
         while new runs are submitted.
         """
-        stmt = select(*STATUS_COLUMNS)
-        if workflow is not None:
-            # Always true: it lets the planner use the partial (workflow, created_at, id) index.
-            stmt = stmt.where(
-                runs.c.workflow == workflow,
-                runs.c.created_at > literal_column(LISTED_SINCE, runs.c.created_at.type),
+        found_state = None if state is None else RunState(state)
+        since = None if since is None else _aware(since, "since")
+        limit = _limit(limit)
+        with self._reading() as conn:
+            rows = _reads.list_runs(
+                conn,
+                workflow=workflow,
+                state=found_state,
+                key=key,
+                since=since,
+                after=_position(after),
+                limit=limit,
             )
-        if state is not None:
-            stmt = stmt.where(runs.c.state == RunState(state).value)
-        if key is not None:
-            stmt = stmt.where(runs.c.submit_key == key)
-        if since is not None:
-            stmt = stmt.where(runs.c.created_at >= _aware(since))
-        if after is not None:
-            stmt = stmt.where(tuple_(runs.c.created_at, runs.c.id) < (after.created_at, after.id))
-        stmt = stmt.order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(_limit(limit))
-        with _binds.autocommit(self._engine) as conn:
-            return [status_from_row(row) for row in conn.execute(stmt)]
+        return [RunStatus(*row) for row in rows]
 
     def iter_runs(self, *, page_size: int = DEFAULT_PAGE, **filters: Any) -> Iterator[RunStatus]:
         """Every run matching the filters of :meth:`list_runs`, newest first, page by page."""
@@ -188,27 +263,73 @@ class Client:
                 return
             after = page[-1]
 
+    def page_runs(
+        self,
+        *,
+        workflow: str | None = None,
+        state: RunState | str | None = None,
+        key: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        after: Position | None = None,
+        limit: int = DEFAULT_PAGE,
+        scan: int = DEFAULT_SCAN,
+    ) -> RunPage:
+        """A page of runs newest first, whatever the filters, at a bounded cost.
+
+        ``key`` is an exact key, or a prefix followed by ``*``. ``since`` and ``until``
+        (aware datetimes) keep the runs created in ``[since, until)``. The workflow, an
+        exact key, the time range and ``after`` are served by indexes; a state or a key
+        prefix is not, and is applied to at most ``scan`` runs in the order of the
+        listing: a page that reads them without filling up stops there, with its
+        ``searched_to`` set, so that a state few runs are in costs a bounded read per page
+        instead of a read of the whole table. Pass the page's ``next`` as ``after`` for
+        the next page. The page is read as of one moment.
+        """
+        found_state = None if state is None else RunState(state)
+        since = None if since is None else _aware(since, "since")
+        until = None if until is None else _aware(until, "until")
+        limit, scan = _limit(limit), _limit(scan, "scan")
+        with self._reading_together() as conn:
+            rows, edge = _reads.page_runs(
+                conn,
+                workflow=workflow,
+                state=found_state,
+                key=key,
+                since=since,
+                until=until,
+                after=_position(after),
+                limit=limit,
+                scan=scan,
+            )
+        found = [RunStatus(*row) for row in rows]
+        if len(found) > limit:
+            return RunPage(found[:limit], found[limit - 1])
+        if edge is None:
+            return RunPage(found, None)
+        stopped_at = RunStatus(*edge)
+        return RunPage(found, stopped_at, stopped_at.created_at)
+
+    def list_workflows(self) -> list[str]:
+        """The names of the workflows that have runs, sorted; one index entry read per name."""
+        with self._reading() as conn:
+            return _reads.workflow_names(conn)
+
     def get_run(self, run_id: uuid.UUID | str) -> RunStatus | None:
         """The run with this id, or None."""
-        run_uuid = run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
-        with _binds.autocommit(self._engine) as conn:
-            row = conn.execute(
-                select(*STATUS_COLUMNS).where(runs.c.id == bindparam("id")), {"id": run_uuid}
-            ).first()
-        return None if row is None else status_from_row(row)
+        with self._reading() as conn:
+            row = _reads.run_status(conn, _run_uuid(run_id))
+        return None if row is None else RunStatus(*row)
 
     def get_run_detail(self, run_id: uuid.UUID | str) -> RunDetail | None:
-        """The run with its input, result and steps (one snapshot), or None."""
-        run_uuid = run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
-        snapshot = self._engine.connect().execution_options(isolation_level="REPEATABLE READ")
-        with snapshot as conn, conn.begin():
-            status_row = conn.execute(
-                select(*STATUS_COLUMNS).where(runs.c.id == bindparam("id")), {"id": run_uuid}
-            ).first()
-            if status_row is None:
-                return None
-            data = conn.execute(_RUN_DATA, {"id": run_uuid}).one()
-            step_rows = conn.execute(_STEPS, {"id": run_uuid}).all()
+        """The run with its input, graph, result and steps (one snapshot), or None."""
+        with self._reading_together() as conn:
+            found = _reads.run_detail(conn, _run_uuid(run_id))
+        if found is None:
+            return None
+        run, step_rows = found
+        width = len(_reads.STATUS_COLUMNS)
+        input_text, result_step, graph, steps_remaining, read_at = run[width:]
         steps = [
             StepStatus(
                 name=row[0],
@@ -221,31 +342,36 @@ class Client:
                 started_at=row[7],
                 finished_at=row[8],
                 errors=_codec.decode(row[9]),
+                output=_json(row[10]),
+                worker_id=row[11],
             )
             for row in step_rows
         ]
-        outputs = {row[0]: row[10] for row in step_rows}
-        result_step = data[1]
+        result = next((s.output for s in steps if s.name == result_step), None)
         return RunDetail(
-            status=status_from_row(status_row),
-            input=_json(data[0]),
+            status=RunStatus(*_reads.run_status_fields(run)),
+            input=_json(input_text),
             result_step=result_step,
-            result=_json(outputs.get(result_step)) if result_step else None,
+            result=result if result_step else None,
             steps=steps,
+            graph=_json(graph),
+            steps_remaining=steps_remaining,
+            read_at=read_at,
         )
 
     def get_job_detail(self, job_id: int) -> JobDetail | None:
         """The standalone job with its arguments and output, or None."""
-        with _binds.autocommit(self._engine) as conn:
-            row = conn.execute(_JOB_DATA, {"id": job_id}).first()
+        with self._reading() as conn:
+            row = _reads.job_detail(conn, job_id)
         if row is None:
             return None
-        width = len(JOB_STATUS_COLUMNS)
+        width = len(_reads.JOB_STATUS_COLUMNS)
         return JobDetail(
-            status=job_status_from_row(row),
+            status=JobStatus(*_reads.job_status_fields(row)),
             args=_json(row[width]),
             output=_json(row[width + 1]),
             started_at=row[width + 2],
+            worker_id=row[width + 3],
         )
 
     def cancel_job(self, job_id: int) -> None:
@@ -255,7 +381,7 @@ class Client:
             NotFoundError: no standalone job has this id.
             InvalidStateError: the job is running or has ended.
         """
-        cancel_job(self._engine, job_id)
+        _standalone.cancel_job(self._engine, job_id)
 
     def get_run_by_key(self, workflow: str | HasName, key: str) -> RunStatus | None:
         """The run of ``key`` of ``workflow`` (a name, or a Workflow), or None; one statement."""
@@ -289,40 +415,37 @@ class Client:
         state: JobState | str | None = None,
         queue: str | None = None,
         limit: int = DEFAULT_PAGE,
-        after: JobStatus | None = None,
+        after: Position | None = None,
     ) -> list[JobStatus]:
         """Standalone jobs newest first, paginated like :meth:`list_runs`."""
-        stmt = select(*JOB_STATUS_COLUMNS).where(jobs.c.run_id.is_(None))
-        if kind is not None:
-            stmt = stmt.where(jobs.c.kind == kind)
-        if state is not None:
-            stmt = stmt.where(jobs.c.state == JobState(state).value)
-        if queue is not None:
-            stmt = stmt.where(jobs.c.queue == queue)
-        if after is not None:
-            stmt = stmt.where(tuple_(jobs.c.created_at, jobs.c.id) < (after.created_at, after.id))
-        stmt = stmt.order_by(jobs.c.created_at.desc(), jobs.c.id.desc()).limit(_limit(limit))
-        with _binds.autocommit(self._engine) as conn:
-            return [job_status_from_row(row) for row in conn.execute(stmt)]
+        found_state = None if state is None else JobState(state)
+        limit = _limit(limit)
+        with self._reading() as conn:
+            rows = _reads.list_jobs(
+                conn,
+                kind=kind,
+                state=found_state,
+                queue=queue,
+                after=_position(after),
+                limit=limit,
+            )
+        return [JobStatus(*row) for row in rows]
 
     def get_job(self, job_id: int) -> JobStatus | None:
         """The standalone job with this id, or None."""
-        with _binds.autocommit(self._engine) as conn:
-            row = conn.execute(
-                select(*JOB_STATUS_COLUMNS).where(jobs.c.id == job_id, jobs.c.run_id.is_(None))
-            ).first()
-        return None if row is None else job_status_from_row(row)
+        with self._reading() as conn:
+            row = _reads.job_status(conn, job_id)
+        return None if row is None else JobStatus(*row)
 
     def count_runs(self, *, workflow: str | None = None) -> dict[RunState, int]:
         """Runs per state (every state present, zero included), for a dashboard."""
-        stmt = select(runs.c.state, func.count()).group_by(runs.c.state)
-        if workflow is not None:
-            stmt = stmt.where(runs.c.workflow == workflow)
-        counts = dict.fromkeys(RunState, 0)
-        with _binds.autocommit(self._engine) as conn:
-            for state, count in conn.execute(stmt):
-                counts[RunState(state)] = count
-        return counts
+        with self._reading() as conn:
+            return _counts.runs_per_state(conn, workflow)
+
+    def count_runs_per_workflow(self) -> dict[str, dict[RunState, int]]:
+        """Runs per workflow (by name) and state (every state present, zero included)."""
+        with self._reading() as conn:
+            return _counts.runs_per_workflow(conn)
 
     def count_jobs(self, *, queue: str | None = None) -> dict[JobState, int]:
         """Jobs (workflow steps and standalone) per state, for a dashboard.
@@ -330,19 +453,25 @@ class Client:
         The steps of a run not started yet count as it shows them: roots available, the
         others blocked.
         """
-        pending = _unstarted.pending_steps().subquery("pending")
-        every = union_all(
-            select(jobs.c.state, jobs.c.queue), select(pending.c.state, pending.c.queue)
-        )
-        rows = every.subquery("every")
-        stmt = select(rows.c.state, func.count()).group_by(rows.c.state)
-        if queue is not None:
-            stmt = stmt.where(rows.c.queue == queue)
-        counts = dict.fromkeys(JobState, 0)
-        with _binds.autocommit(self._engine) as conn:
-            for state, count in conn.execute(stmt):
-                counts[JobState(state)] = count
-        return counts
+        with self._reading() as conn:
+            return _counts.jobs_per_state(conn, queue)
+
+    def count_active_jobs(self) -> list[ActiveJobs]:
+        """Available and running jobs per queue, workflow and kind (standalone first).
+
+        The roots of a run not started yet count as available. The read costs the active
+        jobs only (it reads partial indexes), never the finished history.
+        """
+        with self._reading() as conn:
+            return [ActiveJobs(*row) for row in _counts.active_jobs(conn)]
+
+    def count_finished_per_minute(self, *, minutes: int = 60) -> list[FinishedMinute]:
+        """Runs and standalone jobs completed and failed per minute of the last ``minutes``,
+        oldest first, every minute present (zero included)."""
+        minutes = _limit(minutes, "minutes")
+        with self._reading() as conn:
+            rows = _counts.finished_per_minute(conn, minutes)
+        return [FinishedMinute(*row) for row in rows]
 
     def count_purgeable(self, *, older_than: timedelta) -> tuple[int, int]:
         """How many runs and standalone jobs a purge with ``older_than`` would delete now."""
@@ -351,18 +480,8 @@ class Client:
     def backlog(self) -> dict[str, int]:
         """Jobs waiting for a worker (available and due), per queue that has any; the roots of
         runs not started yet, due, count."""
-        pending = _unstarted.pending_steps().subquery("pending")
-        waiting = union_all(
-            select(jobs.c.queue).where(
-                jobs.c.state == JobState.AVAILABLE.value, jobs.c.scheduled_at <= func.now()
-            ),
-            select(pending.c.queue).where(
-                pending.c.state == JobState.AVAILABLE.value, pending.c.scheduled_at <= func.now()
-            ),
-        ).subquery("waiting")
-        stmt = select(waiting.c.queue, func.count()).group_by(waiting.c.queue)
-        with _binds.autocommit(self._engine) as conn:
-            return {queue: count for queue, count in conn.execute(stmt)}
+        with self._reading() as conn:
+            return _counts.due_per_queue(conn)
 
     def purge_terminal_runs(
         self,
@@ -391,13 +510,13 @@ class Client:
         return _sweeper.purge_jobs(self._engine, older_than, batch_size, progress)
 
 
-def _aware(moment: datetime) -> datetime:
+def _aware(moment: datetime, name: str) -> datetime:
     if not isinstance(moment, datetime) or moment.tzinfo is None:
-        raise ValueError("since must be an aware datetime")
+        raise ValueError(f"{name} must be an aware datetime")
     return moment
 
 
-def _limit(limit: int) -> int:
+def _limit(limit: int, name: str = "limit") -> int:
     if not isinstance(limit, int) or limit < 1:
-        raise ValueError("limit must be a positive int")
+        raise ValueError(f"{name} must be a positive int")
     return limit

@@ -12,33 +12,15 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy import (
-    Engine,
-    Interval,
-    Text,
-    bindparam,
-    cast,
-    func,
-    select,
-    update,
-)
-from sqlalchemy.dialects.postgresql import JSONB, insert
+from sqlalchemy import Engine
 
-from cyclone import _binds, _codec, _fastpath, _notify, _observe, errors
-from cyclone._fastpath import const
+from cyclone import _binds, _codec, _fastpath, _observe, _reads, _standalone, errors
 from cyclone.runs import read_within, wait_until_finished
-from cyclone.schema import jobs
-from cyclone.states import ACTIVE_JOB_STATES, EDGES, TERMINAL_JOB_STATES, JobState
+from cyclone.states import TERMINAL_JOB_STATES, JobState
 
 R = TypeVar("R")
 
 _MAX_RACE_RETRIES = 5
-# The states are rendered inline, not bound: PostgreSQL infers the partial unique index
-# from ON CONFLICT ... WHERE only when the predicate is constant, and a bound predicate
-# fails once psycopg prepares the statement (a generic plan) after a few executions.
-_UNIQUE_WHERE = jobs.c.unique_key.is_not(None) & jobs.c.state.in_(
-    [_fastpath.const(s.value) for s in sorted(ACTIVE_JOB_STATES)]
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,119 +61,8 @@ class JobStatus:
         return self.state in TERMINAL_JOB_STATES
 
 
-def insert_job_stmt() -> Any:
-    """Insert a standalone job unless an active job of its kind holds its unique key."""
-    return (
-        insert(jobs)
-        .values(
-            kind=bindparam("kind", type_=Text),
-            queue=bindparam("queue", type_=Text),
-            priority=bindparam("priority"),
-            state=JobState.AVAILABLE.value,
-            args=cast(bindparam("args", type_=Text), JSONB),
-            max_attempts=bindparam("max_attempts"),
-            unique_key=bindparam("unique", type_=Text),
-            trace_context=bindparam("trace_context", None, type_=Text),
-            scheduled_at=func.coalesce(
-                bindparam("run_at", type_=jobs.c.scheduled_at.type),
-                func.now()
-                + func.coalesce(bindparam("delay", type_=Interval), func.make_interval()),
-            ),
-        )
-        .on_conflict_do_nothing(
-            index_elements=[jobs.c.kind, jobs.c.unique_key], index_where=_UNIQUE_WHERE
-        )
-        .returning(jobs.c.id, _notify.when_available(jobs.c.state))
-    )
-
-
-def select_active_holder_stmt() -> Any:
-    return select(jobs.c.id).where(
-        jobs.c.kind == bindparam("kind", type_=Text),
-        jobs.c.unique_key == bindparam("unique", type_=Text),
-        jobs.c.state.in_([_fastpath.const(s.value) for s in sorted(ACTIVE_JOB_STATES)]),
-    )
-
-
-JOB_STATUS_COLUMNS = (
-    jobs.c.id,
-    jobs.c.kind,
-    jobs.c.unique_key,
-    jobs.c.queue,
-    jobs.c.priority,
-    jobs.c.state,
-    jobs.c.attempt,
-    jobs.c.max_attempts,
-    jobs.c.created_at,
-    jobs.c.scheduled_at,
-    jobs.c.finalized_at,
-    cast(jobs.c.errors, Text),
-)
-
-
-def job_status_from_row(row: Any) -> JobStatus:
-    return JobStatus(
-        id=row[0],
-        kind=row[1],
-        key=row[2],
-        queue=row[3],
-        priority=row[4],
-        state=JobState(row[5]),
-        attempt=row[6],
-        max_attempts=row[7],
-        created_at=row[8],
-        scheduled_at=row[9],
-        finished_at=row[10],
-        errors=_codec.decode(row[11]),
-    )
-
-
-_FAST_INSERT_JOB = _fastpath.Compiled(insert_job_stmt())
-_FAST_SELECT_HOLDER = _fastpath.Compiled(select_active_holder_stmt())
-_SELECT_JOB = select(*JOB_STATUS_COLUMNS).where(jobs.c.id == bindparam("job_id"))
-_SELECT_OUTPUT = select(jobs.c.state, cast(jobs.c.output, Text)).where(
-    jobs.c.id == bindparam("job_id")
-)
-
-
-def cancel_job_stmt() -> Any:
-    """Cancel a standalone job that has not started; returns nothing otherwise."""
-    edge = EDGES["job.cancel_unstarted"]
-    return (
-        update(jobs)
-        .where(
-            jobs.c.id == bindparam("job_id"),
-            jobs.c.run_id.is_(None),
-            jobs.c.state.in_([const(s) for s in edge.sources]),
-        )
-        .values(state=const(edge.target), finalized_at=func.now())
-        .returning(jobs.c.id)
-    )
-
-
-TRANSITIONS = {cancel_job_stmt: ("job.cancel_unstarted",)}
-"""The edges of :data:`cyclone.states.EDGES` each statement of this module implements."""
-
-_CANCEL_JOB = cancel_job_stmt()
-_SELECT_STANDALONE_STATE = select(jobs.c.state).where(
-    jobs.c.id == bindparam("job_id"), jobs.c.run_id.is_(None)
-)
-
-
-def cancel_job(engine: Engine, job_id: int) -> None:
-    """Cancel a standalone job that has not started; one guarded UPDATE.
-
-    Raises:
-        NotFoundError: no standalone job has this id.
-        InvalidStateError: the job is running or has ended.
-    """
-    with _binds.autocommit(engine) as conn:
-        if conn.execute(_CANCEL_JOB, {"job_id": job_id}).first() is not None:
-            return
-        state = conn.execute(_SELECT_STANDALONE_STATE, {"job_id": job_id}).scalar()
-    if state is None:
-        raise errors.NotFoundError(f"standalone job {job_id} does not exist")
-    raise errors.InvalidStateError(operation="cancel", run_id=job_id, state=state, what="job")
+_SELECT_JOB = _reads.select_job_stmt()
+_SELECT_OUTPUT = _reads.select_job_output_stmt()
 
 
 class Job(Generic[R]):
@@ -219,7 +90,7 @@ class Job(Generic[R]):
             row = conn.execute(_SELECT_JOB, {"job_id": self.id}).first()
         if row is None:
             raise errors.NotFoundError(f"job {self.id} does not exist (pruned, or not committed)")
-        return job_status_from_row(row)
+        return JobStatus(*_reads.job_status_fields(row))
 
     def cancel(self) -> None:
         """Cancel the job if it has not started (a running job finishes its attempt).
@@ -227,7 +98,7 @@ class Job(Generic[R]):
         Raises:
             InvalidStateError: the job is running or has ended.
         """
-        cancel_job(self._engine, self.id)
+        _standalone.cancel_job(self._engine, self.id)
 
     def wait(self, timeout: float | None = None) -> JobStatus:
         """Wait until the job is completed, failed or cancelled; return its status.
@@ -283,10 +154,10 @@ def _enqueue(conn: _fastpath.Executor, engine: Engine, req: EnqueueRequest) -> J
         "trace_context": _observe.trace_context(),
     }
     for _ in range(_MAX_RACE_RETRIES):
-        inserted = conn.execute(_FAST_INSERT_JOB, params)
+        inserted = conn.execute(_standalone.INSERT_JOB, params)
         if inserted:
             return Job(engine, inserted[0][0], req.kind, req.unique, req.output_type)
-        holders = conn.execute(_FAST_SELECT_HOLDER, params)
+        holders = conn.execute(_standalone.SELECT_HOLDER, params)
         if holders:
             holder = holders[0][0]
             assert req.unique is not None

@@ -17,20 +17,21 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
 import psycopg
-from sqlalchemy import (
-    Connection,
-    Engine,
-    Text,
-    and_,
-    bindparam,
-    cast,
-    select,
-    update,
-)
+from sqlalchemy import Connection, Engine, bindparam, update
 from sqlalchemy.exc import DBAPIError
 
-from cyclone import _codec, _control, _deadline, _fastpath, _notify, _retry, _waits, errors
-from cyclone.schema import jobs, runs
+from cyclone import (
+    _codec,
+    _control,
+    _deadline,
+    _fastpath,
+    _notify,
+    _reads,
+    _retry,
+    _waits,
+    errors,
+)
+from cyclone.schema import runs
 from cyclone.states import TERMINAL_RUN_STATES, RunState
 
 Out = TypeVar("Out")
@@ -65,65 +66,16 @@ class RunStatus:
         return self.state in TERMINAL_RUN_STATES
 
 
-STATUS_COLUMNS = (
-    runs.c.id,
-    runs.c.workflow,
-    runs.c.submit_key,
-    runs.c.state,
-    runs.c.created_at,
-    runs.c.finalized_at,
-    runs.c.deadline,
-    cast(runs.c.error, Text),
-    runs.c.failed_step,
-    runs.c.retention,
+_SET_RETENTION = (
+    update(runs)
+    .where(runs.c.id == bindparam("rid"))
+    .values(retention=bindparam("retention"))
+    .returning(runs.c.id)
 )
 
 
-def status_from_row(row: Any) -> RunStatus:
-    """Build a RunStatus from a row of :data:`STATUS_COLUMNS`."""
-    return RunStatus(
-        id=row[0],
-        workflow=row[1],
-        key=row[2],
-        state=RunState(row[3]),
-        created_at=row[4],
-        finished_at=row[5],
-        deadline=row[6],
-        error=None if row[7] is None else _codec.decode(row[7]),
-        failed_step=row[8],
-        retention=row[9],
-    )
-
-
-def select_status_stmt() -> Any:
-    return select(*STATUS_COLUMNS).where(runs.c.id == bindparam("rid"))
-
-
-def set_retention_stmt() -> Any:
-    return (
-        update(runs)
-        .where(runs.c.id == bindparam("rid"))
-        .values(retention=bindparam("retention"))
-        .returning(runs.c.id)
-    )
-
-
-def select_result_stmt() -> Any:
-    """The run's state, result node and the result node's output as JSON text."""
-    return (
-        select(runs.c.state, runs.c.result_step, cast(jobs.c.output, Text))
-        .select_from(
-            runs.outerjoin(
-                jobs, and_(jobs.c.run_id == runs.c.id, jobs.c.kind == runs.c.result_step)
-            )
-        )
-        .where(runs.c.id == bindparam("rid"))
-    )
-
-
-_SELECT_STATUS = select_status_stmt()
-_SET_RETENTION = set_retention_stmt()
-_SELECT_RESULT = select_result_stmt()
+_SELECT_STATUS = _reads.select_status_stmt()
+_SELECT_RESULT = _reads.select_result_stmt()
 _FAST_SELECT_STATUS = _fastpath.Compiled(_SELECT_STATUS)
 _FAST_SELECT_RESULT = _fastpath.Compiled(_SELECT_RESULT)
 
@@ -272,7 +224,7 @@ class Run:
         row = conn.execute(_SELECT_STATUS, {"rid": self.id}).first()
         if row is None:
             raise errors.NotFoundError(f"run {self.id} does not exist (purged, or not committed)")
-        return status_from_row(row)
+        return RunStatus(*_reads.run_status_fields(row))
 
     def status(self) -> RunStatus:
         """The run's current status.
@@ -283,7 +235,7 @@ class Run:
         rows = _fastpath.execute(self._engine, _FAST_SELECT_STATUS, {"rid": self.id})
         if not rows:
             raise errors.NotFoundError(f"run {self.id} does not exist (purged, or not committed)")
-        return status_from_row(rows[0])
+        return RunStatus(*_reads.run_status_fields(rows[0]))
 
     def wait(self, timeout: float | None = None) -> RunStatus:
         """Wait until the run is completed, failed or cancelled; return its status.

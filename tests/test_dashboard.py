@@ -328,9 +328,9 @@ def test_create_app_refuses_what_is_not_an_engine() -> None:
 def test_formatting_of_json_durations_and_times() -> None:
     from cyclone.dashboard import _format
 
-    assert _format.pretty_json('{"a": [1]}') == json.dumps({"a": [1]}, indent=2)
-    assert _format.pretty_json("{not json") == "{not json"
-    huge = _format.pretty_json(json.dumps("x" * (_format.MAX_SHOWN + 10)))
+    assert _format.pretty({"a": [1]}) == json.dumps({"a": [1]}, indent=2)
+    assert _format.pretty(None) == "null"
+    huge = _format.pretty("x" * (_format.MAX_SHOWN + 10))
     assert huge.endswith("… (12 more characters not shown)")  # 10 and the two quotes
     assert _format.duration(timedelta(milliseconds=850)) == "850 ms"
     assert _format.duration(timedelta(seconds=245)) == "4 min 05 s"
@@ -340,9 +340,9 @@ def test_formatting_of_json_durations_and_times() -> None:
 def test_a_filter_no_index_serves_reads_a_bounded_window_per_page(
     engine: sa.Engine, client: Client, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from cyclone.dashboard import _queries
+    from cyclone.dashboard import _app
 
-    monkeypatch.setattr(_queries, "SCAN_LIMIT", 5)
+    monkeypatch.setattr(_app, "SCAN_LIMIT", 5)
     s = shop(name)
     s.workflow.submit_once_many(engine, [(f"old{i}", Order(i)) for i in range(2)])
     s.worker(engine).drain()  # the two oldest runs fail

@@ -1,36 +1,40 @@
 """The dashboard's WSGI application: routing, pages, actions, CSRF and authorisation.
 
-Pages read through :mod:`cyclone.dashboard._queries`; actions go through cyclone's public
-handles (``Run.retry``, ``Run.retry_all``, ``Run.cancel``, ``Job.cancel``,
+Pages read through :class:`cyclone.Client`, each in one snapshot; actions go through
+cyclone's public handles (``Run.retry``, ``Run.retry_all``, ``Run.cancel``, ``Job.cancel``,
 ``Client.pause_schedule``, ``Client.resume_schedule``), so the
 dashboard changes nothing the library's own rules would not allow.
 """
 
 from __future__ import annotations
 
-import json
 import secrets
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
 
 import jinja2
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Engine
 from werkzeug.exceptions import BadRequest, Forbidden, HTTPException, NotFound
 from werkzeug.routing import Map, Rule
 from werkzeug.utils import redirect
 from werkzeug.wrappers import Request, Response
 
 from cyclone import errors
-from cyclone.client import Client
-from cyclone.dashboard import _csrf, _dag, _format, _queries
+from cyclone.client import ActiveJobs, Client, FinishedMinute, Position
+from cyclone.dashboard import _csrf, _dag, _format
 from cyclone.jobs import Job
 from cyclone.runs import Run
 from cyclone.states import TERMINAL_RUN_STATES, JobState, RunState
 
 Authorize = Callable[[Mapping[str, Any]], bool]
+
+PAGE_SIZE = 50
+SCAN_LIMIT = 10_000
+"""Runs a listing reads, at most, to fill a page with filters no index serves."""
 
 _NOTICES = {
     "retry": "Retry requested: the failed and cancelled steps run again.",
@@ -90,6 +94,7 @@ class Dashboard:
         if not isinstance(engine, Engine):
             raise TypeError(f"create_app takes a SQLAlchemy Engine, not {type(engine).__name__}")
         self.engine = engine
+        self.client = Client(engine)
         self.authorize = authorize
         self.title = title
         if secret is None:
@@ -107,7 +112,7 @@ class Dashboard:
             when=_format.when,
             hhmm=_format.hhmm,
             duration=_format.duration,
-            pretty_json=_format.pretty_json,
+            pretty=_format.pretty,
             short_id=_format.short_id,
         )
         self._templates.globals.update(
@@ -187,55 +192,47 @@ class Dashboard:
             message=exc.description,
         )
 
-    def _connect(self) -> Connection:
-        """A read-only snapshot: a run and its steps are read as of the same moment."""
-        return self.engine.connect().execution_options(
-            isolation_level="REPEATABLE READ", postgresql_readonly=True
-        )
-
     # Pages
 
     def _page_overview(self, request: Request, csrf: str) -> Response:
-        with self._connect() as conn:
-            by_workflow = _queries.runs_by_workflow(conn)
-            active = _queries.active_jobs(conn)
-            minutes = _queries.finished_per_minute(conn)
-        chart = _chart(minutes)
+        with self.client.snapshot() as reader:
+            by_workflow = reader.count_runs_per_workflow()
+            active = reader.count_active_jobs()
+            minutes = reader.count_finished_per_minute()
         return self._render(
             request,
             "overview.html",
             csrf,
-            by_workflow=by_workflow,
-            backlog=_queries.backlog_by_queue(active),
-            chart=chart,
+            by_workflow=list(by_workflow.items()),
+            backlog=_backlog_by_queue(active),
+            chart=_chart(minutes),
         )
 
     def _page_runs(self, request: Request, csrf: str) -> Response:
         args = request.args
-        filters = _queries.RunFilters(
-            workflow=args.get("workflow") or None,
-            state=_choice(RunState, args.get("state")),
-            key=args.get("key") or None,
-            since=_moment(args.get("since"), "since"),
-            until=_moment(args.get("until"), "until"),
-        )
+        filters = {
+            "workflow": args.get("workflow") or None,
+            "state": _choice(RunState, args.get("state")),
+            "key": args.get("key") or None,
+            "since": _moment(args.get("since"), "since"),
+            "until": _moment(args.get("until"), "until"),
+        }
         after = _cursor(args.get("after"), uuid.UUID)
-        with self._connect() as conn:
-            page = _queries.list_runs(conn, filters, after)
-            names = _queries.workflow_names(conn)
+        with self.client.snapshot() as reader:
+            page = reader.page_runs(**filters, after=after, limit=PAGE_SIZE, scan=SCAN_LIMIT)
+            names = reader.list_workflows()
         query = {k: v for k, v in args.items() if k != "after" and v}
         return self._render(
             request,
             "runs.html",
             csrf,
-            rows=page.rows,
+            rows=page.runs,
             names=names,
-            filters=filters,
             raw={k: args.get(k, "") for k in ("workflow", "state", "key", "since", "until")},
             query=query,
-            next_cursor=page.next.encode() if page.next else None,
+            next_cursor=_encode(page.next),
             searched_to=page.searched_to,
-            scan_limit=_queries.SCAN_LIMIT,
+            scan_limit=SCAN_LIMIT,
             paged=after is not None,
         )
 
@@ -252,15 +249,13 @@ class Dashboard:
         notice: str | None = None,
         problem: str | None = None,
     ) -> Response:
-        with self._connect() as conn:
-            run = _queries.get_run(conn, run_id)
-            if run is None:
-                raise NotFound(f"There is no run {run_id} (never made, or purged).")
-            steps = {s.kind: s for s in _queries.run_steps(conn, run_id)}
-        graph = json.loads(run.graph)
-        after = {s["name"]: list(s.get("after", [])) for s in graph.get("steps", [])}
-        for kind in steps:
-            after.setdefault(kind, [])
+        detail = self.client.get_run_detail(run_id)
+        if detail is None:
+            raise NotFound(f"There is no run {run_id} (never made, or purged).")
+        steps = {s.name: s for s in detail.steps}
+        after = {s["name"]: list(s.get("after", [])) for s in detail.graph.get("steps", [])}
+        for name in steps:
+            after.setdefault(name, [])
         layout = _dag.layout(after)
         ordered = [steps[n.name] for n in layout.nodes if n.name in steps]
         return self._render(
@@ -268,24 +263,24 @@ class Dashboard:
             "run.html",
             csrf,
             status=200 if problem is None else 409,
-            run=run,
+            run=detail.status,
+            detail=detail,
             steps=steps,
             ordered=ordered,
-            index={step.kind: i for i, step in enumerate(ordered, start=1)},
+            index={step.name: i for i, step in enumerate(ordered, start=1)},
             layout=layout,
             node_width=_dag.NODE_WIDTH,
             node_height=_dag.NODE_HEIGHT,
-            result=steps.get(run.result_step) if run.result_step else None,
+            result=steps.get(detail.result_step) if detail.result_step else None,
             notice=notice,
             problem=problem,
-            terminal=run.state in TERMINAL_RUN_STATES,
+            terminal=detail.status.state in TERMINAL_RUN_STATES,
         )
 
     def _page_run_action(
         self, request: Request, csrf: str, run_id: uuid.UUID, action: str
     ) -> Response:
-        with self._connect() as conn:
-            run = _queries.get_run(conn, run_id)
+        run = self.client.get_run(run_id)
         if run is None:
             raise NotFound(f"There is no run {run_id} (never made, or purged).")
         handle = Run(self.engine, run_id, run.workflow, run.key)
@@ -302,10 +297,10 @@ class Dashboard:
         kind = args.get("kind") or None
         state = _choice(JobState, args.get("state"))
         after = _cursor(args.get("after"), int)
-        with self._connect() as conn:
-            kinds = _queries.active_jobs(conn)
-            rows, next_cursor = _queries.list_jobs(
-                conn, queue=queue, kind=kind, state=state, after=after
+        with self.client.snapshot() as reader:
+            kinds = reader.count_active_jobs()
+            rows = reader.list_jobs(
+                queue=queue, kind=kind, state=state, after=after, limit=PAGE_SIZE + 1
             )
         query = {k: v for k, v in args.items() if k != "after" and v}
         return self._render(
@@ -313,23 +308,23 @@ class Dashboard:
             "jobs.html",
             csrf,
             kinds=kinds,
-            rows=rows,
+            rows=rows[:PAGE_SIZE],
             raw={k: args.get(k, "") for k in ("queue", "kind", "state")},
             query=query,
-            next_cursor=next_cursor.encode() if next_cursor else None,
+            next_cursor=_encode(rows[PAGE_SIZE - 1]) if len(rows) > PAGE_SIZE else None,
             paged=after is not None,
         )
 
     def _page_job(self, request: Request, csrf: str, job_id: int) -> Response:
-        with self._connect() as conn:
-            job = _queries.get_job(conn, job_id)
-        if job is None:
+        detail = self.client.get_job_detail(job_id)
+        if detail is None:
             raise NotFound(f"There is no standalone job {job_id} (never made, or purged).")
         return self._render(
             request,
             "job.html",
             csrf,
-            job=job,
+            job=detail.status,
+            detail=detail,
             notice=_NOTICES.get(request.args.get("done", "")),
             problem=None,
         )
@@ -352,7 +347,7 @@ class Dashboard:
             "schedules.html",
             csrf,
             status=200 if problem is None else 404,
-            schedules=Client(self.engine).list_schedules(),
+            schedules=self.client.list_schedules(),
             notice=notice,
             problem=problem,
         )
@@ -361,8 +356,7 @@ class Dashboard:
         name = request.form.get("schedule")
         if not name:
             raise BadRequest("The form names no schedule.")
-        client = Client(self.engine)
-        operation = {"pause": client.pause_schedule, "resume": client.resume_schedule}
+        operation = {"pause": self.client.pause_schedule, "resume": self.client.resume_schedule}
         try:
             operation[action](name)
         except errors.NotFoundError as exc:
@@ -370,15 +364,21 @@ class Dashboard:
         return redirect(f"{request.script_root}/schedules?done={action}", code=303)
 
     def _page_job_action(self, request: Request, csrf: str, job_id: int) -> Response:
-        with self._connect() as conn:
-            job = _queries.get_job(conn, job_id)
-        if job is None:
+        detail = self.client.get_job_detail(job_id)
+        if detail is None:
             raise NotFound(f"There is no standalone job {job_id} (never made, or purged).")
         try:
-            Job(self.engine, job_id, job.kind, job.key).cancel()
+            Job(self.engine, job_id, detail.status.kind, detail.status.key).cancel()
         except (errors.InvalidStateError, errors.NotFoundError) as exc:
             return self._render(
-                request, "job.html", csrf, status=409, job=job, notice=None, problem=str(exc)
+                request,
+                "job.html",
+                csrf,
+                status=409,
+                job=detail.status,
+                detail=detail,
+                notice=None,
+                problem=str(exc),
             )
         return redirect(f"{request.script_root}/jobs/{job_id}?done=cancel", code=303)
 
@@ -418,17 +418,58 @@ def _moment(value: str | None, field: str) -> datetime | None:
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
-def _cursor(value: str | None, id_type: type[Any]) -> _queries.Cursor | None:
+@dataclass(frozen=True, slots=True)
+class Cursor:
+    """The position of a page's last row in a listing, as the next page's link carries it."""
+
+    created_at: datetime
+    id: Any
+
+
+def _encode(row: Position | None) -> str | None:
+    return None if row is None else f"{row.created_at.isoformat()}~{row.id}"
+
+
+def _cursor(value: str | None, id_type: type[Any]) -> Cursor | None:
+    """The position a page link's ``after`` names (a BadRequest for anything else)."""
     if not value:
         return None
+    created, sep, ident = value.partition("~")
     try:
-        return _queries.decode_cursor(value, id_type)
+        if not sep:
+            raise ValueError("no separator")
+        when = datetime.fromisoformat(created)
+        if when.tzinfo is None:
+            raise ValueError("no offset")
+        return Cursor(when, id_type(ident))
     except ValueError:
         raise BadRequest("The page cursor is not valid: start again from the first page.") from None
 
 
-def _chart(minutes: list[tuple[datetime, int, int]]) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    """Active jobs of one queue: due now, scheduled later, running."""
+
+    queue: str
+    ready: int
+    scheduled: int
+    running: int
+
+
+def _backlog_by_queue(active: list[ActiveJobs]) -> list[Backlog]:
+    """Active jobs summed per queue."""
+    queues: dict[str, list[int]] = {}
+    for a in active:
+        total = queues.setdefault(a.queue, [0, 0, 0])
+        total[0] += a.ready
+        total[1] += a.scheduled
+        total[2] += a.running
+    return [Backlog(queue, *counts) for queue, counts in sorted(queues.items())]
+
+
+def _chart(finished: list[FinishedMinute]) -> dict[str, Any]:
     """Bar geometry for the per-minute chart: completed stacked under failed."""
+    minutes = [(f.minute, f.completed, f.failed) for f in finished]
     width, height, bar = 8, 100, 6
     peak = max((c + f for _, c, f in minutes), default=0) or 1
     bars = []

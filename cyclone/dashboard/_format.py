@@ -47,24 +47,18 @@ MAX_SHOWN = 100_000
 """Characters of one JSON value a page shows; the rest is cut, with a note saying how much."""
 
 
-def pretty_json(text: str | None) -> str:
-    """Stored JSON indented for reading (the text as stored when it does not parse)."""
-    if text is None:
-        return "null"
-    try:
-        shown = json.dumps(json.loads(text), indent=2, ensure_ascii=False)
-    except ValueError:
-        shown = text
+def pretty(value: Any) -> str:
+    """A JSON value indented for reading, cut at :data:`MAX_SHOWN` characters."""
+    shown = json.dumps(value, indent=2, ensure_ascii=False)
     if len(shown) > MAX_SHOWN:
         return f"{shown[:MAX_SHOWN]}\n… ({len(shown) - MAX_SHOWN:,} more characters not shown)"
     return shown
 
 
-def records(text: str | None) -> list[dict[str, Any]]:
-    """The error records of a job (a JSON array), or a run's error (one record)."""
-    if not text:
+def records(value: Any) -> list[dict[str, Any]]:
+    """The error records of a job (a list), or a run's error (one record)."""
+    if not value:
         return []
-    value = json.loads(text)
     if isinstance(value, dict):
         return [value]
     return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []

@@ -1,0 +1,154 @@
+"""The aggregate reads behind ``Client``'s counts: runs and jobs per state, active jobs per
+queue and kind, and the runs and jobs that ended per minute.
+
+A run not started yet has no job rows (:mod:`cyclone._unstarted`); each read here counts
+its steps as a worker will create them, roots available and the others blocked.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import Connection, and_, func, select, true, union_all
+
+from cyclone import _unstarted
+from cyclone.schema import jobs, runs
+from cyclone.states import JobState, RunState
+
+
+def runs_per_state(conn: Connection, workflow: str | None) -> dict[RunState, int]:
+    """Runs per state (every state present, zero included), of ``workflow`` or of all."""
+    stmt = select(runs.c.state, func.count()).group_by(runs.c.state)
+    if workflow is not None:
+        stmt = stmt.where(runs.c.workflow == workflow)
+    counts = dict.fromkeys(RunState, 0)
+    for state, count in conn.execute(stmt):
+        counts[RunState(state)] = count
+    return counts
+
+
+def runs_per_workflow(conn: Connection) -> dict[str, dict[RunState, int]]:
+    """Runs per workflow and state, workflows by name."""
+    rows = conn.execute(
+        select(runs.c.workflow, runs.c.state, func.count())
+        .group_by(runs.c.workflow, runs.c.state)
+        .order_by(runs.c.workflow)
+    )
+    table: dict[str, dict[RunState, int]] = {}
+    for workflow, state, count in rows:
+        table.setdefault(workflow, dict.fromkeys(RunState, 0))[RunState(state)] = count
+    return table
+
+
+def jobs_per_state(conn: Connection, queue: str | None) -> dict[JobState, int]:
+    """Jobs (workflow steps and standalone) per state, of ``queue`` or of all."""
+    pending = _unstarted.pending_steps().subquery("pending")
+    every = union_all(select(jobs.c.state, jobs.c.queue), select(pending.c.state, pending.c.queue))
+    rows = every.subquery("every")
+    stmt = select(rows.c.state, func.count()).group_by(rows.c.state)
+    if queue is not None:
+        stmt = stmt.where(rows.c.queue == queue)
+    counts = dict.fromkeys(JobState, 0)
+    for state, count in conn.execute(stmt):
+        counts[JobState(state)] = count
+    return counts
+
+
+def due_per_queue(conn: Connection) -> dict[str, int]:
+    """Jobs available and due, per queue that has any."""
+    pending = _unstarted.pending_steps().subquery("pending")
+    waiting = union_all(
+        select(jobs.c.queue).where(
+            jobs.c.state == JobState.AVAILABLE.value, jobs.c.scheduled_at <= func.now()
+        ),
+        select(pending.c.queue).where(
+            pending.c.state == JobState.AVAILABLE.value, pending.c.scheduled_at <= func.now()
+        ),
+    ).subquery("waiting")
+    stmt = select(waiting.c.queue, func.count()).group_by(waiting.c.queue)
+    return {queue: count for queue, count in conn.execute(stmt)}
+
+
+def active_jobs(conn: Connection) -> list[tuple[str, str | None, str, int, int, int]]:
+    """(queue, workflow, kind, due now, scheduled later, running) of the available and
+    running jobs, by queue, workflow (standalone first) and kind.
+
+    Each arm states the predicate of a partial index (the two claim indexes, the
+    heartbeat index and the index of runs to start), so the read costs the active jobs,
+    never the finished history.
+    """
+    due = jobs.c.scheduled_at <= func.now()
+    available = jobs.c.state == JobState.AVAILABLE.value
+    arms = [
+        select(jobs.c.queue, jobs.c.workflow, jobs.c.kind, due.label("due"), jobs.c.state).where(
+            available, where
+        )
+        for where in (jobs.c.workflow.is_not(None), jobs.c.workflow.is_(None))
+    ]
+    running = select(jobs.c.queue, jobs.c.workflow, jobs.c.kind, true(), jobs.c.state).where(
+        jobs.c.state == JobState.RUNNING.value
+    )
+    # The roots of runs not started yet: available jobs to be, read from their graphs.
+    pending = _unstarted.pending_steps().subquery("pending")
+    unstarted = select(
+        pending.c.queue,
+        pending.c.workflow,
+        pending.c.kind,
+        (pending.c.scheduled_at <= func.now()).label("due"),
+        pending.c.state,
+    ).where(pending.c.state == JobState.AVAILABLE.value)
+    active = union_all(*arms, running, unstarted).subquery()
+    is_available = active.c.state == JobState.AVAILABLE.value
+    rows = conn.execute(
+        select(
+            active.c.queue,
+            active.c.workflow,
+            active.c.kind,
+            func.count().filter(and_(is_available, active.c.due)),
+            func.count().filter(and_(is_available, ~active.c.due)),
+            func.count().filter(active.c.state == JobState.RUNNING.value),
+        )
+        .group_by(active.c.queue, active.c.workflow, active.c.kind)
+        .order_by(active.c.queue, active.c.workflow.nulls_first(), active.c.kind)
+    )
+    return [(q, w, k, ready, scheduled, running) for q, w, k, ready, scheduled, running in rows]
+
+
+def finished_per_minute(conn: Connection, minutes: int) -> list[tuple[datetime, int, int]]:
+    """Per minute of the last ``minutes``: (minute, completed, failed) runs and standalone jobs.
+
+    Both reads use the partial ``finalized_at`` indexes; minutes without any are included.
+    """
+    since = func.date_trunc("minute", func.now()) - timedelta(minutes=minutes - 1)
+    minute_of_run = func.date_trunc("minute", runs.c.finalized_at)
+    minute_of_job = func.date_trunc("minute", jobs.c.finalized_at)
+    ended = (
+        select(minute_of_run.label("minute"), runs.c.state.label("state"))
+        .where(runs.c.finalized_at >= since, runs.c.finalized_at.is_not(None))
+        .union_all(
+            select(minute_of_job, jobs.c.state).where(
+                jobs.c.run_id.is_(None),
+                jobs.c.finalized_at.is_not(None),
+                jobs.c.finalized_at >= since,
+            )
+        )
+        .subquery()
+    )
+    series = (
+        func.generate_series(since, func.date_trunc("minute", func.now()), timedelta(minutes=1))
+        .table_valued("minute")
+        .render_derived()
+    )
+    minute = series.c.minute
+    stmt = (
+        select(
+            minute,
+            func.count(ended.c.state).filter(ended.c.state == "completed"),
+            func.count(ended.c.state).filter(ended.c.state == "failed"),
+        )
+        .select_from(series)
+        .outerjoin(ended, ended.c.minute == minute)
+        .group_by(minute)
+        .order_by(minute)
+    )
+    return [(m, completed, failed) for m, completed, failed in conn.execute(stmt)]

@@ -1,0 +1,364 @@
+"""The reads of runs and jobs behind the public read API: statuses, listings and details.
+
+Each function sends its statements on the connection it is given and returns the rows'
+values; :mod:`cyclone.runs`, :mod:`cyclone.jobs` and :mod:`cyclone.client` build their
+public types from them. Listings are keyset-paginated on ``(created_at, id)``, so a page
+costs the same at the end of a long table as at its start. Nothing here writes.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    Select,
+    Text,
+    and_,
+    bindparam,
+    cast,
+    func,
+    literal_column,
+    select,
+    tuple_,
+    union_all,
+)
+
+from cyclone import _codec, _unstarted
+from cyclone.schema import LISTED_SINCE, jobs, runs
+from cyclone.states import JobState, RunState
+
+_STATUS_OF_TABLE = (
+    runs.c.id,
+    runs.c.workflow,
+    runs.c.submit_key,
+    runs.c.state,
+    runs.c.created_at,
+    runs.c.finalized_at,
+    runs.c.deadline,
+    runs.c.error,
+    runs.c.failed_step,
+    runs.c.retention,
+)
+STATUS_COLUMNS = tuple(cast(c, Text) if c is runs.c.error else c for c in _STATUS_OF_TABLE)
+"""A run's status, in the order of ``RunStatus``'s fields."""
+
+RunStatusFields = tuple[
+    uuid.UUID,
+    str,
+    str | None,
+    RunState,
+    datetime,
+    datetime | None,
+    datetime | None,
+    dict[str, Any] | None,
+    str | None,
+    timedelta | None,
+]
+
+
+def run_status_fields(row: Sequence[Any]) -> RunStatusFields:
+    """The fields of a ``RunStatus`` from a row that starts with :data:`STATUS_COLUMNS`."""
+    error = None if row[7] is None else _codec.decode(row[7])
+    return (row[0], row[1], row[2], RunState(row[3]), row[4], row[5], row[6], error, *row[8:10])
+
+
+JOB_STATUS_COLUMNS = (
+    jobs.c.id,
+    jobs.c.kind,
+    jobs.c.unique_key,
+    jobs.c.queue,
+    jobs.c.priority,
+    jobs.c.state,
+    jobs.c.attempt,
+    jobs.c.max_attempts,
+    jobs.c.created_at,
+    jobs.c.scheduled_at,
+    jobs.c.finalized_at,
+    cast(jobs.c.errors, Text),
+)
+"""A standalone job's status, in the order of ``JobStatus``'s fields."""
+
+JobStatusFields = tuple[
+    int,
+    str,
+    str | None,
+    str,
+    int,
+    JobState,
+    int,
+    int,
+    datetime,
+    datetime,
+    datetime | None,
+    list[dict[str, Any]],
+]
+
+
+def job_status_fields(row: Sequence[Any]) -> JobStatusFields:
+    """The fields of a ``JobStatus`` from a row that starts with :data:`JOB_STATUS_COLUMNS`."""
+    return (*row[0:5], JobState(row[5]), *row[6:11], _codec.decode(row[11]))
+
+
+def select_status_stmt() -> Select[Any]:
+    """A run's status by id (``:rid``)."""
+    return select(*STATUS_COLUMNS).where(runs.c.id == bindparam("rid"))
+
+
+def select_result_stmt() -> Select[Any]:
+    """The run's state, result node and the result node's output as JSON text."""
+    return (
+        select(runs.c.state, runs.c.result_step, cast(jobs.c.output, Text))
+        .select_from(
+            runs.outerjoin(
+                jobs, and_(jobs.c.run_id == runs.c.id, jobs.c.kind == runs.c.result_step)
+            )
+        )
+        .where(runs.c.id == bindparam("rid"))
+    )
+
+
+def select_job_stmt() -> Select[Any]:
+    """A job's status by id (``:job_id``)."""
+    return select(*JOB_STATUS_COLUMNS).where(jobs.c.id == bindparam("job_id"))
+
+
+def select_job_output_stmt() -> Select[Any]:
+    """A job's state and output as JSON text, by id (``:job_id``)."""
+    return select(jobs.c.state, cast(jobs.c.output, Text)).where(jobs.c.id == bindparam("job_id"))
+
+
+_SELECT_STATUS = select_status_stmt()
+_SELECT_STANDALONE = select(*JOB_STATUS_COLUMNS).where(
+    jobs.c.id == bindparam("job_id"), jobs.c.run_id.is_(None)
+)
+
+
+def run_status(conn: Connection, run_id: uuid.UUID) -> RunStatusFields | None:
+    """The status of run ``run_id``, or None."""
+    row = conn.execute(_SELECT_STATUS, {"rid": run_id}).first()
+    return None if row is None else run_status_fields(row)
+
+
+def job_status(conn: Connection, job_id: int) -> JobStatusFields | None:
+    """The status of standalone job ``job_id``, or None (a step of a run is not one)."""
+    row = conn.execute(_SELECT_STANDALONE, {"job_id": job_id}).first()
+    return None if row is None else job_status_fields(row)
+
+
+# Listings
+
+
+def list_runs(
+    conn: Connection,
+    *,
+    workflow: str | None,
+    state: RunState | None,
+    key: str | None,
+    since: datetime | None,
+    after: tuple[datetime, Any] | None,
+    limit: int,
+) -> list[RunStatusFields]:
+    """Runs newest first, strictly after the position ``after`` (created_at, id)."""
+    stmt = select(*STATUS_COLUMNS)
+    if workflow is not None:
+        # Always true: it lets the planner use the partial (workflow, created_at, id) index.
+        stmt = stmt.where(
+            runs.c.workflow == workflow,
+            runs.c.created_at > literal_column(LISTED_SINCE, runs.c.created_at.type),
+        )
+    if state is not None:
+        stmt = stmt.where(runs.c.state == state.value)
+    if key is not None:
+        stmt = stmt.where(runs.c.submit_key == key)
+    if since is not None:
+        stmt = stmt.where(runs.c.created_at >= since)
+    if after is not None:
+        stmt = stmt.where(tuple_(runs.c.created_at, runs.c.id) < after)
+    stmt = stmt.order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit)
+    return [run_status_fields(row) for row in conn.execute(stmt)]
+
+
+def page_runs(
+    conn: Connection,
+    *,
+    workflow: str | None,
+    state: RunState | None,
+    key: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    after: tuple[datetime, Any] | None,
+    limit: int,
+    scan: int,
+) -> tuple[list[RunStatusFields], RunStatusFields | None]:
+    """At most ``limit + 1`` runs newest first, and the run a page stopped at because it read
+    ``scan`` runs without filling up (else None).
+
+    The workflow, an exact key, the time range and the position are served by indexes. A
+    state or a key prefix (a key ending in ``*``) is not: those filters are applied to at
+    most ``scan`` runs in the order of the listing, so a state that few runs are in costs a
+    bounded read per page instead of a read of the whole table. Send it in one snapshot:
+    the page and the run it stopped at are read by two statements.
+    """
+    # Filtered on the table's own columns: the window below casts only the runs it keeps.
+    stmt = select(*_STATUS_OF_TABLE)
+    if workflow is not None:
+        stmt = stmt.where(
+            runs.c.workflow == workflow,
+            runs.c.created_at > literal_column(LISTED_SINCE, runs.c.created_at.type),
+        )
+    exact_key = key is not None and not key.endswith("*")
+    if exact_key:
+        stmt = stmt.where(runs.c.submit_key == key)
+        if workflow is None:
+            # The key index leads with the workflow: naming every workflow turns the
+            # lookup into one index probe per workflow instead of a scan of the runs.
+            stmt = stmt.where(runs.c.workflow == func.any(_workflow_names_array()))
+    if since is not None:
+        stmt = stmt.where(runs.c.created_at >= since)
+    if until is not None:
+        stmt = stmt.where(runs.c.created_at < until)
+    if after is not None:
+        stmt = stmt.where(tuple_(runs.c.created_at, runs.c.id) < after)
+    newest_first = (runs.c.created_at.desc(), runs.c.id.desc())
+
+    def unindexed(c: Any) -> list[Any]:
+        """The filters no index serves, on the columns ``c`` of the runs or of a window."""
+        found = [] if state is None else [c.state == state.value]
+        if key is not None and not exact_key:
+            found.append(c.submit_key.startswith(key[:-1], autoescape=True))
+        return found
+
+    status = stmt.with_only_columns(*STATUS_COLUMNS)
+    if not unindexed(runs.c) or exact_key:
+        page = status.where(*unindexed(runs.c)).order_by(*newest_first).limit(limit + 1)
+        return [run_status_fields(r) for r in conn.execute(page)], None
+    window = stmt.order_by(*newest_first).limit(scan).subquery()
+    page = (
+        select(*(cast(c, Text) if c.name == "error" else c for c in window.c))
+        .where(*unindexed(window.c))
+        .order_by(window.c.created_at.desc(), window.c.id.desc())
+        .limit(limit + 1)
+    )
+    found = [run_status_fields(r) for r in conn.execute(page)]
+    if len(found) > limit:
+        return found, None
+    edge = conn.execute(status.order_by(*newest_first).offset(scan - 1).limit(1)).first()
+    return found, None if edge is None else run_status_fields(edge)
+
+
+def _workflow_names() -> Select[Any]:
+    """The distinct workflow names of the runs, by a loose scan of the key index.
+
+    A recursive CTE steps from one name to the next with ``min(workflow) > previous``, so
+    it reads one index entry per workflow, not one per run.
+    """
+    name = runs.c.workflow
+    first = select(func.min(name).label("name")).cte("names", recursive=True)
+    following = select(select(func.min(name)).where(name > first.c.name).scalar_subquery()).where(
+        first.c.name.is_not(None)
+    )
+    names = first.union_all(following)
+    return select(names.c.name).where(names.c.name.is_not(None))
+
+
+def _workflow_names_array() -> Any:
+    return func.array(_workflow_names().scalar_subquery())
+
+
+def workflow_names(conn: Connection) -> list[str]:
+    """The workflows that have runs, by name."""
+    return [n for (n,) in conn.execute(_workflow_names())]
+
+
+def list_jobs(
+    conn: Connection,
+    *,
+    kind: str | None,
+    state: JobState | None,
+    queue: str | None,
+    after: tuple[datetime, Any] | None,
+    limit: int,
+) -> list[JobStatusFields]:
+    """Standalone jobs newest first, strictly after the position ``after`` (created_at, id)."""
+    stmt = select(*JOB_STATUS_COLUMNS).where(jobs.c.run_id.is_(None))
+    if kind is not None:
+        stmt = stmt.where(jobs.c.kind == kind)
+    if state is not None:
+        stmt = stmt.where(jobs.c.state == state.value)
+    if queue is not None:
+        stmt = stmt.where(jobs.c.queue == queue)
+    if after is not None:
+        stmt = stmt.where(tuple_(jobs.c.created_at, jobs.c.id) < after)
+    stmt = stmt.order_by(jobs.c.created_at.desc(), jobs.c.id.desc()).limit(limit)
+    return [job_status_fields(row) for row in conn.execute(stmt)]
+
+
+# Details
+
+_RUN_DETAIL = select(
+    *STATUS_COLUMNS,
+    cast(runs.c.input, Text),
+    runs.c.result_step,
+    cast(runs.c.graph, Text),
+    runs.c.steps_remaining,
+    func.now(),
+).where(runs.c.id == bindparam("id"))
+_STEP_COLUMNS = (
+    "kind",
+    "id",
+    "state",
+    "queue",
+    "attempt",
+    "max_attempts",
+    "scheduled_at",
+    "attempted_at",
+    "finalized_at",
+    "errors",
+    "output",
+    "worker_id",
+)
+_STEPS_CREATED = select(*(jobs.c[n] for n in _STEP_COLUMNS), jobs.c.id.label("ord")).where(
+    jobs.c.run_id == bindparam("id")
+)
+_UNSTARTED = _unstarted.steps_of(bindparam("id")).subquery("unstarted")
+_STEPS_ALL = union_all(
+    _STEPS_CREATED, select(*(_UNSTARTED.c[n] for n in (*_STEP_COLUMNS, "ord")))
+).subquery("steps")
+_STEPS = select(
+    *(
+        cast(_STEPS_ALL.c[n], Text) if n in ("errors", "output") else _STEPS_ALL.c[n]
+        for n in _STEP_COLUMNS
+    )
+).order_by(_STEPS_ALL.c.ord)
+"""A run's steps in order: its jobs, or, for a run not started yet, its graph's steps."""
+
+
+def run_detail(
+    conn: Connection, run_id: uuid.UUID
+) -> tuple[Sequence[Any], list[Sequence[Any]]] | None:
+    """Run ``run_id``'s row (its status, then input, result step, graph as JSON text, steps
+    remaining and the database's clock) and its steps' rows (:data:`_STEP_COLUMNS`, JSON
+    as text), or None. Send it in one snapshot, so that the steps match the run."""
+    row = conn.execute(_RUN_DETAIL, {"id": run_id}).first()
+    if row is None:
+        return None
+    return row, list(conn.execute(_STEPS, {"id": run_id}))
+
+
+_JOB_DETAIL = select(
+    *JOB_STATUS_COLUMNS,
+    cast(jobs.c.args, Text),
+    cast(jobs.c.output, Text),
+    jobs.c.attempted_at,
+    jobs.c.worker_id,
+).where(jobs.c.id == bindparam("id"), jobs.c.run_id.is_(None))
+
+
+def job_detail(conn: Connection, job_id: int) -> Sequence[Any] | None:
+    """Standalone job ``job_id``'s status, then its arguments and output as JSON text, when
+    its last attempt started and the worker that ran it; or None."""
+    return conn.execute(_JOB_DETAIL, {"id": job_id}).first()
