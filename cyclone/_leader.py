@@ -137,7 +137,7 @@ def renew_lease_stmt() -> Any:
 
 
 def release_lease_stmt() -> Any:
-    """Let the lease expire now, if still held under ``:lease_term``: the next taker needs no wait."""
+    """Let the lease expire now if still held under ``:lease_term``: no wait for the next taker."""
     return update(leader).where(*_lease_is(mine=True)).values(expires_at=func.now())
 
 
