@@ -7,10 +7,14 @@ application's pool (:func:`side_engine`). Leadership is a row of ``cyclone_leade
 ``rescue_after``) a worker that does not lead tries to take the lease: it does when the
 lease has expired, as the next term, for ``rescue_after`` (the lease's TTL). The leader
 renews it at the start of each maintenance transaction, so a leader that stops passing
-(dead, frozen by SIGSTOP or a VM pause, cut off by the network) loses it within
+(frozen by SIGSTOP or a VM pause, cut off by the network) loses it within
 ``rescue_after`` of its last pass, and another worker takes over at its next try: within
-``rescue_after`` plus one interval. Nothing needs a server session, so the leader works
-the same through a transaction-pooling PgBouncer.
+``rescue_after`` plus one interval. A leader that died is replaced sooner: the lease
+records the server process of its last renewal (``backend_pid``), and once that process
+has ended (the server saw the dead worker's connection close) the lease is free at once;
+a frozen worker's connection, and a pooled one behind PgBouncer, stay, so the TTL rules
+there. Nothing needs a server session, so the leader works the same through a
+transaction-pooling PgBouncer.
 
 The fence. Every maintenance transaction (deadline expiry and rescue; each batch of a
 sweep) starts with :func:`renew_lease_stmt`, which renews the lease only if this worker
@@ -41,12 +45,17 @@ from typing import Any
 from sqlalchemy import (
     Connection,
     Engine,
+    Integer,
     Interval,
     Text,
     bindparam,
+    column,
     create_engine,
+    exists,
     func,
+    or_,
     select,
+    table,
     update,
 )
 from sqlalchemy.dialects.postgresql import insert
@@ -70,6 +79,9 @@ class LeaseLost(Exception):
     """This worker's term is over: the lease expired or another worker took it."""
 
 
+_ACTIVITY = table("pg_stat_activity", column("pid", Integer))
+
+
 def _lease_is(*, mine: bool) -> list[Any]:
     held = [leader.c.name == bindparam("lease_name")]
     if mine:
@@ -79,7 +91,10 @@ def _lease_is(*, mine: bool) -> list[Any]:
             leader.c.holder == bindparam("lease_holder"),
             leader.c.expires_at > func.now(),
         ]
-    return [*held, leader.c.expires_at <= func.now()]
+    # Expired, or the server process of the holder's last renewal has ended: its worker
+    # died (a frozen worker's stays, and so does a pooled one behind PgBouncer).
+    gone = ~exists().where(_ACTIVITY.c.pid == leader.c.backend_pid)
+    return [*held, or_(leader.c.expires_at <= func.now(), gone)]
 
 
 def _until() -> Any:
@@ -87,7 +102,8 @@ def _until() -> Any:
 
 
 def take_lease_stmt() -> Any:
-    """Take the lease as its next term if it has expired; returns the new term.
+    """Take the lease as its next term if it has expired or its holder's server process
+    has ended; returns the new term.
 
     A row another transaction has locked (a leader's maintenance transaction, another
     taker) is skipped, never waited for: the lease is then not free.
@@ -96,7 +112,12 @@ def take_lease_stmt() -> Any:
     return (
         update(leader)
         .where(leader.c.name.in_(free.scalar_subquery()), *_lease_is(mine=False))
-        .values(term=leader.c.term + 1, holder=bindparam("lease_holder"), expires_at=_until())
+        .values(
+            term=leader.c.term + 1,
+            holder=bindparam("lease_holder"),
+            expires_at=_until(),
+            backend_pid=func.pg_backend_pid(),
+        )
         .returning(leader.c.term)
     )
 
@@ -110,6 +131,7 @@ def insert_lease_stmt() -> Any:
             term=1,
             holder=bindparam("lease_holder"),
             expires_at=_until(),
+            backend_pid=func.pg_backend_pid(),
         )
         .on_conflict_do_nothing(index_elements=[leader.c.name])
         .returning(leader.c.term)
@@ -126,7 +148,7 @@ def renew_lease_stmt() -> Any:
     return (
         update(leader)
         .where(*_lease_is(mine=True))
-        .values(expires_at=_until())
+        .values(expires_at=_until(), backend_pid=func.pg_backend_pid())
         .returning(
             leader.c.term,
             func.set_config(

@@ -247,6 +247,7 @@ leader = Table(
     Column("term", BigInteger, nullable=False),
     Column("holder", Text, nullable=False),
     Column("expires_at", DateTime(timezone=True), nullable=False),
+    Column("backend_pid", Integer, nullable=False),
     CheckConstraint("term >= 1", name="term"),
 )
 

@@ -293,22 +293,25 @@ def test_only_the_maintenance_leader_sweeps(own_engine: sa.Engine, name: str) ->
     wf = workflow(name)
     (done,) = cancelled(engine, wf, 1)
     age(engine, [done], "2 days")
-    # Another worker holds the lease for an hour: this worker's sweeper stays idle.
-    with engine.begin() as conn:
-        conn.execute(
+    with engine.connect() as other:
+        # Another worker holds the lease for an hour, renewed from this live session: this
+        # worker's sweeper stays idle.
+        other.execute(
             sa.insert(leader).values(
                 name=LEADERSHIP,
                 term=1,
                 holder="another-worker",
                 expires_at=sa.func.now() + timedelta(hours=1),
+                backend_pid=sa.func.pg_backend_pid(),
             )
         )
-    with run_in_thread(sweeping_worker(engine, wf, keep=timedelta(0))):
-        time.sleep(1.5)  # what the worker does meanwhile is under test
-        assert existing(engine, [done]) == {done.id}
-        with engine.begin() as conn:  # the other worker's lease lapses
-            conn.execute(sa.update(leader).values(expires_at=sa.func.now()))
-        wait_until(lambda: not existing(engine, [done]))
+        other.commit()
+        with run_in_thread(sweeping_worker(engine, wf, keep=timedelta(0))):
+            time.sleep(1.5)  # what the worker does meanwhile is under test
+            assert existing(engine, [done]) == {done.id}
+            other.execute(sa.update(leader).values(expires_at=sa.func.now()))  # it lapses
+            other.commit()
+            wait_until(lambda: not existing(engine, [done]))
 
 
 def test_the_leader_sweeps_on_its_own_connection_while_the_app_holds_the_whole_pool(

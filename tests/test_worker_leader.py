@@ -137,7 +137,13 @@ def set_lease(engine: sa.Engine, holder: str, term: int) -> None:
     with engine.begin() as conn:
         conn.execute(
             pg_insert(leader_table)
-            .values(name=LEADERSHIP, term=term, holder=holder, expires_at=sa.func.now())
+            .values(
+                name=LEADERSHIP,
+                term=term,
+                holder=holder,
+                expires_at=sa.func.now(),
+                backend_pid=sa.func.pg_backend_pid(),
+            )
             .on_conflict_do_update(
                 index_elements=[leader_table.c.name],
                 set_={"term": term, "holder": holder, "expires_at": sa.func.now()},
@@ -171,6 +177,39 @@ def test_a_stale_term_acts_on_nothing_and_its_holder_leads_again_only_with_a_new
         assert a.once()
         assert lease(engine) == (a.worker_id, 9)
         assert job_rows(engine, run.id)["only"].state == "available"
+    finally:
+        a.release()
+        b.release()
+
+
+def test_a_leader_whose_server_process_ends_is_replaced_at_the_next_try_not_at_expiry(
+    own_engine: sa.Engine, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A worker killed outright: the server ends its backend, and the lease (30 s to go)
+    # is free at once. Its term is over even if it was only its connection that ended.
+    engine = own_engine
+    a, b = candidate(engine, f"{name}-a"), candidate(engine, f"{name}-b")
+    try:
+        assert a.once()
+        term = a.term
+        assert term is not None
+        assert not b.once()
+        assert a._conn is not None
+        pid = a._conn.connection.dbapi_connection.info.backend_pid  # type: ignore[union-attr]
+        with engine.connect() as admin:
+            admin.execute(sa.select(sa.func.pg_terminate_backend(pid)))
+        wait_until(lambda: not backend_alive(engine, pid), timeout=10)
+        assert b.once()
+        assert lease(engine) == (b.worker_id, term + 1)
+        with caplog.at_level(logging.WARNING, logger="cyclone.worker"):
+            with pytest.raises(sa.exc.DBAPIError):
+                a.once()  # its connection is gone: the pass fails, as any would
+            with a._lock:
+                a._close()  # as the leader thread does after a failed pass
+            assert not a.once()
+        assert [
+            getattr(r, "term", None) for r in caplog.records if "refused" in r.getMessage()
+        ] == [term]
     finally:
         a.release()
         b.release()

@@ -6,8 +6,10 @@ Create Date: 2026-12-04
 
 One row per leadership (``maintenance``): the ``term`` of the current lease (it only
 grows: each worker that takes the lease over starts the next term), its ``holder`` (a
-worker id) and ``expires_at``. The holder renews the lease at the start of every
-maintenance transaction; once it lapses, another worker takes it with the next term.
+worker id), ``expires_at``, and ``backend_pid``, the server process of the holder's last
+renewal. The holder renews the lease at the start of every maintenance transaction; once
+it lapses, or that server process has ended (its worker died), another worker takes it
+with the next term.
 Workers create the row when they first look for it; the revision touches no other table.
 """
 
@@ -28,6 +30,7 @@ def upgrade() -> None:
         sa.Column("term", sa.BigInteger(), nullable=False),
         sa.Column("holder", sa.Text(), nullable=False),
         sa.Column("expires_at", sa.DateTime(timezone=True), nullable=False),
+        sa.Column("backend_pid", sa.Integer(), nullable=False),
         sa.CheckConstraint("term >= 1", name=op.f("ck_cyclone_leader_term")),
         sa.PrimaryKeyConstraint("name", name=op.f("pk_cyclone_leader")),
     )

@@ -51,8 +51,11 @@ class Stamp(msgspec.Struct):
 
 @cache
 def engine() -> sa.Engine:
-    """This process's engine on the test database."""
-    return sa.create_engine(os.environ["CYCLONE_TEST_DATABASE_URL"], pool_size=10)
+    """This process's engine on the test database; its steps' connections are checked
+    before use, as an application that rides out a server restart has them."""
+    return sa.create_engine(
+        os.environ["CYCLONE_TEST_DATABASE_URL"], pool_size=10, pool_pre_ping=True
+    )
 
 
 def results_table(name: str) -> str:
