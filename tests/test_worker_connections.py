@@ -125,10 +125,12 @@ def test_an_idle_worker_is_woken_by_a_notify_on_its_own_connection_without_a_lis
 
 def open_connections(database: str | None) -> dict[int, psycopg.Connection[Any]]:
     """The psycopg connections to ``database`` open in this process, by backend pid."""
+    # type(), not isinstance(): a lazy proxy (Django's settings) would resolve itself.
+    drivers = [o for o in gc.get_objects() if issubclass(type(o), psycopg.Connection)]
     return {
         conn.info.backend_pid: conn
-        for conn in gc.get_objects()
-        if isinstance(conn, psycopg.Connection) and not conn.closed and conn.info.dbname == database
+        for conn in drivers
+        if not conn.closed and conn.info.dbname == database
     }
 
 
