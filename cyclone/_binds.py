@@ -21,7 +21,7 @@ from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, scoped_session
 
-from cyclone import _fastpath, errors
+from cyclone import _deadline, _fastpath, errors
 
 
 @runtime_checkable
@@ -190,9 +190,11 @@ def _check_not_aborted(driver: Any, given: object) -> None:
 
 def derived_engine(driver: psycopg.Connection[Any]) -> Engine:
     """An Engine to the database of ``driver`` (same connection parameters, password
-    included), cached per parameters: the handles of a psycopg-joined call read through it."""
+    included, and TCP keepalives unless they set theirs), cached per parameters: the
+    handles of a psycopg-joined call read through it."""
     info = driver.info
     conninfo = psycopg.conninfo.make_conninfo(info.dsn, password=info.password or None)
+    conninfo = psycopg.conninfo.make_conninfo(conninfo, **_deadline.keepalive_params({}, conninfo))
     with _lock:
         engine = _derived.get(conninfo)
         if engine is None:

@@ -5,21 +5,24 @@ gives up, minutes later. :func:`call` runs a read on a helper thread and returns
 caller by its deadline whatever the read is doing (waiting for the pool, connecting,
 reading); a read left behind finishes or fails on its own and its result is dropped.
 :func:`interrupt_after` shuts a connection's socket down at a deadline, so a read
-blocked on it fails at once. :func:`keepalive` turns on the socket options that libpq's
-``keepalives*`` and ``tcp_user_timeout`` parameters set, on connections cyclone opens
-for itself, unless the connection string sets them.
+blocked on it fails at once. The connections cyclone opens for itself (a worker's held,
+heartbeat and leader connections, the LISTEN connection) are opened inside
+:func:`opening`, on an engine prepared by :func:`keepalives_for`: libpq's ``keepalives*``
+and ``tcp_user_timeout`` connection parameters (:data:`KEEPALIVES`) are added to theirs,
+unless their connection string sets any of them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 import os
 import queue
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any, TypeVar
 
 import psycopg
@@ -27,46 +30,68 @@ from sqlalchemy import Engine, event
 
 T = TypeVar("T")
 
-KEEPALIVE_IDLE = 10
-KEEPALIVE_INTERVAL = 5
-KEEPALIVE_COUNT = 3
-USER_TIMEOUT_MS = 30_000
+KEEPALIVES: Mapping[str, str] = {
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "30000",
+}
+"""libpq's parameters for cyclone's own connections: a dead peer is found within about
+25 s idle (first probe after 10 s, then every 5 s, 3 lost) or 30 s of data unacknowledged."""
+
 MIN_READ_WINDOW = 0.2
 IDLE_NAME = "cyclone-read"
 MAX_IDLE = 1
 """Helper threads kept idle for the next read with a deadline; others end after theirs."""
 
-_LIBPQ_PARAMETERS = (
-    "keepalives",
-    "keepalives_idle",
-    "keepalives_interval",
-    "keepalives_count",
-    "tcp_user_timeout",
-)
+_opening: contextvars.ContextVar[bool] = contextvars.ContextVar("cyclone_opening", default=False)
 
 
-def keepalive(driver: psycopg.Connection[Any]) -> None:
-    """Detect a dead peer on ``driver``'s TCP socket within about 25 s idle or 30 s unacked.
+def keepalive_params(given: Mapping[str, Any], conninfo: str = "") -> dict[str, str]:
+    """The parameters of :data:`KEEPALIVES` to add to a connection's ``given`` ones (and
+    its ``conninfo`` string): none when either sets any of them, so that a URL's choice
+    stands; ``tcp_user_timeout`` only on a libpq that knows it (12 or later)."""
+    named = set(given)
+    if conninfo:
+        named |= set(psycopg.conninfo.conninfo_to_dict(conninfo))
+    if named & set(KEEPALIVES):
+        return {}
+    params = dict(KEEPALIVES)
+    if psycopg.pq.version() < 120000:
+        del params["tcp_user_timeout"]
+    return params
 
-    Keepalive probes find a peer gone while the connection is idle (a LISTEN);
-    ``TCP_USER_TIMEOUT`` fails a connection whose sent data stays unacknowledged. A unix
-    socket, or a connection string that sets any of libpq's keepalive parameters, is
-    left as it is.
+
+def _add_keepalives(
+    dialect: Any, record: Any, cargs: Sequence[Any], cparams: MutableMapping[str, Any]
+) -> None:
+    """``do_connect``: inside :func:`opening`, add :data:`KEEPALIVES` to the parameters."""
+    if _opening.get():
+        conninfo = cargs[0] if cargs and isinstance(cargs[0], str) else ""
+        cparams.update(keepalive_params(cparams, str(cparams.get("conninfo", conninfo))))
+
+
+def keepalives_for(engine: Engine) -> None:
+    """Make the connections :func:`opening` opens through ``engine``'s connect function
+    (also a copy of its pool, ``engine.pool.recreate()``) carry :data:`KEEPALIVES`.
+
+    An engine made with a ``creator`` of its own opens its connections as that says:
+    put the parameters in its connection string.
     """
-    if any(name in driver.info.get_parameters() for name in _LIBPQ_PARAMETERS):
-        return
-    with contextlib.suppress(OSError), _socket_of(driver) as sock:
-        if sock.family not in (socket.AF_INET, socket.AF_INET6):
-            return
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        for option, value in (
-            ("TCP_KEEPIDLE", KEEPALIVE_IDLE),
-            ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL),
-            ("TCP_KEEPCNT", KEEPALIVE_COUNT),
-            ("TCP_USER_TIMEOUT", USER_TIMEOUT_MS),
-        ):
-            if hasattr(socket, option):
-                sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+    if not event.contains(engine, "do_connect", _add_keepalives):
+        event.listen(engine, "do_connect", _add_keepalives)
+
+
+@contextlib.contextmanager
+def opening() -> Iterator[None]:
+    """Connections opened in this block (on this thread) are cyclone's own: they get
+    :data:`KEEPALIVES` on engines prepared by :func:`keepalives_for`."""
+    token = _opening.set(True)
+    try:
+        yield
+    finally:
+        _opening.reset(token)
 
 
 @contextlib.contextmanager

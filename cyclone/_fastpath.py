@@ -461,13 +461,15 @@ _detached_lock = threading.Lock()
 def detached(engine: Engine) -> psycopg.Connection[Any]:
     """A psycopg connection in autocommit, taken from ``engine`` (its connect events
     apply) and detached from its pool: the caller owns it and closes it, and
-    :func:`close_detached` (or ``engine.dispose()``) closes it too. TCP keepalives are
-    on (see :func:`cyclone._deadline.keepalive`), as it lives long and may sit idle."""
-    fairy = engine.raw_connection()
+    :func:`close_detached` (or ``engine.dispose()``) closes it too. It is a new
+    connection, opened with TCP keepalives (:data:`cyclone._deadline.KEEPALIVES`), as it
+    lives long and may sit idle: not one of the pool's, which have the engine's settings."""
+    _deadline.keepalives_for(engine)
+    with _deadline.opening():
+        fairy = engine.pool.recreate().connect()
     driver = _psycopg(engine, fairy.driver_connection)
     fairy.detach()
     driver.autocommit = True
-    _deadline.keepalive(driver)
     with _detached_lock:
         _detached.setdefault(engine, weakref.WeakKeyDictionary())[driver] = os.getpid()
     on_dispose(engine, close_detached)
@@ -496,7 +498,7 @@ _session_engines: weakref.WeakKeyDictionary[Engine, Engine | None] = weakref.Wea
 
 
 def set_session_engine(engine: Engine, target: Engine | None) -> None:
-    """Route ``engine``'s session-holding connections (LISTEN, the leader lock) to ``target``.
+    """Route ``engine``'s session-holding connections (LISTEN) to ``target``.
 
     ``None`` means ``engine`` has no connection that can hold a session (transaction
     pooling without a direct URL): nothing LISTENs, waiters poll.

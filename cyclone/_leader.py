@@ -1,15 +1,37 @@
-"""Maintenance by one leader at a time: deadline expiry, rescue and retention sweeps.
+"""Maintenance by one leader at a time, elected through a lease: deadlines, rescue, sweeps.
 
 Every worker runs a :class:`Leader` thread with a connection of its own, outside the
-application's pool (:func:`side_engine`). It tries a session advisory lock
-(:data:`LEADER_LOCK`) every :data:`LEADER_INTERVAL` seconds; the worker that holds it is
-the leader and, on that same connection, fails runs past their deadline and hands back
-jobs of stopped workers every interval, and sweeps retention every ``sweep_interval``.
-The lock belongs to the leader's database session: when the leader's process dies or
-its connection is terminated, PostgreSQL releases it, and another worker takes over at
-its next try, so within :data:`LEADER_INTERVAL` (plus the time to connect) of the
-session ending. A leader host that vanishes without closing its TCP connection holds
-the lock until the server notices (TCP keepalives; see docs/operations.md).
+application's pool (:func:`side_engine`). Leadership is a row of ``cyclone_leader``
+(:data:`LEADERSHIP`): a ``term`` that only grows, its ``holder`` (a worker id) and
+``expires_at``. Every interval (:data:`LEADER_INTERVAL`, less for a short
+``rescue_after``) a worker that does not lead tries to take the lease: it does when the
+lease has expired, as the next term, for ``rescue_after`` (the lease's TTL). The leader
+renews it at the start of each maintenance transaction, so a leader that stops passing
+(frozen by SIGSTOP or a VM pause, cut off by the network) loses it within
+``rescue_after`` of its last pass, and another worker takes over at its next try: within
+``rescue_after`` plus one interval. A leader that died is replaced sooner: the lease
+records the server process of its last renewal (``backend_pid``), and once that process
+has ended (the server saw the dead worker's connection close) the lease is free at once;
+a frozen worker's connection, and a pooled one behind PgBouncer, stay, so the TTL rules
+there. Nothing needs a server session, so the leader works the same through a
+transaction-pooling PgBouncer.
+
+The fence. Every maintenance transaction (deadline expiry and rescue; each batch of a
+sweep) starts with :func:`renew_lease_stmt`, which renews the lease only if this worker
+holds it under its term and it has not expired, and keeps the row locked until the
+transaction ends. A takeover updates that row, so it cannot commit while a leader's
+transaction is open; and once a new term is committed, a leader waking from a freeze
+finds its term gone, rolls back before it touched anything, logs the refusal, and can
+lead again only by taking a new term. Nothing acts on a stale term.
+
+A frozen leader may hold that row lock: frozen in the middle of a maintenance
+transaction, its session sits idle in it. A takeover never waits for it
+(:func:`take_lease_stmt` skips a locked row: the lease is not free yet, it tries again
+at its next interval), and the leader's transaction sets its own
+``idle_in_transaction_session_timeout`` (half the TTL, ``SET LOCAL`` so that it needs no
+session), so the server ends a frozen leader's session, rolling its transaction back and
+freeing the row, before the lease expires. ``lock_timeout`` or ``NOWAIT`` would only
+make the takeover fail sooner; the idle timeout is what frees the row.
 """
 
 from __future__ import annotations
@@ -20,41 +42,148 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, func, select
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Integer,
+    Interval,
+    Text,
+    bindparam,
+    column,
+    create_engine,
+    exists,
+    func,
+    or_,
+    select,
+    table,
+    update,
+)
+from sqlalchemy.dialects.postgresql import insert
 
-from cyclone import _fastpath, _rescue, _retry, _sweeper
+from cyclone import _deadline, _rescue, _retry, _sweeper
+from cyclone.schema import leader
 
 log = logging.getLogger("cyclone.worker")
 
-LEADER_LOCK = 0x6379636C6C656164  # "cycllead"
+LEADERSHIP = "maintenance"
+"""The name of the maintenance leader's row in ``cyclone_leader``."""
+
 LEADER_INTERVAL = 1.0
-"""Seconds between a leader's maintenance passes, and between the other workers' tries."""
+"""Seconds between a leader's maintenance passes, and between the other workers' tries
+(a third of ``rescue_after`` if that is less)."""
 
 MAX_BACKOFF = 30.0
 
 
-def _try_lock(conn: Connection) -> bool:
-    taken = conn.execute(select(func.pg_try_advisory_lock(LEADER_LOCK))).scalar()
-    conn.commit()
-    return bool(taken)
+class LeaseLost(Exception):
+    """This worker's term is over: the lease expired or another worker took it."""
+
+
+_ACTIVITY = table("pg_stat_activity", column("pid", Integer))
+
+
+def _lease_is(*, mine: bool) -> list[Any]:
+    held = [leader.c.name == bindparam("lease_name")]
+    if mine:
+        return [
+            *held,
+            leader.c.term == bindparam("lease_term"),
+            leader.c.holder == bindparam("lease_holder"),
+            leader.c.expires_at > func.now(),
+        ]
+    # Expired, or the server process of the holder's last renewal has ended: its worker
+    # died (a frozen worker's stays, and so does a pooled one behind PgBouncer).
+    gone = ~exists().where(_ACTIVITY.c.pid == leader.c.backend_pid)
+    return [*held, or_(leader.c.expires_at <= func.now(), gone)]
+
+
+def _until() -> Any:
+    return func.now() + bindparam("ttl", type_=Interval)
+
+
+def take_lease_stmt() -> Any:
+    """Take the lease as its next term if it has expired or its holder's server process
+    has ended; returns the new term.
+
+    A row another transaction has locked (a leader's maintenance transaction, another
+    taker) is skipped, never waited for: the lease is then not free.
+    """
+    free = select(leader.c.name).where(*_lease_is(mine=False)).with_for_update(skip_locked=True)
+    return (
+        update(leader)
+        .where(leader.c.name.in_(free.scalar_subquery()), *_lease_is(mine=False))
+        .values(
+            term=leader.c.term + 1,
+            holder=bindparam("lease_holder"),
+            expires_at=_until(),
+            backend_pid=func.pg_backend_pid(),
+        )
+        .returning(leader.c.term)
+    )
+
+
+def insert_lease_stmt() -> Any:
+    """Create the lease as the first term, held by ``:lease_holder``, unless the row exists."""
+    return (
+        insert(leader)
+        .values(
+            name=bindparam("lease_name"),
+            term=1,
+            holder=bindparam("lease_holder"),
+            expires_at=_until(),
+            backend_pid=func.pg_backend_pid(),
+        )
+        .on_conflict_do_nothing(index_elements=[leader.c.name])
+        .returning(leader.c.term)
+    )
+
+
+def renew_lease_stmt() -> Any:
+    """The fence: renew the lease held under ``:lease_term`` if it has not expired, locking it.
+
+    It returns the term, and sets the transaction's ``idle_in_transaction_session_timeout``
+    to ``:idle`` (``set_config(..., is_local => true)``): a frozen leader's transaction
+    is ended by the server instead of holding the row. No row: the term is over.
+    """
+    return (
+        update(leader)
+        .where(*_lease_is(mine=True))
+        .values(expires_at=_until(), backend_pid=func.pg_backend_pid())
+        .returning(
+            leader.c.term,
+            func.set_config(
+                "idle_in_transaction_session_timeout", bindparam("idle", type_=Text), True
+            ),
+        )
+    )
+
+
+def release_lease_stmt() -> Any:
+    """Let the lease expire now if still held under ``:lease_term``: no wait for the next taker."""
+    return update(leader).where(*_lease_is(mine=True)).values(expires_at=func.now())
+
+
+_TAKE = take_lease_stmt()
+_INSERT = insert_lease_stmt()
+_RENEW = renew_lease_stmt()
+_RELEASE = release_lease_stmt()
 
 
 def side_engine(engine: Engine) -> Engine:
     """An Engine on a pool of its own, a copy of ``engine``'s (same creator, connect
     arguments and pool events): the worker's own connections are opened there, so an
     application holding every connection of its pool cannot hold them up, even when
-    they reconnect. It keeps ``engine``'s route for session connections
-    (``cyclone.configure``). Dispose of it when done."""
-    side = create_engine(engine.url, pool=engine.pool.recreate())
-    target = _fastpath.session_engine(engine)
-    if target is not engine:
-        _fastpath.set_session_engine(side, target)
-    return side
+    they reconnect. :func:`dedicated` opens them with TCP keepalives. Dispose of it when
+    done."""
+    _deadline.keepalives_for(engine)  # the copied pool connects through engine's dialect
+    return create_engine(engine.url, pool=engine.pool.recreate())
 
 
 def dedicated(engine: Engine, *, autocommit: bool) -> Connection:
-    """A connection of ``engine`` (a :func:`side_engine`) detached from its pool."""
-    conn = engine.connect()
+    """A new connection of ``engine`` (a :func:`side_engine`) detached from its pool,
+    with TCP keepalives (:data:`cyclone._deadline.KEEPALIVES`)."""
+    with _deadline.opening():
+        conn = engine.connect()
     try:
         if autocommit:
             conn.execution_options(isolation_level="AUTOCOMMIT")
@@ -77,7 +206,7 @@ class Leader:
         sweep: bool,
         sweep_keep: timedelta,
         sweep_interval: float,
-        interval: float = LEADER_INTERVAL,
+        interval: float | None = None,
     ) -> None:
         self.engine = engine
         self.worker_id = worker_id
@@ -85,8 +214,10 @@ class Leader:
         self.sweep = sweep
         self.sweep_keep = sweep_keep
         self.sweep_interval = sweep_interval
-        self.interval = interval
-        self.leading = False
+        self.interval = (
+            min(LEADER_INTERVAL, rescue_after.total_seconds() / 3) if interval is None else interval
+        )
+        self.term: int | None = None
         self._conn: Connection | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -94,6 +225,14 @@ class Leader:
         self._failures = 0
         self._lock = threading.Lock()
         self._passed_at: float | None = None
+        idle_ms = max(1, int(rescue_after.total_seconds() * 1000 / 2))
+        self._params = {"lease_name": LEADERSHIP, "lease_holder": worker_id, "ttl": rescue_after}
+        self._idle = f"{idle_ms}ms"
+
+    @property
+    def leading(self) -> bool:
+        """Whether this worker holds a term (it may have lapsed since its last pass)."""
+        return self.term is not None
 
     def start(self) -> None:
         """Run the passes on a thread, the first an interval after the last pass, if any."""
@@ -103,19 +242,31 @@ class Leader:
         self._thread = thread  # only once started: stop() joins it
 
     def stop(self, timeout: float = 10.0, *, release: bool = True) -> None:
-        """Stop the thread and wait; give up the lead (closing the connection releases
-        the lock) unless ``release`` is False, for a drain's last pass on the same session."""
+        """Stop the thread and wait; give up the lease and the connection unless
+        ``release`` is False, for a drain's last pass."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
             self._thread = None
         if release:
-            with self._lock:
-                self._close()
+            self.release()
+
+    def release(self) -> None:
+        """Give up the lease now (the next worker takes it at its next try), keeping
+        nothing open; a failure to say so leaves the lease to expire."""
+        with self._lock:
+            term, self.term = self.term, None
+            conn = self._conn
+            if term is not None and conn is not None:
+                try:
+                    with conn.begin():
+                        conn.execute(_RELEASE, {**self._params, "lease_term": term})
+                except Exception:
+                    log.debug("releasing the maintenance lease failed", exc_info=True)
+            self._close()
 
     def _close(self) -> None:
         conn, self._conn = self._conn, None
-        self.leading = False
         if conn is not None:
             try:
                 conn.close()
@@ -147,40 +298,56 @@ class Leader:
             self._stop.wait(delay)
 
     def tick(self) -> bool:
-        """One pass: become leader if free, then maintain if leading; True when leading.
+        """One pass: take the lease if free, then maintain if leading; True when it did.
 
         Callers hold ``self._lock``.
         """
         self._passed_at = time.monotonic()
-        # The session lock needs a session: the direct route behind PgBouncer, if any.
-        session = _fastpath.session_engine(self.engine)
         if self._conn is None:
-            self._conn = dedicated(session or self.engine, autocommit=False)
+            self._conn = dedicated(self.engine, autocommit=False)
         conn = self._conn
-        if session is None:
-            return self._tick_pooled(conn)
-        if not self.leading:
-            self.leading = _try_lock(conn)
-            if self.leading:
-                log.info("worker %s leads maintenance (rescue, deadlines, sweeps)", self.worker_id)
-        if not self.leading:
+        if self.term is None:
+            self.term = self._take(conn)
+            if self.term is None:
+                return False
+            log.info(
+                "worker %s leads maintenance (rescue, deadlines, sweeps) as term %d",
+                self.worker_id,
+                self.term,
+                extra={"worker_id": self.worker_id, "term": self.term},
+            )
+        try:
+            with conn.begin():
+                self._fence(conn)
+                expired = _rescue.expire_runs(conn)
+                rescued = _rescue.rescue(conn, self.rescue_after)
+            self._report_and_sweep(conn, expired, rescued)
+        except LeaseLost:
+            log.warning(
+                "worker %s maintenance refused: its term %d is over (the lease expired or "
+                "another worker took it); it leads again only with a new term",
+                self.worker_id,
+                self.term,
+                extra={"worker_id": self.worker_id, "term": self.term},
+            )
+            self.term = None
             return False
-        with conn.begin():
-            expired = _rescue.expire_runs(conn)
-            rescued = _rescue.rescue(conn, self.rescue_after)
-        self._report_and_sweep(conn, expired, rescued)
         return True
 
-    def _tick_pooled(self, conn: Connection) -> bool:
-        """A pass with no session to hold a lock in (transaction pooling, no direct URL):
-        whoever takes the transaction-level lock first leads for this pass only."""
+    def _take(self, conn: Connection) -> int | None:
         with conn.begin():
-            if not conn.execute(select(func.pg_try_advisory_xact_lock(LEADER_LOCK))).scalar():
-                return False
-            expired = _rescue.expire_runs(conn)
-            rescued = _rescue.rescue(conn, self.rescue_after)
-        self._report_and_sweep(conn, expired, rescued)
-        return True
+            term = conn.execute(_TAKE, self._params).scalar()
+            if term is None:
+                term = conn.execute(_INSERT, self._params).scalar()
+        return None if term is None else int(term)
+
+    def _fence(self, conn: Connection) -> None:
+        """Renew this term's lease and lock it for the transaction, or raise LeaseLost."""
+        row = conn.execute(
+            _RENEW, {**self._params, "lease_term": self.term, "idle": self._idle}
+        ).first()
+        if row is None:
+            raise LeaseLost(self.term)
 
     def _report_and_sweep(self, conn: Connection, expired: int, rescued: list[int]) -> None:
         if expired:
@@ -192,7 +359,7 @@ class Leader:
             self._last_sweep is None or moment - self._last_sweep >= self.sweep_interval
         ):
             self._last_sweep = moment
-            runs_deleted, jobs_deleted = _sweeper.sweep_on(conn, self.sweep_keep)
+            runs_deleted, jobs_deleted = _sweeper.sweep_on(conn, self.sweep_keep, fence=self._fence)
             if runs_deleted or jobs_deleted:
                 log.info("sweeper deleted %d runs and %d jobs", runs_deleted, jobs_deleted)
 
@@ -207,11 +374,6 @@ class Leader:
                 return self.tick()
         finally:
             self.sweep = previous
-
-    def release(self) -> None:
-        """Give up the lead now (a drain's pass failed), keeping nothing open."""
-        with self._lock:
-            self._close()
 
 
 def _first_line(exc: Any) -> str:

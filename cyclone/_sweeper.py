@@ -67,6 +67,7 @@ _COUNT_RUNS = select(func.count()).select_from(runs).where(*_runs_due())
 _COUNT_JOBS = select(func.count()).select_from(jobs).where(*_jobs_due())
 
 Progress = Callable[[int], None]
+Fence = Callable[[Connection], None]
 
 
 def count_due(engine: Engine, older_than: timedelta) -> tuple[int, int]:
@@ -90,6 +91,7 @@ def _purge(
     older_than: timedelta,
     batch_size: int,
     progress: Progress | None = None,
+    fence: Fence | None = None,
 ) -> int:
     _check_age(older_than)
     if batch_size < 1:
@@ -99,6 +101,8 @@ def _purge(
     while True:
         if isinstance(bind, Connection):
             with bind.begin():
+                if fence is not None:
+                    fence(bind)
                 deleted = int(bind.execute(stmt, params).rowcount)  # type: ignore[call-overload]
         else:
             with bind.begin() as conn:
@@ -128,9 +132,15 @@ def purge_jobs(
     return _purge(engine, _PURGE_JOBS, older_than, batch_size, progress)
 
 
-def sweep_on(conn: Connection, keep: timedelta, batch_size: int = DEFAULT_BATCH) -> tuple[int, int]:
-    """One sweep on the leader's connection: (runs deleted, jobs deleted)."""
+def sweep_on(
+    conn: Connection, keep: timedelta, batch_size: int = DEFAULT_BATCH, *, fence: Fence
+) -> tuple[int, int]:
+    """One sweep on the leader's connection: (runs deleted, jobs deleted).
+
+    ``fence`` runs first in each batch's transaction; it raises when the leader's term is
+    over, so a batch never runs under a stale term.
+    """
     return (
-        _purge(conn, _PURGE_RUNS, keep, batch_size),
-        _purge(conn, _PURGE_JOBS, keep, batch_size),
+        _purge(conn, _PURGE_RUNS, keep, batch_size, fence=fence),
+        _purge(conn, _PURGE_JOBS, keep, batch_size, fence=fence),
     )

@@ -32,14 +32,15 @@ def close(engine: Engine) -> None:
 def configure(engine: Engine, *, listen_url: str | URL | None) -> None:
     """Say where ``engine``'s session-holding connections go, for PgBouncer in transaction mode.
 
-    Two of cyclone's connections keep state in their server session: the one that
-    LISTENs (workers' and ``run.wait()``/``result()``'s wake-ups) and a worker's
-    maintenance-leader lock. Behind a transaction-pooling PgBouncer neither works, so
-    ``listen_url`` names a direct route to the same database (a ``postgresql+psycopg://``
-    URL that bypasses PgBouncer); they connect there, one connection each, outside any
-    pool. ``listen_url=None``: no direct route; nothing LISTENs, workers and waiters
-    poll (``poll_interval``), and each maintenance pass takes a transaction-level lock. Call it
-    before the engine's first Worker or wait; calling it again replaces the setting.
+    One of cyclone's connections keeps state in its server session: the one that
+    LISTENs (workers' and ``run.wait()``/``result()``'s wake-ups). Behind a
+    transaction-pooling PgBouncer it does not work, so ``listen_url`` names a direct
+    route to the same database (a ``postgresql+psycopg://`` URL that bypasses
+    PgBouncer); it connects there, one connection per process, outside any pool.
+    ``listen_url=None``: no direct route; nothing LISTENs, workers and waiters poll
+    (``poll_interval``). The maintenance leader's lease needs no session: it runs through
+    the engine either way. Call it before the engine's first Worker or wait; calling it
+    again replaces the setting.
 
     Raises:
         TypeError: ``engine`` is not a psycopg Engine, or ``listen_url`` does not use psycopg.

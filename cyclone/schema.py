@@ -238,6 +238,20 @@ signals = Table(
 )
 
 
+# -- the maintenance leader's lease (revision cyclone_0009) --------------------------------
+
+leader = Table(
+    "cyclone_leader",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("term", BigInteger, nullable=False),
+    Column("holder", Text, nullable=False),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    Column("backend_pid", Integer, nullable=False),
+    CheckConstraint("term >= 1", name="term"),
+)
+
+
 def include_name(name: str | None, type_: str, parent_names: object) -> bool:
     """An alembic ``include_name`` filter that keeps cyclone's tables out of an app's autogenerate.
 

@@ -252,7 +252,9 @@ class Worker:
         poll_interval: seconds between polls when no notification arrives.
         heartbeat_interval: how often running jobs are marked alive; less than
             ``rescue_after``.
-        rescue_after: a running job whose worker has not beaten for this long is run again.
+        rescue_after: a running job whose worker has not beaten for this long is run again;
+            also the maintenance leader's lease: a leader that stops renewing it is
+            replaced within this plus one interval (at most a second).
         backoff: seconds to wait before attempt ``n + 1`` of a step that raised on
             attempt ``n`` (default: exponential from 1 s, capped at 5 min, with jitter).
         sweep: run the retention sweeper from :meth:`run` (the maintenance leader sweeps).

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import msgspec
 import pytest
@@ -21,7 +22,8 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 import cyclone
-from cyclone import _leader
+from cyclone._leader import LEADERSHIP
+from cyclone.schema import leader
 from tests.conftest import wait_until
 from tests.support import docs
 from tests.support import pgbouncer as pgb
@@ -68,17 +70,15 @@ def bounced(bouncer: pgb.PgBouncer, database_url: URL) -> Iterator[sa.Engine]:
     engine.dispose()
 
 
-LEADER_HOLDER = sa.text(
-    "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
-    "WHERE l.locktype = 'advisory' AND l.granted AND a.datname = current_database() "
-    "AND ((l.classid::bigint << 32) | l.objid::bigint) = :lock"
-)
-
-
-def leader_lock_holders(engine: sa.Engine) -> list[str | None]:
-    """The application names of the sessions holding the maintenance leader's lock."""
+def lease_row(engine: sa.Engine) -> tuple[str, int, bool] | None:
+    """The maintenance lease: its holder, its term, and whether it is still in force."""
     with engine.connect() as conn:
-        return list(conn.execute(LEADER_HOLDER, {"lock": _leader.LEADER_LOCK}).scalars())
+        row = conn.execute(
+            sa.select(leader.c.holder, leader.c.term, leader.c.expires_at > sa.func.now()).where(
+                leader.c.name == LEADERSHIP
+            )
+        ).one_or_none()
+    return None if row is None else (row[0], row[1], row[2])
 
 
 def server_backends(engine: sa.Engine, database: str | None) -> int:
@@ -168,9 +168,8 @@ def test_without_a_direct_url_handles_and_a_worker_poll_through_pgbouncer(
     runs = [wf.submit_once(bounced, f"r{i}", Cart(items=[i, 1]))[0] for i in range(40)]
     assert runs[0].status().state == cyclone.RunState.RUNNING
     before = server_backends(engine, database_url.database)
-    drains = [
-        Background(cyclone.Worker(bounced, workflows=[wf], concurrency=4).drain) for _ in range(2)
-    ]
+    workers = [cyclone.Worker(bounced, workflows=[wf], concurrency=4) for _ in range(2)]
+    drains = [Background(worker.drain) for worker in workers]
     assert sum(drain.join(60) for drain in drains) == 80
     assert runs[5].wait(timeout=30).state == cyclone.RunState.COMPLETED
     assert [run.result(timeout=30) for run in runs] == [
@@ -179,8 +178,11 @@ def test_without_a_direct_url_handles_and_a_worker_poll_through_pgbouncer(
     # The worker's held and heartbeat connections, and the waits, ran through the bouncer's
     # pool of 3 server connections: no connection of cyclone's went to the server directly.
     assert server_backends(engine, database_url.database) <= before + 3
-    # Their maintenance lead was a transaction-level lock: no pooled session keeps it.
-    assert leader_lock_holders(engine) == []
+    # One of them took the maintenance lease through the bouncer, and gave it up at the end.
+    row = lease_row(engine)
+    assert row is not None
+    assert row[0] in {worker.id for worker in workers}
+    assert row[2] is False
 
 
 def test_with_a_direct_url_an_idle_worker_and_a_waiter_are_woken_by_notify(
@@ -211,23 +213,47 @@ def test_with_a_direct_url_an_idle_worker_and_a_waiter_are_woken_by_notify(
     serving.join(30)
 
 
-def test_with_a_direct_url_the_leader_lock_is_held_on_a_direct_session(
-    bounced: sa.Engine, engine: sa.Engine, name: str, database_url: URL
+def test_without_a_direct_url_a_worker_keeps_the_maintenance_lease_through_pgbouncer(
+    bounced: sa.Engine, name: str
 ) -> None:
-    # PgBouncer hands a session's advisory lock to whichever client gets that server
-    # connection next; the leader's connection goes to the direct URL instead.
-    direct_name = f"direct-{name}"
-    cyclone.configure(
-        bounced, listen_url=database_url.update_query_dict({"application_name": direct_name})
-    )
+    # The lease needs no session: the leader renews it, term after term unchanged, in
+    # transactions that land on whichever server connection the bouncer gives.
+    cyclone.configure(bounced, listen_url=None)
     wf = pricing(name)
-    worker = cyclone.Worker(bounced, workflows=[wf], heartbeat_interval=timedelta(seconds=30))
+    worker = cyclone.Worker(
+        bounced,
+        workflows=[wf],
+        heartbeat_interval=timedelta(seconds=1),
+        rescue_after=timedelta(seconds=3),
+        sweep=False,
+    )
     serving = Background(worker.run, name=f"worker-{name}")
     try:
-        assert wait_until(lambda: leader_lock_holders(engine), timeout=30) == [direct_name]
+        term, renewed = wait_until(lambda: held_by(bounced, worker.id), timeout=30)
+        # Renewed past its first TTL: the same worker still leads, under the same term.
+        wait_until(
+            lambda: (
+                (held_by(bounced, worker.id) or (0, renewed))[1] > renewed + timedelta(seconds=3)
+            ),
+            timeout=30,
+        )
+        assert held_by(bounced, worker.id)[0] == term  # type: ignore[index]
     finally:
         worker.stop()
     serving.join(30)
+
+
+def held_by(engine: sa.Engine, worker_id: str) -> tuple[int, Any] | None:
+    """The term and expiry of the maintenance lease, if in force and held by ``worker_id``."""
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.select(leader.c.term, leader.c.expires_at).where(
+                leader.c.name == LEADERSHIP,
+                leader.c.holder == worker_id,
+                leader.c.expires_at > sa.func.now(),
+            )
+        ).one_or_none()
+    return None if row is None else (row[0], row[1])
 
 
 def test_configure_refuses_a_listen_url_of_another_driver(bounced: sa.Engine) -> None:

@@ -16,8 +16,8 @@ import pytest
 import sqlalchemy as sa
 
 import cyclone
-from cyclone._leader import LEADER_LOCK
-from cyclone.schema import jobs, runs
+from cyclone._leader import LEADERSHIP
+from cyclone.schema import jobs, leader, runs
 from tests.conftest import StatementCounter, wait_until
 from tests.support.workers import start_runs
 
@@ -294,18 +294,24 @@ def test_only_the_maintenance_leader_sweeps(own_engine: sa.Engine, name: str) ->
     (done,) = cancelled(engine, wf, 1)
     age(engine, [done], "2 days")
     with engine.connect() as other:
-        # Another session leads: this worker's sweeper stays idle.
-        other.execute(sa.select(sa.func.pg_advisory_lock(LEADER_LOCK)))
+        # Another worker holds the lease for an hour, renewed from this live session: this
+        # worker's sweeper stays idle.
+        other.execute(
+            sa.insert(leader).values(
+                name=LEADERSHIP,
+                term=1,
+                holder="another-worker",
+                expires_at=sa.func.now() + timedelta(hours=1),
+                backend_pid=sa.func.pg_backend_pid(),
+            )
+        )
         other.commit()
-        try:
-            with run_in_thread(sweeping_worker(engine, wf, keep=timedelta(0))):
-                time.sleep(1.5)  # what the worker does meanwhile is under test
-                assert existing(engine, [done]) == {done.id}
-        finally:
-            other.execute(sa.select(sa.func.pg_advisory_unlock(LEADER_LOCK)))
+        with run_in_thread(sweeping_worker(engine, wf, keep=timedelta(0))):
+            time.sleep(1.5)  # what the worker does meanwhile is under test
+            assert existing(engine, [done]) == {done.id}
+            other.execute(sa.update(leader).values(expires_at=sa.func.now()))  # it lapses
             other.commit()
-    with run_in_thread(sweeping_worker(engine, wf, keep=timedelta(0))):
-        wait_until(lambda: not existing(engine, [done]))
+            wait_until(lambda: not existing(engine, [done]))
 
 
 def test_the_leader_sweeps_on_its_own_connection_while_the_app_holds_the_whole_pool(

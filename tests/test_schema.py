@@ -90,6 +90,7 @@ def test_metadata_holds_only_cyclone_tables() -> None:
         "cyclone_jobs",
         "cyclone_schedules",
         "cyclone_signals",
+        "cyclone_leader",
     }
     assert metadata.naming_convention == NAMING_CONVENTION
 
@@ -109,7 +110,8 @@ def test_constraint_names_follow_the_naming_convention(conn: sa.Connection) -> N
             sa.text(
                 "SELECT conname FROM pg_constraint WHERE conrelid IN "
                 "('cyclone_runs'::regclass, 'cyclone_jobs'::regclass, "
-                "'cyclone_schedules'::regclass, 'cyclone_signals'::regclass)"
+                "'cyclone_schedules'::regclass, 'cyclone_signals'::regclass, "
+                "'cyclone_leader'::regclass)"
             )
         ).scalars()
     )
@@ -133,6 +135,8 @@ def test_constraint_names_follow_the_naming_convention(conn: sa.Connection) -> N
         "pk_cyclone_signals",
         "fk_cyclone_signals_run_id_cyclone_runs",
         "ck_cyclone_signals_sent",
+        "pk_cyclone_leader",
+        "ck_cyclone_leader_term",
     }
     assert names == metadata_constraint_names()
 

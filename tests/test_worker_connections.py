@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Iterator
+from typing import Any
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 
 import cyclone
-from cyclone import _notify
+from cyclone import _deadline, _notify
 from tests.conftest import wait_until
+from tests.support.conninfo import keepalive_settings
 from tests.support.counting import CountingCursor, Recorder
 from tests.support.workers import Background
 
@@ -117,6 +121,56 @@ def test_an_idle_worker_is_woken_by_a_notify_on_its_own_connection_without_a_lis
     finally:
         worker.stop()
         running.join(10)
+
+
+def open_connections(database: str | None) -> dict[int, psycopg.Connection[Any]]:
+    """The psycopg connections to ``database`` open in this process, by backend pid."""
+    # type(), not isinstance(): a lazy proxy (Django's settings) would resolve itself.
+    drivers = [o for o in gc.get_objects() if issubclass(type(o), psycopg.Connection)]
+    return {
+        conn.info.backend_pid: conn
+        for conn in drivers
+        if not conn.closed and conn.info.dbname == database
+    }
+
+
+def backends(engine: sa.Engine) -> set[int]:
+    """The backends of ``engine``'s database but the caller's."""
+    with engine.connect() as conn:
+        return set(
+            conn.execute(
+                sa.text(
+                    "SELECT pid FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            ).scalars()
+        )
+
+
+def test_every_connection_a_running_worker_opens_for_itself_has_keepalives(
+    engine: sa.Engine, own_url: sa.URL, name: str
+) -> None:
+    # No pool: the application keeps no connection open, so every backend of the database
+    # is one of cyclone's (held, heartbeat, maintenance leader, the waits' listener).
+    app = sa.create_engine(own_url, poolclass=sa.NullPool)
+    admin = sa.create_engine(own_url, poolclass=sa.NullPool)
+    step = noop_kind(name)
+    worker = cyclone.Worker(app, steps=[step], sweep=False)
+    running = Background(worker.run)
+    try:
+        assert step.enqueue(app, 1).result(timeout=10) == 1
+        wait_until(lambda: worker._leader is not None and worker._leader.leading)
+        seen = wait_until(lambda: len(backends(admin)) >= 4 and backends(admin), timeout=10)
+        opened = open_connections(own_url.database)
+        assert seen <= set(opened), "a backend of the database is no connection of this process"
+        settings = {pid: keepalive_settings(opened[pid]) for pid in seen}
+        assert settings == {pid: dict(_deadline.KEEPALIVES) for pid in seen}
+    finally:
+        worker.stop()
+        running.join(10)
+        cyclone.close(app)
+        app.dispose()
+        admin.dispose()
 
 
 class LoopStatements(Recorder):

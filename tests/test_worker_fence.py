@@ -21,27 +21,9 @@ from cyclone import _claim, _completion, _fastpath, _rescue
 from cyclone.schema import jobs
 from tests.conftest import wait_until
 from tests.support import invariants
-from tests.support.workers import Background, job_rows
+from tests.support.workers import Background, job_rows, lease
 
 QUICK = {"heartbeat_interval": timedelta(milliseconds=200), "poll_interval": 0.05}
-
-
-def leader_pids(engine: sa.Engine) -> list[int]:
-    """The backends holding the maintenance leader's advisory lock."""
-    from cyclone._leader import LEADER_LOCK
-
-    with engine.connect() as conn:
-        return list(
-            conn.execute(
-                sa.text(
-                    "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted "
-                    "AND ((classid::bigint << 32) | objid::bigint) = :key "
-                    "AND database = "
-                    "(SELECT oid FROM pg_database WHERE datname = current_database())"
-                ),
-                {"key": LEADER_LOCK},
-            ).scalars()
-        )
 
 
 def _job_of(engine: sa.Engine, kind: str, run_id: Any = None) -> Any:
@@ -164,7 +146,7 @@ def test_a_rescued_jobs_old_executions_see_cancelled_and_their_outcomes_are_refu
     )
     serving = None
     try:
-        wait_until(lambda: leader_pids(engine), timeout=10)
+        wait_until(lambda: (lease(engine) or ("",))[0] == rescuer.id, timeout=10)
         run = wf.submit(engine, None)
         with caplog.at_level(logging.WARNING, logger="cyclone.worker"):
             serving = Background(worker.run)

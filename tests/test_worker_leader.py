@@ -1,26 +1,33 @@
-"""Maintenance by one leader, elected through the database; heartbeats beside the pool.
+"""Maintenance by one leader, elected through a lease in the database; heartbeats beside the pool.
 
-Rescue, deadline expiry and retention sweeps run in the worker holding a session advisory
-lock on a connection of its own; when that session ends another worker takes over at its
-next try (every ``LEADER_INTERVAL``). Heartbeats use a connection of their own too, so an
-application holding every pooled connection cannot get its worker's live jobs rescued.
+Rescue, deadline expiry and retention sweeps run in the worker holding the lease of
+``cyclone_leader`` (renewed every pass, for ``rescue_after``), on a connection of its own;
+when it stops or its lease lapses another worker takes the next term, and a stale term
+acts on nothing. Heartbeats use a connection of their own too, so an application holding
+every pooled connection cannot get its worker's live jobs rescued. Frozen leaders (SIGSTOP,
+a frozen network): tests/reliability/test_leader.py.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from datetime import timedelta
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import URL
 
 import cyclone
-from cyclone._leader import LEADER_INTERVAL
+from cyclone import _leader
+from cyclone._leader import LEADER_INTERVAL, LEADERSHIP
+from cyclone.schema import leader as leader_table
 from tests.conftest import wait_until
-from tests.support.workers import Background, job_rows, start_runs
-from tests.test_worker_fence import QUICK, leader_pids
+from tests.support.workers import Background, job_rows, lease, start_runs
+from tests.test_worker_fence import QUICK
 
 
 def idle_workflow(name: str) -> cyclone.Workflow[Any]:
@@ -33,7 +40,7 @@ def idle_workflow(name: str) -> cyclone.Workflow[Any]:
     return wf
 
 
-def test_of_two_workers_one_leads_and_another_takes_over_when_its_session_ends(
+def test_of_two_workers_one_leads_and_the_other_takes_the_next_term_when_it_stops(
     own_engine: sa.Engine, name: str
 ) -> None:
     engine = own_engine
@@ -41,28 +48,227 @@ def test_of_two_workers_one_leads_and_another_takes_over_when_its_session_ends(
     workers = [cyclone.Worker(engine, workflows=[wf], sweep=False, **QUICK) for _ in range(2)]
     serving = [Background(w.run) for w in workers]
     try:
-        first = wait_until(lambda: leader_pids(engine), timeout=10)
+        holder, term = wait_until(lambda: lease(engine), timeout=10)
         wait_until(lambda: sum(w._leader is not None and w._leader.leading for w in workers))
-        # Both keep trying; still exactly one leads.
+        # Both keep trying; still exactly one leads, under the same term.
         time.sleep(3 * LEADER_INTERVAL)  # the behaviour under test is what happens meanwhile
-        assert leader_pids(engine) == first
+        assert lease(engine) == (holder, term)
         assert sum(bool(w._leader and w._leader.leading) for w in workers) == 1
 
-        with engine.connect() as conn:
-            conn.execute(sa.select(sa.func.pg_terminate_backend(first[0])))
-        took_over = time.monotonic()
-        second = wait_until(
-            lambda: [p for p in leader_pids(engine) if p != first[0]], timeout=10 * LEADER_INTERVAL
-        )
-        assert time.monotonic() - took_over < 5 * LEADER_INTERVAL
-        assert len(second) == 1
+        (first,) = [w for w in workers if w.id == holder]
+        (other,) = [w for w in workers if w is not first]
+        first.stop()
+        serving[workers.index(first)].join(30)
+        # A worker that stops gives the lease up: the other takes it at its next try.
+        assert wait_until(lambda: lease(engine) == (other.id, term + 1), timeout=10)
     finally:
         for w in workers:
             w.stop()
         for s in serving:
             s.join(30)
-    # A closed session's backend ends (and releases the lock) a moment after the close.
-    wait_until(lambda: leader_pids(engine) == [], timeout=10)
+    assert lease(engine) is None
+
+
+def test_a_leader_whose_connection_is_terminated_reconnects_and_keeps_its_term(
+    own_engine: sa.Engine, name: str
+) -> None:
+    engine = own_engine
+    wf = idle_workflow(name)
+    worker = cyclone.Worker(engine, workflows=[wf], sweep=False, **QUICK)
+    serving = Background(worker.run)
+    try:
+        term = wait_until(lambda: lease(engine), timeout=10)[1]
+        leader = worker._leader
+        assert leader is not None
+        conn = leader._conn
+        assert conn is not None
+        pid = conn.connection.dbapi_connection.info.backend_pid  # type: ignore[union-attr]
+        with engine.connect() as admin:
+            admin.execute(sa.select(sa.func.pg_terminate_backend(pid)))
+            terminated_at = admin.execute(sa.select(sa.func.clock_timestamp())).scalar_one()
+        # The lease is renewed after the termination, from a new connection, same term.
+        wait_until(lambda: lease_expiry(engine) > terminated_at + worker.rescue_after, timeout=30)
+        assert lease(engine) == (worker.id, term)
+        assert leader._conn is not None
+        assert leader._conn is not conn
+    finally:
+        worker.stop()
+        serving.join(30)
+
+
+def lease_expiry(engine: sa.Engine) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(
+            sa.select(leader_table.c.expires_at).where(leader_table.c.name == LEADERSHIP)
+        ).scalar_one()
+
+
+def candidate(engine: sa.Engine, worker_id: str, rescue_after: float = 30) -> _leader.Leader:
+    """A worker's candidacy, driven by the test one pass at a time (``once()``)."""
+    return _leader.Leader(
+        engine,
+        worker_id,
+        rescue_after=timedelta(seconds=rescue_after),
+        sweep=False,
+        sweep_keep=timedelta(days=1),
+        sweep_interval=60.0,
+    )
+
+
+def orphaned_run(engine: sa.Engine, name: str) -> Any:
+    """A run whose only job is running on a worker gone an hour ago: a leader rescues it."""
+    wf = idle_workflow(name)
+    run = wf.submit(engine, None)
+    start_runs(engine, wf)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE cyclone_jobs SET state = 'running', attempt = 1, lease = 1,"
+                " worker_id = 'gone', heartbeat_at = now() - interval '1 hour'"
+                " WHERE run_id = :r"
+            ),
+            {"r": run.id},
+        )
+    return run
+
+
+def set_lease(engine: sa.Engine, holder: str, term: int) -> None:
+    """A lease held by ``holder`` under ``term`` that has just expired: its holder froze."""
+    with engine.begin() as conn:
+        conn.execute(
+            pg_insert(leader_table)
+            .values(
+                name=LEADERSHIP,
+                term=term,
+                holder=holder,
+                expires_at=sa.func.now(),
+                backend_pid=sa.func.pg_backend_pid(),
+            )
+            .on_conflict_do_update(
+                index_elements=[leader_table.c.name],
+                set_={"term": term, "holder": holder, "expires_at": sa.func.now()},
+            )
+        )
+
+
+def test_a_stale_term_acts_on_nothing_and_its_holder_leads_again_only_with_a_new_term(
+    own_engine: sa.Engine, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = own_engine
+    a, b = candidate(engine, f"{name}-a"), candidate(engine, f"{name}-b")
+    try:
+        # A led under term 7 and froze; its lease lapsed and B took term 8.
+        set_lease(engine, a.worker_id, 7)
+        a.term = 7
+        assert b.once()
+        assert lease(engine) == (b.worker_id, 8)
+        # A wakes up with its stale term: its pass is refused before it touches a row.
+        run = orphaned_run(engine, name)
+        with caplog.at_level(logging.WARNING, logger="cyclone.worker"):
+            assert not a.once()
+        assert job_rows(engine, run.id)["only"].state == "running"
+        assert a.term is None
+        refused = [r for r in caplog.records if "refused" in r.getMessage()]
+        assert [getattr(r, "term", None) for r in refused] == [7]
+        # While B's term lasts, A does not lead; once it ends, A takes the next term.
+        assert not a.once()
+        assert lease(engine) == (b.worker_id, 8)
+        b.release()
+        assert a.once()
+        assert lease(engine) == (a.worker_id, 9)
+        assert job_rows(engine, run.id)["only"].state == "available"
+    finally:
+        a.release()
+        b.release()
+
+
+def test_a_leader_whose_server_process_ends_is_replaced_at_the_next_try_not_at_expiry(
+    own_engine: sa.Engine, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A worker killed outright: the server ends its backend, and the lease (30 s to go)
+    # is free at once. Its term is over even if it was only its connection that ended.
+    engine = own_engine
+    a, b = candidate(engine, f"{name}-a"), candidate(engine, f"{name}-b")
+    try:
+        assert a.once()
+        term = a.term
+        assert term is not None
+        assert not b.once()
+        assert a._conn is not None
+        pid = a._conn.connection.dbapi_connection.info.backend_pid  # type: ignore[union-attr]
+        with engine.connect() as admin:
+            admin.execute(sa.select(sa.func.pg_terminate_backend(pid)))
+        wait_until(lambda: not backend_alive(engine, pid), timeout=10)
+        assert b.once()
+        assert lease(engine) == (b.worker_id, term + 1)
+        with caplog.at_level(logging.WARNING, logger="cyclone.worker"):
+            with pytest.raises(sa.exc.DBAPIError):
+                a.once()  # its connection is gone: the pass fails, as any would
+            with a._lock:
+                a._close()  # as the leader thread does after a failed pass
+            assert not a.once()
+        assert [
+            getattr(r, "term", None) for r in caplog.records if "refused" in r.getMessage()
+        ] == [term]
+    finally:
+        a.release()
+        b.release()
+
+
+def test_a_takeover_skips_a_locked_lease_instead_of_waiting_for_its_transaction(
+    own_engine: sa.Engine, name: str
+) -> None:
+    engine = own_engine
+    b = candidate(engine, f"{name}-b")
+    set_lease(engine, f"{name}-a", 3)
+    try:
+        with engine.connect() as frozen:
+            # The lapsed leader's transaction still holds the row (as if frozen in it).
+            frozen.execute(sa.select(leader_table).with_for_update())
+            trying = Background(b.once)
+            assert trying.join(5) is False  # not free yet; B did not wait
+            frozen.rollback()
+        assert b.once()
+        assert lease(engine) == (b.worker_id, 4)
+    finally:
+        b.release()
+
+
+def test_the_server_ends_a_leaders_session_frozen_in_its_transaction_and_another_takes_over(
+    own_engine: sa.Engine, name: str
+) -> None:
+    engine = own_engine
+    a, b = candidate(engine, f"{name}-a", 2), candidate(engine, f"{name}-b", 2)
+    frozen = _leader.dedicated(engine, autocommit=False)
+    try:
+        assert a.once()
+        term = a.term
+        assert term is not None
+        # A's next maintenance transaction renews and locks the lease, then A freezes in it.
+        frozen_tx = frozen.begin()
+        a._fence(frozen)
+        pid = frozen.connection.dbapi_connection.info.backend_pid  # type: ignore[union-attr]
+        # Idle in its transaction for half the TTL (1 s), the session is ended by the
+        # server; once A's lease lapses (2 s after its renewal), B takes the next term.
+        wait_until(lambda: not backend_alive(engine, pid), timeout=30)
+        wait_until(b.once, timeout=30)
+        assert lease(engine) == (b.worker_id, term + 1)
+        with pytest.raises(sa.exc.DBAPIError):
+            frozen_tx.commit()
+    finally:
+        frozen.invalidate()
+        frozen.close()
+        a.release()
+        b.release()
+
+
+def backend_alive(engine: sa.Engine, pid: int) -> bool:
+    with engine.connect() as conn:
+        return bool(
+            conn.execute(
+                sa.text("SELECT count(*) FROM pg_stat_activity WHERE pid = :p"), {"p": pid}
+            ).scalar_one()
+        )
 
 
 def test_a_leader_rescues_the_jobs_of_a_worker_that_stopped_beating(
@@ -123,7 +329,7 @@ def test_an_app_holding_every_pooled_connection_longer_than_rescue_after_keeps_i
     serving = None
     held: list[sa.Connection] = []
     try:
-        wait_until(lambda: leader_pids(engine), timeout=10)
+        wait_until(lambda: (lease(engine) or ("",))[0] == rescuer.id, timeout=10)
         run = wf.submit(engine, None)
         serving = Background(worker.run)
         assert started.wait(30)

@@ -15,6 +15,9 @@ Modes:
 - ``grace NAME LOCK,GRACE``: as ``serve``, with ``Worker.run(grace=GRACE)``; prints
   ``{"pid", "handed_back"}``.
 - ``ops NAME -``: ``Worker.run()`` on :func:`pipeline` with INFO logging on stderr.
+- ``lead NAME FLAG``: ``Worker.run()`` on :func:`crashy` with ``rescue_after`` of
+  :data:`LEAD_RESCUE_AFTER` and INFO logging on stderr, until SIGTERM: the test freezes it
+  (SIGSTOP) while it leads maintenance and runs the blocked step.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import sqlalchemy as sa
 import cyclone
 
 HEARTBEAT = timedelta(milliseconds=200)
+LEAD_RESCUE_AFTER = timedelta(seconds=2)
 
 
 class Item(msgspec.Struct):
@@ -47,8 +51,11 @@ class Stamp(msgspec.Struct):
 
 @cache
 def engine() -> sa.Engine:
-    """This process's engine on the test database."""
-    return sa.create_engine(os.environ["CYCLONE_TEST_DATABASE_URL"], pool_size=10)
+    """This process's engine on the test database; its steps' connections are checked
+    before use, as an application that rides out a server restart has them."""
+    return sa.create_engine(
+        os.environ["CYCLONE_TEST_DATABASE_URL"], pool_size=10, pool_pre_ping=True
+    )
 
 
 def results_table(name: str) -> str:
@@ -172,6 +179,18 @@ def main(argv: list[str]) -> int:
         cyclone.Worker(
             bind, workflows=[pipeline(name)], heartbeat_interval=HEARTBEAT, poll_interval=0.2
         ).run(grace=5)
+    elif mode == "lead":
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"
+        )
+        cyclone.Worker(
+            bind,
+            workflows=[crashy(name, Path(arg))],
+            heartbeat_interval=HEARTBEAT,
+            rescue_after=LEAD_RESCUE_AFTER,
+            poll_interval=0.2,
+            sweep=False,
+        ).run()
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     bind.dispose()

@@ -17,7 +17,8 @@ import sqlalchemy as sa
 
 import cyclone
 from cyclone import _unstarted
-from cyclone.schema import jobs
+from cyclone._leader import LEADERSHIP
+from cyclone.schema import jobs, leader
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -93,6 +94,17 @@ def job_rows(engine: sa.Engine, run_id: uuid.UUID) -> dict[str, JobRow]:
     names = ("kind", "state", "attempt", "errors", "worker_id", "scheduled_at", "output")
     rows = step_columns(engine, run_id, *names)
     return {row[0]: JobRow(*row) for row in rows}
+
+
+def lease(engine: sa.Engine) -> tuple[str, int] | None:
+    """The maintenance leader's lease, ``(holder, term)``, while it has not expired."""
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.select(leader.c.holder, leader.c.term).where(
+                leader.c.name == LEADERSHIP, leader.c.expires_at > sa.func.now()
+            )
+        ).one_or_none()
+    return None if row is None else (row.holder, row.term)
 
 
 def spawn_worker(
