@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from cyclone import _claim, _completion, _control, _fastpath, _rescue, jobs
+from cyclone import _claim, _completion, _control, _fastpath, _rescue, _waits, jobs
 from cyclone.states import EDGES, Edge
 
-OWNERS = (_claim, _completion, _control, _rescue, jobs)
+OWNERS = (_claim, _completion, _control, _rescue, _waits, jobs)
 
 
 def implemented() -> list[tuple[str, Any, Edge]]:
