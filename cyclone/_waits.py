@@ -57,7 +57,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, insert
 
-from cyclone import _completion, _fastpath, _notify, errors
+from cyclone import _codec, _completion, _fastpath, _notify, errors
 from cyclone._claim import Claimed
 from cyclone._completion import Failure, Success
 from cyclone._fastpath import const
@@ -105,6 +105,29 @@ def node_of(workflows: Mapping[str, Workflow[Any]], job: Claimed) -> Step[Any] |
     if node is None or (node.signal is None and node.sleep is None):
         return None
     return node
+
+
+def encode_payload(payload_types: Mapping[str, Any] | None, signal: str, payload: Any) -> str:
+    """The JSON text of ``payload`` for ``signal``, checked before anything is sent.
+
+    ``payload_types`` maps each wait node's signal to its payload type (None when the
+    sender does not know the workflow's definition: then the database's copy of the
+    graph alone says whether the run waits for ``signal``). Every send form encodes its
+    payload here.
+
+    Raises:
+        ValueError: ``signal`` is not a non-empty str.
+        NotFoundError: the workflow has no wait node for ``signal``.
+        InputError: the payload cannot be encoded as JSON or does not match the type.
+    """
+    if not isinstance(signal, str) or not signal:
+        raise ValueError("a signal name is a non-empty str")
+    type_: Any = Any
+    if payload_types is not None:
+        if signal not in payload_types:
+            raise errors.NotFoundError(f"the workflow has no wait node for {signal!r}")
+        type_ = payload_types[signal]
+    return _codec.encode(payload, what=f"payload of signal {signal!r}", type_=type_)
 
 
 def _signal_lock(run_id: Any, signal: Any) -> tuple[Any, Any]:

@@ -15,6 +15,7 @@ import cyclone
 from cyclone import _claim, _fastpath, _rescue, _waits
 from cyclone.schema import jobs, runs, signals
 from tests.conftest import StatementCounter, wait_until
+from tests.support import invariants
 from tests.support.workers import Background, job_rows
 
 
@@ -362,3 +363,45 @@ def test_a_park_presents_the_claims_lease_and_moves_it_on(engine: sa.Engine, nam
         held.close()
         with engine.begin() as conn:  # the row forced to running above breaks invariants
             conn.execute(sa.delete(runs).where(runs.c.workflow == name))
+
+
+def test_every_send_form_checks_the_payload_against_the_wait_nodes_type_before_writing(
+    engine: sa.Engine, name: str, statements: StatementCounter
+) -> None:
+    """Before, ``run.signal`` stored a payload of the wrong type (the run then failed,
+    and the right payload was refused as a conflict)."""
+    wf = checkout(name)
+    run, _ = wf.submit_once(engine, "k", Order(14, 1))
+    wrong = {"ref": 1}
+    statements.reset()
+    with pytest.raises(cyclone.InputError, match="payload of signal 'paid'"):
+        run.signal("paid", wrong)
+    with pytest.raises(cyclone.InputError, match="payload of signal 'paid'"):
+        wf.run(engine, run.id).signal("paid", wrong)
+    with pytest.raises(cyclone.InputError, match="payload of signal 'paid'"):
+        wf.signal(engine, "k", "paid", wrong)
+    assert statements.count <= 1, statements.statements  # wf.run's lookup of the run
+    with (
+        engine.begin() as conn,
+        pytest.raises(cyclone.InputError, match="payload of signal 'paid'"),
+    ):
+        wf.signal_tx(conn, "k", "paid", wrong)
+    assert stored_signals(engine, run.id) == {}
+    assert run.signal("paid", Payment("right", 1)) is True
+    cyclone.Worker(engine, workflows=[wf]).drain()
+    assert run.result(timeout=10) == "order 14 paid by right (1)"
+    invariants.check(engine)
+
+
+def test_a_signal_the_workflow_has_no_wait_node_for_is_refused_before_any_statement(
+    engine: sa.Engine, name: str, statements: StatementCounter
+) -> None:
+    wf = checkout(name)
+    run, _ = wf.submit_once(engine, "k", Order(15, 1))
+    statements.reset()
+    with pytest.raises(cyclone.NotFoundError, match="no wait node for 'refunded'"):
+        run.signal("refunded", {"x": 1})
+    with pytest.raises(cyclone.NotFoundError, match="no wait node for 'refunded'"):
+        wf.signal(engine, "k", "refunded", {"x": 1})
+    assert statements.count == 0, statements.statements
+    assert stored_signals(engine, run.id) == {}
