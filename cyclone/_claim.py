@@ -446,20 +446,22 @@ def _choose(picked: Any, to_start: Any, limit: int) -> Any:
     )
 
 
-def claim_jobs_stmt(scope: Scope, limit: int, *, completing: bool = False) -> Any:
+def claim_jobs_stmt(
+    scope: Scope, limit: int, *, completing: bool = False, delivering: bool = True
+) -> Any:
     """Claim up to ``limit`` runnable jobs of ``scope`` for the worker ``:me``.
 
-    With workflows served, the statement also delivers pending signals
-    (:func:`deliver_signals_ctes`); its last column counts the wait nodes it woke, and it
-    returns at least one row. ``completing`` adds the CTEs that first record the
-    successes in ``:items`` (see
+    ``completing`` adds the CTEs that first record the successes in ``:items`` (see
     :func:`cyclone._completion.complete_jobs_ctes`). They touch other rows than the claim
     (running jobs, blocked dependents, their runs), all in one snapshot: a dependent they
     unblock is claimed by the next statement. The runs of ``:items`` are locked before
     the claim locks a job (the lock order), and the statement then returns at least one
     row, whose first column holds the ids of the jobs recorded (the others were refused:
     their lease was no longer the job's). The claimed columns follow; all NULL when
-    nothing was claimed.
+    nothing was claimed. ``delivering``, with workflows served, adds the delivery of
+    pending signals (:func:`deliver_signals_ctes`, some 40 us more per claim): then the
+    statement returns at least one row too, and its last column counts the wait nodes it
+    woke (0 without the delivery).
     """
     runs_locked = _completion.runs_locked_first() if completing else None
     pick = _pick(scope, limit)
@@ -514,7 +516,7 @@ def claim_jobs_stmt(scope: Scope, limit: int, *, completing: bool = False) -> An
         recorded = select(func.array_agg(done.c.id)).scalar_subquery()
     woken: Any = None
     delivered_ctes: tuple[Any, ...] = ()
-    if scope.workflows:
+    if scope.workflows and delivering:
         delivered, woken = deliver_signals_ctes()
         delivered_ctes = (delivered,)
     stmt = select(
@@ -564,12 +566,16 @@ _LIMIT_TOKEN = 2_147_480_009
 
 
 @functools.lru_cache(maxsize=64)
-def _claim_template(scope: Scope, completing: bool) -> _fastpath.Compiled:
-    return _fastpath.Compiled(claim_jobs_stmt(scope, _LIMIT_TOKEN, completing=completing))
+def _claim_template(scope: Scope, completing: bool, delivering: bool) -> _fastpath.Compiled:
+    return _fastpath.Compiled(
+        claim_jobs_stmt(scope, _LIMIT_TOKEN, completing=completing, delivering=delivering)
+    )
 
 
 @functools.lru_cache(maxsize=256)
-def _fast_claim(scope: Scope, completing: bool, limit: int) -> _fastpath.Compiled:
+def _fast_claim(
+    scope: Scope, completing: bool, limit: int, delivering: bool = True
+) -> _fastpath.Compiled:
     """The claim statement for ``limit`` jobs, its text compiled once per scope.
 
     A worker's free slots vary from claim to claim, and each limit is a literal of its
@@ -578,8 +584,11 @@ def _fast_claim(scope: Scope, completing: bool, limit: int) -> _fastpath.Compile
     (:data:`CANDIDATES_PER_CLAIMED`), so each such statement is compiled.
     """
     if scope.merges:
-        return _fastpath.Compiled(claim_jobs_stmt(scope, limit, completing=completing))
-    return _claim_template(scope, completing).replaced(str(_LIMIT_TOKEN), str(int(limit)))
+        return _fastpath.Compiled(
+            claim_jobs_stmt(scope, limit, completing=completing, delivering=delivering)
+        )
+    template = _claim_template(scope, completing, delivering)
+    return template.replaced(str(_LIMIT_TOKEN), str(int(limit)))
 
 
 _upstream_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
@@ -612,18 +621,19 @@ def record_and_claim(
     scope: Scope,
     limit: int,
     woke: list[int] | None = None,
+    deliver: bool = True,
 ) -> tuple[set[int], list[Claimed]]:
     """Record ``successes`` and claim up to ``limit`` jobs in one autocommit statement.
 
     Returns the ids of the successes recorded (the others were refused) and the jobs
-    claimed. ``woke`` is appended the number of wait nodes the statement woke (signals
-    it delivered): the next claim can take them.
+    claimed. With ``deliver``, the statement also delivers pending signals, and ``woke``
+    is appended the number of wait nodes it woke: the next claim can take them.
     """
     rows = conn.execute(
-        _fast_claim(scope, bool(successes), limit),
+        _fast_claim(scope, bool(successes), limit, deliver),
         {"me": worker_id, "items": _completion.items_payload(successes)},
     )
-    if woke is not None:
-        woke.append(int(rows[0][14]) if rows else 0)
+    if woke is not None and rows:
+        woke.append(int(rows[0][14]))
     recorded: set[int] = set(rows[0][0] or ()) if rows else set()
     return recorded, [_claimed(row) for row in rows if row[1] is not None]

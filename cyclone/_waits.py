@@ -15,10 +15,10 @@ signal row without a payload (with its timeout in ``wait_until``).
 A sender writes the signal row only, in the caller's transaction, which may stay open
 for as long as the caller likes: it holds no lock a worker's statement waits on. A
 signal that fills a marker (its node had parked) is marked ``wake_pending`` and rings
-NOTIFY; the next claim of any worker serving workflows delivers it, making the node
-available and due now (:func:`cyclone._claim.deliver_signals_ctes`, locks skipped, never
-waited for). A signal sent before its node parked needs no delivery: the node reads it
-when it is reached.
+NOTIFY; the claim of a worker serving workflows that it wakes (or the next poll's, were
+it lost) delivers it, making the node available and due now
+(:func:`cyclone._claim.deliver_signals_ctes`, locks skipped, never waited for). A
+signal sent before its node parked needs no delivery: the node reads it when reached.
 
 Locks: a sender takes the transaction advisory lock of its (run, signal) before it reads
 the run; a worker deciding about a wait node only tries it. So a worker never waits for
@@ -400,7 +400,7 @@ _SEND = (
     )
     .on_conflict_do_update(
         index_elements=[signals.c.run_id, signals.c.name],
-        # A marker filled: its node parked, and the next claim delivers the signal.
+        # A marker filled: its node parked, and a claim delivers the signal.
         set_={"payload": _excluded.payload, "sent_at": func.now(), "wake_pending": True},
         where=signals.c.payload.is_(None),
     )

@@ -668,7 +668,7 @@ class Worker:
             if outcomes or free:
                 recheck_due = self._recheck_due or time.monotonic() >= poll_due
                 self._recheck_due = False
-                claimed, failed = self._record_and_claim(outcomes, free)
+                claimed, failed = self._record_and_claim(outcomes, free, deliver=recheck_due)
                 poll_due = time.monotonic() + self.poll_interval
                 if free and not claimed and not failed and recheck_due and not until_idle:
                     poll_due = min(poll_due, self._next_due())
@@ -761,7 +761,11 @@ class Worker:
                 return taken
 
     def _record_and_claim(
-        self, outcomes: list[tuple[_claim.Claimed, Outcome]], free: dict[str, int]
+        self,
+        outcomes: list[tuple[_claim.Claimed, Outcome]],
+        free: dict[str, int],
+        *,
+        deliver: bool = False,
     ) -> tuple[list[_claim.Claimed], bool]:
         """Record ``outcomes`` and claim into ``free``: (jobs claimed, whether a statement failed).
 
@@ -770,7 +774,9 @@ class Worker:
         as long as the worker runs: its job is still heartbeaten, so its lease stays
         valid unless the job is rescued, and then the outcome is refused. Jobs that
         earlier statements claimed are still returned: left unstarted, they would wait
-        for a rescue.
+        for a rescue. With ``deliver`` (after a NOTIFY, or when a poll is due), the first
+        statement also delivers the signals sent to parked wait nodes: a signal's NOTIFY
+        is a doorbell, and a lost one waits for the next poll.
         """
         successes = [o for _, o in outcomes if isinstance(o, _completion.Success)]
         failures = [o for _, o in outcomes if isinstance(o, _completion.Failure)]
@@ -806,6 +812,7 @@ class Worker:
                     scope=self._scope(name),
                     limit=max(0, min(limit, left)),
                     woke=woke,
+                    deliver=deliver and not woke,
                 )
                 if carrying:
                     self._settle(carrying, recorded)
