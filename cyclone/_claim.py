@@ -4,7 +4,8 @@ The CTE fences the ``LIMIT``: without it the planner may lock more rows than it 
 A step of a run that is no longer running is never claimed, even if a late re-queue
 raced with the run's cancellation.
 The same statement reads the run's input and the outputs of the steps a job comes after,
-so a claimed job needs no further query before it runs.
+so a claimed job needs no further query before it runs. A claim of a worker serving
+workflows also delivers the signals sent to parked wait nodes (see :mod:`cyclone._waits`).
 """
 
 from __future__ import annotations
@@ -36,11 +37,11 @@ from sqlalchemy import (
     union_all,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY, insert
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 
 from cyclone import _completion, _fastpath, _notify, _observe, _unstarted
 from cyclone._fastpath import const
-from cyclone.schema import jobs, runs
+from cyclone.schema import jobs, runs, signals
 from cyclone.states import JobState, RunState
 
 
@@ -193,7 +194,9 @@ def _pick_runs(scope: Scope, limit: int) -> Any:
 
     Each workflow is a range of ``ix_cyclone_runs_start``; several are merged as
     :func:`_pick` merges jobs. The start time is re-checked on the locked row, so a run
-    another worker started meanwhile is skipped.
+    another worker started meanwhile is skipped. The lock is ``FOR NO KEY UPDATE``: the
+    key-share lock of a signal being sent to the run (its foreign key) does not hold the
+    start back.
     """
     top: Any = literal_column(str(int(limit)))
     if len(scope.workflows) == 1:
@@ -202,7 +205,7 @@ def _pick_runs(scope: Scope, limit: int) -> Any:
             .where(runs.c.workflow == const(scope.workflows[0]), *_due_run(runs))
             .order_by(runs.c.start_at, runs.c.id)
             .limit(top)
-            .with_for_update(skip_locked=True)
+            .with_for_update(skip_locked=True, key_share=True)
         )
     c = runs.alias("rc")
     candidates = union_all(
@@ -220,7 +223,7 @@ def _pick_runs(scope: Scope, limit: int) -> Any:
         .where(*_due_run(runs))
         .order_by(candidates.c.start_at, candidates.c.id)
         .limit(top)
-        .with_for_update(of=runs, skip_locked=True)
+        .with_for_update(of=runs, skip_locked=True, key_share=True)
     )
 
 
@@ -357,6 +360,68 @@ _CLAIMED_COLUMNS = (
 )
 
 
+DELIVER_PER_CLAIM = 16
+"""How many pending signals one claim delivers at most."""
+
+
+def deliver_signals_ctes() -> tuple[Any, Any]:
+    """The CTEs that deliver signals sent to parked wait nodes: ``(delivered, woken)``.
+
+    A sender writes the signal row only, marked ``wake_pending`` when its node had
+    parked (:mod:`cyclone._waits`). Here the signal is unmarked and its node made
+    available and due now (a node parked until a timeout, or blocked with no upstream
+    pending), ringing NOTIFY; the claim statement's pick cannot see it (one snapshot), the
+    next claim takes it. Signal and node rows locked elsewhere (a sender not committed, a
+    worker deciding about the node) are skipped, never waited for: the next claim
+    delivers them. The pending signals are a range of ``ix_cyclone_signals_wake_pending``,
+    empty but for the signals sent since the last claim: no scan. A node due already is
+    left alone: the claim's pick may be claiming it in this statement.
+    """
+    node = jobs.alias("node")
+    pending = (
+        select(signals.c.run_id, signals.c.name, node.c.id.label("job_id"))
+        .join(
+            node,
+            and_(
+                node.c.run_id == signals.c.run_id,
+                node.c.args
+                == cast(func.jsonb_build_object(const("signal"), signals.c.name), JSONB),
+            ),
+        )
+        .where(signals.c.wake_pending)
+        .limit(literal_column(str(DELIVER_PER_CLAIM)))
+        .with_for_update(of=[signals, node], skip_locked=True)
+        .cte("pending_signals")
+    )
+    delivered = (
+        update(signals)
+        .where(signals.c.run_id == pending.c.run_id, signals.c.name == pending.c.name)
+        .values(wake_pending=False)
+        .returning(signals.c.run_id)
+        .cte("delivered")
+    )
+    woken = (
+        update(jobs)
+        .where(
+            jobs.c.id == pending.c.job_id,
+            or_(
+                and_(
+                    jobs.c.state == const(JobState.BLOCKED.value),
+                    jobs.c.pending_deps == const(0, Integer),
+                ),
+                and_(
+                    jobs.c.state == const(JobState.AVAILABLE.value),
+                    jobs.c.scheduled_at > func.now(),
+                ),
+            ),
+        )
+        .values(state=const(JobState.AVAILABLE.value), scheduled_at=func.now())
+        .returning(_notify.when_available(jobs.c.state))
+        .cte("woken")
+    )
+    return delivered, woken
+
+
 def _choose(picked: Any, to_start: Any, limit: int) -> Any:
     """The first ``limit`` of the locked jobs and runs to start, in priority and time order.
 
@@ -381,7 +446,9 @@ def _choose(picked: Any, to_start: Any, limit: int) -> Any:
     )
 
 
-def claim_jobs_stmt(scope: Scope, limit: int, *, completing: bool = False) -> Any:
+def claim_jobs_stmt(
+    scope: Scope, limit: int, *, completing: bool = False, delivering: bool = True
+) -> Any:
     """Claim up to ``limit`` runnable jobs of ``scope`` for the worker ``:me``.
 
     ``completing`` adds the CTEs that first record the successes in ``:items`` (see
@@ -391,7 +458,10 @@ def claim_jobs_stmt(scope: Scope, limit: int, *, completing: bool = False) -> An
     the claim locks a job (the lock order), and the statement then returns at least one
     row, whose first column holds the ids of the jobs recorded (the others were refused:
     their lease was no longer the job's). The claimed columns follow; all NULL when
-    nothing was claimed.
+    nothing was claimed. ``delivering``, with workflows served, adds the delivery of
+    pending signals (:func:`deliver_signals_ctes`, some 40 us more per claim): then the
+    statement returns at least one row too, and its last column counts the wait nodes it
+    woke (0 without the delivery).
     """
     runs_locked = _completion.runs_locked_first() if completing else None
     pick = _pick(scope, limit)
@@ -444,6 +514,11 @@ def claim_jobs_stmt(scope: Scope, limit: int, *, completing: bool = False) -> An
         done, *rest = _completion.complete_jobs_ctes(runs_locked)
         extra = tuple(rest)
         recorded = select(func.array_agg(done.c.id)).scalar_subquery()
+    woken: Any = None
+    delivered_ctes: tuple[Any, ...] = ()
+    if scope.workflows and delivering:
+        delivered, woken = deliver_signals_ctes()
+        delivered_ctes = (delivered,)
     stmt = select(
         recorded,
         claimed.c.id,
@@ -459,14 +534,17 @@ def claim_jobs_stmt(scope: Scope, limit: int, *, completing: bool = False) -> An
         outputs,
         func.coalesce(runs.c.submit_key, claimed.c.unique_key),
         func.coalesce(runs.c.trace_context, claimed.c.trace_context),
+        const(0, Integer)
+        if woken is None
+        else select(func.count()).select_from(woken).scalar_subquery(),
     )
     claimed_runs = claimed.outerjoin(runs, runs.c.id == claimed.c.run_id)
-    if done is None:
+    if done is None and woken is None:
         stmt = stmt.select_from(claimed_runs)
     else:
         one = select(const(1, Integer).label("one")).subquery("one")
         stmt = stmt.select_from(one.outerjoin(claimed_runs, true()))
-        for cte in extra:
+        for cte in (*extra, *delivered_ctes):
             stmt = stmt.add_cte(cte)
     # RETURNING follows the update's plan, not the claim's order: the worker starts jobs
     # in the order given here, so a concurrency-1 worker runs them by priority.
@@ -488,12 +566,16 @@ _LIMIT_TOKEN = 2_147_480_009
 
 
 @functools.lru_cache(maxsize=64)
-def _claim_template(scope: Scope, completing: bool) -> _fastpath.Compiled:
-    return _fastpath.Compiled(claim_jobs_stmt(scope, _LIMIT_TOKEN, completing=completing))
+def _claim_template(scope: Scope, completing: bool, delivering: bool) -> _fastpath.Compiled:
+    return _fastpath.Compiled(
+        claim_jobs_stmt(scope, _LIMIT_TOKEN, completing=completing, delivering=delivering)
+    )
 
 
 @functools.lru_cache(maxsize=256)
-def _fast_claim(scope: Scope, completing: bool, limit: int) -> _fastpath.Compiled:
+def _fast_claim(
+    scope: Scope, completing: bool, limit: int, delivering: bool = True
+) -> _fastpath.Compiled:
     """The claim statement for ``limit`` jobs, its text compiled once per scope.
 
     A worker's free slots vary from claim to claim, and each limit is a literal of its
@@ -502,8 +584,11 @@ def _fast_claim(scope: Scope, completing: bool, limit: int) -> _fastpath.Compile
     (:data:`CANDIDATES_PER_CLAIMED`), so each such statement is compiled.
     """
     if scope.merges:
-        return _fastpath.Compiled(claim_jobs_stmt(scope, limit, completing=completing))
-    return _claim_template(scope, completing).replaced(str(_LIMIT_TOKEN), str(int(limit)))
+        return _fastpath.Compiled(
+            claim_jobs_stmt(scope, limit, completing=completing, delivering=delivering)
+        )
+    template = _claim_template(scope, completing, delivering)
+    return template.replaced(str(_LIMIT_TOKEN), str(int(limit)))
 
 
 _upstream_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
@@ -535,14 +620,20 @@ def record_and_claim(
     successes: Sequence[_completion.Success],
     scope: Scope,
     limit: int,
+    woke: list[int] | None = None,
+    deliver: bool = True,
 ) -> tuple[set[int], list[Claimed]]:
     """Record ``successes`` and claim up to ``limit`` jobs in one autocommit statement.
 
-    Returns the ids of the successes recorded (the others were refused) and the jobs claimed.
+    Returns the ids of the successes recorded (the others were refused) and the jobs
+    claimed. With ``deliver``, the statement also delivers pending signals, and ``woke``
+    is appended the number of wait nodes it woke: the next claim can take them.
     """
     rows = conn.execute(
-        _fast_claim(scope, bool(successes), limit),
+        _fast_claim(scope, bool(successes), limit, deliver),
         {"me": worker_id, "items": _completion.items_payload(successes)},
     )
+    if woke is not None and rows:
+        woke.append(int(rows[0][14]))
     recorded: set[int] = set(rows[0][0] or ()) if rows else set()
     return recorded, [_claimed(row) for row in rows if row[1] is not None]

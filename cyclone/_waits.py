@@ -9,12 +9,25 @@ so a waiting run holds no worker, no thread and no connection. A node waiting un
 time (a sleep, or a wait with a timeout) goes back to ``available`` with
 ``scheduled_at`` at that time, and an idle worker sleeps until the earliest one falls
 due (see :mod:`cyclone._due`). A wait without a timeout goes back to ``blocked`` with
-no upstream pending, outside the claim index. A signal makes its node available and
-due now, and rings NOTIFY.
+no upstream pending, outside the claim index. A parked wait node leaves a *marker*, its
+signal row without a payload (with its timeout in ``wait_until``).
 
-Locks: both a worker deciding to park and a sender take the wait node's job row lock
-before they touch the signal row, so a signal committed while a worker parks the node
-always wakes it, and the two never deadlock.
+A sender writes the signal row only, in the caller's transaction, which may stay open
+for as long as the caller likes: it holds no lock a worker's statement waits on. A
+signal that fills a marker (its node had parked) is marked ``wake_pending`` and rings
+NOTIFY; the claim of a worker serving workflows that it wakes (or the next poll's, were
+it lost) delivers it, making the node available and due now
+(:func:`cyclone._claim.deliver_signals_ctes`, locks skipped, never waited for). A
+signal sent before its node parked needs no delivery: the node reads it when reached.
+
+Locks: a sender takes the transaction advisory lock of its (run, signal) before it reads
+the run; a worker deciding about a wait node only tries it. So a worker never waits for
+a sender, and a sender waits at most for a worker's short decision, after which it sees
+that decision: the marker a park left (and fills it, for delivery), or the run a timeout
+failed (and refuses the signal). A worker that finds the lock held (a sender in flight,
+which may commit or roll back) parks the node to look again shortly. The worker's
+transaction locks the run first, then the job (the lock order of :mod:`cyclone.states`),
+so a node parked as its run ends is cancelled instead, by whichever comes second.
 """
 
 from __future__ import annotations
@@ -37,13 +50,14 @@ from sqlalchemy import (
     case,
     cast,
     delete,
+    exists,
     func,
     select,
     update,
 )
 from sqlalchemy.dialects.postgresql import JSONB, insert
 
-from cyclone import _fastpath, _notify, errors
+from cyclone import _codec, _completion, _fastpath, _notify, errors
 from cyclone._claim import Claimed
 from cyclone._completion import Failure, Success
 from cyclone._fastpath import const
@@ -58,12 +72,30 @@ log = logging.getLogger("cyclone.worker")
 PARK_FOR = timedelta(days=365 * 100)
 """How far ahead a wait node without a timeout is parked; a signal brings it back to now."""
 
+RECHECK_IN_FLIGHT = timedelta(seconds=1)
+"""When a wait node whose signal is being sent (not yet committed) is looked at again."""
+
+SIGNAL_LOCK_CLASS = 0x63796331
+"""The first key of the advisory locks of (run, signal) pairs (``cyc1``)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Parked:
-    """A wait or sleep node that went back to waiting (or is no longer ours): nothing to record."""
+    """A wait or sleep node that went back to waiting, was ended, or is no longer ours:
+    whatever there was to record is recorded."""
 
     job_id: int
+    timed_out: Failure | None = None
+    """The timeout failure the decision recorded, if that is what it decided."""
+
+
+@dataclass(frozen=True, slots=True)
+class HandBack:
+    """cyclone could not decide about a wait or sleep node (a database error): the job
+    goes back to available under a new lease, its attempt not counted."""
+
+    job_id: int
+    lease: int
 
 
 def node_of(workflows: Mapping[str, Workflow[Any]], job: Claimed) -> Step[Any] | None:
@@ -75,6 +107,35 @@ def node_of(workflows: Mapping[str, Workflow[Any]], job: Claimed) -> Step[Any] |
     return node
 
 
+def encode_payload(payload_types: Mapping[str, Any] | None, signal: str, payload: Any) -> str:
+    """The JSON text of ``payload`` for ``signal``, checked before anything is sent.
+
+    ``payload_types`` maps each wait node's signal to its payload type (None when the
+    sender does not know the workflow's definition: then the database's copy of the
+    graph alone says whether the run waits for ``signal``). Every send form encodes its
+    payload here.
+
+    Raises:
+        ValueError: ``signal`` is not a non-empty str.
+        NotFoundError: the workflow has no wait node for ``signal``.
+        InputError: the payload cannot be encoded as JSON or does not match the type.
+    """
+    if not isinstance(signal, str) or not signal:
+        raise ValueError("a signal name is a non-empty str")
+    type_: Any = Any
+    if payload_types is not None:
+        if signal not in payload_types:
+            raise errors.NotFoundError(f"the workflow has no wait node for {signal!r}")
+        type_ = payload_types[signal]
+    return _codec.encode(payload, what=f"payload of signal {signal!r}", type_=type_)
+
+
+def _signal_lock(run_id: Any, signal: Any) -> tuple[Any, Any]:
+    """The two keys of the advisory lock a sender takes and a deciding worker tries."""
+    key = func.hashtext(cast(run_id, Text).op("||")(const(":")).op("||")(signal))
+    return const(SIGNAL_LOCK_CLASS, Integer), key
+
+
 # -- the worker's side -----------------------------------------------------------------
 
 _GUARD = and_(
@@ -84,9 +145,16 @@ _GUARD = and_(
     jobs.c.state == const(JobState.RUNNING.value),
     jobs.c.worker_id == bindparam("me", type_=Text),
 )
+_LOCK_RUN = (
+    select(runs.c.state).where(runs.c.id == bindparam("rid")).with_for_update(key_share=True)
+)
 _LOCK_JOB = select(jobs.c.id).where(_GUARD).with_for_update()
 _SIGNAL_KEY = and_(
     signals.c.run_id == bindparam("rid"), signals.c.name == bindparam("signal", type_=Text)
+)
+_TRY_SIGNAL_LOCK = select(
+    func.pg_try_advisory_xact_lock(*_signal_lock(bindparam("rid"), bindparam("signal", Text))),
+    func.now(),
 )
 _READ_SIGNAL = select(
     cast(signals.c.payload, Text), signals.c.wait_until, signals.c.wait_until <= func.now()
@@ -125,6 +193,33 @@ _PARK = (
         ),
     )
 )
+
+
+def end_parked_stmt() -> Any:
+    """End a claimed wait or sleep node whose run has ended, instead of parking it.
+
+    The caller holds the run's lock and has read it ended: the job is cancelled, its
+    attempt not counted, as a hand-back in an ended run is.
+    """
+    return (
+        update(jobs)
+        .where(_GUARD)
+        .values(
+            state=const(JobState.CANCELLED.value),
+            finalized_at=func.now(),
+            attempt=case((jobs.c.attempt > 0, jobs.c.attempt - 1), else_=0),
+            lease=jobs.c.lease + 1,
+            worker_id=None,
+            heartbeat_at=None,
+        )
+    )
+
+
+TRANSITIONS = {end_parked_stmt: ("job.cancel_ended",)}
+"""The edges of :data:`cyclone.states.EDGES` each statement of this module implements (a
+park is no edge of its own: the node is handed back, to wait)."""
+
+_END = end_parked_stmt()
 _upstream = jobs.alias("upstream")
 _SLEEP_DUE = select(
     func.coalesce(
@@ -150,7 +245,7 @@ def _timed_out(job: Claimed, signal: str, backoff: Callable[[int], float]) -> Fa
     return Failure(job.id, job.lease, error, retry_in)
 
 
-Outcome = Success | Failure | Parked
+Outcome = Success | Failure | Parked | HandBack
 
 
 def execute(
@@ -163,37 +258,75 @@ def execute(
 ) -> Outcome:
     """Run a claimed wait or sleep node if it may run now (``run``), else park it.
 
-    Statements, in one transaction: lock the job row (guarded by lease, attempt, state
-    and worker), then for a sleep node read when it is due, for a wait node read its signal
-    row (inserting the waiting marker, with the timeout, the first time); then park the
-    job, or commit and run it. A wait node past its timeout fails with a
-    ``SignalTimeout`` error naming the signal (retried as any step; the next attempt
-    waits anew).
+    Statements, in one transaction: lock the run, then the job (guarded by lease,
+    attempt, state and worker); a job whose run has ended is cancelled. Then for a sleep
+    node read when it is due; for a wait node try the advisory lock of its signal (held:
+    a sender is in flight, look again shortly), read its signal row (inserting the
+    marker, with the timeout, the first time); then park the job, or commit and run it.
+    A wait node past its timeout fails with a ``SignalTimeout`` error naming the signal,
+    recorded in the same transaction, so that no signal is accepted for it once decided
+    (retried as any step; the next attempt waits anew).
+
+    A database error in this transaction is cyclone's, not the step's: the job is
+    handed back (:class:`HandBack`), its attempt not counted.
     """
+    try:
+        payload = _decide(engine, worker_id, job, node, backoff)
+    except Exception as exc:
+        log.warning(
+            "worker %s could not decide about %s node %r of run %s (%s); handing it back",
+            worker_id,
+            "wait" if node.signal is not None else "sleep",
+            job.kind,
+            job.run_id,
+            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+        )
+        return HandBack(job.id, job.lease)
+    if isinstance(payload, Parked):
+        return payload
+    return run(job if payload is None else replace(job, input=payload))
+
+
+def _decide(
+    engine: Engine,
+    worker_id: str,
+    job: Claimed,
+    node: Step[Any],
+    backoff: Callable[[int], float],
+) -> str | Parked | None:
+    """The payload to run the node with (None: a sleep node), or Parked (committed)."""
     guard = {"job_id": job.id, "lease": job.lease, "attempt_no": job.attempt, "me": worker_id}
-    payload: str | None = None
     with engine.begin() as conn:
+        state = conn.execute(_LOCK_RUN, {"rid": job.run_id}).scalar()
         if conn.execute(_LOCK_JOB, guard).first() is None:
-            return Parked(job.id)  # rescued or cancelled meanwhile: no longer ours
+            return Parked(job.id)  # rescued, handed back or cancelled meanwhile: not ours
+        if state != RunState.RUNNING.value:
+            conn.execute(_END, guard)
+            return Parked(job.id)
         if node.sleep is not None:
             due, now = conn.execute(_SLEEP_DUE, {"job_id": job.id, "duration": node.sleep}).one()
             if due > now:
                 conn.execute(_PARK, {**guard, "until": due})
                 return Parked(job.id)
-        else:
-            assert node.signal is not None
-            key = {"rid": job.run_id, "signal": node.signal}
-            row = conn.execute(_READ_SIGNAL, key).first()
-            if row is not None and row[0] is not None:
-                payload = row[0]
-            elif row is not None and row[2]:
-                conn.execute(_UNMARK, key)
-                return _timed_out(job, node.signal, backoff)
-            else:
-                until = row[1] if row is not None else _mark(conn, key, node.timeout)
-                conn.execute(_PARK, {**guard, "until": until})
-                return Parked(job.id)
-    return run(job if payload is None else replace(job, input=payload))
+            return None
+        assert node.signal is not None
+        key = {"rid": job.run_id, "signal": node.signal}
+        free, now = conn.execute(_TRY_SIGNAL_LOCK, key).one()
+        if not free:
+            conn.execute(_PARK, {**guard, "until": now + RECHECK_IN_FLIGHT})
+            return Parked(job.id)
+        row = conn.execute(_READ_SIGNAL, key).first()
+        if row is not None and row[0] is not None:
+            payload: str = row[0]
+            return payload
+        if row is not None and row[2]:
+            conn.execute(_UNMARK, key)
+            failure = _timed_out(job, node.signal, backoff)
+            _completion.record_failures(conn, [failure])
+            return Parked(job.id, failure)
+        until = row[1] if row is not None else _mark(conn, key, node.timeout)
+        conn.execute(_PARK, {**guard, "until": until})
+        return Parked(job.id)
 
 
 def _mark(conn: Connection, key: dict[str, Any], timeout: timedelta | None) -> datetime | None:
@@ -204,15 +337,15 @@ def _mark(conn: Connection, key: dict[str, Any], timeout: timedelta | None) -> d
 # -- the sender's side -----------------------------------------------------------------
 
 _NODE_ARGS = cast(func.jsonb_build_object(const("signal"), bindparam("signal", type_=Text)), JSONB)
-_LIVE_JOB_STATES = [
-    const(JobState.BLOCKED.value),
-    const(JobState.AVAILABLE.value),
-    const(JobState.RUNNING.value),
-]
 
 
 def _read_stmt(by_key: bool) -> Any:
-    """The run, whether it has a wait node for the signal, and the signal already sent."""
+    """The run, whether it has a wait node for the signal, and the signal already sent.
+
+    Reading the run takes the advisory lock of its (run, signal): a worker deciding about
+    the wait node meanwhile is waited for, and the statements after this one see what
+    it decided.
+    """
     # From the graph, which a run not started yet has already (its steps have no rows).
     node_exists = runs.c.graph.op("->", return_type=JSONB)(const("steps")).op("@>")(
         func.jsonb_build_array(_NODE_ARGS)
@@ -225,6 +358,12 @@ def _read_stmt(by_key: bool) -> Any:
             node_exists,
             sent.c.payload.is_not(None),
             sent.c.payload == cast(bindparam("payload", type_=Text), JSONB),
+            cast(
+                func.pg_advisory_xact_lock(
+                    *_signal_lock(runs.c.id, bindparam("signal", type_=Text))
+                ),
+                Text,
+            ),
         )
         .select_from(runs)
         .outerjoin(
@@ -242,56 +381,35 @@ def _read_stmt(by_key: bool) -> Any:
 
 _READ_BY_KEY = _fastpath.Compiled(_read_stmt(by_key=True))
 _READ_BY_ID = _fastpath.Compiled(_read_stmt(by_key=False))
-_WAKE = (
-    update(jobs)
-    .where(
-        jobs.c.run_id == bindparam("rid"),
-        jobs.c.args == _NODE_ARGS,
-        jobs.c.state.in_(_LIVE_JOB_STATES),
-    )
-    .values(
-        scheduled_at=func.now(),
-        # A node parked until its signal (blocked, no upstream pending) becomes available;
-        # one still blocked by its upstreams stays blocked, and is due once they complete.
-        state=case(
-            (
-                and_(
-                    jobs.c.state == const(JobState.BLOCKED.value),
-                    jobs.c.pending_deps == const(0, Integer),
-                ),
-                const(JobState.AVAILABLE.value),
-            ),
-            else_=jobs.c.state,
-        ),
-    )
-    .returning(_notify.when_available(jobs.c.state))
-)
+_PAYLOAD = cast(bindparam("payload", type_=Text), JSONB)
+_excluded = insert(signals).excluded
 _SEND = (
     insert(signals)
-    .values(
-        run_id=bindparam("rid"),
-        name=bindparam("signal", type_=Text),
-        payload=cast(bindparam("payload", type_=Text), JSONB),
-        sent_at=func.now(),
+    .from_select(
+        [signals.c.run_id, signals.c.name, signals.c.payload, signals.c.sent_at],
+        select(
+            bindparam("rid", type_=runs.c.id.type),
+            bindparam("signal", type_=Text),
+            _PAYLOAD,
+            func.now(),
+        ).where(
+            exists().where(
+                runs.c.id == bindparam("rid"), runs.c.state == const(RunState.RUNNING.value)
+            )
+        ),
     )
     .on_conflict_do_update(
         index_elements=[signals.c.run_id, signals.c.name],
-        set_={"payload": cast(bindparam("payload", type_=Text), JSONB), "sent_at": func.now()},
+        # A marker filled: its node parked, and a claim delivers the signal.
+        set_={"payload": _excluded.payload, "sent_at": func.now(), "wake_pending": True},
         where=signals.c.payload.is_(None),
     )
-    .returning(signals.c.run_id)
-)
-_SAME_PAYLOAD = select(
-    case(
-        (signals.c.payload.is_(None), None),
-        else_=signals.c.payload == cast(bindparam("payload", type_=Text), JSONB),
+    .returning(
+        signals.c.run_id,
+        case((signals.c.wake_pending, func.pg_notify(const(_notify.JOBS_AVAILABLE), const("")))),
     )
-).where(_SIGNAL_KEY)
-
-
-_FAST_WAKE = _fastpath.Compiled(_WAKE)
+)
 _FAST_SEND = _fastpath.Compiled(_SEND)
-_FAST_SAME_PAYLOAD = _fastpath.Compiled(_SAME_PAYLOAD)
 
 
 def send(
@@ -308,14 +426,17 @@ def send(
 
     Returns True when this call stored the signal, False when the same payload was
     stored already (a no-op). Statements: a read of the run, its wait node and the
-    signal already sent; then, for a new signal, an ``UPDATE`` that wakes the wait node
-    (taking its row lock first, as a parking worker does) and the ``INSERT`` of the
-    signal; a fourth reads the payload when a concurrent sender stored it first.
+    signal already sent (taking the advisory lock of the run's signal); then, for a new
+    signal, the ``INSERT`` of the signal, if the run is still running; a third reads
+    why when it stored nothing (a concurrent sender, or the run ended meanwhile).
+    Only the signal row is written: the caller's transaction holds no lock a worker
+    waits on.
 
     Raises:
         NotFoundError: no such run, or the run has no wait node for ``signal``.
         SubmitConflictError: the signal was sent already with another payload.
-        InvalidStateError: the run has finished and was never sent this signal.
+        InvalidStateError: the run has finished (or its wait node timed out and failed
+            it) and was never sent this signal.
     """
     params: dict[str, Any] = {"signal": signal, "payload": payload}
     if key is not None:
@@ -327,7 +448,7 @@ def send(
     row = rows[0] if rows else None
     if row is None:
         raise errors.NotFoundError(f"{where} has no run (never submitted, or purged)")
-    rid, state, has_node, was_sent, same = row
+    rid, state, has_node, was_sent, same, _locked = row
     params["rid"] = rid
     if was_sent:
         return _same_or_conflict(bool(same), workflow, key, rid, signal)
@@ -335,13 +456,14 @@ def send(
         raise errors.NotFoundError(
             f"run {rid} of workflow {workflow!r} has no wait node for {signal!r}"
         )
-    if RunState(state) in TERMINAL_RUN_STATES:
-        raise errors.InvalidStateError(operation=f"send {signal!r} to", run_id=rid, state=state)
-    conn.execute(_FAST_WAKE, params)
-    if conn.execute(_FAST_SEND, params):
+    if RunState(state) not in TERMINAL_RUN_STATES and conn.execute(_FAST_SEND, params):
         return True
-    stored = conn.execute(_FAST_SAME_PAYLOAD, params)
-    return _same_or_conflict(bool(stored and stored[0][0]), workflow, key, rid, signal)
+    # Stored nothing: the run had ended, or ended since the read (a wait node's timeout
+    # decided before this sender took the lock), or a concurrent sender stored first.
+    _rid, state, _node, was_sent, same, _locked = conn.execute(_READ_BY_ID, params)[0]
+    if was_sent:
+        return _same_or_conflict(bool(same), workflow, key, rid, signal)
+    raise errors.InvalidStateError(operation=f"send {signal!r} to", run_id=rid, state=state)
 
 
 def _same_or_conflict(same: bool, workflow: str, key: str | None, rid: Any, signal: str) -> bool:

@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
@@ -204,12 +204,14 @@ class Run:
         key: str | None = None,
         *,
         started: float | None = None,
+        signal_types: Mapping[str, Any] | None = None,
     ) -> None:
         self._engine = engine
         self.id = run_id
         self.workflow = workflow
         self.key = key
         self._started = started
+        self._signal_types = signal_types
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id} workflow={self.workflow!r} key={self.key!r}>"
@@ -293,9 +295,7 @@ class Run:
             SubmitConflictError: the signal was sent already with another payload.
             InvalidStateError: the run has finished.
         """
-        if not isinstance(signal, str) or not signal:
-            raise ValueError("a signal name is a non-empty str")
-        encoded = _codec.encode(payload, what=f"payload of signal {signal!r}")
+        encoded = _waits.encode_payload(self._signal_types, signal, payload)
         with self._engine.begin() as conn:
             return _waits.send(
                 _fastpath.Observed(conn),
@@ -330,8 +330,9 @@ class ResultRun(Run, Generic[Out]):
         output_type: Any = Any,
         *,
         started: float | None = None,
+        signal_types: Mapping[str, Any] | None = None,
     ) -> None:
-        super().__init__(engine, run_id, workflow, key, started=started)
+        super().__init__(engine, run_id, workflow, key, started=started, signal_types=signal_types)
         self.output_type = output_type
 
     def _read_result(self) -> tuple[RunState, str | None, str | None]:

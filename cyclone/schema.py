@@ -234,7 +234,15 @@ signals = Table(
     Column("sent_at", DateTime(timezone=True)),
     Column("wait_until", DateTime(timezone=True)),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("wake_pending", Boolean, nullable=False, server_default=text("false")),
     CheckConstraint("(payload IS NULL) = (sent_at IS NULL)", name="sent"),
+)
+# The signals sent to parked wait nodes that a claim has still to deliver (cyclone_0010).
+Index(
+    "ix_cyclone_signals_wake_pending",
+    signals.c.run_id,
+    signals.c.name,
+    postgresql_where=text("wake_pending"),
 )
 
 

@@ -10,8 +10,9 @@ first (``FOR NO KEY UPDATE``, several runs in id order), then the jobs (in id or
 Submit inserts the run only; a claim locks jobs, skipping locked rows, and the runs it
 starts (whose jobs do not exist yet), skipping locked runs, then inserts their jobs; a
 heartbeat locks jobs only, skipping locked rows; a hand-back locks the runs of its
-running jobs, then the jobs, in id order. So no two of them wait for each other in a
-cycle: there is no deadlock to retry.
+running jobs, then the jobs, in id order; a worker deciding about a wait or sleep node
+locks its run, then its job. So no two of them wait for each other in a cycle: there is
+no deadlock to retry.
 """
 
 from __future__ import annotations

@@ -351,6 +351,8 @@ class Worker:
         self._busy: Counter[str] = Counter()
         self._steps_pool: _StepThreads | None = None
         self._claim_turn = 0
+        self._delivered = 0
+        """Wait nodes the last record-and-claim woke by delivering their signals."""
         self._lock = threading.Lock()
         self._db_failures = 0
         self._step_seconds = 1.0
@@ -641,8 +643,13 @@ class Worker:
             for job, outcome in self._take_outcomes():
                 self._inflight.pop((job.id, job.lease), None)
                 self._busy[job.queue] -= 1
-                if not isinstance(outcome, _waits.Parked):  # parked: nothing to record
+                if not isinstance(outcome, _waits.Parked):
                     self._pending[job.id, job.lease] = (job, outcome)
+                elif outcome.timed_out is not None:  # recorded as it was decided
+                    if outcome.timed_out.retry_in is not None:
+                        self.stats.retried += 1
+                    else:
+                        self.stats.failed += 1
             outcomes = list(self._pending.values())
             claimed: list[_claim.Claimed] = []
             free = {} if self._stopping.is_set() else self._free()
@@ -659,10 +666,11 @@ class Worker:
                 for job, outcome in outcomes
             )
             failed = False
+            self._delivered = 0
             if outcomes or free:
                 recheck_due = self._recheck_due or time.monotonic() >= poll_due
                 self._recheck_due = False
-                claimed, failed = self._record_and_claim(outcomes, free)
+                claimed, failed = self._record_and_claim(outcomes, free, deliver=recheck_due)
                 poll_due = time.monotonic() + self.poll_interval
                 if free and not claimed and not failed and recheck_due and not until_idle:
                     poll_due = min(poll_due, self._next_due())
@@ -671,7 +679,13 @@ class Worker:
             if failed:
                 self._wait_for_database()
                 continue
-            if unblocking and len(claimed) < sum(free.values()) and not self._stopping.is_set():
+            # A claim that delivered signals woke their wait nodes, in its own snapshot too.
+            delivered = self._delivered > 0
+            if (
+                (unblocking or delivered)
+                and len(claimed) < sum(free.values())
+                and not self._stopping.is_set()
+            ):
                 woken = True
                 continue
             idle = not self._inflight and not self._pending and not claimed
@@ -749,7 +763,11 @@ class Worker:
                 return taken
 
     def _record_and_claim(
-        self, outcomes: list[tuple[_claim.Claimed, Outcome]], free: dict[str, int]
+        self,
+        outcomes: list[tuple[_claim.Claimed, Outcome]],
+        free: dict[str, int],
+        *,
+        deliver: bool = False,
     ) -> tuple[list[_claim.Claimed], bool]:
         """Record ``outcomes`` and claim into ``free``: (jobs claimed, whether a statement failed).
 
@@ -758,10 +776,13 @@ class Worker:
         as long as the worker runs: its job is still heartbeaten, so its lease stays
         valid unless the job is rescued, and then the outcome is refused. Jobs that
         earlier statements claimed are still returned: left unstarted, they would wait
-        for a rescue.
+        for a rescue. With ``deliver`` (after a NOTIFY, or when a poll is due), the first
+        statement also delivers the signals sent to parked wait nodes: a signal's NOTIFY
+        is a doorbell, and a lost one waits for the next poll.
         """
         successes = [o for _, o in outcomes if isinstance(o, _completion.Success)]
         failures = [o for _, o in outcomes if isinstance(o, _completion.Failure)]
+        returned = [o for _, o in outcomes if isinstance(o, _waits.HandBack)]
         claimed: list[_claim.Claimed] = []
         try:
             if failures:
@@ -772,12 +793,17 @@ class Worker:
                 for failure in failures:
                     if failure.report is not None and failure.job_id in recorded:
                         failure.report(failure.job_id not in ended)
+            if returned:
+                with self.engine.begin() as conn:
+                    handed = _rescue.hand_back(conn, [(o.job_id, o.lease) for o in returned])
+                self._settle(returned, handed)
             held = self._held
             assert held is not None, "record_and_claim runs inside _serve"
             # Per-queue room can add up to more than concurrency: cap the total, and
             # start from a different queue each time so none is starved. The first
             # statement also records the successes (limit 0 when there is no room).
             left = self._capacity() - len(self._inflight)
+            woke: list[int] = []
             turns = list(free.items())
             self._claim_turn += 1
             start = self._claim_turn % len(turns) if turns else 0
@@ -791,12 +817,15 @@ class Worker:
                     successes=carrying,
                     scope=self._scope(name),
                     limit=max(0, min(limit, left)),
+                    woke=woke,
+                    deliver=deliver and not woke,
                 )
                 if carrying:
                     self._settle(carrying, recorded)
                 carrying = []
                 claimed += got
                 left -= len(got)
+            self._delivered = sum(woke)
         except Exception as exc:
             self._db_failures += 1
             log.warning(
@@ -835,6 +864,8 @@ class Worker:
                 )
             elif isinstance(outcome, _completion.Success):
                 self.stats.completed += 1
+            elif isinstance(outcome, _waits.HandBack):
+                self.stats.handed_back += 1
             elif outcome.retry_in is not None:
                 self.stats.retried += 1
             else:

@@ -170,6 +170,7 @@ class Workflow(Generic[In]):
         self.steps: dict[str, Step[Any]] = {}
         self._result: str | None = None
         self._plan: submit.Plan | None = None
+        self._signals: dict[str, Any] | None = None
         self.schedules: dict[str, schedules.Schedule] = {}
 
     def __repr__(self) -> str:
@@ -313,6 +314,7 @@ class Workflow(Generic[In]):
             if is_result:
                 self._result = step_name
             self._plan = None
+            self._signals = None
             return node
 
         return decorate
@@ -360,7 +362,14 @@ class Workflow(Generic[In]):
         return _codec.encode(value, what=f"input of workflow {self.name!r}", type_=self.input_type)
 
     def _handle(self, row: submit.Submitted) -> Run:
-        return Run(row.engine, row.run_id, self.name, row.key, started=row.started)
+        return Run(
+            row.engine,
+            row.run_id,
+            self.name,
+            row.key,
+            started=row.started,
+            signal_types=self._signal_types(),
+        )
 
     def submit(
         self,
@@ -578,13 +587,15 @@ class Workflow(Generic[In]):
         )
 
     def _encode_payload(self, signal: str, payload: Any) -> str:
-        from cyclone import _codec
+        return _waits.encode_payload(self._signal_types(), signal, payload)
 
-        if not isinstance(signal, str) or not signal:
-            raise ValueError("a signal name is a non-empty str")
-        node = next((n for n in self.steps.values() if n.signal == signal), None)
-        type_ = Any if node is None else node.payload_type
-        return _codec.encode(payload, what=f"payload of signal {signal!r}", type_=type_)
+    def _signal_types(self) -> dict[str, Any]:
+        """The payload type of each signal this workflow's wait nodes wait for (kept until
+        a step is added: every handle a submit returns carries it)."""
+        if self._signals is None:
+            steps = self.steps.values()
+            self._signals = {n.signal: n.payload_type for n in steps if n.signal is not None}
+        return self._signals
 
 
 class ResultWorkflow(Workflow[In], Generic[In, Out]):
@@ -617,7 +628,13 @@ class ResultWorkflow(Workflow[In], Generic[In, Out]):
 
     def _handle(self, row: submit.Submitted) -> ResultRun[Out]:
         return ResultRun(
-            row.engine, row.run_id, self.name, row.key, self.output_type, started=row.started
+            row.engine,
+            row.run_id,
+            self.name,
+            row.key,
+            self.output_type,
+            started=row.started,
+            signal_types=self._signal_types(),
         )
 
     if TYPE_CHECKING:

@@ -13,8 +13,9 @@ import sqlalchemy as sa
 
 import cyclone
 from cyclone import _claim, _fastpath, _rescue, _waits
-from cyclone.schema import jobs, signals
+from cyclone.schema import jobs, runs, signals
 from tests.conftest import StatementCounter, wait_until
+from tests.support import invariants
 from tests.support.workers import Background, job_rows
 
 
@@ -292,14 +293,14 @@ def test_output_declares_the_type_of_an_unannotated_wait_node(engine: sa.Engine,
     assert run.result(timeout=10) == 42
 
 
-def test_a_new_signal_is_three_statements_and_a_repeat_one(
+def test_a_new_signal_is_two_statements_and_a_repeat_one(
     engine: sa.Engine, name: str, statements: StatementCounter
 ) -> None:
     wf = checkout(name)
     wf.submit_once(engine, "k", Order(13, 1))
     statements.reset()
     assert wf.signal(engine, "k", "paid", Payment("s", 1)) is True
-    assert statements.count == 3, statements.statements
+    assert statements.count == 2, statements.statements
     statements.reset()
     assert wf.signal(engine, "k", "paid", Payment("s", 1)) is False
     assert statements.count == 1, statements.statements
@@ -329,7 +330,7 @@ def test_a_park_presents_the_claims_lease_and_moves_it_on(engine: sa.Engine, nam
         with engine.connect() as conn:
             state, attempt, lease, worker_id = conn.execute(
                 sa.select(jobs.c.state, jobs.c.attempt, jobs.c.lease, jobs.c.worker_id).where(
-                    jobs.c.kind == "go"
+                    jobs.c.workflow == name, jobs.c.kind == "go"
                 )
             ).one()
         return state, attempt, lease, worker_id
@@ -360,6 +361,8 @@ def test_a_park_presents_the_claims_lease_and_moves_it_on(engine: sa.Engine, nam
             assert _rescue.heartbeat(conn, [(current.id, current.lease)]) == set()
     finally:
         held.close()
+        with engine.begin() as conn:  # the row forced to running above breaks invariants
+            conn.execute(sa.delete(runs).where(runs.c.workflow == name))
 
 
 def wait_deadline(engine: sa.Engine, run_id: Any) -> Any:
@@ -413,3 +416,45 @@ def test_a_retried_wait_node_runs_with_the_signal_its_run_was_sent(
     assert worker.drain() == 3
     assert run.result(timeout=10) == "order 13 paid by first (1)"
     assert stored_signals(engine, run.id) == {"paid": {"ref": "first", "amount": 1}}
+
+
+def test_every_send_form_checks_the_payload_against_the_wait_nodes_type_before_writing(
+    engine: sa.Engine, name: str, statements: StatementCounter
+) -> None:
+    """Before, ``run.signal`` stored a payload of the wrong type (the run then failed,
+    and the right payload was refused as a conflict)."""
+    wf = checkout(name)
+    run, _ = wf.submit_once(engine, "k", Order(14, 1))
+    wrong = {"ref": 1}
+    statements.reset()
+    with pytest.raises(cyclone.InputError, match="payload of signal 'paid'"):
+        run.signal("paid", wrong)
+    with pytest.raises(cyclone.InputError, match="payload of signal 'paid'"):
+        wf.run(engine, run.id).signal("paid", wrong)
+    with pytest.raises(cyclone.InputError, match="payload of signal 'paid'"):
+        wf.signal(engine, "k", "paid", wrong)
+    assert statements.count <= 1, statements.statements  # wf.run's lookup of the run
+    with (
+        engine.begin() as conn,
+        pytest.raises(cyclone.InputError, match="payload of signal 'paid'"),
+    ):
+        wf.signal_tx(conn, "k", "paid", wrong)
+    assert stored_signals(engine, run.id) == {}
+    assert run.signal("paid", Payment("right", 1)) is True
+    cyclone.Worker(engine, workflows=[wf]).drain()
+    assert run.result(timeout=10) == "order 14 paid by right (1)"
+    invariants.check(engine)
+
+
+def test_a_signal_the_workflow_has_no_wait_node_for_is_refused_before_any_statement(
+    engine: sa.Engine, name: str, statements: StatementCounter
+) -> None:
+    wf = checkout(name)
+    run, _ = wf.submit_once(engine, "k", Order(15, 1))
+    statements.reset()
+    with pytest.raises(cyclone.NotFoundError, match="no wait node for 'refunded'"):
+        run.signal("refunded", {"x": 1})
+    with pytest.raises(cyclone.NotFoundError, match="no wait node for 'refunded'"):
+        wf.signal(engine, "k", "refunded", {"x": 1})
+    assert statements.count == 0, statements.statements
+    assert stored_signals(engine, run.id) == {}

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from cyclone import _claim, _completion, _control, _fastpath, _rescue, _standalone
+from cyclone import _claim, _completion, _control, _fastpath, _rescue, _standalone, _waits
 from cyclone.states import EDGES, Edge
 
-OWNERS = (_claim, _completion, _control, _rescue, _standalone)
+OWNERS = (_claim, _completion, _control, _rescue, _standalone, _waits)
 
 
 def implemented() -> list[tuple[str, Any, Edge]]:
