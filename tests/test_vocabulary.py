@@ -17,8 +17,11 @@ from cyclone.client import JobDetail, StepStatus
 from cyclone.states import JobState, RunState
 
 ROOT = Path(__file__).resolve().parent.parent
-RETIRED = re.compile(r"finalized_at|attempted_at|finalized|attempted at|sweep_keep", re.I)
+RETIRED = re.compile(r"finalized_at|attempted_at|finalized|attempted at|sweep_keep|prun", re.I)
 """Column names and former API words that users must not meet outside the glossary."""
+
+KEEP_COLUMN_NAMES = {"schema.py", "worker.py"}
+"""The tables themselves, and the Worker, which still takes ``sweep_keep=`` (deprecated)."""
 
 USER_FACING = sorted(
     [
@@ -26,8 +29,12 @@ USER_FACING = sorted(
         *(ROOT / "docs").glob("*.md"),
         *(ROOT / "cyclone" / "dashboard" / "templates").glob("*.html"),
         *(ROOT / "cyclone" / "cli").glob("*.py"),
-        ROOT / "cyclone" / "dashboard" / "_app.py",
-        ROOT / "cyclone" / "dashboard" / "_format.py",
+        *(ROOT / "cyclone" / "dashboard").glob("*.py"),
+        *(
+            module
+            for module in (ROOT / "cyclone").glob("*.py")
+            if not module.name.startswith("_") and module.name not in KEEP_COLUMN_NAMES
+        ),
     ]
 )
 GLOSSARY = ROOT / "docs" / "glossary.md"
