@@ -52,7 +52,9 @@ class JobStatus:
     max_attempts: int
     created_at: datetime
     scheduled_at: datetime
+    """The earliest moment its next attempt may start (a delay, a retry's backoff)."""
     finished_at: datetime | None
+    """When the job reached a terminal state; None until then."""
     errors: list[dict[str, Any]]
 
     @property
