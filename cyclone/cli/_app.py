@@ -512,10 +512,18 @@ def _add_commands(group: click.Group) -> None:
     @_command(group, "dashboard")
     @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
     @click.option("--port", type=click.IntRange(0, 65535), default=8421, show_default=True)
-    def dashboard(host: str, port: int) -> None:
-        """Serve the web dashboard (needs the dashboard extra)."""
+    @click.option(
+        "--threads",
+        type=click.IntRange(1),
+        default=4,
+        show_default=True,
+        help="Requests served at once.",
+    )
+    def dashboard(host: str, port: int, threads: int) -> None:
+        """Serve the web dashboard with waitress until SIGINT or SIGTERM (dashboard extra)."""
         try:
             web = importlib.import_module("cyclone.dashboard")
+            importlib.import_module("waitress")
         except ModuleNotFoundError as exc:
             raise CommandError(
                 f"the dashboard needs the dashboard extra (no module {exc.name}): "
@@ -523,7 +531,8 @@ def _add_commands(group: click.Group) -> None:
             ) from exc
         engine = _invocation().engine()
         click.echo(f"cyclone dashboard on http://{host}:{port}/", err=True)
-        web.serve(engine, host=host, port=port)
+        web.serve(engine, host=host, port=port, threads=threads)
+        click.echo("cyclone dashboard stopped", err=True)
 
     @_command(group, "purge", short_help="Delete finished runs and standalone jobs.")
     @click.option(
