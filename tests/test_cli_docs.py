@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from sqlalchemy.engine import URL
+
+from tests.support import processes
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "docs" / "operations.md", ROOT / "README.md"]
@@ -87,7 +88,7 @@ def run_session(session: str, url: URL) -> list[tuple[str, list[str], str]]:
         "COLUMNS": "200",
     }
     env.pop("CYCLONE_DATABASE_URL", None)
-    done = subprocess.run(
+    done = processes.run(
         ["bash", "-c", "\n".join(script)],
         cwd=ROOT,
         env=env,

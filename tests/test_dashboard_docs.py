@@ -18,6 +18,7 @@ from sqlalchemy.engine import URL
 from werkzeug.test import Client
 
 import cyclone
+from tests.support import processes
 from tests.support.dashboard import Order, csrf_token, shop
 from tests.support.docs import ROOT, fenced_blocks, snippet, snippets
 
@@ -83,7 +84,7 @@ def test_cli_snippet_serves_the_dashboard(doc_env: str, source: str, name: str) 
     assert str(port) in command
     bin_dir = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    server = subprocess.Popen(
+    server = processes.popen(
         ["bash", "-c", f"exec {command}"],
         cwd=ROOT,
         env=env,

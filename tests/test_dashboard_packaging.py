@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 from sqlalchemy.engine import URL
+
+from tests.support import processes
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "cyclone" / "dashboard"
@@ -18,7 +19,7 @@ PACKAGE = ROOT / "cyclone" / "dashboard"
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    subprocess.run(
+    processes.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
         check=True,
         capture_output=True,
@@ -53,7 +54,7 @@ def test_pages_render_from_the_installed_wheel(
         "page, css = c.get('/runs'), c.get('/static/style.css');"
         "print(page.status_code, css.status_code, '<h1>Runs</h1>' in page.get_data(as_text=True))"
     )
-    done = subprocess.run(
+    done = processes.run(
         [sys.executable, "-c", code, database_url.render_as_string(hide_password=False), str(site)],
         env={**os.environ, "PYTHONPATH": str(site)},
         cwd=tmp_path,

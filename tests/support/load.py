@@ -31,6 +31,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 import cyclone
 from cyclone.schema import jobs, runs
+from tests.support import processes
 from tests.support.reliability_proc import NAME, WORKFLOW, Order, expected_outputs
 from tests.support.workers import REPO
 
@@ -242,7 +243,7 @@ class Workers:
         )
         self.started += 1
         with (self.logs / f"worker-{self.started}.log").open("wb") as log:
-            return subprocess.Popen(
+            return processes.popen(
                 [
                     sys.executable,
                     "-m",

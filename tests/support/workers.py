@@ -18,6 +18,7 @@ import sqlalchemy as sa
 import cyclone
 from cyclone import _unstarted
 from cyclone.schema import jobs
+from tests.support import processes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -104,7 +105,7 @@ def spawn_worker(
     if database_url is not None:
         env["CYCLONE_TEST_DATABASE_URL"] = database_url
     assert "CYCLONE_TEST_DATABASE_URL" in env, "the database_url fixture sets it"
-    return subprocess.Popen(
+    return processes.popen(
         [sys.executable, "-m", "tests.support.worker_proc", mode, name, arg],
         cwd=REPO,
         env=env,
