@@ -13,10 +13,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
 import cyclone
+from tests.support import at_rest, processes
 from tests.support.counting import CountingCursor, Recorder
 from tests.support.workers import Background
 
 DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+pytest_plugins = ("pytester",)
 
 
 def admin_url() -> URL:
@@ -42,14 +45,34 @@ def drop_database(url: URL) -> None:
 
 @pytest.fixture(scope="session")
 def database_url() -> Iterator[URL]:
-    """A database migrated with cyclone.upgrade, dropped at the end of the session."""
+    """A database migrated with cyclone.upgrade, dropped at the end of the session.
+
+    Each pytest-xdist worker is a process with a session of its own, hence a database of
+    its own; CYCLONE_TEST_DATABASE_URL (read by the subprocesses tests start) is set in
+    that process's environment only.
+    """
     url = create_database("cyclone_test")
     engine = sa.create_engine(url, poolclass=sa.NullPool)
     cyclone.upgrade(engine)
     engine.dispose()
     os.environ["CYCLONE_TEST_DATABASE_URL"] = url.render_as_string(hide_password=False)
     yield url
+    del os.environ["CYCLONE_TEST_DATABASE_URL"]
     drop_database(url)
+
+
+@pytest.fixture(autouse=True)
+def invariants_at_rest(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After the test and its fixtures: stop the subprocesses it left running, and fail it
+    if cyclone's invariants do not hold at rest on a database it touched (the session
+    database if it used it, and every database :mod:`tests.support.at_rest` was told of)."""
+    processes.begin_test()
+    yield
+    if "database_url" in request.fixturenames:
+        at_rest.touch(request.getfixturevalue("database_url"))
+    _left_running, found = at_rest.after_test()
+    if found:
+        pytest.fail(at_rest.describe(found), pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -114,11 +137,17 @@ def clean_tables(engine: sa.Engine) -> Iterator[None]:
 
 
 @pytest.fixture
-def fresh_database() -> Iterator[URL]:
-    """An empty database (no cyclone schema), dropped after the test."""
-    url = create_database("cyclone_fresh")
-    yield url
-    drop_database(url)
+def fresh_database() -> URL:
+    """An empty database (no cyclone schema), checked at rest and dropped after the test."""
+    return own_database("cyclone_fresh")
+
+
+def own_database(prefix: str) -> URL:
+    """A new empty database for the current test, checked at rest and dropped after it."""
+    url = create_database(prefix)
+    at_rest.touch(url)
+    at_rest.drop_after_test(lambda: drop_database(url))
+    return url
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
@@ -139,13 +168,12 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: fl
 
 
 @pytest.fixture
-def own_url() -> Iterator[URL]:
-    url = create_database("cyclone_own")
+def own_url() -> URL:
+    url = own_database("cyclone_own")
     engine = sa.create_engine(url, poolclass=sa.NullPool)
     cyclone.upgrade(engine)
     engine.dispose()
-    yield url
-    drop_database(url)
+    return url
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 import cyclone
+from tests.support import at_rest
 from tests.support.pgcluster import Cluster, server_bindir
 from tests.support.reliability_proc import EXECUTIONS_DDL
 
@@ -49,6 +50,7 @@ def scenario_url(cluster: Cluster) -> URL:
     with engine.begin() as conn:
         conn.execute(sa.text(EXECUTIONS_DDL))
     engine.dispose()
+    at_rest.touch(url)
     return url
 
 
