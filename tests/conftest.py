@@ -150,6 +150,35 @@ def own_database(prefix: str) -> URL:
     return url
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport() -> Iterator[None]:
+    """Captured output in reports as UTF-8: pytest-xdist's workers cannot send a report
+    holding a lone surrogate (a test stores one in jsonb on purpose, and it is logged)."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    report.sections = [
+        (title, text.encode("utf-8", "backslashreplace").decode("utf-8"))
+        for title, text in report.sections
+    ]
+
+
+_figure_lines: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Gather the figures tests recorded (tests/reliability/conftest.py's ``figures``)."""
+    for name, value in report.user_properties:
+        if name == "figures" and value not in _figure_lines:
+            _figure_lines.append(value)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _figure_lines:
+        terminalreporter.section("reliability figures")
+        for line in _figure_lines:
+            terminalreporter.write_line(line)
+
+
 def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
     """Poll ``predicate`` until it returns a truthy value; fail the test after ``timeout``."""
     deadline = time.monotonic() + timeout

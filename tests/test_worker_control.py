@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 import cyclone
 from tests.conftest import wait_until
-from tests.support.workers import Background, job_rows, start_runs
+from tests.support.workers import Background, job_rows, rescue_lost_jobs, start_runs
 
 
 def no_backoff(attempt: int) -> float:
@@ -296,13 +296,14 @@ def test_a_deadline_passing_mid_run_stops_the_steps_not_yet_started(
     def first(ctx: cyclone.StepContext, value: Any) -> None:
         seen["deadline"] = ctx.deadline
         while not ctx.deadline_passed:
-            time.sleep(0.02)
+            time.sleep(0.02)  # a poll of the condition awaited
 
     @wf.step(after=[first])
     def second(ctx: cyclone.StepContext, value: Any) -> None:
         seen["second"] = True
 
-    run = wf.submit(engine, None, deadline=timedelta(seconds=1))
+    # Two seconds: time enough for a loaded machine to claim "first" before the deadline.
+    run = wf.submit(engine, None, deadline=timedelta(seconds=2))
     assert cyclone.Worker(engine, workflows=[wf]).drain() == 1
 
     status = run.status()
@@ -322,13 +323,14 @@ def test_run_applies_deadlines_too(engine: sa.Engine, name: str) -> None:
     def first(ctx: cyclone.StepContext, value: Any) -> None:
         calls.append("first")
         while not ctx.deadline_passed:
-            time.sleep(0.02)
+            time.sleep(0.02)  # a poll of the condition awaited
 
     @wf.step(after=[first])
     def second(ctx: cyclone.StepContext, value: Any) -> None:
         calls.append("second")
 
-    run = wf.submit(engine, None, deadline=timedelta(milliseconds=300))
+    # Two seconds: time enough for a loaded machine to claim "first" before the deadline.
+    run = wf.submit(engine, None, deadline=timedelta(seconds=2))
     worker = cyclone.Worker(engine, workflows=[wf], poll_interval=0.05)
     serving = Background(worker.run)
     try:
@@ -396,7 +398,7 @@ def test_retry_refuses_while_a_step_of_the_failed_run_is_still_running(
         conn.execute(
             sa.text(
                 "UPDATE cyclone_jobs SET state = 'running', attempt = 1, worker_id = 'gone',"
-                " heartbeat_at = now() WHERE run_id = :r AND kind = 'other'"
+                " heartbeat_at = now(), attempted_at = now() WHERE run_id = :r AND kind = 'other'"
             ),
             {"r": run.id},
         )
@@ -405,6 +407,7 @@ def test_retry_refuses_while_a_step_of_the_failed_run_is_still_running(
     with pytest.raises(cyclone.InvalidStateError, match="still running"):
         run.retry()
     assert run.status().state == cyclone.RunState.FAILED
+    rescue_lost_jobs(engine)  # the step of "gone" is cancelled: its run has failed
 
 
 def test_a_last_step_ending_after_the_deadline_fails_the_run(engine: sa.Engine, name: str) -> None:
@@ -417,10 +420,11 @@ def test_a_last_step_ending_after_the_deadline_fails_the_run(engine: sa.Engine, 
     def outlives_the_deadline(ctx: cyclone.StepContext, value: Any) -> int:
         seen.append(ctx.deadline)
         while ctx.deadline is not None and not ctx.deadline_passed:
-            time.sleep(0.01)
+            time.sleep(0.01)  # a poll of the condition awaited
         return 1
 
-    run = wf.submit(engine, 1, deadline=timedelta(milliseconds=300))
+    # Two seconds: time enough for a loaded machine to claim the step before the deadline.
+    run = wf.submit(engine, 1, deadline=timedelta(seconds=2))
     cyclone.Worker(engine, workflows=[wf]).drain()
     status = run.status()
     assert seen == [status.deadline]

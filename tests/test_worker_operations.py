@@ -149,7 +149,7 @@ def test_a_worker_rides_out_a_database_restart_with_few_log_lines_and_runs_new_j
         engine.dispose()
         # Down again: a worker waiting for the database still stops at once on SIGTERM.
         cluster.stop()
-        time.sleep(2)  # the worker meets the dead server meanwhile
+        time.sleep(2)  # the outage under test: the worker meets the dead server meanwhile
         proc.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         _out, err = proc.communicate(timeout=30)

@@ -2,12 +2,18 @@
 
 The cluster is started once for the session (never the shared server: scenarios restart
 it, stop it hard and terminate its backends) and removed at the end. Each scenario
-records its figures with :func:`figures`; they are printed in the terminal summary and
-written to ``tests/reliability/.figures/last-run.json``.
+records its figures with :func:`figures`; they are printed in the terminal summary (by
+tests/conftest.py, from the test reports, so that pytest-xdist's workers' figures show
+too) and written to ``tests/reliability/.figures/last-run.json``.
+
+The suite's tests run in one pytest-xdist group: one process runs them one after the
+other on one cluster, as the load each scenario puts on the machine is part of what it
+measures.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import time
 import uuid
@@ -25,7 +31,20 @@ from tests.support.pgcluster import Cluster, server_bindir
 from tests.support.reliability_proc import EXECUTIONS_DDL
 
 FIGURES_DIR = Path(__file__).parent / ".figures"
-_figures: dict[str, dict[str, Any]] = {}
+_current: list[pytest.Item] = []
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.xdist_group("reliability"))
+
+
+@pytest.fixture(autouse=True)
+def _figures_go_to_this_test(request: pytest.FixtureRequest) -> None:
+    """:func:`figures` records on the test running (or the last one, for a module fixture)."""
+    _current[:] = [request.node]
 
 
 @pytest.fixture(scope="session")
@@ -55,30 +74,28 @@ def scenario_url(cluster: Cluster) -> URL:
 
 
 def figures(scenario: str, **values: Any) -> None:
-    """Record a scenario's figures: kept for the summary line and the JSON file."""
-    _figures[scenario] = values
+    """Record a scenario's figures: on the test's report for the summary, and in the JSON
+    file (read, updated and written under a lock: test processes may run at once)."""
+    line = summary_line(scenario, values)
+    if _current:
+        _current[0].user_properties.append(("figures", line))
     FIGURES_DIR.mkdir(exist_ok=True)
     path = FIGURES_DIR / "last-run.json"
-    previous: dict[str, Any] = {}
-    if path.exists():
-        try:
-            previous = json.loads(path.read_text())
-        except ValueError:
-            previous = {}
-    previous[scenario] = {
-        **values,
-        "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    path.write_text(json.dumps(previous, indent=2, sort_keys=True) + "\n")
-    print(summary_line(scenario, values))
+    with (FIGURES_DIR / ".lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        previous: dict[str, Any] = {}
+        if path.exists():
+            try:
+                previous = json.loads(path.read_text())
+            except ValueError:
+                previous = {}
+        previous[scenario] = {
+            **values,
+            "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        path.write_text(json.dumps(previous, indent=2, sort_keys=True) + "\n")
+    print(line)
 
 
 def summary_line(scenario: str, values: dict[str, Any]) -> str:
     return f"reliability {scenario}: " + ", ".join(f"{k}={v}" for k, v in values.items())
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if _figures:
-        terminalreporter.section("reliability figures")
-        for scenario, values in _figures.items():
-            terminalreporter.write_line(summary_line(scenario, values))

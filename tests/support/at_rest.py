@@ -42,9 +42,25 @@ def _key(name: str, row: dict[str, object]) -> tuple[str, str]:
     return name, ",".join(ids) or repr(sorted(row.items()))
 
 
+def exists(url: URL) -> bool:
+    """Whether ``url``'s database is still there (a test may drop its own database)."""
+    admin = sa.create_engine(url.set(database="postgres"), poolclass=sa.NullPool)
+    try:
+        with admin.connect() as conn:
+            found = conn.execute(
+                sa.text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": url.database}
+            ).scalar()
+    finally:
+        admin.dispose()
+    return found is not None
+
+
 def broken(url: URL) -> dict[str, list[dict[str, object]]]:
     """The invariants broken at rest on ``url``'s database, by name; none when the database
-    does not hold cyclone's schema at its head revision (the queries are written for it)."""
+    is gone (the test dropped it) or does not hold cyclone's schema at its head revision
+    (the queries are written for it)."""
+    if not exists(url):
+        return {}
     engine = sa.create_engine(url, poolclass=sa.NullPool)
     try:
         with engine.connect() as conn:

@@ -85,7 +85,7 @@ class PgBouncer:
                 if self._process.poll() is not None or time.monotonic() > deadline:
                     self.stop()
                     raise RuntimeError(f"pgbouncer did not start:\n{self.log()}") from None
-                time.sleep(0.05)
+                time.sleep(0.05)  # a poll until it accepts connections
 
     def log(self) -> str:
         with contextlib.suppress(OSError):

@@ -149,7 +149,7 @@ class Cluster:
             except psycopg.OperationalError:
                 if time.monotonic() > deadline:
                     raise
-                time.sleep(0.05)
+                time.sleep(0.05)  # a poll until it accepts connections
 
     def create_database(self, name: str) -> URL:
         """A new database on the cluster, checked at rest after the test that creates it."""
