@@ -71,15 +71,9 @@ class Venv:
         return self.run(str(self.bin / "python"), "-c", code, cwd=cwd, env=env).stdout
 
 
-@pytest.fixture(scope="module")
-def venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
-    out = tmp_path_factory.mktemp("dist")
-    processes.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
-        check=True,
-        capture_output=True,
-    )
-    (wheel,) = out.glob("cyclone-*.whl")
+@pytest.fixture(scope="session")  # TOGETHER's "wheel" modules may interleave in a process
+def venv(tmp_path_factory: pytest.TempPathFactory, cyclone_wheel: Path) -> Venv:
+    wheel = cyclone_wheel
     home = tmp_path_factory.mktemp("venv")
     processes.run([sys.executable, "-m", "venv", str(home)], check=True, capture_output=True)
     processes.run(

@@ -16,16 +16,9 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "cyclone" / "dashboard"
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
-    processes.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
-        check=True,
-        capture_output=True,
-    )
-    (built,) = out.glob("cyclone-*.whl")
-    return built
+@pytest.fixture
+def wheel(cyclone_wheel: Path) -> Path:
+    return cyclone_wheel
 
 
 def test_wheel_ships_every_template_and_static_file(wheel: Path) -> None:

@@ -6,9 +6,9 @@ records its figures with :func:`figures`; they are printed in the terminal summa
 tests/conftest.py, from the test reports, so that pytest-xdist's workers' figures show
 too) and written to ``tests/reliability/.figures/last-run.json``.
 
-The suite's tests run in one pytest-xdist group: one process runs them one after the
-other on one cluster, as the load each scenario puts on the machine is part of what it
-measures.
+Under pytest-xdist one process runs the whole suite, one scenario after the other on
+one cluster (tests/conftest.py's ``TOGETHER``): the load each puts on the machine is part
+of what it measures.
 """
 
 from __future__ import annotations
@@ -32,13 +32,6 @@ from tests.support.reliability_proc import EXECUTIONS_DDL
 
 FIGURES_DIR = Path(__file__).parent / ".figures"
 _current: list[pytest.Item] = []
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    here = Path(__file__).parent
-    for item in items:
-        if here in item.path.parents:
-            item.add_marker(pytest.mark.xdist_group("reliability"))
 
 
 @pytest.fixture(autouse=True)
