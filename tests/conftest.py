@@ -72,7 +72,7 @@ def invariants_at_rest(request: pytest.FixtureRequest) -> Iterator[None]:
     processes.begin_test()
     yield
     if "database_url" in request.fixturenames:
-        at_rest.touch(request.getfixturevalue("database_url"))
+        at_rest.touch(request.getfixturevalue("database_url"), at_head=True)
     _left_running, found = at_rest.after_test()
     if found:
         pytest.fail(at_rest.describe(found), pytrace=False)

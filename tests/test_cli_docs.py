@@ -115,6 +115,7 @@ def test_the_docs_have_terminal_sessions() -> None:
 
 
 @pytest.mark.processes
+@pytest.mark.timeout(300)  # as long as its session's bash may take (a loaded machine)
 @pytest.mark.parametrize("path", DOCS, ids=[path.name for path in DOCS])
 def test_a_terminal_session_prints_what_the_docs_show(fresh_database: URL, path: Path) -> None:
     results = run_session(session(path), fresh_database)
