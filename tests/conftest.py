@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,10 +15,14 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
 import cyclone
+from tests.support import at_rest, processes
 from tests.support.counting import CountingCursor, Recorder
 from tests.support.workers import Background
 
+ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+
+pytest_plugins = ("pytester",)
 
 
 def admin_url() -> URL:
@@ -42,14 +48,48 @@ def drop_database(url: URL) -> None:
 
 @pytest.fixture(scope="session")
 def database_url() -> Iterator[URL]:
-    """A database migrated with cyclone.upgrade, dropped at the end of the session."""
+    """A database migrated with cyclone.upgrade, dropped at the end of the session.
+
+    Each pytest-xdist worker is a process with a session of its own, hence a database of
+    its own; CYCLONE_TEST_DATABASE_URL (read by the subprocesses tests start) is set in
+    that process's environment only.
+    """
     url = create_database("cyclone_test")
     engine = sa.create_engine(url, poolclass=sa.NullPool)
     cyclone.upgrade(engine)
     engine.dispose()
     os.environ["CYCLONE_TEST_DATABASE_URL"] = url.render_as_string(hide_password=False)
     yield url
+    del os.environ["CYCLONE_TEST_DATABASE_URL"]
     drop_database(url)
+
+
+@pytest.fixture(autouse=True)
+def invariants_at_rest(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After the test and its fixtures: stop the subprocesses it left running, and fail it
+    if cyclone's invariants do not hold at rest on a database it touched (the session
+    database if it used it, and every database :mod:`tests.support.at_rest` was told of)."""
+    processes.begin_test()
+    yield
+    if "database_url" in request.fixturenames:
+        at_rest.touch(request.getfixturevalue("database_url"), at_head=True)
+    _left_running, found = at_rest.after_test()
+    if found:
+        pytest.fail(at_rest.describe(found), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def cyclone_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """cyclone's wheel, built once per test process (the tests using it share an
+    ``xdist_group``, hence a process)."""
+    out = tmp_path_factory.mktemp("dist")
+    processes.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    (built,) = out.glob("cyclone-*.whl")
+    return built
 
 
 @pytest.fixture(scope="session")
@@ -60,6 +100,10 @@ def engine(database_url: URL) -> Iterator[sa.Engine]:
         max_overflow=40,
         connect_args={"cursor_factory": CountingCursor},
     )
+    # The first connection runs SQLAlchemy's dialect set-up queries: run them now, so that
+    # a test counting statements never counts them, whichever test a process runs first.
+    with engine.connect():
+        pass
     yield engine
     engine.dispose()
 
@@ -114,11 +158,73 @@ def clean_tables(engine: sa.Engine) -> Iterator[None]:
 
 
 @pytest.fixture
-def fresh_database() -> Iterator[URL]:
-    """An empty database (no cyclone schema), dropped after the test."""
-    url = create_database("cyclone_fresh")
-    yield url
-    drop_database(url)
+def fresh_database() -> URL:
+    """An empty database (no cyclone schema), checked at rest and dropped after the test."""
+    return own_database("cyclone_fresh")
+
+
+def own_database(prefix: str) -> URL:
+    """A new empty database for the current test, checked at rest and dropped after it."""
+    url = create_database(prefix)
+    at_rest.touch(url)
+    at_rest.drop_after_test(lambda: drop_database(url))
+    return url
+
+
+TOGETHER = {
+    "tests/reliability/": "reliability",
+    "tests/test_alembic_wheel.py": "wheel",
+    "tests/test_dashboard_packaging.py": "wheel",
+    "tests/test_packaging.py": "wheel",
+}
+"""Tests pytest-xdist sends to one process, by the start of their node id: the
+reliability scenarios (one private cluster, and their load is part of what they measure)
+and the tests of the built wheel (built once, with its venv). Every other test is sent on
+its own to the next free process. (pytest-xdist's ``xdist_group`` marks do nothing with
+pytest 9.2: they rename node ids through an attribute pytest no longer reads.)"""
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Together(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            for start, group in TOGETHER.items():
+                if nodeid.startswith(start):
+                    return group
+            return nodeid
+
+    return Together(config, log)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport() -> Iterator[None]:
+    """Captured output in reports as UTF-8: pytest-xdist's workers cannot send a report
+    holding a lone surrogate (a test stores one in jsonb on purpose, and it is logged)."""
+    outcome = yield
+    report = outcome.get_result()  # type: ignore[attr-defined]
+    report.sections = [
+        (title, text.encode("utf-8", "backslashreplace").decode("utf-8"))
+        for title, text in report.sections
+    ]
+
+
+_figure_lines: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Gather the figures tests recorded (tests/reliability/conftest.py's ``figures``)."""
+    for name, value in report.user_properties:
+        if name == "figures" and value not in _figure_lines:
+            _figure_lines.append(value)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _figure_lines:
+        terminalreporter.section("reliability figures")
+        for line in _figure_lines:
+            terminalreporter.write_line(line)
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
@@ -139,13 +245,12 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: fl
 
 
 @pytest.fixture
-def own_url() -> Iterator[URL]:
-    url = create_database("cyclone_own")
+def own_url() -> URL:
+    url = own_database("cyclone_own")
     engine = sa.create_engine(url, poolclass=sa.NullPool)
     cyclone.upgrade(engine)
     engine.dispose()
-    yield url
-    drop_database(url)
+    return url
 
 
 @pytest.fixture

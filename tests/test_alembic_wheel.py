@@ -13,8 +13,6 @@ import shlex
 import subprocess
 import sys
 import textwrap
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +21,8 @@ import sqlalchemy as sa
 from alembic.script import ScriptDirectory
 
 from cyclone import migrations
-from tests.conftest import admin_url
+from tests.conftest import admin_url, own_database
+from tests.support import processes
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "migrations.md"
@@ -61,7 +60,7 @@ class Venv:
         full_env = {**os.environ, "PATH": f"{self.bin}:{os.environ['PATH']}", **(env or {})}
         full_env.pop("PYTHONPATH", None)
         full_env.pop("VIRTUAL_ENV", None)
-        done = subprocess.run(
+        done = processes.run(
             args, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=120, check=False
         )
         if check:
@@ -72,18 +71,12 @@ class Venv:
         return self.run(str(self.bin / "python"), "-c", code, cwd=cwd, env=env).stdout
 
 
-@pytest.fixture(scope="module")
-def venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
-    out = tmp_path_factory.mktemp("dist")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
-        check=True,
-        capture_output=True,
-    )
-    (wheel,) = out.glob("cyclone-*.whl")
+@pytest.fixture(scope="session")  # TOGETHER's "wheel" modules may interleave in a process
+def venv(tmp_path_factory: pytest.TempPathFactory, cyclone_wheel: Path) -> Venv:
+    wheel = cyclone_wheel
     home = tmp_path_factory.mktemp("venv")
-    subprocess.run([sys.executable, "-m", "venv", str(home)], check=True, capture_output=True)
-    subprocess.run(
+    processes.run([sys.executable, "-m", "venv", str(home)], check=True, capture_output=True)
+    processes.run(
         [str(home / "bin" / "pip"), "install", "-q", f"{wheel}[cli]"],
         check=True,
         capture_output=True,
@@ -91,16 +84,9 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Venv:
     return Venv(home / "bin")
 
 
-def fresh() -> Iterator[str]:
-    """A fresh database's URL (psycopg 3), dropped afterwards."""
-    name = f"cyclone_wheel_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(admin_url(), isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    yield admin_url().set(database=name).render_as_string(hide_password=False)
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+def fresh() -> str:
+    """A fresh database's URL (psycopg 3), checked at rest and dropped after the test."""
+    return own_database("cyclone_wheel").render_as_string(hide_password=False)
 
 
 database = pytest.fixture(fresh, name="database")

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from sqlalchemy.engine import URL
 
+from tests.support import processes
 from tests.support.docs import ROOT, blocks
 
 SMOKE = {
@@ -48,7 +48,7 @@ def test_a_documented_bench_command_runs_and_prints_its_table(
     server = database_url.set(database="postgres").render_as_string(hide_password=False)
     env = {**os.environ, "CYCLONE_DATABASE_URL": server, "CYCLONE_BENCH_RESULTS": str(tmp_path)}
     args = [sys.executable, "-m", module, *documented()[module], *SMOKE[module]]
-    done = subprocess.run(
+    done = processes.run(
         args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600, check=False
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

@@ -21,6 +21,7 @@ import cyclone
 from cyclone import migrations
 from cyclone.schema import jobs
 from tests.conftest import wait_until
+from tests.support import processes
 from tests.support.factories import finish
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def cli(
     url: URL, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return processes.run(
         [
             sys.executable,
             "-m",
@@ -56,7 +57,7 @@ def test_migrate_installs_the_schema_on_a_fresh_database(fresh_database: URL) ->
 
 
 def test_migrate_sql_prints_the_ddl_without_a_database() -> None:
-    done = subprocess.run(
+    done = processes.run(
         [sys.executable, "-m", "cyclone", "migrate", "--sql"],
         capture_output=True,
         text=True,
@@ -110,7 +111,7 @@ PROGRAMS = {"console-script": [CYCLONE], "python-m": [sys.executable, "-m", "cyc
 def program(
     how: str, *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return processes.run(
         [*PROGRAMS[how], *args],
         capture_output=True,
         text=True,
@@ -202,7 +203,7 @@ def test_without_click_the_command_names_the_cli_extra() -> None:
         "from cyclone.cli import main\n"
         "raise SystemExit(main(['--help']))\n"
     )
-    done = subprocess.run(
+    done = processes.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60
     )
     assert done.returncode == 2
@@ -214,7 +215,7 @@ def test_without_click_the_command_names_the_cli_extra() -> None:
 def in_terminal(args: list[str]) -> str:
     """Run a command with a pseudo-terminal as stdout and stderr; return what it showed."""
     controller, terminal = pty.openpty()
-    with subprocess.Popen(
+    with processes.popen(
         args, stdout=terminal, stderr=terminal, cwd=ROOT, env={**os.environ, "COLUMNS": "200"}
     ) as proc:
         os.close(terminal)
@@ -261,7 +262,7 @@ def test_a_terminal_gets_a_coloured_table_and_a_pipe_plain_columns(
     assert "WORKFLOW" in shown
     assert "running" in shown
 
-    piped = subprocess.run(args, capture_output=True, text=True, cwd=ROOT, timeout=60)
+    piped = processes.run(args, capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert "\x1b[" not in piped.stdout
     assert piped.stdout.splitlines()[0].split()[:4] == ["ID", "WORKFLOW", "KEY", "STATE"]
 
@@ -277,7 +278,7 @@ def test_worker_grace_lets_the_running_step_finish_on_sigterm(
 
     run, _ = slow.submit_once(engine, "k", "slow")
     url = database_url.render_as_string(hide_password=False)
-    with subprocess.Popen(
+    with processes.popen(
         [CYCLONE, "worker", "tests.support.cli_app", "--grace", "30", "--url", url],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -25,6 +25,7 @@ from cyclone.cli import build_cli
 from cyclone.schema import jobs, runs
 from tests.support import cli_defs
 from tests.support.factories import finish
+from tests.support.workers import rescue_lost_jobs
 
 pytestmark = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -513,13 +514,18 @@ def test_jobs_cancel_does_not_touch_a_running_job(
             jobs.update()
             .where(jobs.c.id == job.id)
             .values(
-                state="running", attempt=1, attempted_at=sa.func.now(), heartbeat_at=sa.func.now()
+                state="running",
+                attempt=1,
+                worker_id="elsewhere",
+                attempted_at=sa.func.now(),
+                heartbeat_at=sa.func.now(),
             )
         )
     done = invoke(database_url, "jobs", "cancel", str(job.id))
     assert done.exit_code == 1
     assert done.stderr == f"cyclone: cannot cancel job {job.id}: it is running\n"
     assert job.status().state == cyclone.JobState.RUNNING
+    rescue_lost_jobs(engine)  # "elsewhere" never was: its job goes back to available
 
 
 # -- purge -----------------------------------------------------------------------------

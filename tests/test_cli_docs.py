@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from sqlalchemy.engine import URL
+
+from tests.support import processes
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "docs" / "cli.md", ROOT / "README.md"]
@@ -87,7 +88,7 @@ def run_session(session: str, url: URL) -> list[tuple[str, list[str], str]]:
         "COLUMNS": "200",
     }
     env.pop("CYCLONE_DATABASE_URL", None)
-    done = subprocess.run(
+    done = processes.run(
         ["bash", "-c", "\n".join(script)],
         cwd=ROOT,
         env=env,
@@ -114,6 +115,7 @@ def test_the_docs_have_terminal_sessions() -> None:
 
 
 @pytest.mark.processes
+@pytest.mark.timeout(300)  # as long as its session's bash may take (a loaded machine)
 @pytest.mark.parametrize("path", DOCS, ids=[path.name for path in DOCS])
 def test_a_terminal_session_prints_what_the_docs_show(fresh_database: URL, path: Path) -> None:
     results = run_session(session(path), fresh_database)

@@ -6,7 +6,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -18,6 +17,8 @@ from sqlalchemy.engine import URL
 from werkzeug.test import Client
 
 import cyclone
+from tests.conftest import wait_until
+from tests.support import processes
 from tests.support.dashboard import Order, csrf_token, shop
 from tests.support.docs import ROOT, fenced_blocks, snippet, snippets
 
@@ -83,7 +84,7 @@ def test_cli_snippet_serves_the_dashboard(doc_env: str, source: str, name: str) 
     assert str(port) in command
     bin_dir = str(Path(sys.executable).parent)
     env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    server = subprocess.Popen(
+    server = processes.popen(
         ["bash", "-c", f"exec {command}"],
         cwd=ROOT,
         env=env,
@@ -92,16 +93,16 @@ def test_cli_snippet_serves_the_dashboard(doc_env: str, source: str, name: str) 
         text=True,
     )
     try:
-        deadline = time.monotonic() + 30
-        while True:
+
+        def runs_page() -> str | None:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/runs") as answer:
-                    body = answer.read().decode()
-                break
+                    return str(answer.read().decode())
             except (urllib.error.URLError, ConnectionError):
                 assert server.poll() is None, server.communicate()[1]
-                assert time.monotonic() < deadline, "the dashboard did not answer in 30 s"
-                time.sleep(0.1)
+                return None
+
+        body = wait_until(runs_page, timeout=30)
         assert "<h1>Runs</h1>" in body
         assert "read-only" in body
     finally:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import flask
@@ -18,7 +16,8 @@ from werkzeug.middleware.dispatcher import DispatcherMiddleware
 import cyclone
 from cyclone.dashboard import create_app
 from cyclone.dashboard.flask import mount
-from tests.conftest import create_database, drop_database
+from tests.conftest import own_database
+from tests.support import processes
 from tests.support.dashboard import Order, csrf_token, shop
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,13 +66,12 @@ def test_flask_mount_helper_signs_forms_with_the_apps_secret_key(
 
 
 @pytest.fixture
-def django_database() -> Iterator[URL]:
-    url = create_database("cyclone_django")
+def django_database() -> URL:
+    url = own_database("cyclone_django")
     engine = sa.create_engine(url, poolclass=sa.NullPool)
     cyclone.upgrade(engine)
     engine.dispose()
-    yield url
-    drop_database(url)
+    return url
 
 
 @pytest.mark.processes
@@ -84,7 +82,7 @@ def test_django_include_serves_staff_and_lets_them_act(django_database: URL, nam
     s.worker(engine).drain()
     assert run.status().state == cyclone.RunState.FAILED
 
-    done = subprocess.run(
+    done = processes.run(
         [
             sys.executable,
             "-m",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -11,20 +10,15 @@ from pathlib import Path
 import pytest
 from sqlalchemy.engine import URL
 
+from tests.support import processes
+
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "cyclone" / "dashboard"
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
-        check=True,
-        capture_output=True,
-    )
-    (built,) = out.glob("cyclone-*.whl")
-    return built
+@pytest.fixture
+def wheel(cyclone_wheel: Path) -> Path:
+    return cyclone_wheel
 
 
 def test_wheel_ships_every_template_and_static_file(wheel: Path) -> None:
@@ -60,7 +54,7 @@ def test_pages_render_from_the_installed_wheel(
         "page, css = c.get('/runs'), c.get('/static/style.css');"
         "print(page.status_code, css.status_code, '<h1>Runs</h1>' in page.get_data(as_text=True))"
     )
-    done = subprocess.run(
+    done = processes.run(
         [sys.executable, "-c", code, database_url.render_as_string(hide_password=False), str(site)],
         env={**os.environ, "PYTHONPATH": str(site)},
         cwd=tmp_path,

@@ -27,6 +27,7 @@ from sqlalchemy.engine import URL
 import cyclone
 from cyclone import migrations
 from tests.conftest import admin_url, wait_until
+from tests.support import processes
 
 pytest.importorskip("django", reason="the django extra is not installed")
 
@@ -47,7 +48,7 @@ def environment(database: str) -> dict[str, str]:
 
 
 def manage(*args: str, database: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return processes.run(
         [PYTHON, "manage.py", *args],
         cwd=PROJECT,
         env=environment(database),
@@ -166,7 +167,7 @@ def test_manage_py_cyclone_worker_runs_runs_until_sigterm(fresh_database: URL) -
     assert manage("shell", "-c", submit, database=database).returncode == 0
     engine = sa.create_engine(fresh_database, poolclass=sa.NullPool)
     client = cyclone.Client(engine)
-    worker = subprocess.Popen(
+    worker = processes.popen(
         [PYTHON, "manage.py", "cyclone", "worker", "--concurrency", "2"],
         cwd=PROJECT,
         env=environment(database),

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from sqlalchemy.engine import URL
+
+from tests.support import processes
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
@@ -22,7 +23,7 @@ def test_there_are_examples() -> None:
 @pytest.mark.parametrize("example", EXAMPLES, ids=[path.stem for path in EXAMPLES])
 def test_example_runs_and_exits_zero(database_url: URL, example: Path) -> None:
     env = {**os.environ, "CYCLONE_DATABASE_URL": os.environ["CYCLONE_TEST_DATABASE_URL"]}
-    done = subprocess.run(
+    done = processes.run(
         [sys.executable, str(example)],
         cwd=ROOT,
         env=env,

@@ -24,7 +24,7 @@ import cyclone
 from cyclone.contrib.flask import ConfigurationError, Cyclone, database_url, load_definitions
 from cyclone.schema import runs
 from tests.conftest import wait_until
-from tests.support import docs
+from tests.support import docs, processes
 from tests.support.workers import Background
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,7 +145,7 @@ def test_an_error_after_the_submit_leaves_neither_order_nor_run_and_frees_the_ke
 
 def flask_command(args: str, database_url: URL) -> subprocess.CompletedProcess[str]:
     """``flask ARGS`` as a shell would run it, in the example's folder."""
-    return subprocess.run(
+    return processes.run(
         [sys.executable, "-m", "flask", *shlex.split(args)],
         cwd=EXAMPLE,
         env=flask_env(database_url),
@@ -358,7 +358,7 @@ def test_the_flask_doc_commands_run_as_written(
         assert done.returncode == 0, f"flask {args}\n{done.stdout}\n{done.stderr}"
     client = app.test_client()
     for args in serving:
-        worker = subprocess.Popen(
+        worker = processes.popen(
             [sys.executable, "-m", "flask", *shlex.split(args)],
             cwd=EXAMPLE,
             env=flask_env(database_url),

@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session
 import cyclone
 from cyclone.schema import jobs
 from tests.conftest import StatementCounter
+from tests.support.workers import rescue_lost_jobs
 
 
 class Email(msgspec.Struct):
@@ -146,11 +147,18 @@ def test_a_running_job_still_holds_its_unique_key(engine: sa.Engine, name: str) 
         c.execute(
             sa.update(jobs)
             .where(jobs.c.id == first.id)
-            .values(state="running", attempt=1, worker_id="elsewhere")
+            .values(
+                state="running",
+                attempt=1,
+                worker_id="elsewhere",
+                attempted_at=sa.func.now(),
+                heartbeat_at=sa.func.now(),
+            )
         )
     with pytest.raises(cyclone.DuplicateError) as err:
         send.enqueue(engine, Email("a", "b"), unique="k")
     assert err.value.job_id == first.id
+    rescue_lost_jobs(engine)  # "elsewhere" never was: its job goes back to available
 
 
 def test_two_kinds_can_share_a_unique_key(engine: sa.Engine, name: str) -> None:

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 import cyclone
 from cyclone.schema import jobs
 from tests.conftest import wait_until
+from tests.support import processes
 
 ROOT = Path(__file__).resolve().parent.parent
 PROCESSES = 8
@@ -45,7 +46,7 @@ def test_one_of_many_processes_enqueuing_one_unique_key_at_once_wins(
         holder.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": gate})
         holder.commit()
         procs = [
-            subprocess.Popen(
+            processes.popen(
                 [sys.executable, "-m", "tests.support.enqueue_proc", name, key, str(gate)],
                 cwd=ROOT,
                 env={**os.environ},

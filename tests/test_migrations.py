@@ -22,6 +22,7 @@ import cyclone
 from cyclone import migrations
 from cyclone.schema import metadata
 from tests.conftest import wait_until
+from tests.support import processes
 
 REPO = Path(__file__).resolve().parent.parent
 START_GATE = 0x7465737467617465  # "testgate"
@@ -80,7 +81,7 @@ def drift(engine: sa.Engine) -> list[object]:
 
 def alembic_cli(*args: str, url: URL) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "CYCLONE_DATABASE_URL": url.render_as_string(hide_password=False)}
-    return subprocess.run(
+    return processes.run(
         [sys.executable, "-m", "alembic", *args],
         cwd=REPO,
         env=env,
@@ -199,7 +200,7 @@ def test_alembic_cli_upgrade_head_and_downgrade_base(
 
 def test_alembic_cli_without_a_database_url_fails_clearly() -> None:
     env = {k: v for k, v in os.environ.items() if k != "CYCLONE_DATABASE_URL"}
-    result = subprocess.run(
+    result = processes.run(
         [sys.executable, "-m", "alembic", "upgrade", "head"],
         cwd=REPO,
         env=env,
@@ -252,7 +253,7 @@ def test_concurrent_upgrade_from_processes(fresh_database: URL, fresh_engine: sa
     with fresh_engine.connect() as gate:
         gate.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": START_GATE})
         children = [
-            subprocess.Popen(
+            processes.popen(
                 [sys.executable, "-c", UPGRADE_CHILD, url, str(START_GATE)],
                 cwd=REPO,
                 stdout=subprocess.PIPE,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
@@ -12,19 +11,14 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
+from tests.support import processes
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
-        check=True,
-        capture_output=True,
-    )
-    (built,) = out.glob("cyclone-*.whl")
-    return built
+@pytest.fixture
+def wheel(cyclone_wheel: Path) -> Path:
+    return cyclone_wheel
 
 
 def test_wheel_ships_the_revisions_and_py_typed(wheel: Path) -> None:
@@ -53,7 +47,7 @@ def test_installed_package_upgrades_a_fresh_database(
     )
     env = {**os.environ, "PYTHONPATH": str(site)}
     url = fresh_database.render_as_string(hide_password=False)
-    done = subprocess.run(
+    done = processes.run(
         [sys.executable, "-c", code, url], env=env, cwd=tmp_path, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr

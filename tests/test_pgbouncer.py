@@ -27,7 +27,7 @@ from cyclone.schema import leader
 from tests.conftest import wait_until
 from tests.support import docs
 from tests.support import pgbouncer as pgb
-from tests.support.workers import Background
+from tests.support.workers import Background, IdleWatch
 
 
 class Cart(msgspec.Struct):
@@ -200,10 +200,11 @@ def test_with_a_direct_url_an_idle_worker_and_a_waiter_are_woken_by_notify(
         heartbeat_interval=timedelta(seconds=30),
         sweep=False,
     )
+    idle = IdleWatch(worker)
     serving = Background(worker.run, name=f"worker-{name}")
     try:
         assert warm.result(timeout=30) == Quote(total=1, count=1)
-        time.sleep(0.2)  # let the worker go idle after its last claim
+        wait_until(lambda: idle.waiting)  # the worker went idle after its last claim
         started = time.monotonic()
         run, _ = wf.submit_once(bounced, "woken", Cart(items=[20, 22]))
         assert run.result(timeout=30) == Quote(total=42, count=2)

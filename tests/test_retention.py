@@ -451,7 +451,7 @@ def test_purge_and_sweeper_racing_submit_once_lose_no_run_and_never_share_a_key(
                 problems.append(f"keys held by two runs: {shared}")
             if len(alive) != len(steady_runs):
                 problems.append("a running run was deleted")
-            time.sleep(0.01)
+            time.sleep(0.01)  # the monitor's pace between two looks
 
     worker = sweeping_worker(engine, churn, keep=timedelta(0))  # type: ignore[arg-type]
     background = [threading.Thread(target=purger), threading.Thread(target=monitor)]

@@ -19,6 +19,7 @@ import cyclone
 from cyclone import schedules as sched
 from cyclone.schema import runs, schedules
 from tests.conftest import wait_until
+from tests.support import processes
 from tests.support.workers import REPO, Background, stop_all
 
 
@@ -261,7 +262,7 @@ def test_a_running_worker_registers_and_fires_its_schedules(
 
 
 def spawn(mode: str, name: str, directory: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    return processes.popen(
         [sys.executable, "-m", "tests.support.schedule_proc", mode, name, str(directory)],
         cwd=REPO,
         env=dict(os.environ),

@@ -368,6 +368,8 @@ def test_a_park_presents_the_claims_lease_and_moves_it_on(engine: sa.Engine, nam
         with engine.begin() as conn:
             conn.execute(sa.update(jobs).where(jobs.c.id == current.id).values(state="running"))
             assert _rescue.heartbeat(conn, [(current.id, current.lease)]) == set()
+            # Put back the parked state faked away above: no worker runs the node.
+            conn.execute(sa.update(jobs).where(jobs.c.id == current.id).values(state="blocked"))
     finally:
         held.close()
         with engine.begin() as conn:  # the row forced to running above breaks invariants

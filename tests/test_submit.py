@@ -26,6 +26,7 @@ from tests.support.factories import (
     run_ids,
     workflow,
 )
+from tests.support.workers import rescue_lost_jobs
 
 
 def stored_graph(engine: sa.Engine, run_id: uuid.UUID) -> Any:
@@ -530,6 +531,7 @@ def test_the_claim_that_starts_a_run_creates_its_steps_and_claims_roots_for_free
     assert [(c.run_id, c.kind, c.attempt, c.lease, c.key) for c in claimed] == [
         (run.id, "a", 1, 1, "k")
     ]
+    rescue_lost_jobs(engine)  # worker "w1" claimed and is gone: its job goes back
 
 
 def test_result_on_the_handle_of_an_existing_key_returns_the_result(

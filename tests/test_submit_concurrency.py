@@ -20,6 +20,7 @@ import sqlalchemy as sa
 import cyclone
 from cyclone.schema import runs
 from tests.conftest import wait_until
+from tests.support import processes
 from tests.support.factories import count_runs, job_kinds, workflow
 
 REPO = Path(__file__).resolve().parent.parent
@@ -201,7 +202,7 @@ def test_eight_processes_submitting_one_key_at_the_same_instant_make_one_run(
         holder.execute(sa.text("SELECT pg_advisory_lock(:k)"), {"k": gate})
         holder.commit()
         children = [
-            subprocess.Popen(
+            processes.popen(
                 [sys.executable, "-m", "tests.support.submit_proc", name, "order:1", str(gate)],
                 cwd=REPO,
                 env=env,

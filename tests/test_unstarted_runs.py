@@ -5,7 +5,6 @@ cancel, retry, deadlines, purge, listings, signals, and a start happens exactly 
 from __future__ import annotations
 
 import threading
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -13,8 +12,16 @@ import sqlalchemy as sa
 
 import cyclone
 from cyclone.schema import jobs, runs
+from tests.conftest import wait_until
 from tests.support.factories import workflow
 from tests.support.workers import job_rows
+
+
+def deadline_passed(engine: sa.Engine, run_id: Any) -> bool:
+    """Whether the run's deadline has passed by the database's clock (the one cyclone reads)."""
+    with engine.connect() as conn:
+        stmt = sa.select(runs.c.deadline < sa.func.now()).where(runs.c.id == run_id)
+        return bool(conn.execute(stmt).scalar_one())
 
 
 def created_steps(engine: sa.Engine, run_id: Any) -> int:
@@ -46,7 +53,7 @@ def test_a_run_past_its_deadline_before_it_started_fails_and_its_steps_never_sta
 ) -> None:
     wf = workflow(name, 2)
     run = wf.submit(engine, 1, deadline=timedelta(milliseconds=50))
-    time.sleep(0.2)
+    wait_until(lambda: deadline_passed(engine, run.id))
     assert cyclone.Worker(engine, workflows=[wf], sweep=False).drain() == 0
     status = run.status()
     assert status.state == cyclone.RunState.FAILED

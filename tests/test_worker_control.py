@@ -18,7 +18,7 @@ import sqlalchemy as sa
 import cyclone
 from tests.conftest import wait_until
 from tests.support import invariants
-from tests.support.workers import Background, job_rows, start_runs
+from tests.support.workers import Background, job_rows, rescue_lost_jobs, start_runs
 
 
 def no_backoff(attempt: int) -> float:
@@ -301,13 +301,14 @@ def test_a_deadline_passing_mid_run_stops_the_steps_not_yet_started(
     def first(ctx: cyclone.StepContext, value: Any) -> None:
         seen["deadline"] = ctx.deadline
         while not ctx.deadline_passed:
-            time.sleep(0.02)
+            time.sleep(0.02)  # a poll of the condition awaited
 
     @wf.step(after=[first])
     def second(ctx: cyclone.StepContext, value: Any) -> None:
         seen["second"] = True
 
-    run = wf.submit(engine, None, deadline=timedelta(seconds=1))
+    # Two seconds: time enough for a loaded machine to claim "first" before the deadline.
+    run = wf.submit(engine, None, deadline=timedelta(seconds=2))
     assert cyclone.Worker(engine, workflows=[wf]).drain() == 1
 
     status = run.status()
@@ -327,13 +328,14 @@ def test_run_applies_deadlines_too(engine: sa.Engine, name: str) -> None:
     def first(ctx: cyclone.StepContext, value: Any) -> None:
         calls.append("first")
         while not ctx.deadline_passed:
-            time.sleep(0.02)
+            time.sleep(0.02)  # a poll of the condition awaited
 
     @wf.step(after=[first])
     def second(ctx: cyclone.StepContext, value: Any) -> None:
         calls.append("second")
 
-    run = wf.submit(engine, None, deadline=timedelta(milliseconds=300))
+    # Two seconds: time enough for a loaded machine to claim "first" before the deadline.
+    run = wf.submit(engine, None, deadline=timedelta(seconds=2))
     worker = cyclone.Worker(engine, workflows=[wf], poll_interval=0.05)
     serving = Background(worker.run)
     try:
@@ -401,7 +403,7 @@ def test_retry_refuses_while_a_step_of_the_failed_run_is_still_running(
         conn.execute(
             sa.text(
                 "UPDATE cyclone_jobs SET state = 'running', attempt = 1, worker_id = 'gone',"
-                " heartbeat_at = now() WHERE run_id = :r AND kind = 'other'"
+                " heartbeat_at = now(), attempted_at = now() WHERE run_id = :r AND kind = 'other'"
             ),
             {"r": run.id},
         )
@@ -410,6 +412,7 @@ def test_retry_refuses_while_a_step_of_the_failed_run_is_still_running(
     with pytest.raises(cyclone.InvalidStateError, match="still running"):
         run.retry()
     assert run.status().state == cyclone.RunState.FAILED
+    rescue_lost_jobs(engine)  # the step of "gone" is cancelled: its run has failed
 
 
 def test_a_last_step_ending_after_the_deadline_fails_the_run(engine: sa.Engine, name: str) -> None:

@@ -62,7 +62,7 @@ def traced(wf: cyclone.Workflow[Any], trace: Trace, name: str, after: list[str])
     @wf.step(name, after=after)
     def fn(ctx: cyclone.StepContext, value: Any) -> str:
         trace.enter(ctx.step)
-        time.sleep(0.01)
+        time.sleep(0.01)  # the step's work: long enough for steps running at once to overlap
         trace.leave(ctx.step)
         return ctx.step
 

@@ -126,7 +126,7 @@ def test_a_rescued_jobs_old_executions_see_cancelled_and_their_outcomes_are_refu
         deadline = time.monotonic() + 30
         while not ctx.cancelled():  # until the job is no longer this execution's
             assert time.monotonic() < deadline, "ctx.cancelled() never saw the lease move on"
-            time.sleep(0.05)
+            time.sleep(0.05)  # a poll of ctx.cancelled(), the condition awaited
         return "first"
 
     # The rescuer leads maintenance and rescues after 1 s; the worker beats every 20 s,

@@ -35,6 +35,18 @@ def deadlocks(engine: sa.Engine) -> int:
         )
 
 
+def other_backends(engine: sa.Engine) -> int:
+    """The backends connected to this database besides the one asking."""
+    with engine.connect() as conn:
+        count = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        ).scalar_one()
+    return int(count)
+
+
 def diamond(name: str) -> cyclone.Workflow[int]:
     wf: cyclone.Workflow[int] = cyclone.Workflow(name, input=int)
 
@@ -46,7 +58,7 @@ def diamond(name: str) -> cyclone.Workflow[int]:
 
     @wf.step(after=[start])
     def left(ctx: cyclone.StepContext, n: int) -> int:
-        time.sleep(random.random() * 0.005)
+        time.sleep(random.random() * 0.005)  # the step's work: varied, so outcomes interleave
         return n
 
     @wf.step(after=[start])
@@ -124,7 +136,7 @@ def test_cancel_retry_purge_completions_and_rescue_at_once_never_deadlock(
                 ),
                 {"w": name},
             )
-        time.sleep(0.05)
+        stop.wait(0.05)  # this actor's pace, not a wait for anything
 
     before = deadlocks(engine)
     serving = [Background(w.run) for w in workers]
@@ -132,7 +144,11 @@ def test_cancel_retry_purge_completions_and_rescue_at_once_never_deadlock(
         Background(forever(action), name=f"actor-{action.__name__}")
         for action in (submit, cancel, cancel, retry, retry, purge, stale)
     ]
-    time.sleep(5)  # the workload under test runs meanwhile
+    # The workload under test runs until it has done enough of everything.
+    wait_until(
+        lambda: errors or (len(made) >= 100 and sum(w.stats.completed for w in workers) >= 100),
+        timeout=90,
+    )
     stop.set()
     for actor in actors:
         actor.join(60)
@@ -143,7 +159,9 @@ def test_cancel_retry_purge_completions_and_rescue_at_once_never_deadlock(
     assert errors == []
     assert len(made) > 20
     assert sum(w.stats.completed for w in workers) > 20
-    time.sleep(1)  # statistics reach pg_stat_database within a second of a transaction's end
+    # A backend flushes its statistics as it exits, before it leaves pg_stat_activity.
+    engine.dispose()
+    wait_until(lambda: other_backends(engine) == 0, timeout=30)
     assert deadlocks(engine) - before == 0
 
 

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 
 import cyclone
 from tests.conftest import wait_until
-from tests.support import worker_proc
+from tests.support import invariants, worker_proc
 from tests.support.cluster import Cluster
 from tests.support.workers import job_rows, spawn_worker, stop_all, waiting_advisory_locks
 
@@ -149,11 +149,14 @@ def test_a_worker_rides_out_a_database_restart_with_few_log_lines_and_runs_new_j
         engine.dispose()
         # Down again: a worker waiting for the database still stops at once on SIGTERM.
         cluster.stop()
-        time.sleep(2)  # the worker meets the dead server meanwhile
+        time.sleep(2)  # the outage under test: the worker meets the dead server meanwhile
         proc.send_signal(signal.SIGTERM)
         signalled = time.monotonic()
         _out, err = proc.communicate(timeout=30)
         stopped_in = time.monotonic() - signalled
+        cluster.start()  # the private cluster is removed below: check it at rest first
+        invariants.check(engine)
+        engine.dispose()
     finally:
         if proc is not None:
             stop_all([proc])

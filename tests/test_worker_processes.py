@@ -213,7 +213,7 @@ def test_run_in_a_thread_stops_on_stop_after_its_in_flight_job(
     second = wf.submit(engine, 2)
 
     worker.stop()
-    time.sleep(0.2)
+    time.sleep(0.2)  # a window in which stop() must NOT end the run: no event marks "not yet"
     assert serving.alive()  # still finishing the in-flight job
     release.set()
     serving.join(10)
@@ -239,7 +239,7 @@ def test_a_worker_process_exits_zero_on_sigterm_after_its_in_flight_step(
             # The step is in flight: it waits for the lock the test holds.
             wait_until(lambda: waiting_advisory_locks(engine, lock) == 1, timeout=30)
             proc.send_signal(signal.SIGTERM)
-            time.sleep(0.3)
+            time.sleep(0.3)  # a window in which the worker must NOT exit: nothing marks "not yet"
             assert proc.poll() is None  # finishing the step first
             holder.execute(sa.select(sa.func.pg_advisory_unlock(lock)))
             out, err = proc.communicate(timeout=30)

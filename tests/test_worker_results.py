@@ -17,7 +17,7 @@ from cyclone import _notify
 from cyclone import runs as _runs
 from tests.conftest import wait_until
 from tests.support.counting import Recorder
-from tests.support.workers import Background
+from tests.support.workers import Background, IdleWatch
 
 
 class Cart(msgspec.Struct):
@@ -182,7 +182,7 @@ def test_a_fresh_submit_waits_for_its_notification_and_reads_once(
     run = wf.submit(engine, Cart(items=[20, 22]))
     waiter_name = f"waiter-{name}"
     waiter = Background(lambda: run.result(timeout=30), name=waiter_name)
-    time.sleep(0.5)
+    time.sleep(0.5)  # a window in which the waiter must send nothing: nothing marks "not yet"
     assert waiter.alive()
     assert thread_statements.get(waiter_name, []) == []
 
@@ -269,6 +269,7 @@ def test_an_idle_worker_is_woken_by_notify_not_its_poll_interval(
         sweep=False,
     )
     worker_name = f"worker-{name}"
+    idle = IdleWatch(worker)
     serving = Background(worker.run, name=worker_name)
     try:
         # The worker has claimed once, found nothing, and gone idle.
@@ -276,7 +277,7 @@ def test_an_idle_worker_is_woken_by_notify_not_its_poll_interval(
             lambda: any("SKIP LOCKED" in s for s in list(thread_statements.get(worker_name, []))),
             timeout=10,
         )
-        time.sleep(0.2)
+        wait_until(lambda: idle.waiting)
 
         started = time.monotonic()
         run = wf.submit(engine, Cart(items=[1, 2]))

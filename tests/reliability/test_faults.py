@@ -18,6 +18,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
+from tests.conftest import wait_until
 from tests.reliability.conftest import figures
 from tests.support.load import (
     Submitters,
@@ -26,6 +27,7 @@ from tests.support.load import (
     check_contract,
     check_results,
     deadlocks,
+    lost_connection,
     wait_for_runs,
 )
 from tests.support.pgcluster import Cluster
@@ -109,8 +111,34 @@ def run_scenario(
 def no_fault(submitters: Submitters, workers: Workers) -> dict[str, int]:
     while not submitters.done:
         workers.supervise()
-        time.sleep(0.1)
+        time.sleep(0.1)  # a poll: keep the workers alive until the submitters are done
     return {}
+
+
+def executions(engine: sa.Engine) -> int | None:
+    """How many step executions the workers have noted (None while the server is away)."""
+    try:
+        with engine.connect() as conn:
+            return int(conn.execute(sa.text("SELECT count(*) FROM executions")).scalar_one())
+    except sa.exc.DBAPIError as exc:
+        if not lost_connection(exc):
+            raise
+        return None
+
+
+def mid_load(engine: sa.Engine, submitters: Submitters, steps: int = 40) -> None:
+    """Wait until the workers have executed ``steps`` more steps (or the load is over), so
+    that the fault that follows hits a load in progress."""
+    first: list[int] = []
+
+    def progressed() -> bool:
+        now = executions(engine)
+        if now is None:
+            return False
+        first[:] = first or [now]
+        return now >= first[0] + steps or submitters.done
+
+    wait_until(progressed, timeout=60)
 
 
 def test_load_with_rolled_back_transactions_makes_one_run_per_committed_key(
@@ -169,7 +197,7 @@ def test_every_backend_terminated_mid_load_loses_no_run(
     def terminate(submitters: Submitters, workers: Workers) -> dict[str, int]:
         terminated = 0
         for _ in range(3):
-            time.sleep(0.8)
+            mid_load(engine, submitters)
             fill_pool(waiting)
             terminated += terminate_backends(engine)
         return {"terminations": 3, "backends_terminated": terminated}
@@ -192,7 +220,7 @@ def test_a_fast_restart_mid_load_loses_no_run(
 ) -> None:
     def restart(submitters: Submitters, workers: Workers) -> dict[str, int]:
         for _ in range(2):
-            time.sleep(1.0)
+            mid_load(engine, submitters)
             fill_pool(waiting)
             cluster.restart("fast")
         return {"restarts_survived": 2}
@@ -214,11 +242,11 @@ def test_an_immediate_stop_and_start_mid_load_loses_no_run(
     engine: sa.Engine, waiting: sa.Engine, scenario_url: URL, cluster: Cluster
 ) -> None:
     def crash(submitters: Submitters, workers: Workers) -> dict[str, int]:
-        time.sleep(1.0)
+        mid_load(engine, submitters)
         before = deadlocks(engine)
         fill_pool(waiting)
         cluster.stop("immediate")
-        time.sleep(0.5)
+        time.sleep(0.5)  # the outage itself: the clients meet a server that is away
         cluster.start()
         return {"restarts_survived": 1, "deadlocks_before_reset": before}
 

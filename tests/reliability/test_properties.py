@@ -22,6 +22,7 @@ from sqlalchemy.engine import URL
 import cyclone
 from cyclone.schema import runs
 from tests.reliability.conftest import figures
+from tests.support import at_rest
 
 SETTINGS = settings(
     max_examples=40,
@@ -62,6 +63,12 @@ def engine(cluster: Any) -> Iterator[sa.Engine]:
     yield engine
     engine.dispose()
     figures("hypothesis_properties", **_counts)
+
+
+@pytest.fixture(autouse=True)
+def _checked_at_rest(engine: sa.Engine) -> None:
+    """The module's database is checked at rest after each of its tests."""
+    at_rest.touch(engine.url)
 
 
 def count(what: str) -> None:

@@ -16,5 +16,5 @@ hello = cyclone.ResultWorkflow(os.environ.get("CYCLONE_CLI_WORKFLOW", "cli.hello
 
 @hello.result()
 def greet(ctx: cyclone.StepContext, name: str) -> str:
-    time.sleep(float(os.environ.get("CYCLONE_CLI_STEP_SECONDS", "0")))
+    time.sleep(float(os.environ.get("CYCLONE_CLI_STEP_SECONDS", "0")))  # the step's work
     return f"hello {name}"

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from tests.support import processes
+
 
 def _bindir() -> Path | None:
     found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
@@ -63,7 +65,7 @@ class Cluster:
 
     def _as_user(self, *command: str) -> None:
         prefix = ["runuser", "-u", self.user, "--"] if self.user is not None else []
-        subprocess.run([*prefix, *command], check=True, cwd="/", capture_output=True, timeout=120)
+        processes.run([*prefix, *command], check=True, cwd="/", capture_output=True, timeout=120)
 
     def start(self) -> None:
         self._as_user(

@@ -4,7 +4,9 @@ cyclone's hot paths send compiled SQL on the pool's psycopg connection, which SQ
 cursor events never see; a ``psycopg.Cursor`` subclass given as the engine's
 ``cursor_factory`` sees those and SQLAlchemy's alike (``Connection.execute`` and
 SQLAlchemy both create their cursors through it). BEGIN and COMMIT are not counted:
-psycopg sends them itself, not through a cursor.
+psycopg sends them itself, not through a cursor. Nor is what cyclone's listener thread
+sends (its LISTEN, and the ``SELECT 1`` it pings with when quiet): an engine's listener,
+started by any earlier test of the process, runs on its own schedule.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from collections.abc import Iterable
 from typing import Any
 
 import psycopg
+
+LISTENER_THREAD = "cyclone-listener"
+"""The name of the thread of ``cyclone._notify``'s listener."""
 
 _lock = threading.Lock()
 _counters: list[Recorder] = []
@@ -37,10 +42,9 @@ class Recorder:
 
 def _record(query: Any) -> None:
     text = query.decode() if isinstance(query, bytes) else str(query)
-    # The LISTEN of cyclone's listener thread connection is not a statement under test.
-    if text.lstrip().upper().startswith("LISTEN"):
-        return
     thread = threading.current_thread().name
+    if thread == LISTENER_THREAD or text.lstrip().upper().startswith("LISTEN"):
+        return
     with _lock:
         counters = list(_counters)
     for counter in counters:

@@ -73,13 +73,26 @@ def job_kinds(engine: sa.Engine, run_id: uuid.UUID) -> list[str]:
 def finish(
     engine: sa.Engine, run_id: uuid.UUID, state: cyclone.RunState, ago: timedelta = timedelta(0)
 ) -> None:
-    """Mark a run terminal by hand, as if it had ended ``ago``."""
+    """Mark a run terminal by hand, as if it had ended ``ago``, its steps as cyclone would
+    have left them: all completed in a completed run, none left to run in another."""
+    ended = sa.func.now() - ago
     with engine.begin() as conn:
         conn.execute(
             runs.update()
             .where(runs.c.id == run_id)
             .values(
                 state=state.value,
-                finalized_at=sa.func.now() - ago,
+                finalized_at=ended,
+                steps_remaining=0
+                if state is cyclone.RunState.COMPLETED
+                else runs.c.steps_remaining,
+            )
+        )
+        conn.execute(
+            jobs.update()
+            .where(jobs.c.run_id == run_id, jobs.c.finalized_at.is_(None))
+            .values(
+                state="completed" if state is cyclone.RunState.COMPLETED else "cancelled",
+                finalized_at=ended,
             )
         )

@@ -31,6 +31,7 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 
 import cyclone
 from cyclone.schema import jobs, runs
+from tests.support import processes
 from tests.support.reliability_proc import NAME, WORKFLOW, Order, expected_outputs
 from tests.support.workers import REPO
 
@@ -98,7 +99,7 @@ class Submitters:
                 else:
                     self._committed(n, in_transaction=draw < (1 + self._rollback_share) / 2)
                 if self.spacing:
-                    time.sleep(self.spacing)
+                    time.sleep(self.spacing)  # the load's shape: spaced submits
         except BaseException as exc:
             self.failures.append(exc)
 
@@ -137,7 +138,7 @@ class Submitters:
                 if not lost_connection(exc) or time.monotonic() > deadline:
                     raise
                 self._count(errors=1)
-                time.sleep(0.05)
+                time.sleep(0.05)  # a pause before retrying a lost connection
                 continue
             self._count()
             with self._lock:
@@ -200,7 +201,7 @@ class Waiters:
                     return key, self._submitters.handles[key]
             if self._submitters.done:
                 return None
-            time.sleep(0.01)
+            time.sleep(0.01)  # a poll for a submitted run to wait on
 
     def _loop(self) -> None:
         try:
@@ -242,7 +243,7 @@ class Workers:
         )
         self.started += 1
         with (self.logs / f"worker-{self.started}.log").open("wb") as log:
-            return subprocess.Popen(
+            return processes.popen(
                 [
                     sys.executable,
                     "-m",
@@ -280,14 +281,14 @@ class Workers:
                     if pid in live
                 ]
             if busy:
-                time.sleep(rng.uniform(0, 0.15))
+                time.sleep(rng.uniform(0, 0.15))  # the fault: a kill at a random point of the step
                 i = live[rng.choice(busy)]
                 self.procs[i].send_signal(signal.SIGKILL)
                 self.procs[i].wait(10)
                 self.killed += 1
                 self.procs[i] = self._spawn()
                 return True
-            time.sleep(0.02)
+            time.sleep(0.02)  # a poll for a busy worker
         return False
 
     def stop(self) -> None:
@@ -377,7 +378,7 @@ def wait_for_runs(engine: sa.Engine, workers: Workers | None, timeout: float = 9
             raise AssertionError(
                 f"runs still unfinished after {timeout} s\n{stuck(engine)}\n{tail}"
             )
-        time.sleep(0.1)
+        time.sleep(0.1)  # a poll of the runs left
 
 
 def check_contract(engine: sa.Engine, submitters: Submitters) -> dict[str, Any]:

@@ -21,6 +21,7 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
+from tests.support import processes
 from tests.support.cluster import _free_port
 
 BINARY = "/usr/sbin/pgbouncer"
@@ -62,7 +63,7 @@ class PgBouncer:
 
     def start(self) -> None:
         prefix = ["runuser", "-u", self.user, "--"] if self.user is not None else []
-        self._process = subprocess.Popen(
+        self._process = processes.popen(
             [*prefix, BINARY, str(self.base / "pgbouncer.ini")],
             cwd="/",
             stdout=subprocess.DEVNULL,
@@ -84,7 +85,7 @@ class PgBouncer:
                 if self._process.poll() is not None or time.monotonic() > deadline:
                     self.stop()
                     raise RuntimeError(f"pgbouncer did not start:\n{self.log()}") from None
-                time.sleep(0.05)
+                time.sleep(0.05)  # a poll until it accepts connections
 
     def log(self) -> str:
         with contextlib.suppress(OSError):

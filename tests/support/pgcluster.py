@@ -24,6 +24,8 @@ import psycopg
 import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
+from tests.support import at_rest, processes
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 nobody listens on now."""
@@ -96,7 +98,7 @@ class Cluster:
         command = [exe, *args]
         if self.os_user is not None:
             command = ["runuser", "-u", self.os_user, "--", *command]
-        subprocess.run(
+        processes.run(
             command, input=stdin, text=True, check=True, cwd="/", capture_output=True, timeout=120
         )
 
@@ -147,13 +149,15 @@ class Cluster:
             except psycopg.OperationalError:
                 if time.monotonic() > deadline:
                     raise
-                time.sleep(0.05)
+                time.sleep(0.05)  # a poll until it accepts connections
 
     def create_database(self, name: str) -> URL:
+        """A new database on the cluster, checked at rest after the test that creates it."""
         admin = sa.create_engine(self.url(), isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
         with admin.connect() as conn:
             conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
         admin.dispose()
+        at_rest.touch(self.url(name))
         return self.url(name)
 
     def destroy(self) -> None:

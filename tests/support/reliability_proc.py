@@ -56,11 +56,11 @@ def _executed(ctx: cyclone.StepContext, pause: float) -> None:
             break
         except psycopg.OperationalError:
             _recorder.cache_clear()
-            time.sleep(0.1)
+            time.sleep(0.1)  # a pause before retrying through a restart
     else:
         raise RuntimeError("could not note the execution")
     if pause:
-        time.sleep(random.uniform(0, pause))
+        time.sleep(random.uniform(0, pause))  # the step's work
 
 
 @WORKFLOW.step()

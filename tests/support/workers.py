@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import cyclone
 from cyclone import _unstarted
 from cyclone._leader import LEADERSHIP
 from cyclone.schema import jobs, leader
+from tests.support import processes
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,6 +56,25 @@ class Background:
         return self._value
 
 
+class IdleWatch:
+    """Whether ``worker``'s claim loop is waiting for a wake-up (a NOTIFY, a finished step,
+    a poll due): attach it before the worker serves, then wait for :attr:`waiting`."""
+
+    def __init__(self, worker: cyclone.Worker) -> None:
+        self.waiting = False
+        doorbell = worker._wake
+        wait = doorbell.wait
+
+        def watched(timeout: float | None = None) -> bool:
+            self.waiting = True
+            try:
+                return wait(timeout)
+            finally:
+                self.waiting = False
+
+        doorbell.wait = watched  # type: ignore[method-assign]
+
+
 @dataclass(frozen=True)
 class JobRow:
     kind: str
@@ -78,6 +99,30 @@ def step_columns(engine: sa.Engine, run_id: Any, *names: str) -> list[sa.Row[Any
                 )
             )
         )
+
+
+@cyclone.step("tests.support.workers.never-enqueued")
+def _NEVER_ENQUEUED(ctx: cyclone.StepContext, value: Any) -> None:
+    raise AssertionError("never enqueued")
+
+
+def rescue_lost_jobs(engine: sa.Engine) -> None:
+    """Run a maintenance pass that rescues every running job whose worker is gone.
+
+    A test that faked a running job, or killed the worker running one, ends with this so
+    that its database is at rest (the check after every test): the job goes back to
+    ``available``, or is cancelled when its run has ended. The pass leads maintenance (no
+    other worker serves the database then) and claims nothing (its one kind is never
+    enqueued).
+    """
+    with cyclone.Worker(
+        engine,
+        steps=[_NEVER_ENQUEUED],
+        rescue_after=timedelta(milliseconds=2),
+        heartbeat_interval=timedelta(milliseconds=1),
+        sweep=False,
+    ) as worker:
+        assert worker.drain() == 0
 
 
 def start_runs(engine: sa.Engine, wf: cyclone.Workflow[Any]) -> None:
@@ -116,7 +161,7 @@ def spawn_worker(
     if database_url is not None:
         env["CYCLONE_TEST_DATABASE_URL"] = database_url
     assert "CYCLONE_TEST_DATABASE_URL" in env, "the database_url fixture sets it"
-    return subprocess.Popen(
+    return processes.popen(
         [sys.executable, "-m", "tests.support.worker_proc", mode, name, arg],
         cwd=REPO,
         env=env,
