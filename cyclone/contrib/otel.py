@@ -18,13 +18,15 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from opentelemetry import context as otel_context
-from opentelemetry import metrics, trace
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
 import cyclone
 from cyclone import _observe
 from cyclone.client import Client
+from cyclone.errors import MissingExtraError
+
+with MissingExtraError.guard(__name__, "otel"):
+    from opentelemetry import context as otel_context
+    from opentelemetry import metrics, trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 __all__ = ["instrument", "uninstrument"]
 

@@ -15,7 +15,11 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from cyclone.dashboard._app import Dashboard
+from cyclone.errors import MissingExtraError
+
+# Every module of this package imports this one first: a missing library is named here.
+with MissingExtraError.guard(__name__, "dashboard"):
+    from cyclone.dashboard._app import Dashboard
 
 __all__ = ["Dashboard", "create_app", "serve"]
 
