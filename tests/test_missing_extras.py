@@ -24,7 +24,9 @@ sys.modules[sys.argv[2]] = None
 module, _, name = sys.argv[1].partition(":")
 try:
     imported = importlib.import_module(module)
-    if name:
+    if name.endswith("()"):
+        getattr(imported, name[:-2])(None)  # a function that imports its library when called
+    elif name:
         getattr(imported, name)
 except BaseException as exc:
     import cyclone.errors
@@ -55,6 +57,7 @@ CASES = [
     ("cyclone.dashboard", "jinja2", "dashboard", "cyclone.dashboard"),
     ("cyclone.dashboard", "werkzeug", "dashboard", "cyclone.dashboard"),
     ("cyclone.dashboard.flask", "werkzeug", "dashboard", "cyclone.dashboard"),
+    ("cyclone.dashboard:serve()", "waitress", "dashboard", "cyclone.dashboard"),
     ("cyclone.cli:build_cli", "click", "cli", "cyclone.cli"),
 ]
 

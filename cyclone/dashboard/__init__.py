@@ -67,8 +67,9 @@ def serve(
     main thread. It is meant for operators on a private network; put it behind a reverse
     proxy with authentication to expose it further.
     """
-    from waitress import wasyncore
-    from waitress.server import create_server
+    with MissingExtraError.guard(__name__, "dashboard"):
+        from waitress import wasyncore
+        from waitress.server import create_server
 
     sockets: dict[int, Any] = {}
     server = create_server(
