@@ -3,12 +3,13 @@
 Dependency-free: an integration (``cyclone.contrib.otel``) installs an :class:`Observer`;
 with none installed each hook is one global read and a direct call, and no trace context
 is stored. The core calls the hooks through the decorators :func:`submits`,
-:func:`claims` and :func:`attempts`, and :func:`trace_context` for the value stored with a
-new run or job.
+:func:`claims`, :func:`attempts` and :func:`signals`, and :func:`trace_context` for the
+value stored with a new run or job.
 """
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import time
@@ -77,6 +78,9 @@ class Observer(Protocol):
 
     def attempt(self, attempt: Attempt, call: Callable[[], Outcome]) -> Outcome:
         """Run ``call`` (one step attempt, which never raises for the step's errors)."""
+
+    def signal(self, sending: Sending, call: Callable[[], bool]) -> bool:
+        """Run ``call`` (one send of a signal, which may raise) and return its result."""
 
 
 _observer: Observer | None = None
@@ -223,3 +227,42 @@ def attempts(fn: F) -> F:
         return results[0]
 
     return observed  # type: ignore[return-value]
+
+
+@dataclass(slots=True)
+class Sending:
+    """One send of a signal; ``run_id`` is filled in once the run is found (by key)."""
+
+    workflow: str
+    signal: str
+    key: str | None
+    run_id: Any
+
+
+_sending: contextvars.ContextVar[Sending | None] = contextvars.ContextVar("cyclone_sending")
+
+
+def signals(fn: F) -> F:
+    """Report each send of a signal by the send function (``workflow``, ``key``, ``run_id``,
+    ``signal`` keywords); it calls :func:`found` with the run's id."""
+
+    @functools.wraps(fn)
+    def observed(*args: Any, **kwargs: Any) -> Any:
+        observer = _observer
+        if observer is None:
+            return fn(*args, **kwargs)
+        sending = Sending(kwargs["workflow"], kwargs["signal"], kwargs["key"], kwargs["run_id"])
+        token = _sending.set(sending)
+        try:
+            return observer.signal(sending, lambda: fn(*args, **kwargs))
+        finally:
+            _sending.reset(token)
+
+    return observed  # type: ignore[return-value]
+
+
+def found(run_id: Any) -> None:
+    """The signal being sent (if observed) goes to the run ``run_id``."""
+    sending = _sending.get(None)
+    if sending is not None:
+        sending.run_id = run_id

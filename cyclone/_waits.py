@@ -57,7 +57,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, insert
 
-from cyclone import _codec, _completion, _fastpath, _notify, errors
+from cyclone import _codec, _completion, _fastpath, _notify, _observe, errors
 from cyclone._claim import Claimed
 from cyclone._completion import Failure, Success
 from cyclone._fastpath import const
@@ -412,6 +412,7 @@ _SEND = (
 _FAST_SEND = _fastpath.Compiled(_SEND)
 
 
+@_observe.signals
 def send(
     conn: _fastpath.Executor,
     *,
@@ -450,6 +451,7 @@ def send(
         raise errors.NotFoundError(f"{where} has no run (never submitted, or purged)")
     rid, state, has_node, was_sent, same, _locked = row
     params["rid"] = rid
+    _observe.found(rid)
     if was_sent:
         return _same_or_conflict(bool(same), workflow, key, rid, signal)
     if not has_node:

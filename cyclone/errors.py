@@ -6,6 +6,8 @@ attributes intact when an error is pickled across a process boundary.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 
@@ -143,3 +145,35 @@ class SchemaError(_Message):
 
 class TransactionAbortedError(_Message):
     """A ``_tx`` call got a connection whose transaction already failed; nothing was sent."""
+
+
+class MissingExtraError(_Message, ModuleNotFoundError):
+    """An optional integration was imported without a library its extra installs.
+
+    Also a ``ModuleNotFoundError`` (``name`` and ``missing`` are the missing library's
+    top-level package, the original error its ``__cause__``), so code that catches that
+    keeps working.
+    """
+
+    def __init__(self, *, module: str, missing: str | None, extra: str) -> None:
+        self.module = module
+        self.missing = missing
+        self.extra = extra
+        super().__init__(
+            f"{module} needs the {extra} extra (no module named {missing!r}): "
+            f"pip install 'cyclone[{extra}]'"
+        )
+        self.name = missing
+
+    @classmethod
+    @contextlib.contextmanager
+    def guard(cls, module: str, extra: str) -> Iterator[None]:
+        """Raise this error for a third-party module the block fails to import (also when
+        a module it imports raised one: the outer integration names its own extra)."""
+        try:
+            yield
+        except ModuleNotFoundError as exc:
+            package = None if exc.name is None else exc.name.partition(".")[0]
+            if package is None or package == "cyclone":
+                raise
+            raise cls(module=module, missing=package, extra=extra) from exc

@@ -4,9 +4,8 @@
 # After sourcing:
 #   * $CYCLONE_ROOT is the repository root and $CYCLONE_VENV its .venv (created and
 #     installed with `pip install -e '.[dev]'` when needed); .venv/bin is first on PATH.
-#   * /usr/bin/chromium (the dashboard's browser test) and /usr/sbin/pgbouncer (the
-#     PgBouncer tests) exist: scripts/debian-packages.sh installs them with apt-get when
-#     missing and running as root, as .ci/run does.
+#   (The Debian packages only the tests need, chromium and pgbouncer, are scripts/test's
+#   business: it runs scripts/debian-packages.sh itself, so scripts/demo installs nothing.)
 #   * $CYCLONE_DATABASE_URL points at a reachable PostgreSQL server, as a SQLAlchemy URL
 #     (postgresql+psycopg://...). The test suite creates/drops its own database there.
 #
@@ -315,8 +314,6 @@ _cy_find_postgres() {
 }
 
 _cy_setup_venv
-bash "$CYCLONE_ROOT/scripts/debian-packages.sh" chromium=/usr/bin/chromium pgbouncer=/usr/sbin/pgbouncer \
-    || _cy_die "could not install the Debian packages the tests need (scripts/debian-packages.sh)"
 export VIRTUAL_ENV="$CYCLONE_VENV"
 export PATH="$CYCLONE_VENV/bin:$PATH"
 _cy_find_postgres

@@ -370,3 +370,33 @@ def test_dashboard_serves_the_overview_until_sigint_or_sigterm_then_exits_0_and_
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", port))
         sock.listen()
+
+
+@pytest.mark.parametrize("output", [["--json"], []], ids=["json", "columns"])
+@pytest.mark.parametrize("how", PROGRAMS)
+def test_a_reader_that_goes_away_ends_the_command_quietly_with_exit_141(
+    how: str, output: list[str], engine: sa.Engine, database_url: URL, name: str
+) -> None:
+    wf: cyclone.Workflow[int] = cyclone.Workflow(name, input=int)
+
+    @wf.step()
+    def only(ctx: cyclone.StepContext, n: int) -> int:
+        return n
+
+    # 2,000 lines: far more than a pipe holds, so the writer meets the closed pipe.
+    wf.submit_once_many(engine, [(f"k{i}", i) for i in range(2000)])
+    url = database_url.render_as_string(hide_password=False)
+    with subprocess.Popen(
+        [*PROGRAMS[how], "runs", "list", "--workflow", name, "--limit", "2000", *output],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env={**os.environ, "CYCLONE_DATABASE_URL": url},
+    ) as reader:
+        assert reader.stdout is not None
+        assert reader.stdout.readline().startswith(b"{" if output else b"ID ")
+        reader.stdout.close()  # as `| head -1` does once it has its line
+        assert reader.stderr is not None
+        stderr = reader.stderr.read().decode()
+        returncode = reader.wait(timeout=60)
+    assert (returncode, stderr) == (141, "")

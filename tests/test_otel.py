@@ -401,3 +401,53 @@ def test_a_batch_submit_is_one_span_with_its_counts(
     assert batch[0].attributes is not None
     assert batch[0].attributes["cyclone.count"] == 2
     assert batch[0].attributes["cyclone.created_count"] == 1
+
+
+def test_every_signal_sent_is_a_span_naming_the_signal_its_run_and_whether_it_was_accepted(
+    engine: sa.Engine, name: str, telemetry: Telemetry
+) -> None:
+    wf: cyclone.Workflow[Any] = cyclone.Workflow(name)
+
+    @wf.step()
+    def reserve(ctx: cyclone.StepContext, order: Any) -> int:
+        return 1
+
+    @wf.wait("paid", after=[reserve])
+    def paid(ctx: cyclone.StepContext, payment: Any) -> Any:
+        return payment
+
+    by_key, _ = wf.submit_once(engine, "a", {"quantity": 1})
+    by_run, _ = wf.submit_once(engine, "b", {"quantity": 1})
+    in_tx, _ = wf.submit_once(engine, "c", {"quantity": 1})
+    assert wf.signal(engine, "a", "paid", {"ref": 1}) is True
+    assert wf.signal(engine, "a", "paid", {"ref": 1}) is False  # the same payload again
+    assert by_run.signal("paid", {"ref": 2}) is True
+    with engine.begin() as conn:
+        assert wf.signal_tx(conn, "c", "paid", {"ref": 3}) is True
+    with pytest.raises(cyclone.errors.SubmitConflictError):
+        wf.signal(engine, "a", "paid", {"ref": 4})  # another payload
+
+    sent = telemetry.spans("cyclone signal")
+    assert [s.name for s in sent] == [f"cyclone signal {name}.paid"] * 5
+    seen = [
+        (
+            dict(s.attributes or {}).get("cyclone.run_id"),
+            dict(s.attributes or {}).get("cyclone.signal.accepted"),
+            s.status.status_code,
+        )
+        for s in sent
+    ]
+    a, b, c = str(by_key.id), str(by_run.id), str(in_tx.id)
+    assert seen == [
+        (a, True, StatusCode.UNSET),
+        (a, False, StatusCode.UNSET),
+        (b, True, StatusCode.UNSET),
+        (c, True, StatusCode.UNSET),
+        (a, False, StatusCode.ERROR),
+    ]
+    for span in sent:
+        assert span.kind == SpanKind.PRODUCER
+        assert span.attributes is not None
+        assert span.attributes["cyclone.workflow"] == name
+    assert dict(sent[0].attributes or {})["cyclone.key"] == "a"
+    assert "cyclone.key" not in dict(sent[2].attributes or {})

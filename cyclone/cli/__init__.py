@@ -33,7 +33,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def __getattr__(name: str) -> Any:
     if name in ("build_cli", "cli"):
-        from cyclone.cli import _app
+        from cyclone.errors import MissingExtraError
+
+        with MissingExtraError.guard(__name__, "cli"):
+            from cyclone.cli import _app
 
         return getattr(_app, name)
     raise AttributeError(f"module 'cyclone.cli' has no attribute {name!r}")

@@ -144,8 +144,12 @@ def _reported(f: F) -> F:
             if inv.verbose:
                 _db.print_cause(exc)
             raise
-        except (click.ClickException, click.exceptions.Exit, click.Abort, BrokenPipeError):
+        except (click.ClickException, click.exceptions.Exit, click.Abort):
             raise
+        except BrokenPipeError:
+            # click's main would turn it into exit status 1, also when Flask or Django
+            # mount these commands: an Exit keeps the documented 141 everywhere.
+            raise click.exceptions.Exit(_reader_gone()) from None
         except Exception as exc:
             if inv.verbose:
                 _db.print_cause(exc)
@@ -805,6 +809,14 @@ _NO_ARGS: type[click.UsageError] = getattr(
 )
 
 
+def _reader_gone() -> int:
+    """The reader of stdout went away (``| head``): point stdout at /dev/null so Python's
+    flush at exit raises no second error, and return the exit status for it (141, as a
+    shell reports a process that SIGPIPE ended)."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_BROKEN_PIPE
+
+
 def run(argv: Sequence[str] | None = None) -> int:
     """Run :data:`cli` as the ``cyclone`` program; every error is one line on stderr."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -824,8 +836,5 @@ def run(argv: Sequence[str] | None = None) -> int:
         click.echo("cyclone: interrupted", err=True)
         return EXIT_INTERRUPTED
     except BrokenPipeError:
-        # The reader went away (``| head``): quiet, and no second error when Python
-        # flushes stdout at exit.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_BROKEN_PIPE
+        return _reader_gone()
     return result if isinstance(result, int) else 0

@@ -16,14 +16,17 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import flask
 import sqlalchemy
 from sqlalchemy.engine import make_url
 
 from cyclone import errors
-from cyclone.cli import build_cli
 from cyclone.worker import Worker
 from cyclone.workflow import StandaloneStep, Workflow
+
+with errors.MissingExtraError.guard(__name__, "flask"):
+    import flask
+
+    from cyclone.cli import build_cli
 
 __all__ = ["ConfigurationError", "Cyclone", "database_url"]
 

@@ -4,10 +4,12 @@
 (``cyclone submit <workflow>``, a producer span), and for every claimed job one for its
 claim (``cyclone claim <workflow>.<step>``) and one for its attempt (``cyclone step
 <workflow>.<step>``), both children of the context stored with the run at submit, so a
-request and the steps it caused are one trace. Metrics: ``cyclone.step.finished`` and
-``cyclone.step.failed`` (counters of attempts), ``cyclone.step.duration`` (a histogram, in
-seconds) and ``cyclone.backlog`` (an observable gauge of jobs waiting per queue, reported by
-processes that run a worker).
+request and the steps it caused are one trace; and one per signal sent (``cyclone signal
+<workflow>.<signal>``, a producer span whose ``cyclone.signal.accepted`` is True when the
+send stored the signal). Metrics: ``cyclone.step.finished`` and ``cyclone.step.failed``
+(counters of attempts), ``cyclone.step.duration`` (a histogram, in seconds) and
+``cyclone.backlog`` (an observable gauge of jobs waiting per queue, reported by processes
+that run a worker).
 """
 
 from __future__ import annotations
@@ -16,13 +18,15 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from opentelemetry import context as otel_context
-from opentelemetry import metrics, trace
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
 import cyclone
 from cyclone import _observe
 from cyclone.client import Client
+from cyclone.errors import MissingExtraError
+
+with MissingExtraError.guard(__name__, "otel"):
+    from opentelemetry import context as otel_context
+    from opentelemetry import metrics, trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 __all__ = ["instrument", "uninstrument"]
 
@@ -157,6 +161,29 @@ class _Observer:
             self.failed.add(1, measured)
         self.duration.record(outcome.seconds, measured)
         return outcome
+
+    def signal(self, sending: _observe.Sending, call: Callable[[], bool]) -> bool:
+        attributes: dict[str, Any] = {
+            "cyclone.workflow": sending.workflow,
+            "cyclone.signal": sending.signal,
+        }
+        if sending.key is not None:
+            attributes["cyclone.key"] = sending.key
+        with self.tracer.start_as_current_span(
+            f"cyclone signal {sending.workflow}.{sending.signal}",
+            kind=trace.SpanKind.PRODUCER,
+            attributes=attributes,
+        ) as span:
+            try:
+                accepted = call()
+            except Exception:
+                span.set_attribute("cyclone.signal.accepted", False)
+                raise
+            finally:
+                if sending.run_id is not None:
+                    span.set_attribute("cyclone.run_id", str(sending.run_id))
+            span.set_attribute("cyclone.signal.accepted", accepted)
+            return accepted
 
 
 def _backlog(options: metrics.CallbackOptions) -> Iterable[metrics.Observation]:

@@ -15,7 +15,11 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from cyclone.dashboard._app import Dashboard
+from cyclone.errors import MissingExtraError
+
+# Every module of this package imports this one first: a missing library is named here.
+with MissingExtraError.guard(__name__, "dashboard"):
+    from cyclone.dashboard._app import Dashboard
 
 __all__ = ["Dashboard", "create_app", "serve"]
 
@@ -63,8 +67,9 @@ def serve(
     main thread. It is meant for operators on a private network; put it behind a reverse
     proxy with authentication to expose it further.
     """
-    from waitress import wasyncore
-    from waitress.server import create_server
+    with MissingExtraError.guard(__name__, "dashboard"):
+        from waitress import wasyncore
+        from waitress.server import create_server
 
     sockets: dict[int, Any] = {}
     server = create_server(

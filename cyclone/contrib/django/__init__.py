@@ -16,10 +16,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from cyclone.contrib.django._discovery import definitions
-from cyclone.contrib.django._engines import close_engines, engine
-from cyclone.contrib.django._steps import step_context
+from cyclone.errors import MissingExtraError
 from cyclone.worker import Worker
+
+# Every module of this package imports this one first: Django missing is named here.
+with MissingExtraError.guard(__name__, "django"):
+    from cyclone.contrib.django._discovery import definitions
+    from cyclone.contrib.django._engines import close_engines, engine
+    from cyclone.contrib.django._steps import step_context
 
 __all__ = ["close_engines", "definitions", "engine", "step_context", "worker"]
 

@@ -13,12 +13,16 @@ import sys
 from argparse import REMAINDER, ArgumentParser
 from typing import Any
 
-import click
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
-from cyclone.cli import build_cli
 from cyclone.contrib.django import _discovery, _engines, _steps
+from cyclone.errors import MissingExtraError
+
+with MissingExtraError.guard(__name__, "django"):
+    import click
+
+    from cyclone.cli import build_cli
 
 
 def group() -> click.Group:
