@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Engine, select
 
-from cyclone import _binds, _codec
+from cyclone import _codec
+from cyclone._store import binds as _binds
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
 

@@ -14,7 +14,11 @@ from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Engine
 
-from cyclone import _binds, _codec, _fastpath, _observe, _reads, _standalone, errors
+from cyclone import _codec, _observe, errors
+from cyclone._store import binds as _binds
+from cyclone._store import fastpath as _fastpath
+from cyclone._store import reads as _reads
+from cyclone._store import standalone as _standalone
 from cyclone.runs import read_within, wait_until_finished
 from cyclone.states import TERMINAL_JOB_STATES, JobState
 

@@ -1,7 +1,7 @@
 """Run handles: ``Run`` and ``ResultRun`` (status, wait, result, cancel, retry, retention).
 
 Handles hold the Engine and open short transactions of their own; cancel and retry are
-:mod:`cyclone._control`'s. Waiting is woken by
+:mod:`cyclone._store.control`'s. Waiting is woken by
 ``NOTIFY cyclone_run_finished`` and falls back to a slow poll.
 """
 
@@ -20,17 +20,13 @@ import psycopg
 from sqlalchemy import Connection, Engine, bindparam, update
 from sqlalchemy.exc import DBAPIError
 
-from cyclone import (
-    _codec,
-    _control,
-    _deadline,
-    _fastpath,
-    _notify,
-    _reads,
-    _retry,
-    _waits,
-    errors,
-)
+from cyclone import _codec, _retry, errors
+from cyclone._store import control as _control
+from cyclone._store import deadline as _deadline
+from cyclone._store import fastpath as _fastpath
+from cyclone._store import notify as _notify
+from cyclone._store import reads as _reads
+from cyclone._store import waits as _waits
 from cyclone.schema import runs
 from cyclone.states import TERMINAL_RUN_STATES, RunState
 
@@ -140,7 +136,7 @@ def wait_until_finished(
     applies, and a timeout is raised only after at least one read was tried. Each read
     is bounded by the time left (see :func:`read_within`), so the wait ends by its
     deadline even when the network to the server is frozen (a read that follows a wait
-    may take :data:`cyclone._deadline.MIN_READ_WINDOW` past it).
+    may take :data:`cyclone._store.deadline.MIN_READ_WINDOW` past it).
 
     With a timeout the reads run on a helper thread; the wait before a read runs there
     too, so that the notification wakes the thread that reads, not the caller, which

@@ -5,10 +5,10 @@ in the same statement as the next claim; daemon threads run the steps. An idle w
 sleeps until ``NOTIFY cyclone_jobs_available`` or its poll interval, on the socket of the
 connection it claims on, which LISTENs (the engine's listener wakes it where that
 connection cannot hold a session). Each claim takes a lease
-(:attr:`cyclone._claim.Claimed.lease`) that every outcome and heartbeat presents: a
+(:attr:`cyclone._store.claim.Claimed.lease`) that every outcome and heartbeat presents: a
 worker that lost a job (rescued, handed back, retried) has its late outcome refused. A
 heartbeat thread on a connection of its own marks held jobs alive; a worker that dies
-mid-step stops beating, and the maintenance leader (:mod:`cyclone._leader`) hands its
+mid-step stops beating, and the maintenance leader (:mod:`cyclone._store.leadership`) hands its
 jobs back after ``rescue_after``. An outcome that cannot be recorded (the database is
 away) is kept, still heartbeaten, and recorded when the database answers again.
 """
@@ -35,24 +35,17 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from cyclone import (
-    _binds,
-    _claim,
-    _completion,
-    _due,
-    _executor,
-    _fastpath,
-    _leader,
-    _notify,
-    _observe,
-    _rescue,
-    _retry,
-    _sweeper,
-    _waits,
-    errors,
-    migrations,
-    schedules,
-)
+from cyclone import _executor, _observe, _retry, errors, migrations, schedules
+from cyclone._store import binds as _binds
+from cyclone._store import claim as _claim
+from cyclone._store import completion as _completion
+from cyclone._store import due as _due
+from cyclone._store import fastpath as _fastpath
+from cyclone._store import leadership as _leader
+from cyclone._store import notify as _notify
+from cyclone._store import rescue as _rescue
+from cyclone._store import sweep as _sweeper
+from cyclone._store import waits as _waits
 from cyclone.workflow import StandaloneStep, Workflow
 
 log = logging.getLogger("cyclone.worker")
@@ -529,7 +522,7 @@ class Worker:
         """Mark the jobs this worker holds alive, on a connection of its own.
 
         Neither the application's pool nor the claim loop can hold it up: the connection
-        comes from ``side`` (:func:`cyclone._leader.side_engine`), opened at once. Jobs
+        comes from ``side`` (:func:`cyclone._store.leadership.side_engine`), opened at once. Jobs
         whose outcome waits to be recorded are beaten too: their lease stays valid.
         """
         conn: Connection | None = None

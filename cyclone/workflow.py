@@ -14,22 +14,15 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
-from cyclone import (
-    _binds,
-    _fastpath,
-    _graph,
-    _keys,
-    _lookup,
-    _waits,
-    errors,
-    jobs,
-    schedules,
-    submit,
-)
+from cyclone import _graph, _keys, errors, jobs, schedules, submit
+from cyclone._store import binds as _binds
+from cyclone._store import fastpath as _fastpath
+from cyclone._store import lookup as _lookup
+from cyclone._store import waits as _waits
 from cyclone.runs import ResultRun, Run
 
 if TYPE_CHECKING:
-    from cyclone._binds import Bind, Conn
+    from cyclone._store.binds import Bind, Conn
     from cyclone.context import StepContext
 
 In = TypeVar("In")

@@ -13,7 +13,13 @@ from typing import Any
 
 import pytest
 
-from cyclone import _claim, _completion, _control, _fastpath, _rescue, _standalone, _waits
+from cyclone._store import claim as _claim
+from cyclone._store import completion as _completion
+from cyclone._store import control as _control
+from cyclone._store import fastpath as _fastpath
+from cyclone._store import rescue as _rescue
+from cyclone._store import standalone as _standalone
+from cyclone._store import waits as _waits
 from cyclone.states import EDGES, Edge
 
 OWNERS = (_claim, _completion, _control, _rescue, _standalone, _waits)

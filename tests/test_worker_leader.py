@@ -22,8 +22,8 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import URL
 
 import cyclone
-from cyclone import _leader
-from cyclone._leader import LEADER_INTERVAL, LEADERSHIP
+from cyclone._store import leadership as _leader
+from cyclone._store.leadership import LEADER_INTERVAL, LEADERSHIP
 from cyclone.schema import leader as leader_table
 from tests.conftest import wait_until
 from tests.support.workers import Background, job_rows, lease, start_runs

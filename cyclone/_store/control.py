@@ -2,7 +2,7 @@
 
 The run's row is locked first (``FOR NO KEY UPDATE``), then its jobs, then the signal
 rows of its wait nodes: the one lock order of :mod:`cyclone.states` (and of
-:mod:`cyclone._waits`, which locks a wait node's job before its signal), which every
+:mod:`cyclone._store.waits`, which locks a wait node's job before its signal), which every
 recording of an outcome follows too, so a user's call never deadlocks with a worker.
 
 A retried wait node sees a signal already sent to its run (a run receives each signal
@@ -18,8 +18,9 @@ from typing import Any
 from sqlalchemy import Engine, bindparam, case, delete, func, null, select, update
 from sqlalchemy.dialects.postgresql import JSONB
 
-from cyclone import _completion, errors
-from cyclone._fastpath import const
+from cyclone import errors
+from cyclone._store import completion as _completion
+from cyclone._store.fastpath import const
 from cyclone.schema import jobs, runs, signals
 from cyclone.states import EDGES, TERMINAL_RUN_STATES, JobState, RunState
 

@@ -60,7 +60,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import insert
 
-from cyclone import _deadline, _rescue, _retry, _sweeper
+from cyclone import _retry
+from cyclone._store import deadline as _deadline
+from cyclone._store import rescue as _rescue
+from cyclone._store import sweep as _sweeper
 from cyclone.schema import leader
 
 log = logging.getLogger("cyclone.worker")
@@ -181,7 +184,7 @@ def side_engine(engine: Engine) -> Engine:
 
 def dedicated(engine: Engine, *, autocommit: bool) -> Connection:
     """A new connection of ``engine`` (a :func:`side_engine`) detached from its pool,
-    with TCP keepalives (:data:`cyclone._deadline.KEEPALIVES`)."""
+    with TCP keepalives (:data:`cyclone._store.deadline.KEEPALIVES`)."""
     with _deadline.opening():
         conn = engine.connect()
     try:

@@ -8,7 +8,7 @@ is *parked*: the attempt is given back, the lease moves on and no worker is reco
 so a waiting run holds no worker, no thread and no connection. A node waiting until a
 time (a sleep, or a wait with a timeout) goes back to ``available`` with
 ``scheduled_at`` at that time, and an idle worker sleeps until the earliest one falls
-due (see :mod:`cyclone._due`). A wait without a timeout goes back to ``blocked`` with
+due (see :mod:`cyclone._store.due`). A wait without a timeout goes back to ``blocked`` with
 no upstream pending, outside the claim index. A parked wait node leaves a *marker*, its
 signal row without a payload (with its timeout in ``wait_until``).
 
@@ -17,7 +17,7 @@ for as long as the caller likes: it holds no lock a worker's statement waits on.
 signal that fills a marker (its node had parked) is marked ``wake_pending`` and rings
 NOTIFY; the claim of a worker serving workflows that it wakes (or the next poll's, were
 it lost) delivers it, making the node available and due now
-(:func:`cyclone._claim.deliver_signals_ctes`, locks skipped, never waited for). A
+(:func:`cyclone._store.claim.deliver_signals_ctes`, locks skipped, never waited for). A
 signal sent before its node parked needs no delivery: the node reads it when reached.
 
 Locks: a sender takes the transaction advisory lock of its (run, signal) before it reads
@@ -57,10 +57,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, insert
 
-from cyclone import _codec, _completion, _fastpath, _notify, errors
-from cyclone._claim import Claimed
-from cyclone._completion import Failure, Success
-from cyclone._fastpath import const
+from cyclone import _codec, errors
+from cyclone._store import completion as _completion
+from cyclone._store import fastpath as _fastpath
+from cyclone._store import notify as _notify
+from cyclone._store.claim import Claimed
+from cyclone._store.completion import Failure, Success
+from cyclone._store.fastpath import const
 from cyclone.schema import jobs, runs, signals
 from cyclone.states import TERMINAL_RUN_STATES, JobState, RunState
 
@@ -182,7 +185,7 @@ _PARK = (
             (_UNTIL.is_(None), const(JobState.BLOCKED.value)),
             else_=const(JobState.AVAILABLE.value),
         ),
-        # As a hand-back (cyclone._rescue): the attempt is not counted, and the lease
+        # As a hand-back (cyclone._store.rescue): the attempt is not counted, and the lease
         # moves on, so this claim's heartbeats and outcomes no longer match the job.
         attempt=case((jobs.c.attempt > 0, jobs.c.attempt - 1), else_=0),
         lease=jobs.c.lease + 1,

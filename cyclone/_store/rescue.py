@@ -3,7 +3,7 @@
 Every statement here follows the lock order of :mod:`cyclone.states`: runs first, in id
 order, then jobs, in id order; the heartbeat locks jobs only and never waits. A
 hand-back and a rescue release a running job through one statement builder,
-:func:`release_jobs_stmt` (the park of a wait or sleep node in :mod:`cyclone._waits`
+:func:`release_jobs_stmt` (the park of a wait or sleep node in :mod:`cyclone._store.waits`
 is the one release not written with it yet).
 """
 
@@ -32,9 +32,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
-from cyclone import _completion
-from cyclone._completion import run_over
-from cyclone._fastpath import const
+from cyclone._store import completion as _completion
+from cyclone._store.completion import run_over
+from cyclone._store.fastpath import const
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
 

@@ -13,8 +13,11 @@ from typing import Any
 from sqlalchemy import Engine, Interval, Text, bindparam, cast, func, select, update
 from sqlalchemy.dialects.postgresql import JSONB, insert
 
-from cyclone import _binds, _fastpath, _notify, errors
-from cyclone._fastpath import const
+from cyclone import errors
+from cyclone._store import binds as _binds
+from cyclone._store import fastpath as _fastpath
+from cyclone._store import notify as _notify
+from cyclone._store.fastpath import const
 from cyclone.schema import jobs
 from cyclone.states import ACTIVE_JOB_STATES, EDGES, JobState
 

@@ -27,7 +27,8 @@ from sqlalchemy import (
     union_all,
 )
 
-from cyclone import _codec, _unstarted
+from cyclone import _codec
+from cyclone._store import unstarted as _unstarted
 from cyclone.schema import LISTED_SINCE, jobs, runs
 from cyclone.states import JobState, RunState
 

@@ -33,7 +33,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
-from cyclone._fastpath import const
+from cyclone._store.fastpath import const
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
 
@@ -293,7 +293,7 @@ def record_failures(
     retried or cancelled meanwhile) is refused: its id is not in the result. A job to
     retry whose run has ended is cancelled instead; its id is added to ``ended``. The
     runs of the jobs are locked first, then the jobs in id order. Successes are recorded
-    by the claim statement (:func:`cyclone._claim.record_and_claim`).
+    by the claim statement (:func:`cyclone._store.claim.record_and_claim`).
     """
     recorded: set[int] = set()
     if not failures:
