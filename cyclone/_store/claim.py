@@ -559,12 +559,6 @@ def _record_and_claim_one() -> Any:
     return claim_jobs_stmt(Scope(queues=None, workflows=("w",), kinds=()), 1, completing=True)
 
 
-TRANSITIONS = {
-    _record_and_claim_one: ("job.claim", "job.complete", "job.unblock", "run.complete"),
-}
-"""The edges of :data:`cyclone.states.EDGES` each statement of this module implements."""
-
-
 _LIMIT_TOKEN = 2_147_480_009
 """A limit no claim asks for: a claim compiled with it has the limit's text where it goes."""
 

@@ -259,14 +259,6 @@ def cancel_unstarted_stmt() -> Any:
     )
 
 
-TRANSITIONS = {
-    retry_job_stmt: ("job.retry_attempt", "job.cancel_ended"),
-    fail_job_stmt: ("job.fail",),
-    fail_run_stmt: ("run.fail",),
-    cancel_unstarted_stmt: ("job.cancel_unstarted",),
-}
-"""The edges of :data:`cyclone.states.EDGES` each statement of this module implements."""
-
 _LOCK_RUNS = lock_runs_of_jobs_stmt()
 _RETRY = retry_job_stmt()
 _FAIL_JOB = fail_job_stmt()

@@ -147,16 +147,6 @@ def any_running_stmt() -> Any:
     )
 
 
-TRANSITIONS = {
-    cancel_run_stmt: ("run.cancel",),
-    (lambda: reset_jobs_stmt(every_step=False)): ("job.reset", "job.reset_blocked"),
-    (lambda: reset_jobs_stmt(every_step=True)): ("job.reset_all", "job.reset_all_blocked"),
-    (lambda: restart_run_stmt(from_states=(RunState.FAILED, RunState.CANCELLED))): ("run.retry",),
-    (lambda: restart_run_stmt(from_states=tuple(TERMINAL_RUN_STATES))): ("run.retry_all",),
-    complete_restarted_run_stmt: ("run.complete",),
-}
-"""The edges of :data:`cyclone.states.EDGES` each statement of this module implements."""
-
 _CANCEL_RUN = cancel_run_stmt()
 _RESET_FAILED = reset_jobs_stmt(every_step=False)
 _RESET_ALL = reset_jobs_stmt(every_step=True)

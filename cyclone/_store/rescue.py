@@ -236,13 +236,6 @@ def expire_runs_stmt() -> Any:
     )
 
 
-TRANSITIONS = {
-    hand_back_stmt: ("job.hand_back", "job.cancel_ended"),
-    rescue_jobs_stmt: ("job.rescue", "job.rescue_give_up", "job.cancel_ended"),
-    expire_runs_stmt: ("run.expire", "job.cancel_unstarted"),
-}
-"""The edges of :data:`cyclone.states.EDGES` each statement of this module implements."""
-
 _HEARTBEAT = heartbeat_stmt()
 _LOCK_RUNS = _completion.lock_runs_of_jobs_stmt()
 _HAND_BACK = hand_back_stmt()

@@ -69,7 +69,7 @@ SELECT_HOLDER = _fastpath.Compiled(select_active_holder_stmt())
 
 def cancel_job_stmt() -> Any:
     """Cancel a standalone job that has not started; returns nothing otherwise."""
-    edge = EDGES["job.cancel_unstarted"]
+    edge = EDGES["job.cancel"]
     return (
         update(jobs)
         .where(
@@ -81,9 +81,6 @@ def cancel_job_stmt() -> Any:
         .returning(jobs.c.id)
     )
 
-
-TRANSITIONS = {cancel_job_stmt: ("job.cancel_unstarted",)}
-"""The edges of :data:`cyclone.states.EDGES` each statement of this module implements."""
 
 _CANCEL_JOB = cancel_job_stmt()
 _SELECT_STANDALONE_STATE = select(jobs.c.state).where(

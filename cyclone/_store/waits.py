@@ -174,28 +174,33 @@ _MARK = (
 )
 _UNMARK = delete(signals).where(_SIGNAL_KEY, signals.c.payload.is_(None))
 _UNTIL = bindparam("until", type_=jobs.c.scheduled_at.type)
-_PARK = (
-    update(jobs)
-    .where(_GUARD)
-    .values(
-        # Until a time: available then (the claim picks it up at its timeout or wake-up
-        # time). Until a signal only: blocked with no pending upstream, out of the claim
-        # index, so any number of such runs cost the claims nothing.
-        state=case(
-            (_UNTIL.is_(None), const(JobState.BLOCKED.value)),
-            else_=const(JobState.AVAILABLE.value),
-        ),
-        # As a hand-back (cyclone._store.rescue): the attempt is not counted, and the lease
-        # moves on, so this claim's heartbeats and outcomes no longer match the job.
-        attempt=case((jobs.c.attempt > 0, jobs.c.attempt - 1), else_=0),
-        lease=jobs.c.lease + 1,
-        worker_id=None,
-        heartbeat_at=None,
-        scheduled_at=func.coalesce(
-            _UNTIL, func.now() + cast(const(f"{PARK_FOR.days} days"), Interval)
-        ),
+
+
+def park_stmt() -> Any:
+    """Park a claimed wait or sleep node: blocked until a signal (``park_blocked``), or
+    available at its timeout or wake-up time (``park``), its attempt not counted."""
+    return (
+        update(jobs)
+        .where(_GUARD)
+        .values(
+            # Until a time: available then (the claim picks it up at its timeout or wake-up
+            # time). Until a signal only: blocked with no pending upstream, out of the claim
+            # index, so any number of such runs cost the claims nothing.
+            state=case(
+                (_UNTIL.is_(None), const(JobState.BLOCKED.value)),
+                else_=const(JobState.AVAILABLE.value),
+            ),
+            # As a hand-back (cyclone._store.rescue): the attempt is not counted, and the lease
+            # moves on, so this claim's heartbeats and outcomes no longer match the job.
+            attempt=case((jobs.c.attempt > 0, jobs.c.attempt - 1), else_=0),
+            lease=jobs.c.lease + 1,
+            worker_id=None,
+            heartbeat_at=None,
+            scheduled_at=func.coalesce(
+                _UNTIL, func.now() + cast(const(f"{PARK_FOR.days} days"), Interval)
+            ),
+        )
     )
-)
 
 
 def end_parked_stmt() -> Any:
@@ -218,10 +223,7 @@ def end_parked_stmt() -> Any:
     )
 
 
-TRANSITIONS = {end_parked_stmt: ("job.cancel_ended",)}
-"""The edges of :data:`cyclone.states.EDGES` each statement of this module implements (a
-park is no edge of its own: the node is handed back, to wait)."""
-
+_PARK = park_stmt()
 _END = end_parked_stmt()
 _upstream = jobs.alias("upstream")
 _SLEEP_DUE = select(
