@@ -13,6 +13,7 @@ anew, its timeout counted from when it parks again.
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import Engine, bindparam, case, delete, func, null, select, update
@@ -201,3 +202,18 @@ def restart(engine: Engine, run_id: uuid.UUID, *, every_step: bool) -> None:
         conn.execute(_CLEAR_UNSENT_SIGNALS, {"rid": run_id})
         conn.execute(_RESTART_ANY if every_step else _RESTART_FAILED, {"rid": run_id})
         conn.execute(_COMPLETE_RESTARTED, {"rid": run_id})
+
+
+_SET_RETENTION = (
+    update(runs)
+    .where(runs.c.id == bindparam("rid"))
+    .values(retention=bindparam("retention"))
+    .returning(runs.c.id)
+)
+
+
+def set_retention(engine: Engine, run_id: uuid.UUID, retention: timedelta | None) -> bool:
+    """Keep run ``run_id`` for ``retention`` after it ends; False if it does not exist."""
+    with engine.begin() as conn:
+        found = conn.execute(_SET_RETENTION, {"rid": run_id, "retention": retention})
+        return found.first() is not None

@@ -9,6 +9,7 @@ is the one release not written with it yet).
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
@@ -17,6 +18,7 @@ import msgspec
 from sqlalchemy import (
     BigInteger,
     Connection,
+    Engine,
     Interval,
     Text,
     Uuid,
@@ -32,6 +34,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
+from cyclone._store import binds as _binds
 from cyclone._store import completion as _completion
 from cyclone._store.completion import run_over
 from cyclone._store.fastpath import const
@@ -288,3 +291,18 @@ def rescue(conn: Connection, rescue_after: timedelta) -> list[int]:
 def expire_runs(conn: Connection) -> int:
     expired, _cancelled = conn.execute(_EXPIRE).one()
     return int(expired)
+
+
+def execution_ended(
+    engine: Engine, run_id: uuid.UUID | None, job_id: int, lease: int | None
+) -> bool:
+    """Whether an execution of job ``job_id`` claimed under ``lease`` has ended for its
+    step: its run is no longer running, or the job was rescued, handed back or retried
+    (:meth:`cyclone.StepContext.cancelled`)."""
+    with _binds.autocommit(engine) as conn:
+        if run_id is not None:
+            state = conn.execute(select(runs.c.state).where(runs.c.id == run_id)).scalar()
+            if state != RunState.RUNNING.value:
+                return True
+        row = conn.execute(select(jobs.c.state, jobs.c.lease).where(jobs.c.id == job_id)).first()
+    return row is None or row[0] != JobState.RUNNING.value or row[1] != lease
