@@ -29,6 +29,7 @@ from sqlalchemy import (
 )
 
 from cyclone import _codec
+from cyclone._store import binds as _binds
 from cyclone._store import fastpath as _fastpath
 from cyclone._store import unstarted as _unstarted
 from cyclone.schema import LISTED_SINCE, jobs, runs
@@ -161,6 +162,24 @@ def run_result(engine: Engine, run_id: uuid.UUID) -> Sequence[Any] | None:
     autocommit statement on the fast path."""
     rows = _fastpath.execute(engine, _FAST_SELECT_RESULT, {"rid": run_id})
     return rows[0] if rows else None
+
+
+_SELECT_JOB = select_job_stmt()
+_SELECT_OUTPUT = select_job_output_stmt()
+
+
+def job_status_now(engine: Engine, job_id: int) -> JobStatusFields | None:
+    """The status of job ``job_id`` (a :class:`cyclone.Job` handle's), or None."""
+    with _binds.autocommit(engine) as conn:
+        row = conn.execute(_SELECT_JOB, {"job_id": job_id}).first()
+    return None if row is None else job_status_fields(row)
+
+
+def job_output(engine: Engine, job_id: int) -> str | None:
+    """The output of job ``job_id``, which has ended."""
+    with _binds.autocommit(engine) as conn:
+        output: str | None = conn.execute(_SELECT_OUTPUT, {"job_id": job_id}).one()[1]
+    return output
 
 
 def job_status(conn: Connection, job_id: int) -> JobStatusFields | None:

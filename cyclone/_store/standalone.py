@@ -67,6 +67,18 @@ INSERT_JOB = _fastpath.Compiled(insert_job_stmt())
 SELECT_HOLDER = _fastpath.Compiled(select_active_holder_stmt())
 
 
+def insert_job(conn: _fastpath.Executor, params: dict[str, Any]) -> int | None:
+    """Insert a standalone job; its id, or None when its unique key is held."""
+    inserted = conn.execute(INSERT_JOB, params)
+    return int(inserted[0][0]) if inserted else None
+
+
+def holder_of(conn: _fastpath.Executor, params: dict[str, Any]) -> int | None:
+    """The id of the active job holding the unique key of ``params``, or None."""
+    holders = conn.execute(SELECT_HOLDER, params)
+    return int(holders[0][0]) if holders else None
+
+
 def cancel_job_stmt() -> Any:
     """Cancel a standalone job that has not started; returns nothing otherwise."""
     edge = EDGES["job.cancel"]
