@@ -8,7 +8,7 @@ connection cannot hold a session). Each claim takes a lease
 (:attr:`cyclone._store.claim.Claimed.lease`) that every outcome and heartbeat presents: a
 worker that lost a job (rescued, handed back, retried) has its late outcome refused. A
 heartbeat thread on a connection of its own marks held jobs alive; a worker that dies
-mid-step stops beating, and the maintenance leader (:mod:`cyclone._store.leadership`) hands its
+mid-step stops beating, and the maintenance leader (:mod:`cyclone._leader`) hands its
 jobs back after ``rescue_after``. An outcome that cannot be recorded (the database is
 away) is kept, still heartbeaten, and recorded when the database answers again.
 """
@@ -35,13 +35,13 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from cyclone import _executor, _observe, _retry, errors, migrations, schedules
+from cyclone import _executor, _leader, _observe, _retry, errors, migrations, schedules
 from cyclone._store import binds as _binds
 from cyclone._store import claim as _claim
 from cyclone._store import completion as _completion
 from cyclone._store import due as _due
 from cyclone._store import fastpath as _fastpath
-from cyclone._store import leadership as _leader
+from cyclone._store import leadership as _leadership
 from cyclone._store import notify as _notify
 from cyclone._store import rescue as _rescue
 from cyclone._store import sweep as _sweeper
@@ -456,7 +456,7 @@ class Worker:
                 unsubscribe = _notify.listener(self.engine).subscribe(
                     _notify.JOBS_AVAILABLE, self._on_jobs_available
                 )
-            side = _leader.side_engine(self.engine)
+            side = _leadership.side_engine(self.engine)
             self._leader = _leader.Leader(
                 side,
                 self.id,
@@ -527,7 +527,7 @@ class Worker:
         """
         conn: Connection | None = None
         try:
-            conn = _leader.dedicated(side, autocommit=True)
+            conn = _leadership.dedicated(side, autocommit=True)
         except Exception as exc:
             log.warning("worker %s heartbeat cannot connect yet (%s)", self.id, _first_line(exc))
         failures = 0
@@ -541,7 +541,7 @@ class Worker:
                     continue
                 try:
                     if conn is None:
-                        conn = _leader.dedicated(side, autocommit=True)
+                        conn = _leadership.dedicated(side, autocommit=True)
                     _rescue.heartbeat(conn, held)
                     failures = 0
                 except Exception as exc:

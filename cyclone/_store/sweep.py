@@ -1,6 +1,6 @@
 """Retention: delete terminal runs and finished standalone jobs in bounded batches.
 
-The maintenance leader (:mod:`cyclone._store.leadership`) sweeps, so one worker sweeps at a time.
+The maintenance leader (:mod:`cyclone._leader`) sweeps, so one worker sweeps at a time.
 Each batch locks its runs in id order (skipping locked ones), then the delete cascades
 to their jobs: the lock order of :mod:`cyclone.states`.
 """

@@ -24,7 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 import cyclone
-from cyclone._store.leadership import LEADER_INTERVAL
+from cyclone._leader import LEADER_INTERVAL
 from tests.conftest import wait_until
 from tests.support import invariants
 from tests.support.pgcluster import Cluster

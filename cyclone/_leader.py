@@ -1,0 +1,208 @@
+"""The maintenance leader's thread: every interval, take the lease if it is free, and
+while leading renew it and apply deadlines, rescue and sweeps, each transaction fenced by
+the term (the lease and the fence: :mod:`cyclone._store.leadership`)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import Connection, Engine
+
+from cyclone import _retry
+from cyclone._store import leadership as _leadership
+from cyclone._store import rescue as _rescue
+from cyclone._store import sweep as _sweeper
+
+log = logging.getLogger("cyclone.worker")
+
+LEADER_INTERVAL = 1.0
+"""Seconds between a leader's maintenance passes, and between the other workers' tries
+(a third of ``rescue_after`` if that is less)."""
+
+MAX_BACKOFF = 30.0
+
+
+class Leader:
+    """One worker's candidacy for maintenance; :meth:`start` runs it on a thread of its own."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        worker_id: str,
+        *,
+        rescue_after: timedelta,
+        sweep: bool,
+        sweep_keep: timedelta,
+        sweep_interval: float,
+        interval: float | None = None,
+    ) -> None:
+        self.engine = engine
+        self.worker_id = worker_id
+        self.rescue_after = rescue_after
+        self.sweep = sweep
+        self.sweep_keep = sweep_keep
+        self.sweep_interval = sweep_interval
+        self.interval = (
+            min(LEADER_INTERVAL, rescue_after.total_seconds() / 3) if interval is None else interval
+        )
+        self.term: int | None = None
+        self._conn: Connection | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_sweep: float | None = None
+        self._failures = 0
+        self._lock = threading.Lock()
+        self._passed_at: float | None = None
+        idle_ms = max(1, int(rescue_after.total_seconds() * 1000 / 2))
+        self._params = {
+            "lease_name": _leadership.LEADERSHIP,
+            "lease_holder": worker_id,
+            "ttl": rescue_after,
+        }
+        self._idle = f"{idle_ms}ms"
+
+    @property
+    def leading(self) -> bool:
+        """Whether this worker holds a term (it may have lapsed since its last pass)."""
+        return self.term is not None
+
+    def start(self) -> None:
+        """Run the passes on a thread, the first an interval after the last pass, if any."""
+        self._stop.clear()
+        thread = threading.Thread(target=self._loop, name="cyclone-leader", daemon=True)
+        thread.start()
+        self._thread = thread  # only once started: stop() joins it
+
+    def stop(self, timeout: float = 10.0, *, release: bool = True) -> None:
+        """Stop the thread and wait; give up the lease and the connection unless
+        ``release`` is False, for a drain's last pass."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            self._thread = None
+        if release:
+            self.release()
+
+    def release(self) -> None:
+        """Give up the lease now (the next worker takes it at its next try), keeping
+        nothing open; a failure to say so leaves the lease to expire."""
+        with self._lock:
+            term, self.term = self.term, None
+            conn = self._conn
+            if term is not None and conn is not None:
+                try:
+                    _leadership.release(conn, {**self._params, "lease_term": term})
+                except Exception:
+                    log.debug("releasing the maintenance lease failed", exc_info=True)
+            self._close()
+
+    def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                log.debug("closing the leader connection failed", exc_info=True)
+
+    def _loop(self) -> None:
+        if self._passed_at is not None:
+            self._stop.wait(self.interval - (time.monotonic() - self._passed_at))
+        while not self._stop.is_set():
+            delay = self.interval
+            try:
+                with self._lock:
+                    self.tick()
+                if self._failures:
+                    log.info("worker %s maintenance connection is back", self.worker_id)
+                self._failures = 0
+            except Exception as exc:
+                with self._lock:
+                    self._close()
+                self._failures += 1
+                delay = _retry.doubling(self.interval, MAX_BACKOFF, self._failures)
+                log.warning(
+                    "worker %s maintenance failed (%s); retrying in %.1fs",
+                    self.worker_id,
+                    _first_line(exc),
+                    delay,
+                )
+            self._stop.wait(delay)
+
+    def tick(self) -> bool:
+        """One pass: take the lease if free, then maintain if leading; True when it did.
+
+        Callers hold ``self._lock``.
+        """
+        self._passed_at = time.monotonic()
+        if self._conn is None:
+            self._conn = _leadership.dedicated(self.engine, autocommit=False)
+        conn = self._conn
+        if self.term is None:
+            self.term = self._take(conn)
+            if self.term is None:
+                return False
+            log.info(
+                "worker %s leads maintenance (rescue, deadlines, sweeps) as term %d",
+                self.worker_id,
+                self.term,
+                extra={"worker_id": self.worker_id, "term": self.term},
+            )
+        try:
+            with conn.begin():
+                self._fence(conn)
+                expired = _rescue.expire_runs(conn)
+                rescued = _rescue.rescue(conn, self.rescue_after)
+            self._report_and_sweep(conn, expired, rescued)
+        except _leadership.LeaseLost:
+            log.warning(
+                "worker %s maintenance refused: its term %d is over (the lease expired or "
+                "another worker took it); it leads again only with a new term",
+                self.worker_id,
+                self.term,
+                extra={"worker_id": self.worker_id, "term": self.term},
+            )
+            self.term = None
+            return False
+        return True
+
+    def _take(self, conn: Connection) -> int | None:
+        return _leadership.take(conn, self._params)
+
+    def _fence(self, conn: Connection) -> None:
+        """Renew this term's lease and lock it for the transaction, or raise LeaseLost."""
+        _leadership.fence(conn, {**self._params, "lease_term": self.term, "idle": self._idle})
+
+    def _report_and_sweep(self, conn: Connection, expired: int, rescued: list[int]) -> None:
+        if expired:
+            log.info("failed %d runs past their deadline", expired)
+        if rescued:
+            log.warning("handed back %d jobs of workers that stopped: %s", len(rescued), rescued)
+        moment = time.monotonic()
+        if self.sweep and (
+            self._last_sweep is None or moment - self._last_sweep >= self.sweep_interval
+        ):
+            self._last_sweep = moment
+            runs_deleted, jobs_deleted = _sweeper.sweep_on(conn, self.sweep_keep, fence=self._fence)
+            if runs_deleted or jobs_deleted:
+                log.info("sweeper deleted %d runs and %d jobs", runs_deleted, jobs_deleted)
+
+    def once(self) -> bool:
+        """A pass on the caller's thread (a drain's first and last), without a sweep: lead
+        if free, then apply deadlines and rescue. Returns whether this worker led; when
+        another worker leads, its own passes apply them instead.
+        """
+        previous, self.sweep = self.sweep, False
+        try:
+            with self._lock:
+                return self.tick()
+        finally:
+            self.sweep = previous
+
+
+def _first_line(exc: Any) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
