@@ -35,7 +35,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from cyclone import _executor, _leader, _observe, _retry, errors, migrations, schedules
+from cyclone import _leader, _observe, _retry, _step_runner, errors, migrations, schedules
 from cyclone._store import binds as _binds
 from cyclone._store import claim as _claim
 from cyclone._store import completion as _completion
@@ -852,7 +852,7 @@ class Worker:
                     "worker %s: outcome of %s refused: lease %d is no longer the job's "
                     "(rescued, handed back, retried or cancelled meanwhile)",
                     self.id,
-                    _executor.describe(job) if job is not None else f"job #{outcome.job_id}",
+                    _step_runner.describe(job) if job is not None else f"job #{outcome.job_id}",
                     outcome.lease,
                 )
             elif isinstance(outcome, _completion.Success):
@@ -931,7 +931,7 @@ class Worker:
         self._wake.set()
 
     def _run_step(self, job: _claim.Claimed) -> _completion.Success | _completion.Failure:
-        return _executor.execute(
+        return _step_runner.execute(
             job, self.engine, self.workflows, self.steps, self.backoff, self.step_context
         )
 
