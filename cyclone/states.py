@@ -117,8 +117,8 @@ deadline) is cancelled when it is rescued or handed back (``cancel_ended``), whe
 attempt fails (``cancel_ended_attempt``), or when it is a wait or sleep node that would
 park (``cancel_ended_park``). A wait or sleep node parks: ``park`` until a time,
 ``park_blocked`` until a signal. Unstarted jobs are cancelled by hand (``cancel``, a
-standalone job), when their run fails (``cancel_unstarted``) or expires
-(``cancel_unstarted_expired``). A run completes when its last step does (``complete``) or
+standalone job), when their run fails or is cancelled (``cancel_unstarted``), or when it
+expires (``cancel_unstarted_expired``). A run completes when its last step does (``complete``) or
 when it is retried with every step already completed (``complete_restarted``).
 
 Each edge is taken by exactly one statement builder of the store, listed in

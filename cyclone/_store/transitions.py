@@ -6,6 +6,25 @@ rescue release running jobs through one builder, :func:`cyclone._store.rescue.
 release_jobs_stmt`, which owns the cancel of a job whose run has ended. tests/test_states.py
 checks that every builder's guarded ``UPDATE`` guards on its edge's sources and sets its
 target, and that every statement of the store that sets a state is listed here.
+
+The invariants that span edges, and the builders that keep them (the queries that check
+them are in tests/support/invariants.py):
+
+- A terminal run has no job available, blocked or running: a run's end takes its
+  unstarted jobs with it in the same transaction (``run.fail`` and ``run.cancel`` with
+  ``job.cancel_unstarted``, ``run.expire`` with ``job.cancel_unstarted_expired``), and a
+  step still running when its run ended is cancelled by whatever comes next for it
+  (``job.cancel_ended`` for a hand-back or rescue, ``job.cancel_ended_attempt`` for a
+  failed attempt, ``job.cancel_ended_park`` for a wait or sleep node), each guarded by
+  the run's state read under the run's lock.
+- A running, started run's ``steps_remaining`` counts its jobs not completed: counted
+  down by ``job.complete`` in the statement that completes the run at zero
+  (``run.complete``), and set again by the resets of a retry (``job.reset*``); a retry
+  that leaves nothing to run completes the run at once (``run.complete_restarted``).
+- A running job has an owner and a lease: ``job.claim`` sets them; the releases
+  (``job.hand_back``, ``job.rescue``, ``job.park``, ``job.park_blocked``,
+  ``job.cancel_ended``, ``job.cancel_ended_park``) clear the owner and move the lease on,
+  so an outcome the execution records late is refused.
 """
 
 from __future__ import annotations
