@@ -48,8 +48,11 @@ class StepStatus:
     attempt: int
     max_attempts: int
     scheduled_at: datetime
+    """The earliest moment its next attempt may start (a delay, a backoff, a sleep)."""
     started_at: datetime | None
+    """When its last attempt started; None before the first."""
     finished_at: datetime | None
+    """When the step reached a terminal state; None until then."""
     errors: list[dict[str, Any]]
     output: Any
     """The step's output, decoded (None until it completes)."""

@@ -56,7 +56,9 @@ class JobStatus:
     max_attempts: int
     created_at: datetime
     scheduled_at: datetime
+    """The earliest moment its next attempt may start (a delay, a retry's backoff)."""
     finished_at: datetime | None
+    """When the job reached a terminal state; None until then."""
     errors: list[dict[str, Any]]
 
     @property
@@ -84,11 +86,11 @@ class Job(Generic[R]):
         """The job's current status.
 
         Raises:
-            NotFoundError: the job was pruned, or its transaction did not commit.
+            NotFoundError: the job was purged, or its transaction did not commit.
         """
         fields = _reads.job_status_now(self._engine, self.id)
         if fields is None:
-            raise errors.NotFoundError(f"job {self.id} does not exist (pruned, or not committed)")
+            raise errors.NotFoundError(f"job {self.id} does not exist (purged, or not committed)")
         return JobStatus(*fields)
 
     def cancel(self) -> None:

@@ -50,10 +50,12 @@ class RunStatus:
     state: RunState
     created_at: datetime
     finished_at: datetime | None
+    """When the run reached a terminal state; None while it runs."""
     deadline: datetime | None
     error: dict[str, Any] | None
     failed_step: str | None
     retention: timedelta | None
+    """How long the run is kept after ``finished_at``; None: the default, ``Worker(retention=)``."""
 
     @property
     def done(self) -> bool:

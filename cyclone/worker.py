@@ -25,6 +25,7 @@ import socket
 import threading
 import time
 import uuid
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
@@ -54,6 +55,8 @@ DEFAULT_CONCURRENCY = 4
 DEFAULT_POLL_INTERVAL = 5.0
 DEFAULT_HEARTBEAT_INTERVAL = timedelta(seconds=5)
 DEFAULT_RESCUE_AFTER = timedelta(minutes=1)
+DEFAULT_RETENTION = _sweeper.DEFAULT_KEEP
+"""How long the sweeper keeps a finished run that has no ``retention`` of its own."""
 IDLE_WAKE = 1.0
 """The longest an idle loop sleeps without a NOTIFY, a finished job or a poll due."""
 SHORT_STEP = 0.01
@@ -250,10 +253,12 @@ class Worker:
             replaced within this plus one interval (at most a second).
         backoff: seconds to wait before attempt ``n + 1`` of a step that raised on
             attempt ``n`` (default: exponential from 1 s, capped at 5 min, with jitter).
-        sweep: run the retention sweeper from :meth:`run` (the maintenance leader sweeps).
-        sweep_keep: how long terminal runs and finished jobs are kept when a run has no
-            ``retention`` of its own.
+        sweep: run the sweeper from :meth:`run`: the maintenance leader purges the finished
+            runs and standalone jobs whose retention has passed.
+        retention: how long the sweeper keeps a finished run that has no ``retention`` of
+            its own, and a finished standalone job (default 7 days).
         sweep_interval: how often the sweeper runs.
+        sweep_keep: the former name of ``retention`` (deprecated: it warns).
         step_context: called before each step; the context manager it returns is entered
             around the step (a framework's application context, or Django's connection
             housekeeping). An error it raises counts as the step's error.
@@ -279,10 +284,20 @@ class Worker:
         rescue_after: timedelta = DEFAULT_RESCUE_AFTER,
         backoff: Callable[[int], float] | None = None,
         sweep: bool = True,
-        sweep_keep: timedelta = _sweeper.DEFAULT_KEEP,
+        retention: timedelta = DEFAULT_RETENTION,
         sweep_interval: timedelta = _sweeper.DEFAULT_INTERVAL,
         step_context: Callable[[], AbstractContextManager[object]] | None = None,
+        sweep_keep: timedelta | None = None,
     ) -> None:
+        if sweep_keep is not None:
+            warnings.warn(
+                "Worker(sweep_keep=) is deprecated: pass retention= (the same duration)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            if retention != DEFAULT_RETENTION and retention != sweep_keep:
+                raise ValueError("give retention= or its former name sweep_keep=, not both")
+            retention = sweep_keep
         self.engine: Engine = _binds.engine_of(bind)
         _check_sequence("workflows", workflows, "workflows=[wf]")
         _check_sequence("steps", steps, "steps=[send_email]")
@@ -324,7 +339,7 @@ class Worker:
         self.rescue_after = rescue_after
         self.backoff = backoff or _retry.exponential()
         self.sweep = sweep
-        self.sweep_keep = sweep_keep
+        self.retention = retention
         self.sweep_interval = sweep_interval.total_seconds()
         self.step_context = step_context
         self.id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -360,6 +375,16 @@ class Worker:
         return (
             f"<cyclone.Worker {self.id} workflows={list(self.workflows)} steps={list(self.steps)}>"
         )
+
+    @property
+    def sweep_keep(self) -> timedelta:
+        """The former name of :attr:`retention` (deprecated: it warns)."""
+        warnings.warn(
+            "Worker.sweep_keep is deprecated: read Worker.retention",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.retention
 
     def __enter__(self) -> Worker:
         return self
@@ -462,7 +487,7 @@ class Worker:
                 self.id,
                 rescue_after=self.rescue_after,
                 sweep=self.sweep and not until_idle,
-                sweep_keep=self.sweep_keep,
+                sweep_keep=self.retention,
                 sweep_interval=self.sweep_interval,
             )
             beater = threading.Thread(

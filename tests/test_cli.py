@@ -306,29 +306,66 @@ def run_step_state(engine: sa.Engine, run_id: object) -> str | None:
     return state
 
 
-def test_dashboard_serves_the_overview_until_interrupted(database_url: URL) -> None:
+def ignore_sigint() -> None:
+    """Run in the child before exec: what `trap "" INT` or a shell's background job does."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def test_the_ignoring_parent_of_the_dashboard_tests_leaves_sigint_ignored() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT).name)"],
+        capture_output=True,
+        text=True,
+        preexec_fn=ignore_sigint,
+        timeout=60,
+    )
+    assert done.stdout == "SIG_IGN\n"
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("parent_ignores_sigint", [False, True], ids=["", "parent-ignores-SIGINT"])
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_dashboard_serves_the_overview_until_sigint_or_sigterm_then_exits_0_and_frees_its_port(
+    database_url: URL, stop: signal.Signals, parent_ignores_sigint: bool
+) -> None:
     port = closed_port()
     url = database_url.render_as_string(hide_password=False)
-    with subprocess.Popen(
+    server = subprocess.Popen(
         [CYCLONE, "dashboard", "--port", str(port), "--url", url],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
-    ) as server:
+        start_new_session=True,
+        preexec_fn=ignore_sigint if parent_ignores_sigint else None,
+    )
+    try:
 
-        def overview() -> int | None:
+        def overview() -> str | None:
             if server.poll() is not None:
                 pytest.fail(f"the dashboard exited: {server.communicate()[1]}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=5) as page:
-                    status: int = page.status
-                    return status
+                    assert page.status == 200
+                    body: str = page.read().decode()
+                    return body
             except OSError:
                 return None
 
-        assert wait_until(overview, timeout=30) == 200
-        server.send_signal(signal.SIGINT)
-        _, stderr = server.communicate(timeout=30)
-    assert f"cyclone dashboard on http://127.0.0.1:{port}/" in stderr
-    assert "Traceback" not in stderr
+        assert "<h1>Overview</h1>" in wait_until(overview, timeout=30)
+        server.send_signal(stop)
+        _, stderr = server.communicate(timeout=15)
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.communicate()
+    assert (server.returncode, stderr) == (
+        0,
+        f"cyclone dashboard on http://127.0.0.1:{port}/\ncyclone dashboard stopped\n",
+    )
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen()

@@ -703,31 +703,39 @@ def test_worker_refuses_an_unmigrated_database(fresh_database: URL) -> None:
 # -- dashboard -------------------------------------------------------------------------
 
 
-def test_dashboard_serves_the_engine_on_the_host_and_port(
+def test_dashboard_serves_the_engine_on_the_host_port_and_threads(
     monkeypatch: pytest.MonkeyPatch, database_url: URL
 ) -> None:
-    served: list[tuple[sa.Engine, str, int]] = []
+    served: list[tuple[sa.Engine, str, int, int]] = []
     module = types.ModuleType("cyclone.dashboard")
-    module.serve = lambda engine, *, host, port: served.append((engine, host, port))  # type: ignore[attr-defined]
+    module.serve = lambda engine, *, host, port, threads: served.append(  # type: ignore[attr-defined]
+        (engine, host, port, threads)
+    )
     monkeypatch.setitem(sys.modules, "cyclone.dashboard", module)
-    done = invoke(database_url, "dashboard", "--host", "0.0.0.0", "--port", "9000")
+    done = invoke(
+        database_url, "dashboard", "--host", "0.0.0.0", "--port", "9000", "--threads", "8"
+    )
     assert done.exit_code == 0, done.output
     defaults = invoke(database_url, "dashboard")
     assert defaults.exit_code == 0, defaults.output
-    assert [(e.url.database, h, p) for e, h, p in served] == [
-        (database_url.database, "0.0.0.0", 9000),
-        (database_url.database, "127.0.0.1", 8421),
+    assert defaults.stderr == (
+        "cyclone dashboard on http://127.0.0.1:8421/\ncyclone dashboard stopped\n"
+    )
+    assert [(e.url.database, h, p, t) for e, h, p, t in served] == [
+        (database_url.database, "0.0.0.0", 9000, 8),
+        (database_url.database, "127.0.0.1", 8421, 4),
     ]
 
 
+@pytest.mark.parametrize("missing", ["cyclone.dashboard", "waitress"])
 def test_dashboard_without_its_extra_is_one_line(
-    monkeypatch: pytest.MonkeyPatch, database_url: URL
+    monkeypatch: pytest.MonkeyPatch, database_url: URL, missing: str
 ) -> None:
-    monkeypatch.setitem(sys.modules, "cyclone.dashboard", None)
+    monkeypatch.setitem(sys.modules, missing, None)
     done = invoke(database_url, "dashboard")
     assert done.exit_code == 1
     assert done.stderr == (
-        "cyclone: the dashboard needs the dashboard extra (no module cyclone.dashboard): "
+        f"cyclone: the dashboard needs the dashboard extra (no module {missing}): "
         "pip install 'cyclone[dashboard]'\n"
     )
 

@@ -215,11 +215,21 @@ def test_run_page_shows_input_result_retention_and_deadline(
     # jsonb keeps keys shorter-first; each on its own indented line.
     assert "{\n  &#34;note&#34;: &#34;gift&#34;,\n  &#34;order_id&#34;: 7\n}" in html
     assert "&#34;shipped charged 7&#34;" in html
-    assert "3 d 00 h after it ends" in html
+    assert "3 d 00 h after it finishes" in html
     deadline = run.status().deadline
     assert deadline is not None
     assert deadline.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") in html
     assert text_of(html).count("completed") >= 5
+
+
+def test_the_run_page_names_times_and_counts_with_the_glossarys_words(
+    engine: sa.Engine, client: Client, failed_run: cyclone.ResultRun[str]
+) -> None:
+    run_page = text_of(client.get(f"/runs/{failed_run.id}").get_data(as_text=True))
+    for label in ("created", "finished", "retention", "steps remaining", "scheduled", "started"):
+        assert re.search(rf"\b{label}\b", run_page), label
+    for retired in ("ready since", "steps left", "no job"):
+        assert retired not in run_page
 
 
 def test_run_page_of_a_missing_run_is_404(client: Client) -> None:

@@ -39,6 +39,13 @@ def test_wheel_ships_every_template_and_static_file(wheel: Path) -> None:
     assert "cyclone/contrib/django/dashboard.py" in names
 
 
+def test_the_dashboard_extra_brings_the_production_server(wheel: Path) -> None:
+    archive = zipfile.ZipFile(wheel)
+    (metadata,) = (n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+    requires = archive.read(metadata).decode().splitlines()
+    assert "Requires-Dist: waitress>=3; extra == 'dashboard'" in requires
+
+
 @pytest.mark.processes
 def test_pages_render_from_the_installed_wheel(
     wheel: Path, database_url: URL, tmp_path: Path

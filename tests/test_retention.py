@@ -258,7 +258,7 @@ def sweeping_worker(
         engine,
         workflows=[wf],
         sweep=True,
-        sweep_keep=keep,
+        retention=keep,
         sweep_interval=timedelta(milliseconds=50),
         poll_interval=0.05,
     )
@@ -286,6 +286,39 @@ def test_the_worker_sweeper_deletes_old_terminal_runs_and_honours_their_retentio
         wait_until(lambda: not existing(engine, [retained]))
         assert existing(engine, [young]) == {young.id}
     assert running.status().state in (cyclone.RunState.RUNNING, cyclone.RunState.COMPLETED)
+
+
+def test_the_former_worker_keyword_sweep_keep_still_sets_the_retention_and_warns(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = workflow(name)
+    old, young = cancelled(engine, wf, 2)
+    age(engine, [old], "2 days")
+    age(engine, [young], "12 hours")
+    with pytest.warns(DeprecationWarning, match=r"sweep_keep=\) is deprecated: pass retention="):
+        worker = cyclone.Worker(
+            engine,
+            workflows=[wf],
+            sweep_keep=DAY,
+            sweep_interval=timedelta(milliseconds=50),
+            poll_interval=0.05,
+        )
+    assert worker.retention == DAY
+    with pytest.warns(DeprecationWarning, match="read Worker.retention"):
+        assert worker.sweep_keep == DAY
+    with run_in_thread(worker):
+        wait_until(lambda: not existing(engine, [old]))
+        assert existing(engine, [young]) == {young.id}
+
+
+def test_a_worker_given_retention_and_a_different_sweep_keep_is_refused(
+    engine: sa.Engine, name: str
+) -> None:
+    with (
+        pytest.warns(DeprecationWarning, match="sweep_keep"),
+        pytest.raises(ValueError, match="give retention= or its former name sweep_keep="),
+    ):
+        cyclone.Worker(engine, workflows=[workflow(name)], retention=DAY, sweep_keep=2 * DAY)
 
 
 def test_only_the_maintenance_leader_sweeps(own_engine: sa.Engine, name: str) -> None:
@@ -327,7 +360,7 @@ def test_the_leader_sweeps_on_its_own_connection_while_the_app_holds_the_whole_p
         one,
         workflows=[wf],
         sweep=True,
-        sweep_keep=timedelta(days=1),
+        retention=timedelta(days=1),
         sweep_interval=timedelta(milliseconds=50),
         poll_interval=0.05,
     )

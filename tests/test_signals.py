@@ -185,8 +185,13 @@ def test_a_timeout_fails_the_node_naming_the_signal(engine: sa.Engine, name: str
     wf = checkout(name, timeout=timedelta(milliseconds=500))
     run, _ = wf.submit_once(engine, "k", Order(10, 1))
     worker = cyclone.Worker(engine, workflows=[wf])
-    assert worker.drain() == 1  # reserve; the parked wait node is not counted
-    wait_until(lambda: worker.drain() >= 1, timeout=20, interval=0.1)
+    # Reserve, then the wait node parks until its timeout; on a slow machine the timeout
+    # may pass within the first drain.
+    wait_until(
+        lambda: worker.drain() >= 0 and run.status().state != cyclone.RunState.RUNNING,
+        timeout=20,
+        interval=0.1,
+    )
     status = run.wait(timeout=10)
     assert status.state == cyclone.RunState.FAILED
     assert status.failed_step == "paid"
@@ -200,11 +205,15 @@ def test_a_timeout_fails_the_node_naming_the_signal(engine: sa.Engine, name: str
 
 
 def test_a_timed_out_node_retried_waits_again_for_its_signal(engine: sa.Engine, name: str) -> None:
-    wf = checkout(name, timeout=timedelta(milliseconds=300))
+    # Long enough that the drain after the retry parks the node before its new timeout.
+    wf = checkout(name, timeout=timedelta(seconds=2))
     run, _ = wf.submit_once(engine, "k", Order(11, 1))
     worker = cyclone.Worker(engine, workflows=[wf])
-    worker.drain()
-    wait_until(lambda: worker.drain() >= 1, timeout=20, interval=0.1)
+    wait_until(
+        lambda: worker.drain() >= 0 and run.status().state != cyclone.RunState.RUNNING,
+        timeout=20,
+        interval=0.1,
+    )
     assert run.wait(timeout=10).state == cyclone.RunState.FAILED
     run.retry()
     worker.drain()

@@ -76,7 +76,7 @@ def test_cancel_retry_purge_completions_and_rescue_at_once_never_deadlock(
             backoff=lambda attempt: 0.0,
             poll_interval=0.05,
             sweep=True,
-            sweep_keep=timedelta(0),
+            retention=timedelta(0),
             sweep_interval=timedelta(milliseconds=100),
         )
         for _ in range(2)

@@ -468,15 +468,7 @@ def _add_commands(group: click.Group) -> None:
         if detail is None:
             raise CommandError(f"standalone job {job_id} does not exist")
         if as_json:
-            _output.json_line(
-                {
-                    **_job_record(detail.status),
-                    "started_at": detail.started_at,
-                    "args": detail.args,
-                    "output": detail.output,
-                    "errors": detail.status.errors,
-                }
-            )
+            _output.json_line(_job_detail_record(detail))
         else:
             _print_job_detail(detail)
 
@@ -520,10 +512,18 @@ def _add_commands(group: click.Group) -> None:
     @_command(group, "dashboard")
     @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
     @click.option("--port", type=click.IntRange(0, 65535), default=8421, show_default=True)
-    def dashboard(host: str, port: int) -> None:
-        """Serve the web dashboard (needs the dashboard extra)."""
+    @click.option(
+        "--threads",
+        type=click.IntRange(1),
+        default=4,
+        show_default=True,
+        help="Requests served at once.",
+    )
+    def dashboard(host: str, port: int, threads: int) -> None:
+        """Serve the web dashboard with waitress until SIGINT or SIGTERM (dashboard extra)."""
         try:
             web = importlib.import_module("cyclone.dashboard")
+            importlib.import_module("waitress")
         except ModuleNotFoundError as exc:
             raise CommandError(
                 f"the dashboard needs the dashboard extra (no module {exc.name}): "
@@ -531,7 +531,8 @@ def _add_commands(group: click.Group) -> None:
             ) from exc
         engine = _invocation().engine()
         click.echo(f"cyclone dashboard on http://{host}:{port}/", err=True)
-        web.serve(engine, host=host, port=port)
+        web.serve(engine, host=host, port=port, threads=threads)
+        click.echo("cyclone dashboard stopped", err=True)
 
     @_command(group, "purge", short_help="Delete finished runs and standalone jobs.")
     @click.option(
@@ -577,6 +578,7 @@ def _run_record(run: cyclone.RunStatus) -> dict[str, Any]:
         "deadline": run.deadline,
         "failed_step": run.failed_step,
         "error": run.error,
+        "retention": run.retention,
     }
 
 
@@ -622,13 +624,14 @@ def _step_record(step: StepStatus) -> dict[str, Any]:
         "finished_at": step.finished_at,
         "duration": step.duration,
         "errors": step.errors,
+        "output": step.output,
+        "worker_id": step.worker_id,
     }
 
 
 def _run_detail_record(detail: RunDetail) -> dict[str, Any]:
     return {
         **_run_record(detail.status),
-        "retention": detail.status.retention,
         "input": detail.input,
         "result_step": detail.result_step,
         "result": detail.result,
@@ -712,6 +715,17 @@ def _job_record(job: JobStatus) -> dict[str, Any]:
         "scheduled_at": job.scheduled_at,
         "finished_at": job.finished_at,
         "error": job.errors[-1] if job.errors else None,
+        "errors": job.errors,
+    }
+
+
+def _job_detail_record(detail: JobDetail) -> dict[str, Any]:
+    return {
+        **_job_record(detail.status),
+        "started_at": detail.started_at,
+        "worker_id": detail.worker_id,
+        "args": detail.args,
+        "output": detail.output,
     }
 
 

@@ -8,7 +8,9 @@ and in Django (``include("cyclone.contrib.django.dashboard")``).
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Callable, Mapping
+from types import FrameType
 from typing import Any
 
 from sqlalchemy import Engine
@@ -50,13 +52,41 @@ def serve(
     host: str = "127.0.0.1",
     port: int = 8421,
     authorize: Callable[[Mapping[str, Any]], bool] | None = None,
+    threads: int = 4,
 ) -> None:
-    """Serve the dashboard over HTTP until interrupted (werkzeug's threaded server).
+    """Serve the dashboard over HTTP with waitress until SIGINT or SIGTERM, then return.
 
-    This is what ``cyclone dashboard`` runs. It is meant for operators on a private
-    network; put it behind a reverse proxy with authentication to expose it further.
+    This is what ``cyclone dashboard`` runs. Like gunicorn, it installs its own handlers
+    for SIGINT and SIGTERM (so it stops even when its parent ignored SIGINT, as a shell's
+    background job does): the first of them stops the loop, ends the request threads and
+    closes every socket; the previous handlers are back when it returns. Call it from the
+    main thread. It is meant for operators on a private network; put it behind a reverse
+    proxy with authentication to expose it further.
     """
-    from werkzeug.serving import run_simple
+    from waitress import wasyncore
+    from waitress.server import create_server
 
-    app = create_app(engine, authorize=authorize)
-    run_simple(host, port, app, threaded=True, use_reloader=False, use_debugger=False)
+    sockets: dict[int, Any] = {}
+    server = create_server(
+        create_app(engine, authorize=authorize), map=sockets, host=host, port=port, threads=threads
+    )
+    stopping = False
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        nonlocal stopping
+        if not stopping:
+            stopping = True
+            raise KeyboardInterrupt
+
+    previous = {number: signal.signal(number, stop) for number in _STOP_SIGNALS}
+    try:
+        server.run()  # waitress ends its loop and its threads on KeyboardInterrupt
+    except KeyboardInterrupt:
+        pass  # the signal came before waitress's loop began
+    finally:
+        wasyncore.close_all(sockets)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)

@@ -1,5 +1,8 @@
 """Read-only admin pages for runs and jobs, with actions that retry and cancel.
 
+Columns and labels use the words of the Python API (docs/glossary.md): *started* and
+*finished* for the columns ``attempted_at`` and ``finalized_at``.
+
 Nothing here writes to cyclone's tables through the ORM: the pages only read, and the
 actions call the run handles' ``retry()`` and ``cancel()`` and ``Client.cancel_job()``,
 which keep cyclone's rules (a running run cannot be retried, a finished one cannot be
@@ -12,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import display_for_field
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
@@ -34,6 +38,48 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+def _shown(row: Run | Job, column: str) -> str:
+    """A column's value as the admin shows that field (dates in the site's format)."""
+    field = row._meta.get_field(column)
+    return str(display_for_field(getattr(row, column), field, admin.site.empty_value_display))
+
+
+@admin.display(description="started", ordering="attempted_at")
+def started_at(job: Job) -> str:
+    """When the job's last attempt started (``StepStatus.started_at``)."""
+    return _shown(job, "attempted_at")
+
+
+@admin.display(description="finished", ordering="finalized_at")
+def finished_at(row: Run | Job) -> str:
+    """When the run or job reached a terminal state (``RunStatus.finished_at``)."""
+    return _shown(row, "finalized_at")
+
+
+JOB_FIELDS = (
+    "id",
+    "run",
+    "workflow",
+    "kind",
+    "queue",
+    "priority",
+    "state",
+    "args",
+    "output",
+    "attempt",
+    "max_attempts",
+    "errors",
+    "unique_key",
+    "worker_id",
+    "scheduled_at",
+    "created_at",
+    started_at,
+    "heartbeat_at",
+    finished_at,
+)
+"""A job's page: every column, ``attempted_at`` and ``finalized_at`` under their public words."""
 
 
 class WorkflowFilter(admin.SimpleListFilter):
@@ -64,8 +110,8 @@ class StepInline(admin.TabularInline):
         "attempt",
         "max_attempts",
         "errors",
-        "attempted_at",
-        "finalized_at",
+        started_at,
+        finished_at,
     )
     readonly_fields = fields
     ordering = ("id",)
@@ -116,7 +162,7 @@ def _handle(queryset: QuerySet[Run]) -> Callable[[Run], RunHandle]:
 class RunAdmin(ReadOnlyAdmin):
     """Runs newest first, filtered by state and workflow; a run's page lists its steps."""
 
-    list_display = ("id", "workflow", "submit_key", "state", "created_at", "finalized_at")
+    list_display = ("id", "workflow", "submit_key", "state", "created_at", finished_at)
     list_filter = ("state", WorkflowFilter)
     search_fields = ("=submit_key",)
     show_full_result_count = False
@@ -149,8 +195,10 @@ class JobAdmin(ReadOnlyAdmin):
         "state",
         "attempt",
         "created_at",
-        "finalized_at",
+        finished_at,
     )
+    fields = JOB_FIELDS
+    readonly_fields = JOB_FIELDS
     list_filter = ("state", WorkflowFilter)
     search_fields = ("=kind", "=unique_key")
     show_full_result_count = False

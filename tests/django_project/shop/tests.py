@@ -375,6 +375,27 @@ class AdminTests(EmptiesCycloneTables):
         page = self.client.get(f"/admin/cyclone/job/{step.id}/change/")
         self.assertContains(page, "supplier has no tea")
 
+    def test_admin_pages_say_started_and_finished_as_the_api_does_not_the_column_names(
+        self,
+    ) -> None:
+        step = Job.objects.get(run_id=self.failed.id)
+        pages = {
+            "run list": self.client.get("/admin/cyclone/run/"),
+            "run page": self.client.get(f"/admin/cyclone/run/{self.failed.id}/change/"),
+            "job list": self.client.get("/admin/cyclone/job/"),
+            "job page": self.client.get(f"/admin/cyclone/job/{step.id}/change/"),
+        }
+        for where, page in pages.items():
+            with self.subTest(where):
+                self.assertContains(page, "Finished")
+                for label in ("Attempted", "Finalized", ">finalized", ">attempted"):
+                    self.assertNotContains(page, label)
+        for where in ("run page", "job page"):
+            self.assertContains(pages[where], "Started")
+        # The finished columns still sort, by the column behind them.
+        for where in ("run list", "job list"):
+            self.assertContains(pages[where], 'class="sortable column-finished_at')
+
     def test_pages_are_read_only(self) -> None:
         page = self.client.get("/admin/cyclone/run/")
         self.assertNotContains(page, "/admin/cyclone/run/add/")
