@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 if TYPE_CHECKING:
     from sqlalchemy import Engine
 
-    from cyclone._claim import Claimed
+    from cyclone._store.claim import Claimed
 
 F = TypeVar("F", bound=Callable[..., Any])
 

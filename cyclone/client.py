@@ -2,7 +2,7 @@
 pagination, details, counts), and purging.
 
 The CLI, the dashboard and the Django admin's actions read through it; its statements
-live in :mod:`cyclone._reads` and :mod:`cyclone._counts`.
+live in :mod:`cyclone._store.reads` and :mod:`cyclone._store.counts`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,13 @@ from typing import Any, Protocol
 
 from sqlalchemy import Connection, Engine
 
-from cyclone import _binds, _codec, _counts, _lookup, _reads, _standalone, _sweeper, schedules
+from cyclone import _codec, schedules
+from cyclone._store import binds as _binds
+from cyclone._store import counts as _counts
+from cyclone._store import lookup as _lookup
+from cyclone._store import reads as _reads
+from cyclone._store import standalone as _standalone
+from cyclone._store import sweep as _sweeper
 from cyclone.jobs import JobStatus
 from cyclone.runs import RunStatus
 from cyclone.schedules import ScheduleStatus

@@ -6,7 +6,9 @@ import sqlalchemy as sa
 from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 
-from cyclone import _binds, _fastpath, _notify
+from cyclone._store import binds as _binds
+from cyclone._store import fastpath as _fastpath
+from cyclone._store import notify as _notify
 
 
 def close(engine: Engine) -> None:

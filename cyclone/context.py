@@ -6,11 +6,10 @@ import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 
-from cyclone import _binds, _codec
-from cyclone.schema import jobs, runs
-from cyclone.states import JobState, RunState
+from cyclone import _codec
+from cyclone._store import rescue as _rescue
 
 if TYPE_CHECKING:
     from cyclone.workflow import Step
@@ -83,12 +82,4 @@ class StepContext:
         outcome of this execution would be refused. One query; long steps can call it
         between chunks of work and return early.
         """
-        with _binds.autocommit(self._engine) as conn:
-            if self.run_id is not None:
-                state = conn.execute(select(runs.c.state).where(runs.c.id == self.run_id)).scalar()
-                if state != RunState.RUNNING.value:
-                    return True
-            row = conn.execute(
-                select(jobs.c.state, jobs.c.lease).where(jobs.c.id == self.job_id)
-            ).first()
-        return row is None or row[0] != JobState.RUNNING.value or row[1] != self._lease
+        return _rescue.execution_ended(self._engine, self.run_id, self.job_id, self._lease)

@@ -14,7 +14,11 @@ from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Engine
 
-from cyclone import _binds, _codec, _fastpath, _observe, _reads, _standalone, errors
+from cyclone import _codec, _observe, errors
+from cyclone._store import binds as _binds
+from cyclone._store import fastpath as _fastpath
+from cyclone._store import reads as _reads
+from cyclone._store import standalone as _standalone
 from cyclone.runs import read_within, wait_until_finished
 from cyclone.states import TERMINAL_JOB_STATES, JobState
 
@@ -63,10 +67,6 @@ class JobStatus:
         return self.state in TERMINAL_JOB_STATES
 
 
-_SELECT_JOB = _reads.select_job_stmt()
-_SELECT_OUTPUT = _reads.select_job_output_stmt()
-
-
 class Job(Generic[R]):
     """A handle on one standalone job."""
 
@@ -88,11 +88,10 @@ class Job(Generic[R]):
         Raises:
             NotFoundError: the job was purged, or its transaction did not commit.
         """
-        with _binds.autocommit(self._engine) as conn:
-            row = conn.execute(_SELECT_JOB, {"job_id": self.id}).first()
-        if row is None:
+        fields = _reads.job_status_now(self._engine, self.id)
+        if fields is None:
             raise errors.NotFoundError(f"job {self.id} does not exist (purged, or not committed)")
-        return JobStatus(*_reads.job_status_fields(row))
+        return JobStatus(*fields)
 
     def cancel(self) -> None:
         """Cancel the job if it has not started (a running job finishes its attempt).
@@ -117,9 +116,7 @@ class Job(Generic[R]):
         return result
 
     def _read_output(self) -> str | None:
-        with _binds.autocommit(self._engine) as conn:
-            output: str | None = conn.execute(_SELECT_OUTPUT, {"job_id": self.id}).one()[1]
-        return output
+        return _reads.job_output(self._engine, self.id)
 
     def result(self, timeout: float | None = None) -> R:
         """Wait for the job and return its output, decoded to the step's return type.
@@ -156,12 +153,11 @@ def _enqueue(conn: _fastpath.Executor, engine: Engine, req: EnqueueRequest) -> J
         "trace_context": _observe.trace_context(),
     }
     for _ in range(_MAX_RACE_RETRIES):
-        inserted = conn.execute(_standalone.INSERT_JOB, params)
-        if inserted:
-            return Job(engine, inserted[0][0], req.kind, req.unique, req.output_type)
-        holders = conn.execute(_standalone.SELECT_HOLDER, params)
-        if holders:
-            holder = holders[0][0]
+        job_id = _standalone.insert_job(conn, params)
+        if job_id is not None:
+            return Job(engine, job_id, req.kind, req.unique, req.output_type)
+        holder = _standalone.holder_of(conn, params)
+        if holder is not None:
             assert req.unique is not None
             raise errors.DuplicateError(kind=req.kind, key=req.unique, job_id=holder)
     raise RuntimeError(f"unique key {req.unique!r} kept changing hands while enqueueing")

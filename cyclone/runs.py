@@ -1,7 +1,7 @@
 """Run handles: ``Run`` and ``ResultRun`` (status, wait, result, cancel, retry, retention).
 
 Handles hold the Engine and open short transactions of their own; cancel and retry are
-:mod:`cyclone._control`'s. Waiting is woken by
+:mod:`cyclone._store.control`'s. Waiting is woken by
 ``NOTIFY cyclone_run_finished`` and falls back to a slow poll.
 """
 
@@ -17,21 +17,16 @@ from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
 
 import psycopg
-from sqlalchemy import Connection, Engine, bindparam, update
+from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from cyclone import (
-    _codec,
-    _control,
-    _deadline,
-    _fastpath,
-    _notify,
-    _reads,
-    _retry,
-    _waits,
-    errors,
-)
-from cyclone.schema import runs
+from cyclone import _codec, _retry, errors
+from cyclone._store import control as _control
+from cyclone._store import deadline as _deadline
+from cyclone._store import fastpath as _fastpath
+from cyclone._store import notify as _notify
+from cyclone._store import reads as _reads
+from cyclone._store import waits as _waits
 from cyclone.states import TERMINAL_RUN_STATES, RunState
 
 Out = TypeVar("Out")
@@ -66,20 +61,6 @@ class RunStatus:
     def done(self) -> bool:
         """True once the run is completed, failed or cancelled."""
         return self.state in TERMINAL_RUN_STATES
-
-
-_SET_RETENTION = (
-    update(runs)
-    .where(runs.c.id == bindparam("rid"))
-    .values(retention=bindparam("retention"))
-    .returning(runs.c.id)
-)
-
-
-_SELECT_STATUS = _reads.select_status_stmt()
-_SELECT_RESULT = _reads.select_result_stmt()
-_FAST_SELECT_STATUS = _fastpath.Compiled(_SELECT_STATUS)
-_FAST_SELECT_RESULT = _fastpath.Compiled(_SELECT_RESULT)
 
 
 def lost_connection(exc: BaseException) -> bool:
@@ -142,7 +123,7 @@ def wait_until_finished(
     applies, and a timeout is raised only after at least one read was tried. Each read
     is bounded by the time left (see :func:`read_within`), so the wait ends by its
     deadline even when the network to the server is frozen (a read that follows a wait
-    may take :data:`cyclone._deadline.MIN_READ_WINDOW` past it).
+    may take :data:`cyclone._store.deadline.MIN_READ_WINDOW` past it).
 
     With a timeout the reads run on a helper thread; the wait before a read runs there
     too, so that the notification wakes the thread that reads, not the caller, which
@@ -224,22 +205,16 @@ class Run:
     def __hash__(self) -> int:
         return hash(self.id)
 
-    def _read_status(self, conn: Connection) -> RunStatus:
-        row = conn.execute(_SELECT_STATUS, {"rid": self.id}).first()
-        if row is None:
-            raise errors.NotFoundError(f"run {self.id} does not exist (purged, or not committed)")
-        return RunStatus(*_reads.run_status_fields(row))
-
     def status(self) -> RunStatus:
         """The run's current status.
 
         Raises:
             NotFoundError: the run was purged, or the submitting transaction did not commit.
         """
-        rows = _fastpath.execute(self._engine, _FAST_SELECT_STATUS, {"rid": self.id})
-        if not rows:
+        fields = _reads.run_status_now(self._engine, self.id)
+        if fields is None:
             raise errors.NotFoundError(f"run {self.id} does not exist (purged, or not committed)")
-        return RunStatus(*_reads.run_status_fields(rows[0]))
+        return RunStatus(*fields)
 
     def wait(self, timeout: float | None = None) -> RunStatus:
         """Wait until the run is completed, failed or cancelled; return its status.
@@ -314,10 +289,8 @@ class Run:
             not isinstance(retention, timedelta) or retention < timedelta()
         ):
             raise ValueError("retention must be a non-negative timedelta or None")
-        with self._engine.begin() as conn:
-            found = conn.execute(_SET_RETENTION, {"rid": self.id, "retention": retention})
-            if found.first() is None:
-                raise errors.NotFoundError(f"run {self.id} does not exist")
+        if not _control.set_retention(self._engine, self.id, retention):
+            raise errors.NotFoundError(f"run {self.id} does not exist")
 
 
 class ResultRun(Run, Generic[Out]):
@@ -338,8 +311,7 @@ class ResultRun(Run, Generic[Out]):
         self.output_type = output_type
 
     def _read_result(self) -> tuple[RunState, str | None, str | None]:
-        rows = _fastpath.execute(self._engine, _FAST_SELECT_RESULT, {"rid": self.id})
-        row = rows[0] if rows else None
+        row = _reads.run_result(self._engine, self.id)
         if row is None:
             raise errors.NotFoundError(f"run {self.id} does not exist (purged, or not committed)")
         return RunState(row[0]), row[1], row[2]

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, Engine, bindparam, func, select, update
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import Connection, Engine
 
 from cyclone import _keys, _ticks, errors
-from cyclone.schema import MISSED_POLICIES, schedules
+from cyclone._store import schedules as _schedules
+from cyclone.schema import MISSED_POLICIES
 
 if TYPE_CHECKING:
     from cyclone.workflow import Workflow
@@ -128,88 +128,13 @@ class ScheduleStatus:
     updated_at: datetime
 
 
-# -- statements ------------------------------------------------------------------------
-
-
-def upsert_stmt(rows: Sequence[Schedule]) -> Any:
-    """Register schedules: a new one starts at now (no past ticks), a known one keeps its
-    ``last_tick`` and ``paused`` and takes the definition given."""
-    stmt = insert(schedules).values(
-        [
-            {
-                "name": s.name,
-                "workflow": s.workflow.name,
-                "cron": s.spec.cron,
-                "every": s.spec.every,
-                "timezone": s.spec.timezone,
-                "missed": s.missed,
-                "max_catch_up": s.max_catch_up,
-                "last_tick": func.now(),
-            }
-            for s in rows
-        ]
-    )
-    changed = ("workflow", "cron", "every", "timezone", "missed", "max_catch_up")
-    excluded = stmt.excluded
-    return stmt.on_conflict_do_update(
-        index_elements=[schedules.c.name],
-        set_={**{c: excluded[c] for c in changed}, "updated_at": func.now()},
-        where=func.row(*(schedules.c[c] for c in changed)).is_distinct_from(
-            func.row(*(excluded[c] for c in changed))
-        ),
-    )
-
-
-_LOCK = (
-    select(schedules.c.paused, schedules.c.last_tick, func.now())
-    .where(schedules.c.name == bindparam("schedule"))
-    .with_for_update(skip_locked=True)
-)
-_EXISTS = select(schedules.c.name).where(schedules.c.name == bindparam("schedule"))
-_ADVANCE = (
-    update(schedules)
-    .where(schedules.c.name == bindparam("schedule"))
-    .values(last_tick=bindparam("tick", type_=schedules.c.last_tick.type))
-)
-_STATUS_COLUMNS = (
-    schedules.c.name,
-    schedules.c.workflow,
-    schedules.c.cron,
-    schedules.c.every,
-    schedules.c.timezone,
-    schedules.c.missed,
-    schedules.c.max_catch_up,
-    schedules.c.paused,
-    schedules.c.last_tick,
-    schedules.c.updated_at,
-)
-_LIST = select(*_STATUS_COLUMNS, func.now()).order_by(schedules.c.name)
-_PAUSE = (
-    update(schedules)
-    .where(schedules.c.name == bindparam("schedule"))
-    .values(paused=True, updated_at=func.now())
-    .returning(schedules.c.name)
-)
-_RESUME = (
-    update(schedules)
-    .where(schedules.c.name == bindparam("schedule"))
-    .values(
-        paused=False,
-        last_tick=func.greatest(schedules.c.last_tick, func.now()),
-        updated_at=func.now(),
-    )
-    .returning(schedules.c.name)
-)
-
-
 # -- operations ------------------------------------------------------------------------
 
 
 def register(engine: Engine, defined: Sequence[Schedule]) -> None:
     """Insert or update the rows of ``defined``; one statement."""
     if defined:
-        with engine.begin() as conn:
-            conn.execute(upsert_stmt(sorted(defined, key=lambda s: s.name)))
+        _schedules.register(engine, defined)
 
 
 def _status(row: Any) -> ScheduleStatus:
@@ -238,8 +163,7 @@ def _status(row: Any) -> ScheduleStatus:
 
 def list_all(engine: Engine) -> list[ScheduleStatus]:
     """Every registered schedule, by name; one statement."""
-    with engine.connect() as conn:
-        return [_status(row) for row in conn.execute(_LIST)]
+    return [_status(row) for row in _schedules.list_rows(engine)]
 
 
 def set_paused(engine: Engine, name: str, paused: bool) -> None:
@@ -248,9 +172,7 @@ def set_paused(engine: Engine, name: str, paused: bool) -> None:
     Raises:
         NotFoundError: no schedule of that name is registered.
     """
-    with engine.begin() as conn:
-        found = conn.execute(_PAUSE if paused else _RESUME, {"schedule": name}).first()
-    if found is None:
+    if not _schedules.set_paused(engine, name, paused):
         raise errors.NotFoundError(f"no schedule named {name!r} is registered")
 
 
@@ -270,10 +192,10 @@ def fire(conn: Connection, schedule: Schedule) -> Fired:
     ``last_tick``. A locked row (another worker is firing it) is looked at again
     shortly; a missing one (deleted by hand) is registered again.
     """
-    row = conn.execute(_LOCK, {"schedule": schedule.name}).first()
+    row = _schedules.lock(conn, schedule.name)
     if row is None:
-        if conn.execute(_EXISTS, {"schedule": schedule.name}).first() is None:
-            conn.execute(upsert_stmt([schedule]))  # deleted by hand: register it again
+        if not _schedules.exists(conn, schedule.name):
+            _schedules.register_one(conn, schedule)  # deleted by hand: register it again
             return Fired((), 0.0)
         return Fired((), LOCKED_RETRY)
     paused, last_tick, now = row
@@ -288,7 +210,7 @@ def fire(conn: Connection, schedule: Schedule) -> Fired:
             # by an earlier definition): that run stands for the tick.
             log.warning("schedule %s: tick %s kept its existing run: %s", schedule.name, tick, exc)
     if ticks:
-        conn.execute(_ADVANCE, {"schedule": schedule.name, "tick": ticks[-1]})
+        _schedules.advance(conn, schedule.name, ticks[-1])
     following = _ticks.following(schedule.spec, max(last_tick, now, *ticks))
     wait = MAX_SLEEP if following is None else (following - now).total_seconds() + WAKE_SLACK
     return Fired(tuple(ticks), max(0.0, min(wait, MAX_SLEEP)))

@@ -1,9 +1,8 @@
 """The run and job state machines, declared once in :data:`EDGES`; CHECKs enforce the states.
 
 Every state change is a guarded ``UPDATE`` (``WHERE state IN (sources)``) implementing
-one or more edges of the table; the modules that own the statements (``_claim``,
-``_completion``, ``_rescue``, ``_control``) name the edges each implements (their
-``TRANSITIONS``), and a test checks each against this table.
+one or more edges of the table; :mod:`cyclone._store.transitions` names, for each edge, the
+one builder of the store that implements it, and a test checks each against this table.
 
 Lock order: a statement or transaction that locks both a run and its jobs locks the run
 first (``FOR NO KEY UPDATE``, several runs in id order), then the jobs (in id order).
@@ -74,6 +73,7 @@ EDGES: dict[str, Edge] = {
     for edge in (
         # runs
         Edge("run", "complete", (_R.RUNNING.value,), _R.COMPLETED.value),
+        Edge("run", "complete_restarted", (_R.RUNNING.value,), _R.COMPLETED.value),
         Edge("run", "fail", (_R.RUNNING.value,), _R.FAILED.value),
         Edge("run", "expire", (_R.RUNNING.value,), _R.FAILED.value),
         Edge("run", "cancel", (_R.RUNNING.value,), _R.CANCELLED.value),
@@ -91,10 +91,16 @@ EDGES: dict[str, Edge] = {
         Edge("job", "retry_attempt", (_J.RUNNING.value,), _J.AVAILABLE.value),
         Edge("job", "fail", (_J.RUNNING.value,), _J.FAILED.value),
         Edge("job", "cancel_ended", (_J.RUNNING.value,), _J.CANCELLED.value),
+        Edge("job", "cancel_ended_attempt", (_J.RUNNING.value,), _J.CANCELLED.value),
+        Edge("job", "cancel_ended_park", (_J.RUNNING.value,), _J.CANCELLED.value),
+        Edge("job", "park", (_J.RUNNING.value,), _J.AVAILABLE.value),
+        Edge("job", "park_blocked", (_J.RUNNING.value,), _J.BLOCKED.value),
         Edge("job", "rescue", (_J.RUNNING.value,), _J.AVAILABLE.value),
         Edge("job", "rescue_give_up", (_J.RUNNING.value,), _J.FAILED.value),
         Edge("job", "hand_back", (_J.RUNNING.value,), _J.AVAILABLE.value),
+        Edge("job", "cancel", _UNSTARTED, _J.CANCELLED.value),
         Edge("job", "cancel_unstarted", _UNSTARTED, _J.CANCELLED.value),
+        Edge("job", "cancel_unstarted_expired", _UNSTARTED, _J.CANCELLED.value),
         Edge("job", "reset", (_J.FAILED.value, _J.CANCELLED.value), _J.AVAILABLE.value),
         Edge("job", "reset_blocked", (_J.FAILED.value, _J.CANCELLED.value), _J.BLOCKED.value),
         Edge("job", "reset_all", _TERMINAL_JOBS, _J.AVAILABLE.value),
@@ -107,5 +113,15 @@ A job is born when the claim that starts its run creates the run's steps: blocke
 (a root) available, or running for that claim's worker, its first attempt.
 
 A step whose run ended while it ran (cancelled, failed by another step, past its
-deadline) is ``cancel_ended`` when its attempt fails, is rescued or handed back.
+deadline) is cancelled when it is rescued or handed back (``cancel_ended``), when its
+attempt fails (``cancel_ended_attempt``), or when it is a wait or sleep node that would
+park (``cancel_ended_park``). A wait or sleep node parks: ``park`` until a time,
+``park_blocked`` until a signal. Unstarted jobs are cancelled by hand (``cancel``, a
+standalone job), when their run fails or is cancelled (``cancel_unstarted``), or when it
+expires (``cancel_unstarted_expired``). A run completes when its last step does (``complete``) or
+when it is retried with every step already completed (``complete_restarted``).
+
+Each edge is taken by exactly one statement builder of the store, listed in
+:data:`cyclone._store.transitions.BUILDERS`; edges with the same sources and target are
+distinct operations, written by distinct statements.
 """

@@ -5,7 +5,7 @@ in the same statement as the next claim; daemon threads run the steps. An idle w
 sleeps until ``NOTIFY cyclone_jobs_available`` or its poll interval, on the socket of the
 connection it claims on, which LISTENs (the engine's listener wakes it where that
 connection cannot hold a session). Each claim takes a lease
-(:attr:`cyclone._claim.Claimed.lease`) that every outcome and heartbeat presents: a
+(:attr:`cyclone._store.claim.Claimed.lease`) that every outcome and heartbeat presents: a
 worker that lost a job (rescued, handed back, retried) has its late outcome refused. A
 heartbeat thread on a connection of its own marks held jobs alive; a worker that dies
 mid-step stops beating, and the maintenance leader (:mod:`cyclone._leader`) hands its
@@ -36,24 +36,17 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from cyclone import (
-    _binds,
-    _claim,
-    _completion,
-    _due,
-    _executor,
-    _fastpath,
-    _leader,
-    _notify,
-    _observe,
-    _rescue,
-    _retry,
-    _sweeper,
-    _waits,
-    errors,
-    migrations,
-    schedules,
-)
+from cyclone import _leader, _observe, _retry, _step_runner, errors, migrations, schedules
+from cyclone._store import binds as _binds
+from cyclone._store import claim as _claim
+from cyclone._store import completion as _completion
+from cyclone._store import due as _due
+from cyclone._store import fastpath as _fastpath
+from cyclone._store import leadership as _leadership
+from cyclone._store import notify as _notify
+from cyclone._store import rescue as _rescue
+from cyclone._store import sweep as _sweeper
+from cyclone._store import waits as _waits
 from cyclone.workflow import StandaloneStep, Workflow
 
 log = logging.getLogger("cyclone.worker")
@@ -488,7 +481,7 @@ class Worker:
                 unsubscribe = _notify.listener(self.engine).subscribe(
                     _notify.JOBS_AVAILABLE, self._on_jobs_available
                 )
-            side = _leader.side_engine(self.engine)
+            side = _leadership.side_engine(self.engine)
             self._leader = _leader.Leader(
                 side,
                 self.id,
@@ -554,12 +547,12 @@ class Worker:
         """Mark the jobs this worker holds alive, on a connection of its own.
 
         Neither the application's pool nor the claim loop can hold it up: the connection
-        comes from ``side`` (:func:`cyclone._leader.side_engine`), opened at once. Jobs
+        comes from ``side`` (:func:`cyclone._store.leadership.side_engine`), opened at once. Jobs
         whose outcome waits to be recorded are beaten too: their lease stays valid.
         """
         conn: Connection | None = None
         try:
-            conn = _leader.dedicated(side, autocommit=True)
+            conn = _leadership.dedicated(side, autocommit=True)
         except Exception as exc:
             log.warning("worker %s heartbeat cannot connect yet (%s)", self.id, _first_line(exc))
         failures = 0
@@ -573,7 +566,7 @@ class Worker:
                     continue
                 try:
                     if conn is None:
-                        conn = _leader.dedicated(side, autocommit=True)
+                        conn = _leadership.dedicated(side, autocommit=True)
                     _rescue.heartbeat(conn, held)
                     failures = 0
                 except Exception as exc:
@@ -884,7 +877,7 @@ class Worker:
                     "worker %s: outcome of %s refused: lease %d is no longer the job's "
                     "(rescued, handed back, retried or cancelled meanwhile)",
                     self.id,
-                    _executor.describe(job) if job is not None else f"job #{outcome.job_id}",
+                    _step_runner.describe(job) if job is not None else f"job #{outcome.job_id}",
                     outcome.lease,
                 )
             elif isinstance(outcome, _completion.Success):
@@ -963,7 +956,7 @@ class Worker:
         self._wake.set()
 
     def _run_step(self, job: _claim.Claimed) -> _completion.Success | _completion.Failure:
-        return _executor.execute(
+        return _step_runner.execute(
             job, self.engine, self.workflows, self.steps, self.backoff, self.step_context
         )
 

@@ -14,22 +14,16 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
-from cyclone import (
-    _binds,
-    _fastpath,
-    _graph,
-    _keys,
-    _lookup,
-    _waits,
-    errors,
-    jobs,
-    schedules,
-    submit,
-)
+from cyclone import _graph, _keys, errors, jobs, schedules
+from cyclone._store import binds as _binds
+from cyclone._store import fastpath as _fastpath
+from cyclone._store import lookup as _lookup
+from cyclone._store import submission
+from cyclone._store import waits as _waits
 from cyclone.runs import ResultRun, Run
 
 if TYPE_CHECKING:
-    from cyclone._binds import Bind, Conn
+    from cyclone._store.binds import Bind, Conn
     from cyclone.context import StepContext
 
 In = TypeVar("In")
@@ -169,7 +163,7 @@ class Workflow(Generic[In]):
         self.queue = queue
         self.steps: dict[str, Step[Any]] = {}
         self._result: str | None = None
-        self._plan: submit.Plan | None = None
+        self._plan: submission.Plan | None = None
         self._signals: dict[str, Any] | None = None
         self.schedules: dict[str, schedules.Schedule] = {}
 
@@ -350,10 +344,10 @@ class Workflow(Generic[In]):
             steps=tuple(self.steps[name].snapshot() for name in order), result=self._result
         )
 
-    def plan(self) -> submit.Plan:
+    def plan(self) -> submission.Plan:
         """The validated, encoded submit parameters of this workflow (cached)."""
         if self._plan is None:
-            self._plan = submit.Plan.build(self.name, self.graph())
+            self._plan = submission.Plan.build(self.name, self.graph())
         return self._plan
 
     def _encode_input(self, value: In) -> str:
@@ -361,7 +355,7 @@ class Workflow(Generic[In]):
 
         return _codec.encode(value, what=f"input of workflow {self.name!r}", type_=self.input_type)
 
-    def _handle(self, row: submit.Submitted) -> Run:
+    def _handle(self, row: submission.Submitted) -> Run:
         return Run(
             row.engine,
             row.run_id,
@@ -382,7 +376,7 @@ class Workflow(Generic[In]):
         delay: timedelta | None = None,
     ) -> Run:
         """Make a new run in a transaction of its own. Each call makes a new run."""
-        row = submit.submit(
+        row = submission.submit(
             bind, self.plan(), self._encode_input(input), deadline, retention, run_at, delay
         )
         return self._handle(row)
@@ -398,7 +392,7 @@ class Workflow(Generic[In]):
         delay: timedelta | None = None,
     ) -> Run:
         """Make a new run inside the caller's transaction; it exists once they commit."""
-        row = submit.submit_tx(
+        row = submission.submit_tx(
             conn, self.plan(), self._encode_input(input), deadline, retention, run_at, delay
         )
         return self._handle(row)
@@ -421,7 +415,7 @@ class Workflow(Generic[In]):
             InputError: the input cannot be encoded or does not match the input type.
             SubmitConflictError: the key's run has a different input (nothing is inserted).
         """
-        row = submit.submit_once(
+        row = submission.submit_once(
             bind, self.plan(), key, self._encode_input(input), deadline, retention, run_at, delay
         )
         return self._handle(row), row.created
@@ -442,7 +436,7 @@ class Workflow(Generic[In]):
         A concurrent transaction submitting the same key waits until this one ends; a
         conflict raises without aborting the caller's transaction.
         """
-        row = submit.submit_once_tx(
+        row = submission.submit_once_tx(
             conn, self.plan(), key, self._encode_input(input), deadline, retention, run_at, delay
         )
         return self._handle(row), row.created
@@ -464,7 +458,7 @@ class Workflow(Generic[In]):
         rolled back: nothing is inserted.
         """
         encoded = [(key, self._encode_input(value)) for key, value in items]
-        rows = submit.submit_once_many(
+        rows = submission.submit_once_many(
             bind, self.plan(), encoded, deadline, retention, run_at, delay
         )
         return [(self._handle(row), row.created) for row in rows]
@@ -525,7 +519,7 @@ class Workflow(Generic[In]):
         run_id = _lookup.run_id_by_key(bind, self.name, key)
         if run_id is None:
             return None
-        return self._handle(submit.Submitted(_binds.engine_of(bind), run_id, key, False))
+        return self._handle(submission.Submitted(_binds.engine_of(bind), run_id, key, False))
 
     def get_run_tx(self, conn: Conn, key: str) -> Run | None:
         """As :meth:`get_run`, read inside the caller's transaction (it sees its own runs)."""
@@ -533,7 +527,7 @@ class Workflow(Generic[In]):
         run_id = _lookup.run_id_by_key_tx(executor, self.name, key)
         if run_id is None:
             return None
-        return self._handle(submit.Submitted(engine, run_id, key, False))
+        return self._handle(submission.Submitted(engine, run_id, key, False))
 
     def run(self, bind: Bind, run_id: uuid.UUID | str) -> Run:
         """The handle of run ``run_id`` of this workflow.
@@ -542,7 +536,7 @@ class Workflow(Generic[In]):
             NotFoundError: there is no such run, or it belongs to another workflow.
         """
         rid, key = _lookup.key_of_run(bind, self.name, run_id)
-        return self._handle(submit.Submitted(_binds.engine_of(bind), rid, key, False))
+        return self._handle(submission.Submitted(_binds.engine_of(bind), rid, key, False))
 
     # -- signals (keys and time) --------------------------------------------------------
 
@@ -626,7 +620,7 @@ class ResultWorkflow(Workflow[In], Generic[In, Out]):
         """Decorate the result node: its output, decoded to ``output``, is the run's result."""
         return self._decorator(name, after, max_attempts, queue, priority, is_result=True)
 
-    def _handle(self, row: submit.Submitted) -> ResultRun[Out]:
+    def _handle(self, row: submission.Submitted) -> ResultRun[Out]:
         return ResultRun(
             row.engine,
             row.run_id,

@@ -17,7 +17,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 import cyclone
-from cyclone import _binds
+from cyclone._store import binds as _binds
 from tests.support.factories import count_runs, workflow
 
 KINDS = [

@@ -13,7 +13,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 import cyclone
-from cyclone import _fastpath, _notify
+from cyclone._store import fastpath as _fastpath
+from cyclone._store import notify as _notify
 from tests.conftest import admin_url, wait_until
 from tests.support.factories import workflow
 

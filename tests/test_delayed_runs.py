@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 import cyclone
-from cyclone import _notify
+from cyclone._store import notify as _notify
 from cyclone.schema import jobs
 from tests.conftest import StatementCounter, wait_until
 from tests.support.counting import Recorder

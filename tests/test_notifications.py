@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import cyclone
-from cyclone import _notify
+from cyclone._store import notify as _notify
 from tests.support.factories import workflow
 
 

@@ -22,7 +22,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.orm import Session
 
 import cyclone
-from cyclone._leader import LEADERSHIP
+from cyclone._store.leadership import LEADERSHIP
 from cyclone.schema import leader
 from tests.conftest import wait_until
 from tests.support import docs

@@ -27,7 +27,12 @@ SQL_NAMES = {
     "sqlalchemy.func",
 }
 SQL_MODULES = ("sqlalchemy.sql", "sqlalchemy.dialects", "cyclone.schema")
-STORE_MODULES = {"cyclone._reads", "cyclone._counts", "cyclone._standalone", "cyclone._fastpath"}
+STORE_MODULES = {
+    "cyclone._store.reads",
+    "cyclone._store.counts",
+    "cyclone._store.standalone",
+    "cyclone._store.fastpath",
+}
 SENDS = {"execute", "exec_driver_sql", "scalar", "scalars"}
 
 
@@ -87,12 +92,12 @@ def test_the_front_ends_build_and_send_no_sql() -> None:
 def test_the_check_finds_a_statement_built_or_sent(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text(
-        "import sqlalchemy as sa\nfrom cyclone import _reads\n"
+        "import sqlalchemy as sa\nfrom cyclone._store import reads\n"
         "from cyclone.schema import runs\n"
         "def read(conn):\n    return conn.execute(sa.select(runs.c.id)).all()\n"
     )
     assert sql_of(probe) == [
-        "cyclone._reads",
+        "cyclone._store.reads",
         "cyclone.schema.runs",
         "sqlalchemy.select",
         ".execute() at line 5",
@@ -108,7 +113,7 @@ def test_the_check_finds_a_statement_built_or_sent(tmp_path: Path) -> None:
         "from sqlalchemy import text\n",  # a nested banned-api replaces the project's
         "from sqlalchemy.dialects.postgresql import insert\n",
         "from cyclone.schema import runs\n",
-        "from cyclone import _reads\n",
+        "from cyclone._store import reads\n",
     ],
 )
 def test_ruff_refuses_sql_in_each_front_end(front_end: str, source: str) -> None:
@@ -126,11 +131,23 @@ def test_ruff_refuses_sql_in_each_front_end(front_end: str, source: str) -> None
     assert refused.returncode == 1, refused.stdout + refused.stderr
     assert "TID251" in refused.stdout
     if "text" not in source:  # the store's modules may build statements
-        allowed = ruff("cyclone/_probe.py")
+        allowed = ruff("cyclone/_store/probe.py")
         assert "TID251" not in allowed.stdout, allowed.stdout
 
 
-@pytest.mark.parametrize("module_name", ["cyclone.runs", "cyclone.jobs", "cyclone.client"])
+PUBLIC_MODULES = (
+    "cyclone.runs",
+    "cyclone.jobs",
+    "cyclone.client",
+    "cyclone.schedules",
+    "cyclone.workflow",
+    "cyclone.worker",
+    "cyclone.connections",
+    "cyclone.context",
+)
+
+
+@pytest.mark.parametrize("module_name", PUBLIC_MODULES)
 def test_the_public_modules_export_no_statement_or_column_list(module_name: str) -> None:
     module = importlib.import_module(module_name)
     exported = {n: getattr(module, n) for n in dir(module) if not n.startswith("_")}
@@ -151,7 +168,7 @@ def test_the_public_modules_export_no_statement_or_column_list(module_name: str)
         assert not hasattr(module, gone), f"{module_name}.{gone}"
 
 
-PROFILED = {"cyclone._claim", "cyclone._notify"}
+PROFILED = {"cyclone._store.claim", "cyclone._store.notify"}
 """Private modules bench/profile.py wraps to time cyclone's internals themselves."""
 
 

@@ -16,7 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 import cyclone
-from cyclone._leader import LEADERSHIP
+from cyclone._store.leadership import LEADERSHIP
 from cyclone.schema import jobs, leader, runs
 from tests.conftest import StatementCounter, wait_until
 from tests.support.workers import start_runs

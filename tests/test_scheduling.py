@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 
 import cyclone
-from cyclone import _claim
+from cyclone._store import claim as _claim
 from cyclone.schema import jobs, runs
 from tests.conftest import wait_until
 
@@ -478,7 +478,7 @@ def test_jobs_claimed_before_a_failed_statement_still_run_at_once(
     # With per-queue limits a cycle claims queue by queue, one committed statement each.
     # When a later one fails, the jobs the earlier ones claimed must still be started, not
     # left running unowned until a rescue.
-    from cyclone import _claim
+    from cyclone._store import claim as _claim
 
     real = _claim.record_and_claim
     calls = 0

@@ -16,7 +16,9 @@ import pytest
 import sqlalchemy as sa
 
 import cyclone
-from cyclone import _claim, _fastpath, _waits
+from cyclone._store import claim as _claim
+from cyclone._store import fastpath as _fastpath
+from cyclone._store import waits as _waits
 from cyclone.schema import jobs, runs, signals
 from tests.conftest import wait_until
 from tests.support import invariants

@@ -1,9 +1,9 @@
 """The state machines in one table: every guarded UPDATE is tied to its edges, and back.
 
-Each module that owns state-changing statements names, in ``TRANSITIONS``, the edges of
-``cyclone.states.EDGES`` each statement implements. Here each statement's SQL must guard
-on every source state of its edges and set each target, and every edge must be
-implemented by some statement.
+``cyclone._store.transitions.BUILDERS`` names, for each edge of ``cyclone.states.EDGES``,
+the one statement builder of the store that takes it. Here each statement's SQL must guard
+on every source state of its edges and set each target, every edge must have exactly one
+builder, and every statement of the store that sets a state must be one of them.
 """
 
 from __future__ import annotations
@@ -13,19 +13,17 @@ from typing import Any
 
 import pytest
 
-from cyclone import _claim, _completion, _control, _fastpath, _rescue, _standalone, _waits
+from cyclone._store import claim as _claim
+from cyclone._store import fastpath as _fastpath
+from cyclone._store.transitions import BUILDERS, OWNERS
 from cyclone.states import EDGES, Edge
-
-OWNERS = (_claim, _completion, _control, _rescue, _standalone, _waits)
 
 
 def implemented() -> list[tuple[str, Any, Edge]]:
     found = []
-    for module in OWNERS:
-        for build, keys in module.TRANSITIONS.items():
-            for key in keys:
-                assert key in EDGES, f"{module.__name__} names an unknown edge {key!r}"
-                found.append((module.__name__, build, EDGES[key]))
+    for key, build in BUILDERS.items():
+        assert key in EDGES, f"transitions names an unknown edge {key!r}"
+        found.append((f"{build.__module__}.{build.__qualname__}", build, EDGES[key]))
     return found
 
 
@@ -72,12 +70,13 @@ def test_each_guarded_update_guards_on_its_edges_sources_and_sets_its_target(
         )
 
 
-def test_every_edge_is_implemented_by_a_statement() -> None:
-    assert {edge.key for _, _, edge in implemented()} == set(EDGES)
+def test_every_edge_is_implemented_by_exactly_one_builder() -> None:
+    assert sorted(BUILDERS) == sorted(EDGES)
+    assert len({edge.key for _, _, edge in implemented()}) == len(implemented())
 
 
 def test_every_update_of_a_state_in_the_owners_is_tied_to_an_edge() -> None:
-    tied = {build for module in OWNERS for build in module.TRANSITIONS}
+    tied = set(BUILDERS.values())
     for module in OWNERS:
         for name in dir(module):
             if name.endswith("_stmt") and callable(getattr(module, name)):

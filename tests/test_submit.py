@@ -11,8 +11,9 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 import cyclone
-from cyclone import _claim, _fastpath
-from cyclone import submit as submit_module
+from cyclone._store import claim as _claim
+from cyclone._store import fastpath as _fastpath
+from cyclone._store import submission as submit_module
 from cyclone.schema import jobs, runs
 from tests.conftest import StatementCounter
 from tests.support.factories import (

@@ -11,7 +11,8 @@ import pytest
 import sqlalchemy as sa
 
 import cyclone
-from cyclone import _deadline, _fastpath
+from cyclone._store import deadline as _deadline
+from cyclone._store import fastpath as _fastpath
 from cyclone.runs import lost_connection
 from tests.conftest import wait_until
 from tests.support.conninfo import keepalive_settings

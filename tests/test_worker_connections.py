@@ -12,7 +12,8 @@ import pytest
 import sqlalchemy as sa
 
 import cyclone
-from cyclone import _deadline, _notify
+from cyclone._store import deadline as _deadline
+from cyclone._store import notify as _notify
 from tests.conftest import wait_until
 from tests.support.conninfo import keepalive_settings
 from tests.support.counting import CountingCursor, Recorder

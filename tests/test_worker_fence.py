@@ -17,7 +17,10 @@ import pytest
 import sqlalchemy as sa
 
 import cyclone
-from cyclone import _claim, _completion, _fastpath, _rescue
+from cyclone._store import claim as _claim
+from cyclone._store import completion as _completion
+from cyclone._store import fastpath as _fastpath
+from cyclone._store import rescue as _rescue
 from cyclone.schema import jobs
 from tests.conftest import wait_until
 from tests.support import invariants

@@ -23,7 +23,9 @@ from sqlalchemy.engine import URL
 
 import cyclone
 from cyclone import _leader
-from cyclone._leader import LEADER_INTERVAL, LEADERSHIP
+from cyclone._leader import LEADER_INTERVAL
+from cyclone._store import leadership as _leadership
+from cyclone._store.leadership import LEADERSHIP
 from cyclone.schema import leader as leader_table
 from tests.conftest import wait_until
 from tests.support.workers import Background, job_rows, lease, start_runs
@@ -239,7 +241,7 @@ def test_the_server_ends_a_leaders_session_frozen_in_its_transaction_and_another
 ) -> None:
     engine = own_engine
     a, b = candidate(engine, f"{name}-a", 2), candidate(engine, f"{name}-b", 2)
-    frozen = _leader.dedicated(engine, autocommit=False)
+    frozen = _leadership.dedicated(engine, autocommit=False)
     try:
         assert a.once()
         term = a.term

@@ -13,8 +13,8 @@ import pytest
 import sqlalchemy as sa
 
 import cyclone
-from cyclone import _notify
 from cyclone import runs as _runs
+from cyclone._store import notify as _notify
 from tests.conftest import wait_until
 from tests.support.counting import Recorder
 from tests.support.workers import Background, IdleWatch

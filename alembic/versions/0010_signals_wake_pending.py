@@ -7,7 +7,7 @@ Create Date: 2026-12-04
 ``cyclone_signals.wake_pending`` marks a signal whose wait node had parked when it was
 sent: the sender writes the signal row only (a sender's transaction, the caller's own,
 may stay open for long, and must hold no lock a worker waits on), and the next claim
-makes the node available (see :mod:`cyclone._waits`). The partial index is what a
+makes the node available (see :mod:`cyclone._store.waits`). The partial index is what a
 claim reads: the signals still to deliver, almost always none. Rows already in the table
 were delivered by their senders: the column defaults to false, which rewrites no rows.
 

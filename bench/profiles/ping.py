@@ -63,7 +63,7 @@ def profile_ping(engine: sa.Engine, tries: int) -> None:
     """
     import multiprocessing
 
-    from cyclone import _notify
+    from cyclone._store import notify as _notify
 
     mp = multiprocessing.get_context("spawn")
     out: Any = mp.Queue()
@@ -156,7 +156,8 @@ class Trace:
 def traced_serve(url: str, concurrency: int, out: Any, stop: Any) -> None:
     """An idle cyclone worker like :func:`bench.procs.cyclone_serve`, tracing its hot path;
     it sends its marks on ``out`` once ``stop`` is set."""
-    from cyclone import _claim, worker
+    from cyclone import worker
+    from cyclone._store import claim as _claim
 
     trace = Trace()
     woken_by = "_on_notified" if hasattr(worker.Worker, "_on_notified") else "_on_jobs_available"

@@ -18,7 +18,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import OperationalError
 
 import cyclone
-from cyclone import _notify
+from cyclone._store import notify as _notify
 from tests.conftest import wait_until
 from tests.reliability.conftest import figures
 from tests.support.pgcluster import Cluster

@@ -10,7 +10,7 @@ import msgspec
 import sqlalchemy as sa
 
 import cyclone
-from cyclone import _unstarted
+from cyclone._store import unstarted as _unstarted
 from cyclone.schema import jobs, runs
 
 

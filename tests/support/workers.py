@@ -17,8 +17,8 @@ from typing import Any
 import sqlalchemy as sa
 
 import cyclone
-from cyclone import _unstarted
-from cyclone._leader import LEADERSHIP
+from cyclone._store import unstarted as _unstarted
+from cyclone._store.leadership import LEADERSHIP
 from cyclone.schema import jobs, leader
 from tests.support import processes
 
@@ -88,7 +88,7 @@ class JobRow:
 
 def step_columns(engine: sa.Engine, run_id: Any, *names: str) -> list[sa.Row[Any]]:
     """These columns of a run's jobs; a run not started yet shows the steps it will create
-    (``cyclone._unstarted``), as its detail does."""
+    (``cyclone._store.unstarted``), as its detail does."""
     unstarted = _unstarted.steps_of(run_id).subquery("unstarted")
     with engine.connect() as conn:
         return list(

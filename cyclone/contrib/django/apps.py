@@ -9,7 +9,7 @@ from django.db.backends.base.base import NO_DB_ALIAS, BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 from django.utils.connection import ConnectionProxy
 
-from cyclone import _binds
+from cyclone._store import binds as _binds
 from cyclone.contrib.django import _engines
 
 

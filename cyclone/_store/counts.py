@@ -1,7 +1,7 @@
 """The aggregate reads behind ``Client``'s counts: runs and jobs per state, active jobs per
 queue and kind, and the runs and jobs that ended per minute.
 
-A run not started yet has no job rows (:mod:`cyclone._unstarted`); each read here counts
+A run not started yet has no job rows (:mod:`cyclone._store.unstarted`); each read here counts
 its steps as a worker will create them, roots available and the others blocked.
 """
 
@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, and_, func, select, true, union_all
 
-from cyclone import _unstarted
+from cyclone._store import unstarted as _unstarted
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
 

@@ -13,8 +13,11 @@ from typing import Any
 from sqlalchemy import Engine, Interval, Text, bindparam, cast, func, select, update
 from sqlalchemy.dialects.postgresql import JSONB, insert
 
-from cyclone import _binds, _fastpath, _notify, errors
-from cyclone._fastpath import const
+from cyclone import errors
+from cyclone._store import binds as _binds
+from cyclone._store import fastpath as _fastpath
+from cyclone._store import notify as _notify
+from cyclone._store.fastpath import const
 from cyclone.schema import jobs
 from cyclone.states import ACTIVE_JOB_STATES, EDGES, JobState
 
@@ -64,9 +67,21 @@ INSERT_JOB = _fastpath.Compiled(insert_job_stmt())
 SELECT_HOLDER = _fastpath.Compiled(select_active_holder_stmt())
 
 
+def insert_job(conn: _fastpath.Executor, params: dict[str, Any]) -> int | None:
+    """Insert a standalone job; its id, or None when its unique key is held."""
+    inserted = conn.execute(INSERT_JOB, params)
+    return int(inserted[0][0]) if inserted else None
+
+
+def holder_of(conn: _fastpath.Executor, params: dict[str, Any]) -> int | None:
+    """The id of the active job holding the unique key of ``params``, or None."""
+    holders = conn.execute(SELECT_HOLDER, params)
+    return int(holders[0][0]) if holders else None
+
+
 def cancel_job_stmt() -> Any:
     """Cancel a standalone job that has not started; returns nothing otherwise."""
-    edge = EDGES["job.cancel_unstarted"]
+    edge = EDGES["job.cancel"]
     return (
         update(jobs)
         .where(
@@ -78,9 +93,6 @@ def cancel_job_stmt() -> Any:
         .returning(jobs.c.id)
     )
 
-
-TRANSITIONS = {cancel_job_stmt: ("job.cancel_unstarted",)}
-"""The edges of :data:`cyclone.states.EDGES` each statement of this module implements."""
 
 _CANCEL_JOB = cancel_job_stmt()
 _SELECT_STANDALONE_STATE = select(jobs.c.state).where(

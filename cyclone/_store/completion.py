@@ -33,7 +33,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
-from cyclone._fastpath import const
+from cyclone._store.fastpath import const
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
 
@@ -259,14 +259,6 @@ def cancel_unstarted_stmt() -> Any:
     )
 
 
-TRANSITIONS = {
-    retry_job_stmt: ("job.retry_attempt", "job.cancel_ended"),
-    fail_job_stmt: ("job.fail",),
-    fail_run_stmt: ("run.fail",),
-    cancel_unstarted_stmt: ("job.cancel_unstarted",),
-}
-"""The edges of :data:`cyclone.states.EDGES` each statement of this module implements."""
-
 _LOCK_RUNS = lock_runs_of_jobs_stmt()
 _RETRY = retry_job_stmt()
 _FAIL_JOB = fail_job_stmt()
@@ -293,7 +285,7 @@ def record_failures(
     retried or cancelled meanwhile) is refused: its id is not in the result. A job to
     retry whose run has ended is cancelled instead; its id is added to ``ended``. The
     runs of the jobs are locked first, then the jobs in id order. Successes are recorded
-    by the claim statement (:func:`cyclone._claim.record_and_claim`).
+    by the claim statement (:func:`cyclone._store.claim.record_and_claim`).
     """
     recorded: set[int] = set()
     if not failures:

@@ -4,7 +4,7 @@ A ``_tx`` call joins the caller's transaction on any of: a SQLAlchemy ``Connecti
 ORM ``Session``, a ``scoped_session`` (Flask-SQLAlchemy's ``db.session``), a psycopg 3
 ``Connection``, or an object of a class registered with :func:`register_adapter` (the
 Django integration registers Django's connections). cyclone never commits, rolls back or
-closes what it joins. Each kind is turned into an executor of :mod:`cyclone._fastpath`
+closes what it joins. Each kind is turned into an executor of :mod:`cyclone._store.fastpath`
 and the Engine the returned handles use.
 """
 
@@ -21,7 +21,9 @@ from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, scoped_session
 
-from cyclone import _deadline, _fastpath, errors
+from cyclone import errors
+from cyclone._store import deadline as _deadline
+from cyclone._store import fastpath as _fastpath
 
 
 @runtime_checkable

@@ -3,12 +3,13 @@
 Every statement here follows the lock order of :mod:`cyclone.states`: runs first, in id
 order, then jobs, in id order; the heartbeat locks jobs only and never waits. A
 hand-back and a rescue release a running job through one statement builder,
-:func:`release_jobs_stmt` (the park of a wait or sleep node in :mod:`cyclone._waits`
+:func:`release_jobs_stmt` (the park of a wait or sleep node in :mod:`cyclone._store.waits`
 is the one release not written with it yet).
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any
@@ -17,6 +18,7 @@ import msgspec
 from sqlalchemy import (
     BigInteger,
     Connection,
+    Engine,
     Interval,
     Text,
     Uuid,
@@ -32,9 +34,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
-from cyclone import _completion
-from cyclone._completion import run_over
-from cyclone._fastpath import const
+from cyclone._store import binds as _binds
+from cyclone._store import completion as _completion
+from cyclone._store.completion import run_over
+from cyclone._store.fastpath import const
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
 
@@ -236,13 +239,6 @@ def expire_runs_stmt() -> Any:
     )
 
 
-TRANSITIONS = {
-    hand_back_stmt: ("job.hand_back", "job.cancel_ended"),
-    rescue_jobs_stmt: ("job.rescue", "job.rescue_give_up", "job.cancel_ended"),
-    expire_runs_stmt: ("run.expire", "job.cancel_unstarted"),
-}
-"""The edges of :data:`cyclone.states.EDGES` each statement of this module implements."""
-
 _HEARTBEAT = heartbeat_stmt()
 _LOCK_RUNS = _completion.lock_runs_of_jobs_stmt()
 _HAND_BACK = hand_back_stmt()
@@ -295,3 +291,18 @@ def rescue(conn: Connection, rescue_after: timedelta) -> list[int]:
 def expire_runs(conn: Connection) -> int:
     expired, _cancelled = conn.execute(_EXPIRE).one()
     return int(expired)
+
+
+def execution_ended(
+    engine: Engine, run_id: uuid.UUID | None, job_id: int, lease: int | None
+) -> bool:
+    """Whether an execution of job ``job_id`` claimed under ``lease`` has ended for its
+    step: its run is no longer running, or the job was rescued, handed back or retried
+    (:meth:`cyclone.StepContext.cancelled`)."""
+    with _binds.autocommit(engine) as conn:
+        if run_id is not None:
+            state = conn.execute(select(runs.c.state).where(runs.c.id == run_id)).scalar()
+            if state != RunState.RUNNING.value:
+                return True
+        row = conn.execute(select(jobs.c.state, jobs.c.lease).where(jobs.c.id == job_id)).first()
+    return row is None or row[0] != JobState.RUNNING.value or row[1] != lease

@@ -26,8 +26,8 @@ import psycopg
 from psycopg import sql
 from sqlalchemy import Engine, case, func
 
-from cyclone import _deadline
-from cyclone._fastpath import const, detached, on_dispose, session_engine
+from cyclone._store import deadline as _deadline
+from cyclone._store.fastpath import const, detached, on_dispose, session_engine
 from cyclone.states import JobState
 
 log = logging.getLogger(__name__)

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import Engine
 
 from cyclone import _codec, _observe
-from cyclone._claim import Claimed
-from cyclone._completion import Failure, Success
 from cyclone._retry import Backoff
+from cyclone._store.claim import Claimed
+from cyclone._store.completion import Failure, Success
 from cyclone.context import StepContext
 
 if TYPE_CHECKING:

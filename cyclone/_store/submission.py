@@ -3,7 +3,7 @@
 A new key costs one statement writing one row: a CTE inserts the run ``ON CONFLICT DO
 NOTHING`` and, in the same statement, reads an existing run of the key and compares its
 input as ``jsonb``. The run's steps are not written here: the claim that starts the run
-creates them (:mod:`cyclone._claim`), from the graph the run row keeps. A second
+creates them (:mod:`cyclone._store.claim`), from the graph the run row keeps. A second
 statement is needed only when another transaction committed the key after the first
 statement's snapshot. When cyclone owns
 the transaction (a bind), the statement is sent in autocommit mode: one statement is
@@ -39,7 +39,10 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, insert
 
-from cyclone import _binds, _fastpath, _graph, _keys, _notify, _observe, errors
+from cyclone import _graph, _keys, _observe, errors
+from cyclone._store import binds as _binds
+from cyclone._store import fastpath as _fastpath
+from cyclone._store import notify as _notify
 from cyclone.schema import runs
 from cyclone.states import RunState
 

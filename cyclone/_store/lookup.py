@@ -14,7 +14,10 @@ from typing import Any
 
 from sqlalchemy import Text, bindparam, select
 
-from cyclone import _binds, _fastpath, _keys, _reads, errors
+from cyclone import _keys, errors
+from cyclone._store import binds as _binds
+from cyclone._store import fastpath as _fastpath
+from cyclone._store import reads as _reads
 from cyclone.runs import RunStatus
 from cyclone.schema import runs
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import (
     Connection,
+    Engine,
     Select,
     Text,
     and_,
@@ -27,7 +28,10 @@ from sqlalchemy import (
     union_all,
 )
 
-from cyclone import _codec, _unstarted
+from cyclone import _codec
+from cyclone._store import binds as _binds
+from cyclone._store import fastpath as _fastpath
+from cyclone._store import unstarted as _unstarted
 from cyclone.schema import LISTED_SINCE, jobs, runs
 from cyclone.states import JobState, RunState
 
@@ -141,6 +145,41 @@ def run_status(conn: Connection, run_id: uuid.UUID) -> RunStatusFields | None:
     """The status of run ``run_id``, or None."""
     row = conn.execute(_SELECT_STATUS, {"rid": run_id}).first()
     return None if row is None else run_status_fields(row)
+
+
+_FAST_SELECT_STATUS = _fastpath.Compiled(_SELECT_STATUS)
+_FAST_SELECT_RESULT = _fastpath.Compiled(select_result_stmt())
+
+
+def run_status_now(engine: Engine, run_id: uuid.UUID) -> RunStatusFields | None:
+    """The status of run ``run_id``, or None: one autocommit statement on the fast path."""
+    rows = _fastpath.execute(engine, _FAST_SELECT_STATUS, {"rid": run_id})
+    return run_status_fields(rows[0]) if rows else None
+
+
+def run_result(engine: Engine, run_id: uuid.UUID) -> Sequence[Any] | None:
+    """Run ``run_id``'s state, result step and that step's output, or None: one
+    autocommit statement on the fast path."""
+    rows = _fastpath.execute(engine, _FAST_SELECT_RESULT, {"rid": run_id})
+    return rows[0] if rows else None
+
+
+_SELECT_JOB = select_job_stmt()
+_SELECT_OUTPUT = select_job_output_stmt()
+
+
+def job_status_now(engine: Engine, job_id: int) -> JobStatusFields | None:
+    """The status of job ``job_id`` (a :class:`cyclone.Job` handle's), or None."""
+    with _binds.autocommit(engine) as conn:
+        row = conn.execute(_SELECT_JOB, {"job_id": job_id}).first()
+    return None if row is None else job_status_fields(row)
+
+
+def job_output(engine: Engine, job_id: int) -> str | None:
+    """The output of job ``job_id``, which has ended."""
+    with _binds.autocommit(engine) as conn:
+        output: str | None = conn.execute(_SELECT_OUTPUT, {"job_id": job_id}).one()[1]
+    return output
 
 
 def job_status(conn: Connection, job_id: int) -> JobStatusFields | None:

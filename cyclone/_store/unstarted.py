@@ -1,7 +1,7 @@
 """The steps of a run not started yet, read from the graph its row keeps.
 
 A submit writes the run row only; its steps become rows of ``cyclone_jobs`` when a claim
-starts the run (:mod:`cyclone._claim`). Until then a run's ``start_at`` is set, and
+starts the run (:mod:`cyclone._store.claim`). Until then a run's ``start_at`` is set, and
 whoever shows the run's steps reads them from its graph snapshot with this module: roots
 available, the others blocked, no attempt made, as the claim will create them; cancelled
 once the run has ended without starting.
@@ -26,7 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
-from cyclone._fastpath import const
+from cyclone._store.fastpath import const
 from cyclone.schema import runs
 from cyclone.states import JobState, RunState
 

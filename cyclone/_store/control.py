@@ -2,7 +2,7 @@
 
 The run's row is locked first (``FOR NO KEY UPDATE``), then its jobs, then the signal
 rows of its wait nodes: the one lock order of :mod:`cyclone.states` (and of
-:mod:`cyclone._waits`, which locks a wait node's job before its signal), which every
+:mod:`cyclone._store.waits`, which locks a wait node's job before its signal), which every
 recording of an outcome follows too, so a user's call never deadlocks with a worker.
 
 A retried wait node sees a signal already sent to its run (a run receives each signal
@@ -13,13 +13,15 @@ anew, its timeout counted from when it parks again.
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import Engine, bindparam, case, delete, func, null, select, update
 from sqlalchemy.dialects.postgresql import JSONB
 
-from cyclone import _completion, errors
-from cyclone._fastpath import const
+from cyclone import errors
+from cyclone._store import completion as _completion
+from cyclone._store.fastpath import const
 from cyclone.schema import jobs, runs, signals
 from cyclone.states import EDGES, TERMINAL_RUN_STATES, JobState, RunState
 
@@ -146,16 +148,6 @@ def any_running_stmt() -> Any:
     )
 
 
-TRANSITIONS = {
-    cancel_run_stmt: ("run.cancel",),
-    (lambda: reset_jobs_stmt(every_step=False)): ("job.reset", "job.reset_blocked"),
-    (lambda: reset_jobs_stmt(every_step=True)): ("job.reset_all", "job.reset_all_blocked"),
-    (lambda: restart_run_stmt(from_states=(RunState.FAILED, RunState.CANCELLED))): ("run.retry",),
-    (lambda: restart_run_stmt(from_states=tuple(TERMINAL_RUN_STATES))): ("run.retry_all",),
-    complete_restarted_run_stmt: ("run.complete",),
-}
-"""The edges of :data:`cyclone.states.EDGES` each statement of this module implements."""
-
 _CANCEL_RUN = cancel_run_stmt()
 _RESET_FAILED = reset_jobs_stmt(every_step=False)
 _RESET_ALL = reset_jobs_stmt(every_step=True)
@@ -210,3 +202,18 @@ def restart(engine: Engine, run_id: uuid.UUID, *, every_step: bool) -> None:
         conn.execute(_CLEAR_UNSENT_SIGNALS, {"rid": run_id})
         conn.execute(_RESTART_ANY if every_step else _RESTART_FAILED, {"rid": run_id})
         conn.execute(_COMPLETE_RESTARTED, {"rid": run_id})
+
+
+_SET_RETENTION = (
+    update(runs)
+    .where(runs.c.id == bindparam("rid"))
+    .values(retention=bindparam("retention"))
+    .returning(runs.c.id)
+)
+
+
+def set_retention(engine: Engine, run_id: uuid.UUID, retention: timedelta | None) -> bool:
+    """Keep run ``run_id`` for ``retention`` after it ends; False if it does not exist."""
+    with engine.begin() as conn:
+        found = conn.execute(_SET_RETENTION, {"rid": run_id, "retention": retention})
+        return found.first() is not None

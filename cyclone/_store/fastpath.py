@@ -47,7 +47,8 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.type_api import to_instance
 from sqlalchemy.sql.visitors import InternalTraversal
 
-from cyclone import _deadline, errors, migrations
+from cyclone import errors, migrations
+from cyclone._store import deadline as _deadline
 
 _DIALECT = pg_psycopg.dialect()  # type: ignore[no-untyped-call]
 
@@ -462,7 +463,7 @@ def detached(engine: Engine) -> psycopg.Connection[Any]:
     """A psycopg connection in autocommit, taken from ``engine`` (its connect events
     apply) and detached from its pool: the caller owns it and closes it, and
     :func:`close_detached` (or ``engine.dispose()``) closes it too. It is a new
-    connection, opened with TCP keepalives (:data:`cyclone._deadline.KEEPALIVES`), as it
+    connection, opened with TCP keepalives (:data:`cyclone._store.deadline.KEEPALIVES`), as it
     lives long and may sit idle: not one of the pool's, which have the engine's settings."""
     _deadline.keepalives_for(engine)
     with _deadline.opening():

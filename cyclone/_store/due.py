@@ -15,9 +15,9 @@ from typing import Any
 
 from sqlalchemy import Float, and_, extract, false, func, or_, select, true
 
-from cyclone import _fastpath
-from cyclone._claim import Scope
-from cyclone._fastpath import const
+from cyclone._store import fastpath as _fastpath
+from cyclone._store.claim import Scope
+from cyclone._store.fastpath import const
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
 

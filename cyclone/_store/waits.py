@@ -8,7 +8,7 @@ is *parked*: the attempt is given back, the lease moves on and no worker is reco
 so a waiting run holds no worker, no thread and no connection. A node waiting until a
 time (a sleep, or a wait with a timeout) goes back to ``available`` with
 ``scheduled_at`` at that time, and an idle worker sleeps until the earliest one falls
-due (see :mod:`cyclone._due`). A wait without a timeout goes back to ``blocked`` with
+due (see :mod:`cyclone._store.due`). A wait without a timeout goes back to ``blocked`` with
 no upstream pending, outside the claim index. A parked wait node leaves a *marker*, its
 signal row without a payload (with its timeout in ``wait_until``).
 
@@ -17,7 +17,7 @@ for as long as the caller likes: it holds no lock a worker's statement waits on.
 signal that fills a marker (its node had parked) is marked ``wake_pending`` and rings
 NOTIFY; the claim of a worker serving workflows that it wakes (or the next poll's, were
 it lost) delivers it, making the node available and due now
-(:func:`cyclone._claim.deliver_signals_ctes`, locks skipped, never waited for). A
+(:func:`cyclone._store.claim.deliver_signals_ctes`, locks skipped, never waited for). A
 signal sent before its node parked needs no delivery: the node reads it when reached.
 
 Locks: a sender takes the transaction advisory lock of its (run, signal) before it reads
@@ -57,10 +57,13 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, insert
 
-from cyclone import _codec, _completion, _fastpath, _notify, _observe, errors
-from cyclone._claim import Claimed
-from cyclone._completion import Failure, Success
-from cyclone._fastpath import const
+from cyclone import _codec, _observe, errors
+from cyclone._store import completion as _completion
+from cyclone._store import fastpath as _fastpath
+from cyclone._store import notify as _notify
+from cyclone._store.claim import Claimed
+from cyclone._store.completion import Failure, Success
+from cyclone._store.fastpath import const
 from cyclone.schema import jobs, runs, signals
 from cyclone.states import TERMINAL_RUN_STATES, JobState, RunState
 
@@ -171,28 +174,33 @@ _MARK = (
 )
 _UNMARK = delete(signals).where(_SIGNAL_KEY, signals.c.payload.is_(None))
 _UNTIL = bindparam("until", type_=jobs.c.scheduled_at.type)
-_PARK = (
-    update(jobs)
-    .where(_GUARD)
-    .values(
-        # Until a time: available then (the claim picks it up at its timeout or wake-up
-        # time). Until a signal only: blocked with no pending upstream, out of the claim
-        # index, so any number of such runs cost the claims nothing.
-        state=case(
-            (_UNTIL.is_(None), const(JobState.BLOCKED.value)),
-            else_=const(JobState.AVAILABLE.value),
-        ),
-        # As a hand-back (cyclone._rescue): the attempt is not counted, and the lease
-        # moves on, so this claim's heartbeats and outcomes no longer match the job.
-        attempt=case((jobs.c.attempt > 0, jobs.c.attempt - 1), else_=0),
-        lease=jobs.c.lease + 1,
-        worker_id=None,
-        heartbeat_at=None,
-        scheduled_at=func.coalesce(
-            _UNTIL, func.now() + cast(const(f"{PARK_FOR.days} days"), Interval)
-        ),
+
+
+def park_stmt() -> Any:
+    """Park a claimed wait or sleep node: blocked until a signal (``park_blocked``), or
+    available at its timeout or wake-up time (``park``), its attempt not counted."""
+    return (
+        update(jobs)
+        .where(_GUARD)
+        .values(
+            # Until a time: available then (the claim picks it up at its timeout or wake-up
+            # time). Until a signal only: blocked with no pending upstream, out of the claim
+            # index, so any number of such runs cost the claims nothing.
+            state=case(
+                (_UNTIL.is_(None), const(JobState.BLOCKED.value)),
+                else_=const(JobState.AVAILABLE.value),
+            ),
+            # As a hand-back (cyclone._store.rescue): the attempt is not counted, and the lease
+            # moves on, so this claim's heartbeats and outcomes no longer match the job.
+            attempt=case((jobs.c.attempt > 0, jobs.c.attempt - 1), else_=0),
+            lease=jobs.c.lease + 1,
+            worker_id=None,
+            heartbeat_at=None,
+            scheduled_at=func.coalesce(
+                _UNTIL, func.now() + cast(const(f"{PARK_FOR.days} days"), Interval)
+            ),
+        )
     )
-)
 
 
 def end_parked_stmt() -> Any:
@@ -215,10 +223,7 @@ def end_parked_stmt() -> Any:
     )
 
 
-TRANSITIONS = {end_parked_stmt: ("job.cancel_ended",)}
-"""The edges of :data:`cyclone.states.EDGES` each statement of this module implements (a
-park is no edge of its own: the node is handed back, to wait)."""
-
+_PARK = park_stmt()
 _END = end_parked_stmt()
 _upstream = jobs.alias("upstream")
 _SLEEP_DUE = select(

@@ -5,7 +5,7 @@ A step of a run that is no longer running is never claimed, even if a late re-qu
 raced with the run's cancellation.
 The same statement reads the run's input and the outputs of the steps a job comes after,
 so a claimed job needs no further query before it runs. A claim of a worker serving
-workflows also delivers the signals sent to parked wait nodes (see :mod:`cyclone._waits`).
+workflows also delivers the signals sent to parked wait nodes (see :mod:`cyclone._store.waits`).
 """
 
 from __future__ import annotations
@@ -39,8 +39,12 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 
-from cyclone import _completion, _fastpath, _notify, _observe, _unstarted
-from cyclone._fastpath import const
+from cyclone import _observe
+from cyclone._store import completion as _completion
+from cyclone._store import fastpath as _fastpath
+from cyclone._store import notify as _notify
+from cyclone._store import unstarted as _unstarted
+from cyclone._store.fastpath import const
 from cyclone.schema import jobs, runs, signals
 from cyclone.states import JobState, RunState
 
@@ -368,7 +372,7 @@ def deliver_signals_ctes() -> tuple[Any, Any]:
     """The CTEs that deliver signals sent to parked wait nodes: ``(delivered, woken)``.
 
     A sender writes the signal row only, marked ``wake_pending`` when its node had
-    parked (:mod:`cyclone._waits`). Here the signal is unmarked and its node made
+    parked (:mod:`cyclone._store.waits`). Here the signal is unmarked and its node made
     available and due now (a node parked until a timeout, or blocked with no upstream
     pending), ringing NOTIFY; the claim statement's pick cannot see it (one snapshot), the
     next claim takes it. Signal and node rows locked elsewhere (a sender not committed, a
@@ -452,7 +456,7 @@ def claim_jobs_stmt(
     """Claim up to ``limit`` runnable jobs of ``scope`` for the worker ``:me``.
 
     ``completing`` adds the CTEs that first record the successes in ``:items`` (see
-    :func:`cyclone._completion.complete_jobs_ctes`). They touch other rows than the claim
+    :func:`cyclone._store.completion.complete_jobs_ctes`). They touch other rows than the claim
     (running jobs, blocked dependents, their runs), all in one snapshot: a dependent they
     unblock is claimed by the next statement. The runs of ``:items`` are locked before
     the claim locks a job (the lock order), and the statement then returns at least one
@@ -553,12 +557,6 @@ def claim_jobs_stmt(
 
 def _record_and_claim_one() -> Any:
     return claim_jobs_stmt(Scope(queues=None, workflows=("w",), kinds=()), 1, completing=True)
-
-
-TRANSITIONS = {
-    _record_and_claim_one: ("job.claim", "job.complete", "job.unblock", "run.complete"),
-}
-"""The edges of :data:`cyclone.states.EDGES` each statement of this module implements."""
 
 
 _LIMIT_TOKEN = 2_147_480_009

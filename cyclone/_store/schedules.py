@@ -1,0 +1,129 @@
+"""The statements of ``cyclone_schedules``: register, list, pause and resume schedules,
+and lock, advance or re-register one while its ticks are fired (:mod:`cyclone.schedules`
+decides which ticks are due and submits them)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Connection, Engine, Row, bindparam, func, select, update
+from sqlalchemy.dialects.postgresql import insert
+
+from cyclone.schema import schedules
+
+if TYPE_CHECKING:
+    from cyclone.schedules import Schedule
+
+
+def upsert_stmt(rows: Sequence[Schedule]) -> Any:
+    """Register schedules: a new one starts at now (no past ticks), a known one keeps its
+    ``last_tick`` and ``paused`` and takes the definition given."""
+    stmt = insert(schedules).values(
+        [
+            {
+                "name": s.name,
+                "workflow": s.workflow.name,
+                "cron": s.spec.cron,
+                "every": s.spec.every,
+                "timezone": s.spec.timezone,
+                "missed": s.missed,
+                "max_catch_up": s.max_catch_up,
+                "last_tick": func.now(),
+            }
+            for s in rows
+        ]
+    )
+    changed = ("workflow", "cron", "every", "timezone", "missed", "max_catch_up")
+    excluded = stmt.excluded
+    return stmt.on_conflict_do_update(
+        index_elements=[schedules.c.name],
+        set_={**{c: excluded[c] for c in changed}, "updated_at": func.now()},
+        where=func.row(*(schedules.c[c] for c in changed)).is_distinct_from(
+            func.row(*(excluded[c] for c in changed))
+        ),
+    )
+
+
+_LOCK = (
+    select(schedules.c.paused, schedules.c.last_tick, func.now())
+    .where(schedules.c.name == bindparam("schedule"))
+    .with_for_update(skip_locked=True)
+)
+_EXISTS = select(schedules.c.name).where(schedules.c.name == bindparam("schedule"))
+_ADVANCE = (
+    update(schedules)
+    .where(schedules.c.name == bindparam("schedule"))
+    .values(last_tick=bindparam("tick", type_=schedules.c.last_tick.type))
+)
+_STATUS_COLUMNS = (
+    schedules.c.name,
+    schedules.c.workflow,
+    schedules.c.cron,
+    schedules.c.every,
+    schedules.c.timezone,
+    schedules.c.missed,
+    schedules.c.max_catch_up,
+    schedules.c.paused,
+    schedules.c.last_tick,
+    schedules.c.updated_at,
+)
+_LIST = select(*_STATUS_COLUMNS, func.now()).order_by(schedules.c.name)
+_PAUSE = (
+    update(schedules)
+    .where(schedules.c.name == bindparam("schedule"))
+    .values(paused=True, updated_at=func.now())
+    .returning(schedules.c.name)
+)
+_RESUME = (
+    update(schedules)
+    .where(schedules.c.name == bindparam("schedule"))
+    .values(
+        paused=False,
+        last_tick=func.greatest(schedules.c.last_tick, func.now()),
+        updated_at=func.now(),
+    )
+    .returning(schedules.c.name)
+)
+
+
+def register(engine: Engine, defined: Sequence[Schedule]) -> None:
+    """Insert or update the rows of ``defined``, in name order; one statement."""
+    with engine.begin() as conn:
+        conn.execute(upsert_stmt(sorted(defined, key=lambda s: s.name)))
+
+
+def list_rows(engine: Engine) -> list[Row[Any]]:
+    """Every registered schedule's row and the database's now(), by name; one statement."""
+    with engine.connect() as conn:
+        return list(conn.execute(_LIST))
+
+
+def set_paused(engine: Engine, name: str, paused: bool) -> bool:
+    """Pause or resume ``name``; False when no schedule of that name is registered."""
+    with engine.begin() as conn:
+        found = conn.execute(_PAUSE if paused else _RESUME, {"schedule": name}).first()
+    return found is not None
+
+
+def lock(conn: Connection, name: str) -> tuple[bool, datetime, datetime] | None:
+    """Lock schedule ``name``'s row, skipping it if locked: its ``paused``, ``last_tick``
+    and the database's now(), or None when it is locked or missing."""
+    row = conn.execute(_LOCK, {"schedule": name}).first()
+    return None if row is None else (row[0], row[1], row[2])
+
+
+def exists(conn: Connection, name: str) -> bool:
+    """Whether schedule ``name`` has a row."""
+    return conn.execute(_EXISTS, {"schedule": name}).first() is not None
+
+
+def register_one(conn: Connection, schedule: Schedule) -> None:
+    """Register ``schedule`` in the caller's transaction."""
+    conn.execute(upsert_stmt([schedule]))
+
+
+def advance(conn: Connection, name: str, tick: datetime) -> None:
+    """Move schedule ``name``'s ``last_tick`` to ``tick``."""
+    conn.execute(_ADVANCE, {"schedule": name, "tick": tick})
