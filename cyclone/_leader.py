@@ -21,9 +21,13 @@ log = logging.getLogger("cyclone.worker")
 
 LEADER_INTERVAL = 1.0
 """Seconds between a leader's maintenance passes, and between the other workers' tries
-(a third of ``rescue_after`` if that is less)."""
+(a third of the lease if that is less)."""
 
 MAX_BACKOFF = 30.0
+
+MIN_LEASE = timedelta(seconds=1)
+"""The shortest lease: a pass, fenced by its term, must fit in it, however short a
+``rescue_after`` a worker is given (a lease that lapses within a pass refuses it)."""
 
 
 class Leader:
@@ -46,8 +50,9 @@ class Leader:
         self.sweep = sweep
         self.sweep_keep = sweep_keep
         self.sweep_interval = sweep_interval
+        self.lease = max(rescue_after, MIN_LEASE)
         self.interval = (
-            min(LEADER_INTERVAL, rescue_after.total_seconds() / 3) if interval is None else interval
+            min(LEADER_INTERVAL, self.lease.total_seconds() / 3) if interval is None else interval
         )
         self.term: int | None = None
         self._conn: Connection | None = None
@@ -57,11 +62,11 @@ class Leader:
         self._failures = 0
         self._lock = threading.Lock()
         self._passed_at: float | None = None
-        idle_ms = max(1, int(rescue_after.total_seconds() * 1000 / 2))
+        idle_ms = max(1, int(self.lease.total_seconds() * 1000 / 2))
         self._params = {
             "lease_name": _leadership.LEADERSHIP,
             "lease_holder": worker_id,
-            "ttl": rescue_after,
+            "ttl": self.lease,
         }
         self._idle = f"{idle_ms}ms"
 

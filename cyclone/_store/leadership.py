@@ -7,15 +7,15 @@ outside the application's pool (:func:`side_engine`). Leadership is a row of
 worker id) and ``expires_at``. Every interval (:data:`cyclone._leader.LEADER_INTERVAL`,
 less for a short ``rescue_after``) a worker that does not lead tries to take the lease:
 it does when the lease has expired, as the next term, for ``rescue_after`` (the lease's
-TTL). The leader renews it at the start of each maintenance transaction, so a leader
-that stops passing (frozen by SIGSTOP or a VM pause, cut off by the network) loses it
-within ``rescue_after`` of its last pass, and another worker takes over at its next try:
-within ``rescue_after`` plus one interval. A leader that died is replaced sooner: the
-lease records the server process of its last renewal (``backend_pid``), and once that
-process has ended (the server saw the dead worker's connection close) the lease is free
-at once; a frozen worker's connection, and a pooled one behind PgBouncer, stay, so the
-TTL rules there. Nothing needs a server session, so the leader works the same through a
-transaction-pooling PgBouncer.
+TTL, at least :data:`cyclone._leader.MIN_LEASE`). The leader renews it at the start of
+each maintenance transaction, so a leader that stops passing (frozen by SIGSTOP or a VM
+pause, cut off by the network) loses it within ``rescue_after`` of its last pass, and
+another worker takes over at its next try: within ``rescue_after`` plus one interval. A
+leader that died is replaced sooner: the lease records the server process of its last
+renewal (``backend_pid``), and once that process has ended (the server saw the dead
+worker's connection close) the lease is free at once; a frozen worker's connection, and
+a pooled one behind PgBouncer, stay, so the TTL rules there. Nothing needs a server
+session, so the leader works the same through a transaction-pooling PgBouncer.
 
 The fence. Every maintenance transaction (deadline expiry and rescue; each batch of a
 sweep) starts with :func:`renew_lease_stmt`, which renews the lease only if this worker
