@@ -58,13 +58,11 @@ def gate(tag: str, step: str, n: int) -> tuple[int, int]:
 
 @cache
 def engine() -> sa.Engine:
-    url = os.environ["CYCLONE_MODEL_URL"]
-    return sa.create_engine(
-        url,
-        pool_size=20,
-        max_overflow=10,
-        connect_args={"application_name": f"model-{os.getpid()}"},
+    # In the URL, not connect_args: the worker's own engines (leader, heartbeat) copy it.
+    url = sa.make_url(os.environ["CYCLONE_MODEL_URL"]).update_query_dict(
+        {"application_name": f"model-{os.getpid()}"}
     )
+    return sa.create_engine(url, pool_size=20, max_overflow=10)
 
 
 _INSERT = sa.text(
