@@ -33,6 +33,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -77,9 +78,12 @@ KNOWN_DEFECTS_FIXED: dict[str, bool] = {
 }
 """Rules (or cases of rules) that reach a defect not yet fixed on main are left out
 while its flag is False; the lead switches each on once its fix is merged.
-``CYCLONE_MODEL_ALL_RULES=1`` runs them all, whatever the flags say."""
-if os.environ.get("CYCLONE_MODEL_ALL_RULES") == "1":
-    KNOWN_DEFECTS_FIXED = dict.fromkeys(KNOWN_DEFECTS_FIXED, True)
+``CYCLONE_MODEL_DEFECTS=all`` (or a comma-separated list of these names) runs those
+rules whatever the flags say."""
+_forced = os.environ.get("CYCLONE_MODEL_DEFECTS", "")
+for _name in KNOWN_DEFECTS_FIXED if _forced == "all" else filter(None, _forced.split(",")):
+    assert _name in KNOWN_DEFECTS_FIXED, f"CYCLONE_MODEL_DEFECTS: no flag named {_name!r}"
+    KNOWN_DEFECTS_FIXED[_name] = True
 
 EXAMPLES = int(os.environ.get("CYCLONE_MODEL_EXAMPLES", "6"))
 STEP_COUNT = int(os.environ.get("CYCLONE_MODEL_STEPS", "12"))
@@ -107,12 +111,17 @@ SETTINGS = settings(
 )
 
 
+RULES_RUN: Counter[str] = Counter()
+"""How many times each rule ran (printed at the end: what the examples exercised)."""
+
+
 def guarded(fn: Callable[..., None]) -> Callable[..., None]:
     """A rule or initializer: the example is broken until the checks after it pass, so a
     failure inside it skips the checks of the tear-down (which would hide it)."""
 
     @functools.wraps(fn)
     def wrapper(self: ModelMachine, *args: Any, **kwargs: Any) -> None:
+        RULES_RUN[fn.__name__] += 1
         self.broken = True
         fn(self, *args, **kwargs)
         self.broken = False
@@ -460,9 +469,10 @@ class ModelMachine(RuleBasedStateMachine):
 
     # set-up and tear-down
 
-    @initialize()
+    @initialize(runs=st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=3))
     @guarded
-    def start_workers(self) -> None:
+    def start(self, runs: list[tuple[bool, bool]]) -> None:
+        """Two workers serving, and a first few runs (keyed?, with a deadline?)."""
         with self.engine.begin() as conn:
             conn.execute(
                 sa.text("TRUNCATE cyclone_signals, cyclone_jobs, cyclone_runs, model_exec")
@@ -472,6 +482,8 @@ class ModelMachine(RuleBasedStateMachine):
         started = [self.h.start_worker() for _ in range(2)]
         for worker in started:
             self.h.wait_serving(worker)
+        for keyed, deadline in runs:
+            self.submit_new(keyed, deadline)
 
     def teardown(self) -> None:
         try:
@@ -593,6 +605,9 @@ class ModelMachine(RuleBasedStateMachine):
     @rule(keyed=st.booleans(), deadline=st.booleans())
     @guarded
     def submit(self, keyed: bool, deadline: bool) -> None:
+        self.submit_new(keyed, deadline)
+
+    def submit_new(self, keyed: bool, deadline: bool) -> None:
         model = self.new_run(f"key-{self.next_number}" if keyed else None, deadline)
         options: dict[str, Any] = {"deadline": DAY} if deadline else {}
         item = Item(tag=model.tag)
@@ -779,7 +794,12 @@ class ModelMachine(RuleBasedStateMachine):
             assert got is None
             model.retention0 = True
 
-    @precondition(lambda self: self.open_tx is None)
+    @precondition(
+        lambda self: (
+            self.open_tx is None
+            and any(m.state != "running" and not m.purged for m in self.runs.values())
+        )
+    )
     @rule(everything=st.booleans())
     @guarded
     def purge(self, everything: bool) -> None:
@@ -810,6 +830,13 @@ class ModelMachine(RuleBasedStateMachine):
         model.release(e.step, verdict)
         model.advance()
         self.h.release(e, verdict)
+
+    @precondition(lambda self: self.snap is not None and bool(self.releasable(self.snap)))
+    @rule(data=st.data())
+    @guarded
+    def finish(self, data: st.DataObject) -> None:
+        """A step finishes (as :meth:`release`, drawn as often again: steps make progress)."""
+        self.release.__wrapped__(self, data, "finish")  # type: ignore[attr-defined]
 
     @precondition(lambda self: self.snap is not None and bool(self.stale(self.snap)))
     @rule(data=st.data())
@@ -917,4 +944,9 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
 @pytest.mark.timeout(max(300, EXAMPLES * 60))
 def test_random_interleavings_end_as_the_model_says(harness: Harness) -> None:
     ModelMachine.harness = harness
-    run_state_machine_as_test(ModelMachine, settings=SETTINGS)
+    RULES_RUN.clear()
+    started = time.monotonic()
+    try:
+        run_state_machine_as_test(ModelMachine, settings=SETTINGS)
+    finally:
+        print(f"model: {time.monotonic() - started:.0f} s, rules run: {dict(RULES_RUN)}")
