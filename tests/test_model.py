@@ -470,10 +470,14 @@ class ModelMachine(RuleBasedStateMachine):
 
     # set-up and tear-down
 
-    @initialize(runs=st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=3))
+    @initialize(
+        runs=st.lists(
+            st.tuples(st.booleans(), st.booleans(), st.booleans()), min_size=1, max_size=3
+        )
+    )
     @guarded
-    def start(self, runs: list[tuple[bool, bool]]) -> None:
-        """Two workers serving, and a first few runs (keyed?, with a deadline?)."""
+    def start(self, runs: list[tuple[bool, bool, bool]]) -> None:
+        """Two workers serving, and a first few runs (keyed?, with a deadline?, signalled?)."""
         with self.engine.begin() as conn:
             conn.execute(
                 sa.text("TRUNCATE cyclone_signals, cyclone_jobs, cyclone_runs, model_exec")
@@ -483,8 +487,10 @@ class ModelMachine(RuleBasedStateMachine):
         started = [self.h.start_worker() for _ in range(2)]
         for worker in started:
             self.h.wait_serving(worker)
-        for keyed, deadline in runs:
-            self.submit_new(keyed, deadline)
+        for keyed, deadline, signalled in runs:
+            model = self.submit_new(keyed, deadline)
+            if signalled:
+                self.send_signal(model, "run", 1)
 
     def teardown(self) -> None:
         try:
@@ -614,7 +620,7 @@ class ModelMachine(RuleBasedStateMachine):
         if len(self.runs) < MAX_RUNS:
             self.submit_new(keyed, deadline)
 
-    def submit_new(self, keyed: bool, deadline: bool) -> None:
+    def submit_new(self, keyed: bool, deadline: bool) -> RunModel:
         model = self.new_run(f"key-{self.next_number}" if keyed else None, deadline)
         options: dict[str, Any] = {"deadline": DAY} if deadline else {}
         item = Item(tag=model.tag)
@@ -625,6 +631,7 @@ class ModelMachine(RuleBasedStateMachine):
             assert created
         self.handles[model.number] = run
         model.advance()
+        return model
 
     @precondition(lambda self: bool(self.keys))
     @rule(pick=PICK, same_input=st.booleans())
