@@ -888,13 +888,16 @@ class ModelMachine(RuleBasedStateMachine):
 
     # workers
 
-    def lose_jobs_of(self, worker: WorkerProc) -> None:
-        """The model of the jobs ``worker`` held at their gates: lost, then rescued."""
+    def held_by(self, worker: WorkerProc) -> list[Exec]:
+        """The executions holding their job at a gate on ``worker`` (live until now)."""
         assert self.snap is not None
-        for e in self.releasable(self.snap):
-            if e.pid == worker.pid:
-                self.model_of(e.tag).lose(e.step)
-                self.model_of(e.tag).advance()
+        return [e for e in self.releasable(self.snap) if e.pid == worker.pid]
+
+    def lose(self, held: list[Exec]) -> None:
+        """The model of jobs whose worker died or froze: lost, then rescued."""
+        for e in held:
+            self.model_of(e.tag).lose(e.step)
+            self.model_of(e.tag).advance()
 
     @precondition(lambda self: len(self.h.live()) >= 2)
     @rule(pick=PICK)
@@ -902,7 +905,7 @@ class ModelMachine(RuleBasedStateMachine):
     def kill_worker(self, pick: int) -> None:
         live = self.h.live()
         worker = live[pick % len(live)]
-        self.lose_jobs_of(worker)
+        self.lose(self.held_by(worker))
         self.h.kill(worker)
 
     @precondition(lambda self: len(self.h.live()) >= 2)
@@ -912,13 +915,25 @@ class ModelMachine(RuleBasedStateMachine):
         """SIGSTOP a worker (while the frozen-leader defect stands, one that does not lead)."""
         live = self.h.live()
         for worker in live[pick % len(live) :] + live[: pick % len(live)]:
+            held = self.held_by(worker)
             if not self.h.freeze(worker):
                 raise AssertionError(f"worker {worker.pid} was always caught in a transaction")
             if KNOWN_DEFECTS_FIXED["frozen_leader"] or self.h.leader_pid() != worker.pid:
-                self.lose_jobs_of(worker)
+                self.lose(held)
                 return
             self.h.thaw(worker)
         raise AssertionError("every live worker leads")
+
+    def freeze_leader(self) -> None:
+        """SIGSTOP the worker that leads maintenance (scenarios only)."""
+        deadline = time.monotonic() + 10
+        while (leader := self.h.leader_pid()) is None:
+            assert time.monotonic() < deadline, "no worker leads"
+            time.sleep(0.05)
+        worker = next(w for w in self.h.live() if w.pid == leader)
+        held = self.held_by(worker)
+        assert self.h.freeze(worker)
+        self.lose(held)
 
     @precondition(lambda self: bool(self.h.frozen()))
     @rule(pick=PICK)
@@ -965,3 +980,63 @@ def test_random_interleavings_end_as_the_model_says(harness: Harness) -> None:
         run_state_machine_as_test(ModelMachine, settings=SETTINGS)
     finally:
         print(f"model: {time.monotonic() - started:.0f} s, rules run: {dict(RULES_RUN)}")
+
+
+# -- the test of the test: each known defect, replayed through the machine --------------
+
+SCENARIOS: dict[str, list[tuple[str, dict[str, Any]]]] = {
+    "retry_after_cancel": [
+        ("start", {"runs": [(True, False, True)]}),
+        ("finish", {"pick": 0}),  # a; w runs at once (signalled); b waits at its gate
+        ("cancel", {"pick": 0}),
+        ("finish", {"pick": 0}),  # b completes inside the cancelled run
+        ("retry", {"pick": 0, "every_step": False}),
+    ],
+    "retry_resets_waits": [
+        ("start", {"runs": [(True, False, False)]}),
+        ("finish", {"pick": 0}),  # a; w waits, its timeout a day away
+        ("cancel", {"pick": 0}),
+        ("a_day_passes", {"pick": 0}),  # while cancelled
+        ("retry", {"pick": 0, "every_step": False}),  # w waits anew, a day again
+    ],
+    "signal_tx_lock": [
+        ("start", {"runs": [(True, False, False)]}),
+        ("open_signal_tx", {"pick": 0, "payload": 1}),
+        ("finish", {"pick": 0}),  # a: recording it must not wait for the open transaction
+        ("close_signal_tx", {"commit": True}),
+    ],
+    "frozen_leader": [
+        ("start", {"runs": [(False, True, False)]}),
+        ("freeze_leader", {}),
+        ("a_day_passes", {"pick": 0}),  # the run's deadline passes: another worker fails it
+    ],
+}
+"""A shortest interleaving reaching each known defect, for the machine to replay alone
+(``park_after_cancel`` is a race, left to the random interleavings)."""
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("defect", sorted(SCENARIOS))
+def test_the_model_catches_each_known_defect_until_it_is_fixed(
+    harness: Harness, defect: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With its flag off (the defect stands on main), the replay must fail the checks: the
+    model-based test can see it. Once the lead turns the flag on, the replay must pass."""
+    fixed = KNOWN_DEFECTS_FIXED[defect]
+    monkeypatch.setitem(KNOWN_DEFECTS_FIXED, defect, True)
+    ModelMachine.harness = harness
+    machine = ModelMachine()
+
+    def replay() -> None:
+        try:
+            for name, arguments in SCENARIOS[defect]:
+                getattr(machine, name)(**arguments)
+                machine.settled_and_as_modelled()
+        finally:
+            machine.teardown()
+
+    if fixed:
+        replay()
+    else:
+        with pytest.raises(AssertionError):
+            replay()
