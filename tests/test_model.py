@@ -324,6 +324,16 @@ class Harness:
         worker.state = "killed"
         assert code == 0, f"worker {worker.pid} exited with {code}"
 
+    def retire(self, worker: WorkerProc, *, busy: bool) -> None:
+        """SIGTERM, and for a worker running steps (which never end by themselves: they
+        wait at their gates) a second signal at once: it hands them back and exits."""
+        os.kill(worker.pid, signal.SIGTERM)
+        if busy:
+            os.kill(worker.pid, signal.SIGINT)  # another signal: two SIGTERMs could merge
+        code = worker.proc.wait(30)
+        worker.state = "killed"
+        assert code == 0, f"worker {worker.pid} exited with {code}"
+
     def stop_all(self) -> None:
         for worker in self.workers:
             if worker.proc.poll() is None:
@@ -350,6 +360,17 @@ class Harness:
             "SELECT pg_advisory_unlock(%s, %s)", gate(e.tag, e.step, e.n)
         ).fetchone()
         assert unlocked == (True,), e
+
+    def wait_completed(self, e: Exec) -> None:
+        """Until the job of ``e`` is completed (polling without pause: the caller races
+        what follows it)."""
+        query = (
+            "SELECT j.state FROM cyclone_jobs j JOIN cyclone_runs r ON r.id = j.run_id "
+            "WHERE r.input->>'tag' = %s AND j.kind = %s"
+        )
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        while self.gates.execute(query, (e.tag, e.step)).fetchone() == ("running",):
+            assert time.monotonic() < deadline, f"{e} not recorded in {SETTLE_TIMEOUT} s"
 
     # reading and settling
 
@@ -870,16 +891,19 @@ class ModelMachine(RuleBasedStateMachine):
             and (KNOWN_DEFECTS_FIXED["park_after_cancel"] or e.step != "a")
         ]
 
-    @rule(pick=PICK)
+    @rule(pick=PICK, recorded=st.booleans())
     @guarded
-    def finish_and_cancel(self, pick: int) -> None:
-        """Release a step and cancel its run at once: the cancel races what follows."""
+    def finish_and_cancel(self, pick: int, recorded: bool) -> None:
+        """Release a step and cancel its run at once, or as soon as the step is recorded
+        completed: the cancel races what the workers do next (start ``w``, park it)."""
         e = self.pick_exec(pick, self.racing_cancel())
         if e is None:
             return
         model = self.model_of(e.tag)
         branches = release_and_cancel(model, e.step, "finish")
         self.h.release(e, "finish")
+        if recorded:
+            self.h.wait_completed(e)
         got = outcome_of(self.handles[model.number].cancel)
         alternatives = [m for m, outcome in branches if outcome == got]
         assert alternatives, (model.tag, got)
@@ -907,6 +931,20 @@ class ModelMachine(RuleBasedStateMachine):
         worker = live[pick % len(live)]
         self.lose(self.held_by(worker))
         self.h.kill(worker)
+
+    @precondition(lambda self: len(self.h.live()) >= 2)
+    @rule(pick=PICK)
+    @guarded
+    def retire_worker(self, pick: int) -> None:
+        """A worker stops at once (two signals), handing back the jobs it holds."""
+        live = self.h.live()
+        worker = live[pick % len(live)]
+        for model_step in self.held_by(worker):
+            model = self.model_of(model_step.tag)
+            if model.state != "running":
+                model.steps[model_step.step].state = "cancelled"
+        assert self.snap is not None
+        self.h.retire(worker, busy=any(e.pid == worker.pid for e in self.snap.waiting))
 
     @precondition(lambda self: len(self.h.live()) >= 2)
     @rule(pick=PICK)
