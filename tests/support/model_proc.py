@@ -1,0 +1,137 @@
+"""The model-based test's workflow and worker process (``tests/test_model.py``).
+
+``python -m tests.support.model_proc [URL]`` (else ``CYCLONE_MODEL_URL``) serves
+:data:`WORKFLOW` with ``Worker.run()`` until SIGTERM (or SIGKILL/SIGSTOP from the test).
+Its connections carry the application name ``model-<pid>``, so the test can tell which
+worker holds what.
+
+The workflow is ``a -> w -> b``: ``a`` and ``b`` are *gated* steps, ``w`` waits for the
+signal ``go`` (with a one-day timeout that the test makes pass by moving timestamps).
+Each execution of a gated step inserts a row into ``model_exec`` numbered per (tag,
+step), then waits for the advisory lock :func:`gate` of that number, which the test
+holds from the run's submission until it gives the execution its verdict (``finish``
+or ``fail``, written to the row before the test unlocks the gate). So a step's
+behaviour is decided by the test, with no sleep on either side.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import timedelta
+from functools import cache
+
+import msgspec
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+
+import cyclone
+
+NAME = "model"
+DAY = timedelta(days=1)
+HEARTBEAT = timedelta(milliseconds=200)
+RESCUE_AFTER = timedelta(seconds=1)
+MAX_ATTEMPTS = 2
+"""Attempts of ``a`` and ``b``; ``w`` has one (a wait node's default)."""
+GATE_CLASS = 0x6D6F
+STEP_NUMBER = {"a": 1, "b": 2}
+EXEC_DDL = (
+    "CREATE TABLE IF NOT EXISTS model_exec (tag text NOT NULL, step text NOT NULL, "
+    "n integer NOT NULL, pid integer NOT NULL, attempt integer NOT NULL, verdict text, "
+    "PRIMARY KEY (tag, step, n))"
+)
+
+
+class Item(msgspec.Struct):
+    tag: str
+    v: int = 0
+
+
+class StepFailed(Exception):
+    """The failure the test asked a gated step for."""
+
+
+def gate(tag: str, step: str, n: int) -> tuple[int, int]:
+    """The advisory lock (two int4 keys) execution ``n`` of ``step`` of run ``tag`` waits for."""
+    return GATE_CLASS, int(tag.removeprefix("m")) * 1000 + STEP_NUMBER[step] * 100 + n
+
+
+@cache
+def engine() -> sa.Engine:
+    # In the URL, not connect_args: the worker's own engines (leader, heartbeat) copy it.
+    url = sa.make_url(os.environ["CYCLONE_MODEL_URL"]).update_query_dict(
+        {"application_name": f"model-{os.getpid()}"}
+    )
+    return sa.create_engine(url, pool_size=20, max_overflow=10)
+
+
+_INSERT = sa.text(
+    "INSERT INTO model_exec (tag, step, n, pid, attempt) "
+    "SELECT :tag, :step, coalesce(max(n), 0) + 1, :pid, :attempt FROM model_exec "
+    "WHERE tag = :tag AND step = :step RETURNING n"
+)
+
+
+def gated(ctx: cyclone.StepContext, item: Item, step: str) -> int:
+    """Note this execution, wait at its gate, then do what the test decided."""
+    with engine().connect() as conn:
+        conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        params = {"tag": item.tag, "step": step, "pid": os.getpid(), "attempt": ctx.attempt}
+        while True:
+            try:
+                n = int(conn.execute(_INSERT, params).scalar_one())
+                break
+            except IntegrityError:
+                continue  # another execution of the step took the number: take the next
+        cls, key = gate(item.tag, step, n)
+        conn.execute(sa.text("SELECT pg_advisory_lock_shared(:c, :k)"), {"c": cls, "k": key})
+        conn.execute(sa.text("SELECT pg_advisory_unlock_shared(:c, :k)"), {"c": cls, "k": key})
+        verdict = conn.execute(
+            sa.text("SELECT verdict FROM model_exec WHERE tag = :tag AND step = :step AND n = :n"),
+            {"tag": item.tag, "step": step, "n": n},
+        ).scalar_one()
+    if verdict == "fail":
+        raise StepFailed(f"{item.tag}:{step} execution {n} failed as asked")
+    assert verdict == "finish", verdict
+    return n
+
+
+WORKFLOW: cyclone.Workflow[Item] = cyclone.Workflow(NAME, input=Item)
+
+
+@WORKFLOW.step(max_attempts=MAX_ATTEMPTS)
+def a(ctx: cyclone.StepContext, item: Item) -> int:
+    return gated(ctx, item, "a")
+
+
+@WORKFLOW.wait("go", after=[a], timeout=DAY)
+def w(ctx: cyclone.StepContext, payload: int) -> int:
+    return payload
+
+
+@WORKFLOW.step(after=[w], max_attempts=MAX_ATTEMPTS)
+def b(ctx: cyclone.StepContext, item: Item) -> int:
+    return gated(ctx, item, "b")
+
+
+def no_backoff(attempt: int) -> float:
+    return 0.0
+
+
+def main() -> None:
+    cyclone.Worker(
+        engine(),
+        workflows=[WORKFLOW],
+        concurrency=16,
+        poll_interval=0.5,
+        heartbeat_interval=HEARTBEAT,
+        rescue_after=RESCUE_AFTER,
+        backoff=no_backoff,
+        sweep=False,
+    ).run()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1:
+        os.environ["CYCLONE_MODEL_URL"] = sys.argv[1]
+    main()

@@ -1,0 +1,232 @@
+"""The reference model of the model-based test (``tests/test_model.py``): pure Python.
+
+One :class:`RunModel` per run of :data:`tests.support.model_proc.WORKFLOW` (``a -> w ->
+b``) says, from the operations applied to it, what state the run and each of its steps
+must be in once the workers have done what they can (the test *settles* the database
+before comparing). Each operation returns what the call must return or raise. Where
+the real system races (a cancel sent while a released step is being recorded, a
+deadline and a wait's timeout falling due together), an operation returns several
+alternative models and the test keeps the one the database shows; none matching is a
+failure.
+
+Step states: ``blocked`` (upstream not completed), ``active`` (claimed and waiting at
+its gate, or available), ``parked`` (``w`` waiting for its signal), and the terminal
+``completed``, ``failed``, ``cancelled``.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+STEPS = ("a", "w", "b")
+UPSTREAM = {"a": None, "w": "a", "b": "w"}
+ATTEMPTS = {"a": 2, "w": 1, "b": 2}
+LOSSES = 3
+"""A job lost with its worker this many times fails (max(max_attempts, 3))."""
+TERMINAL = ("completed", "failed", "cancelled")
+
+
+class Expect:
+    """What a call must raise, by name (the test maps names to cyclone's errors)."""
+
+    NOT_FOUND = "NotFoundError"
+    INVALID_STATE = "InvalidStateError"
+    CONFLICT = "SubmitConflictError"
+
+
+@dataclass
+class StepModel:
+    state: str = "blocked"
+    failures: int = 0
+    lost: int = 0
+
+
+@dataclass
+class RunModel:
+    number: int
+    key: str | None
+    v: int
+    deadline: bool
+    state: str = "running"
+    steps: dict[str, StepModel] = field(default_factory=lambda: {s: StepModel() for s in STEPS})
+    signal: int | None = None
+    timer: bool = False
+    """Whether ``w``'s timeout has passed while it waits (a day passed since it parked)."""
+    deadline_passed: bool = False
+    retention0: bool = False
+    purged: bool = False
+
+    @property
+    def tag(self) -> str:
+        return f"m{self.number}"
+
+    def copy(self) -> RunModel:
+        return copy.deepcopy(self)
+
+    def summary(self) -> dict[str, str]:
+        return {"run": self.state, **{s: self.steps[s].state for s in STEPS}}
+
+    # -- progress that workers make on their own ---------------------------------------
+
+    def advance_one(self) -> bool:
+        """One step of progress the workers make without the test; False when none is left."""
+        if self.state != "running" or self.purged:
+            return False
+        a, w, b = (self.steps[s] for s in STEPS)
+        if a.state == "blocked":
+            a.state = "active"
+            return True
+        if w.state == "blocked" and a.state == "completed":
+            w.state = "completed" if self.signal is not None else "parked"
+            self.timer = False
+            return True
+        if w.state == "parked" and self.signal is not None:
+            w.state = "completed"
+            return True
+        if w.state == "parked" and self.timer:
+            self.timer = False
+            self._fail("w")
+            return True
+        if b.state == "blocked" and w.state == "completed":
+            b.state = "active"
+            return True
+        if all(self.steps[s].state == "completed" for s in STEPS):
+            self.state = "completed"
+            return True
+        return False
+
+    def advance(self) -> RunModel:
+        while self.advance_one():
+            pass
+        return self
+
+    def _fail(self, step: str) -> None:
+        """``step`` failed for good: the run fails and its steps not started are cancelled."""
+        self.steps[step].state = "failed"
+        if self.state == "running":
+            self.state = "failed"
+            self._cancel_unstarted()
+
+    def _cancel_unstarted(self) -> None:
+        for s in self.steps.values():
+            if s.state in ("blocked", "parked"):
+                s.state = "cancelled"
+
+    # -- what the test does ------------------------------------------------------------
+
+    def release(self, step: str, verdict: str) -> None:
+        """The current execution of ``step`` (active) finishes or raises."""
+        s = self.steps[step]
+        assert s.state == "active", (self.tag, step, s)
+        if self.purged:
+            return
+        if verdict == "finish":
+            s.state = "completed"
+        else:
+            s.failures += 1
+            if s.failures >= ATTEMPTS[step]:
+                self._fail(step)
+            elif self.state != "running":
+                s.state = "cancelled"
+
+    def lose(self, step: str) -> None:
+        """The worker running ``step`` died or froze: the leader hands the job back."""
+        s = self.steps[step]
+        assert s.state == "active", (self.tag, step, s)
+        s.lost += 1
+        if self.state != "running":
+            s.state = "cancelled"
+        elif s.lost >= LOSSES:
+            self._fail(step)
+
+    def cancel(self) -> str | None:
+        if self.purged:
+            return Expect.NOT_FOUND
+        if self.state != "running":
+            return Expect.INVALID_STATE
+        self.state = "cancelled"
+        self._cancel_unstarted()
+        return None
+
+    def retry(self, *, every_step: bool) -> str | None:
+        sources = TERMINAL if every_step else ("failed", "cancelled")
+        if self.purged:
+            return Expect.NOT_FOUND
+        if self.state not in sources or self.deadline_passed:
+            return Expect.INVALID_STATE
+        if any(s.state == "active" for s in self.steps.values()):
+            return Expect.INVALID_STATE
+        reset = ("completed", "failed", "cancelled") if every_step else ("failed", "cancelled")
+        for s in self.steps.values():
+            if s.state in reset:
+                s.state, s.failures, s.lost = "blocked", 0, 0
+        self.timer = False
+        self.state = "running"
+        self.advance()
+        return None
+
+    def signal_outcome(self, payload: int) -> bool | str:
+        """What sending ``go`` with ``payload`` returns (True, False) or raises."""
+        if self.purged:
+            return Expect.NOT_FOUND
+        if self.signal is not None:
+            return False if self.signal == payload else Expect.CONFLICT
+        if self.state != "running":
+            return Expect.INVALID_STATE
+        return True
+
+    def send(self, payload: int) -> bool | str:
+        outcome = self.signal_outcome(payload)
+        if outcome is True:
+            self.signal = payload
+            self.advance()
+        return outcome
+
+    def time_passes(self) -> list[RunModel]:
+        """A day passes for this run: its deadline and ``w``'s timeout, if running, pass.
+
+        With both due, the deadline sweep and the worker timing ``w`` out race: either
+        fails the run.
+        """
+        if self.purged:
+            return [self]
+        timing_out = self.state == "running" and self.steps["w"].state == "parked"
+        if not self.deadline:
+            if timing_out:
+                self.timer = True
+                self.advance()
+            return [self]
+        self.deadline_passed = True
+        if self.state != "running":
+            return [self]
+        expired = self.copy()
+        expired.state = "failed"
+        expired._cancel_unstarted()
+        if not timing_out:
+            return [expired]
+        timed_out = self.copy()
+        timed_out._fail("w")
+        return [expired, timed_out]
+
+
+def release_and_cancel(run: RunModel, step: str, verdict: str) -> list[tuple[RunModel, str | None]]:
+    """Alternatives when ``cancel`` is sent right after releasing ``step``: the cancel can
+    land before the outcome is recorded or after any of the steps of progress that
+    follow. Each alternative comes with what its cancel returns."""
+    alternatives: list[tuple[RunModel, str | None]] = []
+    first = run.copy()
+    outcome = first.cancel()
+    first.release(step, verdict)
+    first.advance()
+    alternatives.append((first, outcome))
+    later = run.copy()
+    later.release(step, verdict)
+    while True:
+        branch = later.copy()
+        outcome = branch.cancel()
+        branch.advance()
+        alternatives.append((branch, outcome))
+        if not later.advance_one():
+            break
+    return alternatives

@@ -1,0 +1,1093 @@
+"""Model-based test: random interleavings of cyclone's operations against real workers.
+
+A hypothesis state machine submits runs of :data:`tests.support.model_proc.WORKFLOW`
+(``a -> w -> b``, ``w`` waiting for the signal ``go``) on a database of its own, served
+by worker processes, and interleaves: submit and submit_once (new key, same key with the
+same or another input, a key freed by a purge), cancel, retry, retry_all, signals (by
+run, by key, ``signal_tx`` committed, rolled back or held open), a day passing for a run
+(its deadline and its wait's timeout), set_retention and purges, each gated step
+finishing or failing (with attempts left or its last), a step finishing while its run is
+cancelled, and workers killed with SIGKILL, frozen with SIGSTOP, thawed with SIGCONT or
+stopped with a hand-back of their jobs. Steps wait at gates the test holds
+(advisory locks, see :mod:`tests.support.model_proc`), so nothing here sleeps to
+synchronise: after every rule the test *settles* (waits until the database shows that
+every worker did all it can: each runnable step claimed and waiting at its gate, each
+outcome released recorded, each job of a dead or frozen worker rescued, each run past
+its deadline failed), then checks cyclone's invariants and compares every run and step
+with the reference model (:mod:`tests.support.run_model`). At the end of each example
+every gate is released, the workers are stopped, and the at-rest invariants hold: every
+run has ended, or waits for its signal.
+
+Bounded for CI (``CYCLONE_MODEL_EXAMPLES``, default 6, and ``CYCLONE_MODEL_STEPS``,
+default 12); a longer run: ``CYCLONE_MODEL_EXAMPLES=500 CYCLONE_MODEL_STEPS=30
+scripts/test tests/test_model.py`` (about 10 s per example).
+A failure prints hypothesis's reproduction blob (``@reproduce_failure``) and the
+interleaving as hypothesis shrank it; ``CYCLONE_MODEL_DERANDOMIZE=1`` makes the examples
+the same from run to run.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+import cyclone
+from cyclone._store import notify as _notify
+from tests.conftest import create_database, drop_database
+from tests.support import invariants
+from tests.support.model_proc import DAY, EXEC_DDL, WORKFLOW, Item, gate
+from tests.support.run_model import STEPS, Expect, RunModel, release_and_cancel
+
+KNOWN_DEFECTS_FIXED: dict[str, bool] = {
+    # A cancelled run whose steps all completed (cancelled during its last step) and is
+    # then retried goes back to running with steps_remaining 0 and nothing to claim.
+    "retry_after_cancel": True,
+    # A wait node parked while its run is being cancelled goes back to blocked/available
+    # inside the cancelled run.
+    "park_after_cancel": True,
+    # retry() of a run cancelled while its wait node waited keeps the old timeout.
+    "retry_resets_waits": True,
+    # An open signal_tx holds the wait node's row lock: the worker recording its run's
+    # upstream step waits for it, and stops serving every run.
+    "signal_tx_lock": True,
+    # A SIGSTOPped maintenance leader keeps the lead: nothing is rescued or expired.
+    "frozen_leader": True,
+}
+"""Rules (or cases of rules) that reach a defect not yet fixed on main are left out
+while its flag is False; the lead switches each on once its fix is merged.
+``CYCLONE_MODEL_DEFECTS=all`` (or a comma-separated list of these names) runs those
+rules whatever the flags say."""
+_forced = os.environ.get("CYCLONE_MODEL_DEFECTS", "")
+for _name in KNOWN_DEFECTS_FIXED if _forced == "all" else filter(None, _forced.split(",")):
+    assert _name in KNOWN_DEFECTS_FIXED, f"CYCLONE_MODEL_DEFECTS: no flag named {_name!r}"
+    KNOWN_DEFECTS_FIXED[_name] = True
+
+EXAMPLES = int(os.environ.get("CYCLONE_MODEL_EXAMPLES", "6"))
+STEP_COUNT = int(os.environ.get("CYCLONE_MODEL_STEPS", "12"))
+SETTLE_TIMEOUT = 10.0
+"""Seconds the workers get to do all they can (rescue takes ~2 s)."""
+LOOKAHEAD = 4
+"""Gates locked ahead of the last execution seen of each step."""
+MAX_RUNS = 6
+PICK = st.integers(0, 63)
+MAX_WORKERS = 3
+REPO = Path(__file__).resolve().parents[1]
+
+SETTINGS = settings(
+    max_examples=EXAMPLES,
+    stateful_step_count=STEP_COUNT,
+    deadline=None,
+    database=None,
+    print_blob=True,
+    derandomize=os.environ.get("CYCLONE_MODEL_DERANDOMIZE") == "1",
+    suppress_health_check=list(HealthCheck),
+)
+
+
+RULES_RUN: Counter[str] = Counter()
+"""How many times each rule ran (printed at the end: what the examples exercised)."""
+
+
+def guarded(fn: Callable[..., None]) -> Callable[..., None]:
+    """A rule or initializer: the example is broken until the checks after it pass, so a
+    failure inside it skips the checks of the tear-down (which would hide it)."""
+
+    @functools.wraps(fn)
+    def wrapper(self: ModelMachine, *args: Any, **kwargs: Any) -> None:
+        RULES_RUN[fn.__name__] += 1
+        self.broken = True
+        fn(self, *args, **kwargs)
+        self.broken = False
+
+    return wrapper
+
+
+def outcome_of(call: Callable[[], Any]) -> Any:
+    """What ``call`` returned, or the name of the cyclone error it raised."""
+    try:
+        return call()
+    except (cyclone.NotFoundError, cyclone.InvalidStateError, cyclone.SubmitConflictError) as e:
+        return type(e).__name__
+
+
+# -- the database and the worker processes ----------------------------------------------
+
+
+@dataclass
+class WorkerProc:
+    proc: subprocess.Popen[bytes]
+    state: str = "live"  # live | frozen | killed
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+@dataclass(frozen=True)
+class Exec:
+    """One execution of a gated step, as its row in ``model_exec`` shows it."""
+
+    tag: str
+    step: str
+    n: int
+    pid: int
+    attempt: int
+
+
+@dataclass
+class Snapshot:
+    """What the database shows: runs by tag, their jobs, the executions still at a gate."""
+
+    runs: dict[str, dict[str, Any]]
+    jobs: dict[tuple[str, str], dict[str, Any]]
+    waiting: list[Exec]
+    max_n: dict[tuple[str, str], int]
+
+    def current(self, tag: str, step: str) -> Exec | None:
+        """The execution that holds the job of ``step``, if it is running at its gate."""
+        job = self.jobs.get((tag, step))
+        if job is None or job["state"] != "running":
+            return None
+        mine = [
+            e
+            for e in self.waiting
+            if (e.tag, e.step, e.pid, e.attempt) == (tag, step, job["pid"], job["attempt"])
+        ]
+        return max(mine, key=lambda e: e.n) if mine else None
+
+    def observed(self, tag: str) -> dict[str, str] | None:
+        run = self.runs.get(tag)
+        if run is None:
+            return None
+        seen = {"run": run["state"]}
+        for step in STEPS:
+            job = self.jobs.get((tag, step))
+            if job is None:
+                seen[step] = "no job"
+                continue
+            state = job["state"]
+            if state == "running":
+                state = "active"
+            elif state == "available":
+                state = "parked" if step == "w" and job["later"] else "active"
+            elif state == "blocked" and step == "w" and job["pending"] == 0:
+                state = "parked"
+            seen[step] = state
+        return seen
+
+
+class Harness:
+    """The test's database, its gate connection and the worker processes."""
+
+    def __init__(self, url: sa.URL, logs: Path) -> None:
+        self.url = url
+        self.engine = sa.create_engine(url, pool_size=5)
+        self.gates = psycopg.connect(
+            url.set(drivername="postgresql").render_as_string(hide_password=False),
+            autocommit=True,
+        )
+        self.logs = logs
+        self.workers: list[WorkerProc] = []
+        self.locked: dict[tuple[str, str], int] = {}
+
+    def close(self) -> None:
+        self.stop_all()
+        self.gates.close()
+        self.engine.dispose()
+
+    # workers
+
+    def start_worker(self) -> WorkerProc:
+        env = {**os.environ, "CYCLONE_MODEL_URL": self.url.render_as_string(hide_password=False)}
+        log = (self.logs / f"worker-{len(self.workers)}-{uuid.uuid4().hex[:6]}.log").open("wb")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.support.model_proc"],
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        worker = WorkerProc(proc)
+        self.workers.append(worker)
+        return worker
+
+    def wait_serving(self, worker: WorkerProc) -> None:
+        """Until the worker's claim loop and leader candidacy are connected."""
+        app = f"model-{worker.pid}"
+        deadline = time.monotonic() + 30
+        while True:
+            assert worker.proc.poll() is None, f"worker {worker.pid} exited early"
+            with self.engine.connect() as conn:
+                count = conn.execute(
+                    sa.text("SELECT count(*) FROM pg_stat_activity WHERE application_name = :a"),
+                    {"a": app},
+                ).scalar_one()
+            if count >= 3:
+                return
+            assert time.monotonic() < deadline, f"worker {worker.pid} did not connect in 30 s"
+            time.sleep(0.05)
+
+    def live(self) -> list[WorkerProc]:
+        return [w for w in self.workers if w.state == "live"]
+
+    def frozen(self) -> list[WorkerProc]:
+        return [w for w in self.workers if w.state == "frozen"]
+
+    def leader_pid(self) -> int | None:
+        with self.engine.connect() as conn:
+            app = conn.execute(
+                sa.text(
+                    "SELECT a.application_name FROM cyclone_leader l "
+                    "JOIN pg_stat_activity a ON a.pid = l.backend_pid "
+                    "WHERE l.expires_at > now() AND a.datname = current_database()"
+                )
+            ).scalar()
+        return int(app.removeprefix("model-")) if app else None
+
+    def in_transaction(self, worker: WorkerProc) -> str | None:
+        """What a frozen worker's sessions are doing, if one could hold row locks."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(
+                    "SELECT state, wait_event, left(query, 60) FROM pg_stat_activity "
+                    "WHERE application_name = :a"
+                ),
+                {"a": f"model-{worker.pid}"},
+            ).all()
+        for state, wait_event, query in rows:
+            if state.startswith("idle in transaction") or (
+                state == "active" and wait_event != "advisory"
+            ):
+                return f"{state}: {query}"
+        return None
+
+    def freeze(self, worker: WorkerProc) -> bool:
+        """SIGSTOP ``worker`` between transactions (a freeze mid-transaction would hold
+        its row locks: that is idle_in_transaction_session_timeout's business, not the
+        model's). False when it kept catching it inside one."""
+        for _ in range(20):
+            os.kill(worker.pid, signal.SIGSTOP)
+            busy = self.in_transaction(worker)
+            if busy is None:
+                worker.state = "frozen"
+                return True
+            os.kill(worker.pid, signal.SIGCONT)
+            time.sleep(0.01)
+        return False
+
+    def thaw(self, worker: WorkerProc) -> None:
+        os.kill(worker.pid, signal.SIGCONT)
+        worker.state = "live"
+
+    def kill(self, worker: WorkerProc) -> None:
+        worker.proc.kill()
+        worker.proc.wait(10)
+        worker.state = "killed"
+
+    def stop(self, worker: WorkerProc) -> None:
+        """SIGTERM: the worker finishes what runs (nothing, at rest) and exits 0."""
+        worker.proc.terminate()
+        code = worker.proc.wait(30)
+        worker.state = "killed"
+        assert code == 0, f"worker {worker.pid} exited with {code}"
+
+    def retire(self, worker: WorkerProc, *, busy: bool) -> None:
+        """SIGTERM, and for a worker running steps (which never end by themselves: they
+        wait at their gates) a second signal at once: it hands them back and exits."""
+        os.kill(worker.pid, signal.SIGTERM)
+        if busy:
+            os.kill(worker.pid, signal.SIGINT)  # another signal: two SIGTERMs could merge
+        code = worker.proc.wait(30)
+        worker.state = "killed"
+        assert code == 0, f"worker {worker.pid} exited with {code}"
+
+    def stop_all(self) -> None:
+        for worker in self.workers:
+            if worker.proc.poll() is None:
+                os.kill(worker.pid, signal.SIGCONT)
+                worker.proc.kill()
+                worker.proc.wait(10)
+            worker.state = "killed"
+        self.workers.clear()
+
+    # gates
+
+    def lock_gates(self, tag: str, step: str, upto: int) -> None:
+        have = self.locked.get((tag, step), 0)
+        for n in range(have + 1, upto + 1):
+            self.gates.execute("SELECT pg_advisory_lock(%s, %s)", gate(tag, step, n))
+        self.locked[tag, step] = max(have, upto)
+
+    def release(self, e: Exec, verdict: str) -> None:
+        self.gates.execute(
+            "UPDATE model_exec SET verdict = %s WHERE tag = %s AND step = %s AND n = %s",
+            (verdict, e.tag, e.step, e.n),
+        )
+        unlocked = self.gates.execute(
+            "SELECT pg_advisory_unlock(%s, %s)", gate(e.tag, e.step, e.n)
+        ).fetchone()
+        assert unlocked == (True,), e
+
+    def wait_completed(self, e: Exec) -> None:
+        """Until the job of ``e`` is completed (polling without pause: the caller races
+        what follows it)."""
+        query = (
+            "SELECT j.state FROM cyclone_jobs j JOIN cyclone_runs r ON r.id = j.run_id "
+            "WHERE r.input->>'tag' = %s AND j.kind = %s"
+        )
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        while self.gates.execute(query, (e.tag, e.step)).fetchone() == ("running",):
+            assert time.monotonic() < deadline, f"{e} not recorded in {SETTLE_TIMEOUT} s"
+
+    # reading and settling
+
+    def snapshot(self) -> Snapshot:
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(
+                    "SELECT r.input->>'tag', r.state, r.steps_remaining, r.deadline <= now(), "
+                    "r.start_at, j.kind, j.state, j.pending_deps, j.worker_id, j.attempt, "
+                    "j.scheduled_at <= now(), j.scheduled_at > now() + interval '1 hour' "
+                    "FROM cyclone_runs r LEFT JOIN cyclone_jobs j ON j.run_id = r.id"
+                )
+            ).all()
+            execs = conn.execute(
+                sa.text("SELECT tag, step, n, pid, attempt, verdict FROM model_exec")
+            ).all()
+        runs: dict[str, dict[str, Any]] = {}
+        jobs: dict[tuple[str, str], dict[str, Any]] = {}
+        for (
+            tag,
+            rstate,
+            remaining,
+            past,
+            start_at,
+            kind,
+            jstate,
+            pending,
+            wid,
+            att,
+            due,
+            later,
+        ) in rows:
+            runs[tag] = {
+                "state": rstate,
+                "remaining": remaining,
+                "past_deadline": bool(past),
+                "unstarted": start_at is not None,
+            }
+            if kind is not None:
+                jobs[tag, kind] = {
+                    "state": jstate,
+                    "pending": pending,
+                    "pid": int(wid.split(":")[1]) if wid else None,
+                    "attempt": att,
+                    "due": due,
+                    "later": later,
+                }
+        waiting = [Exec(t, s, n, p, a) for t, s, n, p, a, v in execs if v is None]
+        max_n: dict[tuple[str, str], int] = {}
+        for t, s, n, _p, _a, _v in execs:
+            max_n[t, s] = max(n, max_n.get((t, s), 0))
+        return Snapshot(runs, jobs, waiting, max_n)
+
+    def unsettled(self, snap: Snapshot) -> list[str]:
+        """What the workers have still to do (nothing when every run is settled)."""
+        live = {w.pid for w in self.live()}
+        todo = []
+        for tag, run in snap.runs.items():
+            if run["state"] != "running":
+                continue
+            if run["unstarted"]:
+                todo.append(f"{tag}: not started")
+            if run["past_deadline"]:
+                todo.append(f"{tag}: past its deadline, still running")
+        for (tag, step), job in snap.jobs.items():
+            running = snap.runs[tag]["state"] == "running"
+            if job["state"] == "available" and job["due"] and running:
+                todo.append(f"{tag}:{step} available, not claimed")
+            if job["state"] != "running":
+                continue
+            if job["pid"] not in live:
+                todo.append(f"{tag}:{step} held by stopped worker {job['pid']}, not rescued")
+            elif step == "w":
+                todo.append(f"{tag}:w running")
+            elif snap.current(tag, step) is None:
+                todo.append(f"{tag}:{step} running, not at its gate (outcome not recorded)")
+        return todo
+
+    def settle(self, context: str = "") -> Snapshot:
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        while True:
+            snap = self.snapshot()
+            for (tag, step), n in snap.max_n.items():
+                if self.locked.get((tag, step), 0) < n + LOOKAHEAD:
+                    self.lock_gates(tag, step, n + LOOKAHEAD)
+            todo = self.unsettled(snap)
+            if not todo:
+                return snap
+            if time.monotonic() > deadline:
+                raise AssertionError(
+                    f"the workers did not settle within {SETTLE_TIMEOUT} s{context}: "
+                    + "; ".join(todo)
+                    + f" (leader: {self.leader_pid()}, workers: "
+                    + ", ".join(f"{w.pid} {w.state}" for w in self.workers)
+                    + ")"
+                )
+            time.sleep(0.02)
+
+
+# -- the state machine ---------------------------------------------------------------------
+
+
+class ModelMachine(RuleBasedStateMachine):
+    harness: Harness
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.h = type(self).harness
+        self.engine = self.h.engine
+        self.runs: dict[int, RunModel] = {}
+        self.handles: dict[int, cyclone.Run] = {}
+        self.keys: dict[str, int] = {}
+        self.alternatives: dict[int, list[RunModel]] = {}
+        self.next_number = 1
+        self.open_tx: tuple[sa.Connection, Any, int, int, Any] | None = None
+        self.broken = False
+        self.snap: Snapshot | None = None
+        self.focus = 0
+
+    # set-up and tear-down
+
+    @initialize(
+        runs=st.lists(
+            st.tuples(st.booleans(), st.booleans(), st.booleans()), min_size=1, max_size=3
+        )
+    )
+    @guarded
+    def start(self, runs: list[tuple[bool, bool, bool]]) -> None:
+        """Two workers serving, and a first few runs (keyed?, with a deadline?, signalled?)."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                sa.text("TRUNCATE cyclone_signals, cyclone_jobs, cyclone_runs, model_exec")
+            )
+        self.h.gates.execute("SELECT pg_advisory_unlock_all()")
+        self.h.locked.clear()
+        started = [self.h.start_worker() for _ in range(2)]
+        for worker in started:
+            self.h.wait_serving(worker)
+        for keyed, deadline, signalled in runs:
+            model = self.submit_new(keyed, deadline)
+            if signalled:
+                self.send_signal(model, "run", 1)
+
+    def teardown(self) -> None:
+        try:
+            if not self.broken:
+                self.bring_to_rest()
+        finally:
+            if self.open_tx is not None:
+                self.open_tx[0].close()
+            self.h.stop_all()
+
+    def bring_to_rest(self) -> None:
+        """Release everything, let the workers finish, stop them, check the rest state."""
+        if self.open_tx is not None:
+            self.close_signal_tx(commit=False)
+        for worker in self.h.frozen():
+            self.h.thaw(worker)
+        for _ in range(100):
+            snap = self.h.settle(" while bringing the example to rest")
+            self.check(snap)
+            current = self.releasable(snap)
+            if not current and not self.stale(snap):
+                break
+            for e in current:
+                self.model_of(e.tag).release(e.step, "finish")
+                self.model_of(e.tag).advance()
+            for e in current + self.stale(snap):
+                self.h.release(e, "finish")
+        else:
+            raise AssertionError("the example did not come to rest")
+        for worker in self.h.live():
+            self.h.stop(worker)
+        invariants.check(self.engine, at_rest=True)
+        snap = self.h.snapshot()
+        self.compare(snap)
+        for tag, run in snap.runs.items():
+            if run["state"] == "running":
+                w = snap.jobs.get((tag, "w"))
+                assert w is not None
+                assert snap.observed(tag)["w"] == "parked", (
+                    f"run {tag} is running at rest, and not waiting for its signal: "
+                    f"{snap.observed(tag)}"
+                )
+                assert self.model_of(tag).signal is None
+
+    # checks after every rule
+
+    @invariant()
+    def settled_and_as_modelled(self) -> None:
+        if self.broken:
+            return
+        self.broken = True  # until the checks pass
+        context = ""
+        if self.open_tx is not None:
+            context = f" (a signal_tx to m{self.open_tx[2]} is open)"
+        snap = self.h.settle(context)
+        self.check(snap)
+        self.broken = False
+
+    def check(self, snap: Snapshot) -> None:
+        invariants.check(self.engine, at_rest=False)
+        self.compare(snap)
+        self.snap = snap
+
+    def compare(self, snap: Snapshot) -> None:
+        for number, model in list(self.runs.items()):
+            seen = None if model.purged else snap.observed(model.tag)
+            candidates = self.alternatives.pop(number, None) or [model]
+            matching = [c for c in candidates if (None if c.purged else c.summary()) == seen]
+            assert matching, f"run {model.tag} is {seen}; the model says " + " or ".join(
+                str(c.summary()) for c in candidates
+            )
+            self.runs[number] = matching[0]
+
+    def model_of(self, tag: str) -> RunModel:
+        return self.runs[int(tag.removeprefix("m"))]
+
+    def releasable(self, snap: Snapshot) -> list[Exec]:
+        """Executions holding their job at a gate, on a live worker."""
+        live = {w.pid for w in self.h.live()}
+        found = []
+        for model in self.runs.values():
+            if model.purged:
+                continue
+            for step in ("a", "b"):
+                e = snap.current(model.tag, step)
+                if e is not None and e.pid in live:
+                    found.append(e)
+        return found
+
+    def stale(self, snap: Snapshot) -> list[Exec]:
+        """Executions at a gate on a live worker that no longer hold their job."""
+        live = {w.pid for w in self.h.live()}
+        current = set(self.releasable(snap))
+        return [e for e in snap.waiting if e.pid in live and e not in current]
+
+    def pick_run(self, pick: int) -> RunModel:
+        """The run ``pick`` designates (never the run of an open signal_tx).
+
+        Rules draw plain integers, never from lists of what the database shows: which
+        worker claims what is not the same from one replay to the next, and a draw
+        that depended on it would make hypothesis's replays (and shrinking) fail.
+        """
+        numbers = sorted(self.runs)
+        if self.open_tx is not None:
+            numbers = [n for n in numbers if n != self.open_tx[2]]
+        if pick % 2 == 0 and self.focus in numbers:
+            return self.runs[self.focus]  # often the run of the last rule: defects need a few
+        self.focus = numbers[pick // 2 % len(numbers)]
+        return self.runs[self.focus]
+
+    def has_runs(self) -> bool:
+        return bool(self.runs) and (self.open_tx is None or len(self.runs) > 1)
+
+    # submitting
+
+    def new_run(self, key: str | None, deadline: bool) -> RunModel:
+        number = self.next_number
+        self.next_number += 1
+        model = RunModel(number=number, key=key, v=0, deadline=deadline)
+        for step in ("a", "b"):
+            self.h.lock_gates(model.tag, step, LOOKAHEAD)
+        self.runs[number] = model
+        if key is not None:
+            self.keys[key] = number
+        return model
+
+    @rule(keyed=st.booleans(), deadline=st.booleans())
+    @guarded
+    def submit(self, keyed: bool, deadline: bool) -> None:
+        if len(self.runs) < MAX_RUNS:
+            self.submit_new(keyed, deadline)
+
+    def submit_new(self, keyed: bool, deadline: bool) -> RunModel:
+        model = self.new_run(f"key-{self.next_number}" if keyed else None, deadline)
+        options: dict[str, Any] = {"deadline": DAY} if deadline else {}
+        item = Item(tag=model.tag)
+        if model.key is None:
+            run = WORKFLOW.submit(self.engine, item, **options)
+        else:
+            run, created = WORKFLOW.submit_once(self.engine, model.key, item, **options)
+            assert created
+        self.handles[model.number] = run
+        model.advance()
+        return model
+
+    @precondition(lambda self: bool(self.keys))
+    @rule(pick=PICK, same_input=st.booleans())
+    @guarded
+    def submit_once_again(self, pick: int, same_input: bool) -> None:
+        keys = sorted(self.keys)
+        key = keys[pick % len(keys)]
+        model = self.runs[self.keys[key]]
+        if model.purged:
+            if len(self.runs) >= MAX_RUNS:
+                return
+            fresh = self.new_run(key, deadline=False)
+            run, created = WORKFLOW.submit_once(self.engine, key, Item(tag=fresh.tag))
+            assert created, "a purge frees the key"
+            assert run.id != self.handles[model.number].id
+            self.handles[fresh.number] = run
+            fresh.advance()
+            return
+        item = Item(tag=model.tag, v=model.v if same_input else model.v + 1)
+        got = outcome_of(lambda: WORKFLOW.submit_once(self.engine, key, item))
+        if same_input:
+            assert got == (self.handles[model.number], False), got
+        else:
+            assert got == Expect.CONFLICT, got
+
+    # run control
+
+    @precondition(lambda self: self.has_runs())
+    @rule(pick=PICK)
+    @guarded
+    def cancel(self, pick: int) -> None:
+        model = self.pick_run(pick)
+        got = outcome_of(self.handles[model.number].cancel)
+        assert got == model.cancel(), (model.tag, got)
+
+    @precondition(lambda self: self.has_runs())
+    @rule(pick=PICK, every_step=st.booleans())
+    @guarded
+    def retry(self, pick: int, every_step: bool) -> None:
+        model = self.pick_run(pick)
+        if (
+            not KNOWN_DEFECTS_FIXED["retry_after_cancel"]
+            and not every_step
+            and model.state == "cancelled"
+            and all(s.state == "completed" for s in model.steps.values())
+        ):
+            return
+        handle = self.handles[model.number]
+        got = outcome_of(handle.retry_all if every_step else handle.retry)
+        assert got == model.retry(every_step=every_step), (model.tag, got)
+
+    # signals
+
+    def send_signal(self, model: RunModel, how: str, payload: int) -> None:
+        expected = model.copy().send(payload) if how == "rollback" else model.send(payload)
+        handle = self.handles[model.number]
+        if how == "run":
+            got = outcome_of(lambda: handle.signal("go", payload))
+        elif how == "key":
+            got = outcome_of(lambda: WORKFLOW.signal(self.engine, model.key, "go", payload))
+        else:
+            with self.engine.connect() as conn:
+                tx = conn.begin()
+                got = outcome_of(lambda: WORKFLOW.signal_tx(conn, model.key, "go", payload))
+                if how == "commit":
+                    tx.commit()
+                else:
+                    tx.rollback()
+        assert got == expected, (model.tag, how, got, expected)
+
+    @precondition(lambda self: self.has_runs())
+    @rule(
+        pick=PICK,
+        how=st.sampled_from(["run", "key", "commit", "rollback"]),
+        payload=st.integers(1, 2),
+    )
+    @guarded
+    def signal(self, pick: int, how: str, payload: int) -> None:
+        model = self.pick_run(pick)
+        if how != "run" and (model.key is None or self.keys.get(model.key) != model.number):
+            how = "run"
+        self.send_signal(model, how, payload)
+
+    @precondition(
+        lambda self: (
+            KNOWN_DEFECTS_FIXED["signal_tx_lock"]
+            and self.open_tx is None
+            and any(m.key is not None and self.keys[m.key] == m.number for m in self.runs.values())
+        )
+    )
+    @rule(pick=PICK, payload=st.integers(1, 2))
+    @guarded
+    def open_signal_tx(self, pick: int, payload: int) -> None:
+        """A signal_tx whose transaction stays open across the next rules."""
+        keyed = [n for n, m in sorted(self.runs.items()) if m.key and self.keys[m.key] == m.number]
+        model = self.runs[keyed[pick % len(keyed)]]
+        self.focus = model.number
+        conn = self.engine.connect()
+        tx = conn.begin()
+        got = outcome_of(lambda: WORKFLOW.signal_tx(conn, model.key, "go", payload))
+        expected = model.copy().send(payload)
+        self.open_tx = (conn, tx, model.number, payload, got)
+        assert got == expected, (model.tag, got, expected)
+
+    @precondition(lambda self: self.open_tx is not None)
+    @rule(commit=st.booleans())
+    @guarded
+    def close_signal_tx(self, commit: bool) -> None:
+        assert self.open_tx is not None
+        conn, tx, number, payload, got = self.open_tx
+        self.open_tx = None
+        model = self.runs[number]
+        if commit:
+            tx.commit()
+            if got is True:  # stored, whatever the run did while the transaction was open
+                model.signal = payload
+                model.advance()
+        else:
+            tx.rollback()
+        conn.close()
+
+    # time, retention and purges
+
+    @precondition(lambda self: self.has_runs())
+    @rule(pick=PICK)
+    @guarded
+    def a_day_passes(self, pick: int) -> None:
+        """A day passes for one run: its deadline (a day after submit) and the timeout of
+        its wait (a day after it parked) pass, as if the clock had moved."""
+        model = self.pick_run(pick)
+        if (
+            not KNOWN_DEFECTS_FIXED["retry_resets_waits"]
+            and model.state != "running"
+            and model.steps["w"].state == "cancelled"
+        ):
+            return
+        alternatives = model.time_passes()
+        with self.engine.begin() as conn:
+            shift = {"tag": model.tag, "day": timedelta(days=1, minutes=1)}
+            conn.execute(
+                sa.text(
+                    "UPDATE cyclone_runs SET deadline = deadline - :day "
+                    "WHERE input->>'tag' = :tag AND deadline IS NOT NULL"
+                ),
+                shift,
+            )
+            conn.execute(
+                sa.text(
+                    "UPDATE cyclone_signals SET wait_until = wait_until - :day "
+                    "WHERE payload IS NULL AND run_id = (SELECT id FROM cyclone_runs "
+                    "WHERE input->>'tag' = :tag)"
+                ),
+                shift,
+            )
+            conn.execute(
+                sa.text(
+                    "UPDATE cyclone_jobs SET scheduled_at = scheduled_at - :day "
+                    "WHERE state = 'available' AND scheduled_at > now() AND run_id = "
+                    "(SELECT id FROM cyclone_runs WHERE input->>'tag' = :tag)"
+                ),
+                shift,
+            )
+            conn.execute(sa.select(sa.func.pg_notify(_notify.JOBS_AVAILABLE, "")))
+        self.alternatives[model.number] = alternatives
+        self.runs[model.number] = alternatives[0]
+
+    @precondition(lambda self: self.has_runs())
+    @rule(pick=PICK)
+    @guarded
+    def keep_no_longer(self, pick: int) -> None:
+        model = self.pick_run(pick)
+        got = outcome_of(lambda: self.handles[model.number].set_retention(timedelta(0)))
+        if model.purged:
+            assert got == Expect.NOT_FOUND
+        else:
+            assert got is None
+            model.retention0 = True
+
+    @precondition(lambda self: self.open_tx is None)
+    @rule(everything=st.booleans())
+    @guarded
+    def purge(self, everything: bool) -> None:
+        """Purge every terminal run, or (the sweep's default keep) those kept no longer."""
+        older_than = timedelta(0) if everything else timedelta(days=1)
+        deleted = cyclone.Client(self.engine).purge_terminal_runs(older_than=older_than)
+        doomed = [
+            m
+            for m in self.runs.values()
+            if not m.purged and m.state != "running" and (everything or m.retention0)
+        ]
+        for m in doomed:
+            m.purged = True
+        assert deleted == len(doomed), (deleted, [m.tag for m in doomed])
+
+    # steps
+
+    def pick_exec(self, pick: int, found: list[Exec]) -> Exec | None:
+        """The execution ``pick`` designates, often one of the run of the last rule."""
+        found = sorted(found, key=lambda e: (int(e.tag.removeprefix("m")), e.step, e.n))
+        focused = [e for e in found if e.tag == f"m{self.focus}"]
+        if pick % 2 == 0 and focused:
+            return focused[pick // 2 % len(focused)]
+        if not found:
+            return None
+        e = found[pick // 2 % len(found)]
+        self.focus = int(e.tag.removeprefix("m"))
+        return e
+
+    @rule(pick=PICK, verdict=st.sampled_from(["finish", "fail"]))
+    @guarded
+    def release(self, pick: int, verdict: str) -> None:
+        assert self.snap is not None
+        e = self.pick_exec(pick, self.releasable(self.snap))
+        if e is None:
+            return
+        model = self.model_of(e.tag)
+        model.release(e.step, verdict)
+        model.advance()
+        self.h.release(e, verdict)
+
+    @rule(pick=PICK)
+    @guarded
+    def finish(self, pick: int) -> None:
+        """A step finishes (as :meth:`release`, drawn as often again: steps make progress)."""
+        self.release.__wrapped__(self, pick, "finish")  # type: ignore[attr-defined]
+
+    @rule(pick=PICK)
+    @guarded
+    def release_stale(self, pick: int) -> None:
+        """An execution whose job moved on (rescued, purged) finishes: nothing changes."""
+        assert self.snap is not None
+        e = self.pick_exec(pick, self.stale(self.snap))
+        if e is not None:
+            self.h.release(e, "finish")
+
+    def racing_cancel(self) -> list[Exec]:
+        """Executions whose run a cancel may race (not the run of an open signal_tx)."""
+        if self.snap is None:
+            return []
+        return [
+            e
+            for e in self.releasable(self.snap)
+            if (self.open_tx is None or e.tag != f"m{self.open_tx[2]}")
+            and (KNOWN_DEFECTS_FIXED["park_after_cancel"] or e.step != "a")
+        ]
+
+    @rule(pick=PICK, recorded=st.booleans())
+    @guarded
+    def finish_and_cancel(self, pick: int, recorded: bool) -> None:
+        """Release a step and cancel its run at once, or as soon as the step is recorded
+        completed: the cancel races what the workers do next (start ``w``, park it)."""
+        e = self.pick_exec(pick, self.racing_cancel())
+        if e is None:
+            return
+        model = self.model_of(e.tag)
+        branches = release_and_cancel(model, e.step, "finish")
+        self.h.release(e, "finish")
+        if recorded:
+            self.h.wait_completed(e)
+        got = outcome_of(self.handles[model.number].cancel)
+        alternatives = [m for m, outcome in branches if outcome == got]
+        assert alternatives, (model.tag, got)
+        self.alternatives[model.number] = alternatives
+        self.runs[model.number] = alternatives[0]
+
+    # workers
+
+    def held_by(self, worker: WorkerProc) -> list[Exec]:
+        """The executions holding their job at a gate on ``worker`` (live until now)."""
+        assert self.snap is not None
+        return [e for e in self.releasable(self.snap) if e.pid == worker.pid]
+
+    def lose(self, held: list[Exec]) -> None:
+        """The model of jobs whose worker died or froze: lost, then rescued."""
+        for e in held:
+            self.model_of(e.tag).lose(e.step)
+            self.model_of(e.tag).advance()
+
+    @precondition(lambda self: len(self.h.live()) >= 2)
+    @rule(pick=PICK)
+    @guarded
+    def kill_worker(self, pick: int) -> None:
+        live = self.h.live()
+        worker = live[pick % len(live)]
+        self.lose(self.held_by(worker))
+        self.h.kill(worker)
+
+    @precondition(lambda self: len(self.h.live()) >= 2)
+    @rule(pick=PICK)
+    @guarded
+    def retire_worker(self, pick: int) -> None:
+        """A worker stops at once (two signals), handing back the jobs it holds."""
+        live = self.h.live()
+        worker = live[pick % len(live)]
+        for model_step in self.held_by(worker):
+            model = self.model_of(model_step.tag)
+            if model.state != "running":
+                model.steps[model_step.step].state = "cancelled"
+        assert self.snap is not None
+        self.h.retire(worker, busy=any(e.pid == worker.pid for e in self.snap.waiting))
+
+    @precondition(lambda self: len(self.h.live()) >= 2)
+    @rule(pick=PICK)
+    @guarded
+    def freeze_worker(self, pick: int) -> None:
+        """SIGSTOP a worker (while the frozen-leader defect stands, one that does not lead)."""
+        live = self.h.live()
+        for worker in live[pick % len(live) :] + live[: pick % len(live)]:
+            held = self.held_by(worker)
+            if not self.h.freeze(worker):
+                raise AssertionError(f"worker {worker.pid} was always caught in a transaction")
+            if KNOWN_DEFECTS_FIXED["frozen_leader"] or self.h.leader_pid() != worker.pid:
+                self.lose(held)
+                return
+            self.h.thaw(worker)
+        raise AssertionError("every live worker leads")
+
+    def freeze_leader(self) -> None:
+        """SIGSTOP the worker that leads maintenance (scenarios only)."""
+        deadline = time.monotonic() + 10
+        while (leader := self.h.leader_pid()) is None:
+            assert time.monotonic() < deadline, "no worker leads"
+            time.sleep(0.05)
+        worker = next(w for w in self.h.live() if w.pid == leader)
+        held = self.held_by(worker)
+        assert self.h.freeze(worker)
+        self.lose(held)
+
+    @precondition(lambda self: bool(self.h.frozen()))
+    @rule(pick=PICK)
+    @guarded
+    def thaw_worker(self, pick: int) -> None:
+        frozen = self.h.frozen()
+        self.h.thaw(frozen[pick % len(frozen)])
+
+    @precondition(
+        lambda self: (
+            len(self.h.live()) < MAX_WORKERS
+            and sum(w.state != "killed" for w in self.h.workers) < MAX_WORKERS + 1
+        )
+    )
+    @rule()
+    @guarded
+    def start_worker(self) -> None:
+        self.h.wait_serving(self.h.start_worker())
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Harness]:
+    url = create_database("cyclone_model")
+    engine = sa.create_engine(url, poolclass=sa.NullPool)
+    cyclone.upgrade(engine)
+    with engine.begin() as conn:
+        conn.execute(sa.text(EXEC_DDL))
+    engine.dispose()
+    harness = Harness(url, tmp_path)
+    try:
+        yield harness
+    finally:
+        harness.close()
+        drop_database(url)
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(max(300, EXAMPLES * 60))
+def test_random_interleavings_end_as_the_model_says(harness: Harness) -> None:
+    ModelMachine.harness = harness
+    RULES_RUN.clear()
+    started = time.monotonic()
+    try:
+        run_state_machine_as_test(ModelMachine, settings=SETTINGS)
+    finally:
+        print(f"model: {time.monotonic() - started:.0f} s, rules run: {dict(RULES_RUN)}")
+
+
+# -- the test of the test: each known defect, replayed through the machine --------------
+
+SCENARIOS: dict[str, list[tuple[str, dict[str, Any]]]] = {
+    "retry_after_cancel": [
+        ("start", {"runs": [(True, False, True)]}),
+        ("finish", {"pick": 0}),  # a; w runs at once (signalled); b waits at its gate
+        ("cancel", {"pick": 0}),
+        ("finish", {"pick": 0}),  # b completes inside the cancelled run
+        ("retry", {"pick": 0, "every_step": False}),
+    ],
+    "retry_resets_waits": [
+        ("start", {"runs": [(True, False, False)]}),
+        ("finish", {"pick": 0}),  # a; w waits, its timeout a day away
+        ("cancel", {"pick": 0}),
+        ("a_day_passes", {"pick": 0}),  # while cancelled
+        ("retry", {"pick": 0, "every_step": False}),  # w waits anew, a day again
+    ],
+    "signal_tx_lock": [
+        ("start", {"runs": [(True, False, False)]}),
+        ("open_signal_tx", {"pick": 0, "payload": 1}),
+        ("finish", {"pick": 0}),  # a: recording it must not wait for the open transaction
+        ("close_signal_tx", {"commit": True}),
+    ],
+    "frozen_leader": [
+        ("start", {"runs": [(False, True, False)]}),
+        ("freeze_leader", {}),
+        ("a_day_passes", {"pick": 0}),  # the run's deadline passes: another worker fails it
+    ],
+}
+"""A shortest interleaving reaching each known defect, for the machine to replay alone
+(``park_after_cancel`` is a race, left to the random interleavings)."""
+SEEN_AS = {
+    "retry_after_cancel": "a running run with no step remaining is not left running",
+    "retry_resets_waits": r"run m1 is \{'run': 'failed'.*the model says \{'run': 'running'",
+    "signal_tx_lock": r"did not settle .*m1:a running, not at its gate",
+    "frozen_leader": "m1:a held by stopped worker .*not rescued|m1: past its deadline, still",
+}
+"""How the checks see each defect: the failure its replay must raise while it stands."""
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("defect", sorted(SCENARIOS))
+def test_the_model_catches_each_known_defect_until_it_is_fixed(
+    harness: Harness, defect: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With its flag off (the defect stands on main), the replay must fail the checks: the
+    model-based test can see it. Once the lead turns the flag on, the replay must pass."""
+    fixed = KNOWN_DEFECTS_FIXED[defect]
+    monkeypatch.setitem(KNOWN_DEFECTS_FIXED, defect, True)
+    ModelMachine.harness = harness
+    machine = ModelMachine()
+
+    def replay() -> None:
+        try:
+            for name, arguments in SCENARIOS[defect]:
+                getattr(machine, name)(**arguments)
+                machine.settled_and_as_modelled()
+        finally:
+            machine.teardown()
+
+    if fixed:
+        replay()
+    else:
+        with pytest.raises(AssertionError, match=SEEN_AS[defect]):
+            replay()
