@@ -360,10 +360,12 @@ def test_dashboard_serves_the_overview_until_sigint_or_sigterm_then_exits_0_and_
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGKILL)
             server.communicate()
-    assert (server.returncode, stderr) == (
-        0,
-        f"cyclone dashboard on http://127.0.0.1:{port}/\ncyclone dashboard stopped\n",
-    )
+    # Besides cyclone's two lines, waitress may log its own (e.g. "Task queue depth is 1"
+    # when the page's requests come faster than a loaded machine serves them).
+    ours = [line for line in stderr.splitlines() if line.startswith("cyclone")]
+    assert server.returncode == 0, stderr
+    assert ours == [f"cyclone dashboard on http://127.0.0.1:{port}/", "cyclone dashboard stopped"]
+    assert "Traceback" not in stderr
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
     with socket.socket() as sock:
