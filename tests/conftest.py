@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -74,8 +76,27 @@ def invariants_at_rest(request: pytest.FixtureRequest) -> Iterator[None]:
     if "database_url" in request.fixturenames:
         at_rest.touch(request.getfixturevalue("database_url"), at_head=True)
     _left_running, found = at_rest.after_test()
+    _note_leaked_connections(request.node.nodeid)
     if found:
         pytest.fail(at_rest.describe(found), pytrace=False)
+
+
+LEAKS = ROOT / "tests" / ".artifacts" / "leaked-connections.txt"
+
+
+def _note_leaked_connections(test: str) -> None:
+    """Collect garbage after ``test`` and write down the psycopg connections that were
+    dropped open (psycopg's ResourceWarning, ignored in pyproject.toml: a leak seen about
+    once in five full runs, whose garbage collection failed whichever test was running,
+    not the one that leaked). The file names the tests after which leaks were found."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        gc.collect()
+    leaked = [w for w in caught if "was deleted while still open" in str(w.message)]
+    if leaked:
+        LEAKS.parent.mkdir(parents=True, exist_ok=True)
+        with LEAKS.open("a") as out:
+            out.write(f"{test}: {len(leaked)} psycopg connection(s) dropped open\n")
 
 
 @pytest.fixture(scope="session")
