@@ -1,4 +1,4 @@
-"""The terminal sessions of docs/cli.md and README.md, run as written, output compared.
+"""The terminal sessions of docs/cli.md and README.md (its "## From a shell"), run as written.
 
 The ```console blocks of a file are one bash session in a fresh database: a ``$ `` line is a command
 (``export CYCLONE_DATABASE_URL=...`` is pointed at the test's database), the lines after it

@@ -26,7 +26,7 @@ _LINK = re.compile(r"\]\(([^)\s]+)\)")
 def test_every_fenced_block_of_every_docs_page_is_run_by_a_registered_test() -> None:
     untested = [
         f"{page}:{fence.line} ({fence.language or 'no language'}, under {fence.headings})"
-        for page in PAGES
+        for page in ["README.md", *PAGES]
         for fence in docs.fences(page)
         if not any(executed.covers(page, fence) for executed in docs.EXECUTED)
     ]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,15 +21,15 @@ from sqlalchemy.orm import (
 )
 
 import cyclone
+from tests.support import docs
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def section_blocks() -> list[str]:
-    text = README.read_text()
-    start = text.index("## In your transaction")
-    end = text.index("\n## ", start + 1)
-    return re.findall(r"```python\n(.*?)```", text[start:end], re.S)
+    return docs.blocks(
+        "README.md", "## In your transaction (Flask, Django, a shared Session, plain psycopg)"
+    )
 
 
 class Base(DeclarativeBase):

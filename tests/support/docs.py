@@ -127,6 +127,51 @@ class Executed:
 
 EXECUTED = (
     Executed(
+        "README.md",
+        "## Quickstart (a fresh machine)",
+        "tests/test_readme.py::test_the_quickstart_demo_runs_the_checkout_example_to_its_result",
+    ),
+    Executed(
+        "README.md",
+        "## Pointing cyclone at a database",
+        "tests/test_readme.py::test_pointing_cyclone_at_a_database_upgrades_it_and_again",
+    ),
+    Executed(
+        "README.md",
+        "## Defining and submitting",
+        "tests/test_readme.py::test_defining_and_submitting_makes_one_run_per_key",
+    ),
+    Executed(
+        "README.md",
+        "## In your transaction (Flask, Django, a shared Session, plain psycopg)",
+        "tests/test_readme_transaction.py::test_every_block_of_the_section_runs_and_commits_with_the_callers_rows",
+    ),
+    Executed(
+        "README.md",
+        "## Keys and time",
+        "tests/test_docs_keys_and_time.py::test_readme_keys_and_time_blocks_run",
+    ),
+    Executed(
+        "README.md",
+        "## Running",
+        "tests/test_readme.py::test_the_running_block_drains_then_serves_until_sigterm",
+    ),
+    Executed(
+        "README.md",
+        "## From a shell",
+        "tests/test_cli_docs.py::test_a_terminal_session_prints_what_the_docs_show",
+    ),
+    Executed(
+        "README.md",
+        "## Dashboard",
+        "tests/test_dashboard_docs.py::test_cli_snippet_serves_the_dashboard",
+    ),
+    Executed(
+        "README.md",
+        "## Performance",
+        "tests/test_bench_docs.py::test_a_documented_bench_command_runs_and_prints_its_table",
+    ),
+    Executed(
         "docs/cli.md",
         None,
         "tests/test_cli_docs.py::test_a_terminal_session_prints_what_the_docs_show",
