@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from cyclone import _graph, _keys, errors, jobs, schedules
 from cyclone._store import binds as _binds
-from cyclone._store import fastpath as _fastpath
+from cyclone._store import executor as _executor
 from cyclone._store import lookup as _lookup
 from cyclone._store import submission
 from cyclone._store import waits as _waits
@@ -555,7 +555,7 @@ class Workflow(Generic[In]):
         encoded = self._encode_payload(signal, payload)
         with _binds.transaction(bind) as conn:
             return _waits.send(
-                _fastpath.Observed(conn),
+                _executor.Observed(conn),
                 workflow=self.name,
                 key=key,
                 run_id=None,

@@ -41,7 +41,7 @@ from sqlalchemy.dialects.postgresql import JSONB, insert
 
 from cyclone import _graph, _keys, _observe, errors
 from cyclone._store import binds as _binds
-from cyclone._store import fastpath as _fastpath
+from cyclone._store import executor as _executor
 from cyclone._store import notify as _notify
 from cyclone.schema import runs
 from cyclone.states import RunState
@@ -49,7 +49,7 @@ from cyclone.states import RunState
 _MAX_RACE_RETRIES = 5
 
 
-_const = _fastpath.const
+_const = _executor.const
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +68,8 @@ class Plan:
     insert_run: Any
     insert_run_once: Any
     insert_runs_once: Any
-    fast_insert_run: _fastpath.Compiled
-    fast_insert_run_once: _fastpath.Compiled
+    fast_insert_run: _executor.Compiled
+    fast_insert_run_once: _executor.Compiled
 
     @classmethod
     def build(cls, workflow: str, graph: _graph.GraphSnapshot) -> Plan:
@@ -85,8 +85,8 @@ class Plan:
             insert_run=insert_run,
             insert_run_once=insert_run_once,
             insert_runs_once=consts.insert_runs_once_stmt(),
-            fast_insert_run=_fastpath.Compiled(insert_run),
-            fast_insert_run_once=_fastpath.Compiled(insert_run_once),
+            fast_insert_run=_executor.Compiled(insert_run),
+            fast_insert_run_once=_executor.Compiled(insert_run_once),
         )
 
 
@@ -287,7 +287,7 @@ def select_run_by_key_stmt() -> Select[Any]:
 
 
 _SELECT_RUN_BY_KEY = select_run_by_key_stmt()
-_FAST_SELECT_RUN_BY_KEY = _fastpath.Compiled(_SELECT_RUN_BY_KEY)
+_FAST_SELECT_RUN_BY_KEY = _executor.Compiled(_SELECT_RUN_BY_KEY)
 
 
 def check_start(run_at: datetime | None, delay: timedelta | None) -> None:
@@ -352,12 +352,12 @@ def _resolve_once(once: _Once, workflow: str, key: str) -> tuple[Any, bool]:
     raise RuntimeError(f"key {key!r} kept changing hands while submitting; try again")
 
 
-def _insert_once(conn: _fastpath.Executor, plan: Plan, params: dict[str, Any]) -> tuple[Any, bool]:
+def _insert_once(conn: _executor.Executor, plan: Plan, params: dict[str, Any]) -> tuple[Any, bool]:
     """The run of ``params["key"]`` and whether this call created it, on ``conn``."""
 
     def once(insert: bool) -> _Row:
         stmt = plan.fast_insert_run_once if insert else _FAST_SELECT_RUN_BY_KEY
-        rows = conn.execute(stmt, params)
+        rows = conn.rows(stmt, params)
         return rows[0] if rows else None
 
     return _resolve_once(once, plan.workflow, params["key"])
@@ -376,7 +376,7 @@ def submit(
     params = _params(plan, input, deadline, retention, run_at, delay)
     engine = _binds.engine_of(bind)
     started = time.monotonic()
-    rows = _fastpath.execute(engine, plan.fast_insert_run, params)
+    rows = _executor.pooled_rows(engine, plan.fast_insert_run, params)
     return Submitted(engine, rows[0][0], None, True, started)
 
 
@@ -392,7 +392,7 @@ def submit_tx(
 ) -> Submitted:
     params = _params(plan, input, deadline, retention, run_at, delay)
     executor, engine = _binds.joined(conn)
-    rows = executor.execute(plan.fast_insert_run, params)
+    rows = executor.rows(plan.fast_insert_run, params)
     return Submitted(engine, rows[0][0], None, True)
 
 
@@ -412,7 +412,7 @@ def submit_once(
     params["key"] = key
     engine = _binds.engine_of(bind)
     started = time.monotonic()
-    with _fastpath.connect(engine) as conn:
+    with _executor.connect(engine) as conn:
         run_id, created = _insert_once(conn, plan, params)
     return Submitted(engine, run_id, key, created, started if created else None)
 
@@ -463,7 +463,7 @@ def submit_once_many(
     with _binds.transaction(bind) as conn:
         for _ in range(_MAX_RACE_RETRIES):
             payload = _items_payload(items, missing)
-            rows = conn.execute(plan.insert_runs_once, {**params, "items": payload}).all()
+            rows = _executor.rows(conn, plan.insert_runs_once, {**params, "items": payload})
             for i, run_id, created, same_input in sorted(rows, key=lambda r: r[0]):
                 key = items[i][0]
                 if not same_input:
