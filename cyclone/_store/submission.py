@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 from sqlalchemy import (
@@ -303,14 +303,18 @@ def check_start(run_at: datetime | None, delay: timedelta | None) -> None:
         raise TypeError(f"delay= takes a timedelta, not {type(delay).__name__}")
 
 
-def _params(
-    plan: Plan,
-    input: str,
-    deadline: datetime | timedelta | None,
-    retention: timedelta | None,
-    run_at: datetime | None = None,
-    delay: timedelta | None = None,
-) -> dict[str, Any]:
+class Timing(NamedTuple):
+    """When a run is due to end, how long it is kept once ended, and when it may start:
+    the ``deadline=``, ``retention=``, ``run_at=`` and ``delay=`` of a submit."""
+
+    deadline: datetime | timedelta | None = None
+    retention: timedelta | None = None
+    run_at: datetime | None = None
+    delay: timedelta | None = None
+
+
+def _params(plan: Plan, input: str, timing: Timing) -> dict[str, Any]:
+    deadline, retention, run_at, delay = timing
     check_start(run_at, delay)
     if deadline is not None and not isinstance(deadline, datetime | timedelta):
         raise TypeError("deadline= takes a datetime or a timedelta")
@@ -328,6 +332,14 @@ def _params(
         "start_at": run_at,
         "start_in": delay,
     }
+
+
+def _once_params(plan: Plan, key: str, input: str, timing: Timing) -> dict[str, Any]:
+    """The parameters of the run of ``key``; the key is checked before anything is sent."""
+    _keys.check_key(key)
+    params = _params(plan, input, timing)
+    params["key"] = key
+    return params
 
 
 _Row = Sequence[Any] | None
@@ -364,16 +376,8 @@ def _insert_once(conn: _executor.Executor, plan: Plan, params: dict[str, Any]) -
 
 
 @_observe.submits
-def submit(
-    bind: _binds.Bind,
-    plan: Plan,
-    input: str,
-    deadline: datetime | timedelta | None,
-    retention: timedelta | None,
-    run_at: datetime | None = None,
-    delay: timedelta | None = None,
-) -> Submitted:
-    params = _params(plan, input, deadline, retention, run_at, delay)
+def submit(bind: _binds.Bind, plan: Plan, input: str, timing: Timing) -> Submitted:
+    params = _params(plan, input, timing)
     engine = _binds.engine_of(bind)
     started = time.monotonic()
     rows = _executor.pooled_rows(engine, plan.fast_insert_run, params)
@@ -381,35 +385,16 @@ def submit(
 
 
 @_observe.submits
-def submit_tx(
-    conn: _binds.Conn,
-    plan: Plan,
-    input: str,
-    deadline: datetime | timedelta | None,
-    retention: timedelta | None,
-    run_at: datetime | None = None,
-    delay: timedelta | None = None,
-) -> Submitted:
-    params = _params(plan, input, deadline, retention, run_at, delay)
+def submit_tx(conn: _binds.Conn, plan: Plan, input: str, timing: Timing) -> Submitted:
+    params = _params(plan, input, timing)
     executor, engine = _binds.joined(conn)
     rows = executor.rows(plan.fast_insert_run, params)
     return Submitted(engine, rows[0][0], None, True)
 
 
 @_observe.submits
-def submit_once(
-    bind: _binds.Bind,
-    plan: Plan,
-    key: str,
-    input: str,
-    deadline: datetime | timedelta | None,
-    retention: timedelta | None,
-    run_at: datetime | None = None,
-    delay: timedelta | None = None,
-) -> Submitted:
-    _keys.check_key(key)
-    params = _params(plan, input, deadline, retention, run_at, delay)
-    params["key"] = key
+def submit_once(bind: _binds.Bind, plan: Plan, key: str, input: str, timing: Timing) -> Submitted:
+    params = _once_params(plan, key, input, timing)
     engine = _binds.engine_of(bind)
     started = time.monotonic()
     with _executor.connect(engine) as conn:
@@ -419,18 +404,9 @@ def submit_once(
 
 @_observe.submits
 def submit_once_tx(
-    conn: _binds.Conn,
-    plan: Plan,
-    key: str,
-    input: str,
-    deadline: datetime | timedelta | None,
-    retention: timedelta | None,
-    run_at: datetime | None = None,
-    delay: timedelta | None = None,
+    conn: _binds.Conn, plan: Plan, key: str, input: str, timing: Timing
 ) -> Submitted:
-    _keys.check_key(key)
-    params = _params(plan, input, deadline, retention, run_at, delay)
-    params["key"] = key
+    params = _once_params(plan, key, input, timing)
     executor, engine = _binds.joined(conn)
     run_id, created = _insert_once(executor, plan, params)
     return Submitted(engine, run_id, key, created)
@@ -444,19 +420,13 @@ def _items_payload(items: Sequence[tuple[str, str]], indexes: Sequence[int]) -> 
 
 @_observe.submits
 def submit_once_many(
-    bind: _binds.Bind,
-    plan: Plan,
-    items: Sequence[tuple[str, str]],
-    deadline: datetime | timedelta | None,
-    retention: timedelta | None,
-    run_at: datetime | None = None,
-    delay: timedelta | None = None,
+    bind: _binds.Bind, plan: Plan, items: Sequence[tuple[str, str]], timing: Timing
 ) -> list[Submitted]:
     for key, _input in items:
         _keys.check_key(key)
     if not items:
         return []
-    params = _params(plan, "null", deadline, retention, run_at, delay)
+    params = _params(plan, "null", timing)
     del params["input"]
     results: dict[int, Submitted] = {}
     missing: list[int] = list(range(len(items)))
