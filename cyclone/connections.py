@@ -7,7 +7,7 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import URL
 
 from cyclone._store import binds as _binds
-from cyclone._store import fastpath as _fastpath
+from cyclone._store import executor as _executor
 from cyclone._store import notify as _notify
 
 
@@ -23,10 +23,10 @@ def close(engine: Engine) -> None:
     """
     engine = _binds.engine_of(engine)
     _notify.close(engine)
-    _fastpath.close_detached(engine)
-    target = _fastpath.session_engine(engine)
+    _executor.close_detached(engine)
+    target = _executor.session_engine(engine)
     if target is not None and target is not engine:
-        _fastpath.close_detached(target)
+        _executor.close_detached(target)
     if _binds.forget_derived(engine):
         engine.dispose()
 
@@ -58,4 +58,4 @@ def configure(engine: Engine, *, listen_url: str | URL | None) -> None:
             )
         target = sa.create_engine(url, poolclass=sa.NullPool)
     _notify.close(engine)
-    _fastpath.set_session_engine(engine, target)
+    _executor.set_session_engine(engine, target)

@@ -16,7 +16,7 @@ from sqlalchemy import Engine
 
 from cyclone import _codec, _observe, errors
 from cyclone._store import binds as _binds
-from cyclone._store import fastpath as _fastpath
+from cyclone._store import executor as _executor
 from cyclone._store import reads as _reads
 from cyclone._store import standalone as _standalone
 from cyclone.runs import read_within, wait_until_finished
@@ -140,7 +140,7 @@ class Job(Generic[R]):
         return value
 
 
-def _enqueue(conn: _fastpath.Executor, engine: Engine, req: EnqueueRequest) -> Job[Any]:
+def _enqueue(conn: _executor.Executor, engine: Engine, req: EnqueueRequest) -> Job[Any]:
     params = {
         "kind": req.kind,
         "queue": req.queue,
@@ -166,7 +166,7 @@ def _enqueue(conn: _fastpath.Executor, engine: Engine, req: EnqueueRequest) -> J
 @_observe.submits
 def enqueue(bind: _binds.Bind, req: EnqueueRequest) -> Job[Any]:
     engine = _binds.engine_of(bind)
-    with _fastpath.connect(engine) as conn:
+    with _executor.connect(engine) as conn:
         return _enqueue(conn, engine, req)
 
 

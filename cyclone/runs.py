@@ -23,7 +23,7 @@ from sqlalchemy.exc import DBAPIError
 from cyclone import _codec, _retry, errors
 from cyclone._store import control as _control
 from cyclone._store import deadline as _deadline
-from cyclone._store import fastpath as _fastpath
+from cyclone._store import executor as _executor
 from cyclone._store import notify as _notify
 from cyclone._store import reads as _reads
 from cyclone._store import waits as _waits
@@ -275,7 +275,7 @@ class Run:
         encoded = _waits.encode_payload(self._signal_types, signal, payload)
         with self._engine.begin() as conn:
             return _waits.send(
-                _fastpath.Observed(conn),
+                _executor.Observed(conn),
                 workflow=self.workflow,
                 key=None,
                 run_id=self.id,

@@ -41,7 +41,7 @@ from cyclone._store import binds as _binds
 from cyclone._store import claim as _claim
 from cyclone._store import completion as _completion
 from cyclone._store import due as _due
-from cyclone._store import fastpath as _fastpath
+from cyclone._store import executor as _executor
 from cyclone._store import leadership as _leadership
 from cyclone._store import notify as _notify
 from cyclone._store import rescue as _rescue
@@ -165,9 +165,9 @@ class _Doorbell:
         self._pair: tuple[socket.socket, socket.socket] | None = None
         self._rung = False
         self._written = False
-        self._held: _fastpath.Held | None = None
+        self._held: _executor.Held | None = None
 
-    def open(self, held: _fastpath.Held | None) -> None:
+    def open(self, held: _executor.Held | None) -> None:
         """Make the socket pair; with ``held``, also wake for what arrives on its connection."""
         reader, writer = socket.socketpair()
         reader.setblocking(False)
@@ -364,7 +364,7 @@ class Worker:
         self._lock = threading.Lock()
         self._db_failures = 0
         self._step_seconds = 1.0
-        self._held: _fastpath.Held | None = None
+        self._held: _executor.Held | None = None
         self._schema_checked = False
         self._leader: _leader.Leader | None = None
         self._beating = threading.Event()
@@ -467,16 +467,16 @@ class Worker:
             # The loop sleeps on its own connection's socket, which LISTENs, unless that
             # connection cannot hold a session (a pooler) or is not one connection (an
             # observed engine's statements go through the pool): then the listener wakes it.
-            if _fastpath.session_engine(self.engine) is self.engine and not _fastpath.observed(
+            if _executor.session_engine(self.engine) is self.engine and not _executor.observed(
                 self.engine
             ):
-                self._held = _fastpath.Held(
+                self._held = _executor.Held(
                     self.engine, listen=(_notify.JOBS_AVAILABLE,), on_notify=self._on_notified
                 )
                 self._wake.open(self._held)
                 unsubscribe: Callable[[], None] = _no_op
             else:
-                self._held = _fastpath.Held(self.engine)
+                self._held = _executor.Held(self.engine)
                 self._wake.open(None)
                 unsubscribe = _notify.listener(self.engine).subscribe(
                     _notify.JOBS_AVAILABLE, self._on_jobs_available

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from cyclone import _graph, _keys, errors, jobs, schedules
 from cyclone._store import binds as _binds
-from cyclone._store import fastpath as _fastpath
+from cyclone._store import executor as _executor
 from cyclone._store import lookup as _lookup
 from cyclone._store import submission
 from cyclone._store import waits as _waits
@@ -377,7 +377,10 @@ class Workflow(Generic[In]):
     ) -> Run:
         """Make a new run in a transaction of its own. Each call makes a new run."""
         row = submission.submit(
-            bind, self.plan(), self._encode_input(input), deadline, retention, run_at, delay
+            bind,
+            self.plan(),
+            self._encode_input(input),
+            submission.Timing(deadline, retention, run_at, delay),
         )
         return self._handle(row)
 
@@ -393,7 +396,10 @@ class Workflow(Generic[In]):
     ) -> Run:
         """Make a new run inside the caller's transaction; it exists once they commit."""
         row = submission.submit_tx(
-            conn, self.plan(), self._encode_input(input), deadline, retention, run_at, delay
+            conn,
+            self.plan(),
+            self._encode_input(input),
+            submission.Timing(deadline, retention, run_at, delay),
         )
         return self._handle(row)
 
@@ -416,7 +422,11 @@ class Workflow(Generic[In]):
             SubmitConflictError: the key's run has a different input (nothing is inserted).
         """
         row = submission.submit_once(
-            bind, self.plan(), key, self._encode_input(input), deadline, retention, run_at, delay
+            bind,
+            self.plan(),
+            key,
+            self._encode_input(input),
+            submission.Timing(deadline, retention, run_at, delay),
         )
         return self._handle(row), row.created
 
@@ -437,7 +447,11 @@ class Workflow(Generic[In]):
         conflict raises without aborting the caller's transaction.
         """
         row = submission.submit_once_tx(
-            conn, self.plan(), key, self._encode_input(input), deadline, retention, run_at, delay
+            conn,
+            self.plan(),
+            key,
+            self._encode_input(input),
+            submission.Timing(deadline, retention, run_at, delay),
         )
         return self._handle(row), row.created
 
@@ -459,7 +473,7 @@ class Workflow(Generic[In]):
         """
         encoded = [(key, self._encode_input(value)) for key, value in items]
         rows = submission.submit_once_many(
-            bind, self.plan(), encoded, deadline, retention, run_at, delay
+            bind, self.plan(), encoded, submission.Timing(deadline, retention, run_at, delay)
         )
         return [(self._handle(row), row.created) for row in rows]
 
@@ -555,7 +569,7 @@ class Workflow(Generic[In]):
         encoded = self._encode_payload(signal, payload)
         with _binds.transaction(bind) as conn:
             return _waits.send(
-                _fastpath.Observed(conn),
+                _executor.Observed(conn),
                 workflow=self.name,
                 key=key,
                 run_id=None,

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL
 
 import cyclone
-from cyclone._store import fastpath as _fastpath
+from cyclone._store import executor as _executor
 from cyclone._store import notify as _notify
 from tests.conftest import admin_url, wait_until
 from tests.support.factories import workflow
@@ -115,7 +115,7 @@ def test_engine_dispose_alone_also_closes_the_listener_and_held_connections(
     worker.drain()
     run.wait(timeout=10)
     assert _notify.listener(engine).wait_ready(10)
-    held = _fastpath.Held(engine)  # a held connection left open, as a running loop's would be
-    held.execute(_fastpath.Compiled(sa.select(sa.literal(1))), {})
+    held = _executor.Held(engine)  # a held connection left open, as a running loop's would be
+    held.rows(_executor.Compiled(sa.select(sa.literal(1))), {})
     engine.dispose()
     drop_database_without_force(migrated.database)

@@ -31,7 +31,7 @@ STORE_MODULES = {
     "cyclone._store.reads",
     "cyclone._store.counts",
     "cyclone._store.standalone",
-    "cyclone._store.fastpath",
+    "cyclone._store.executor",
 }
 SENDS = {"execute", "exec_driver_sql", "scalar", "scalars"}
 

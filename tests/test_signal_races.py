@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 import cyclone
 from cyclone._store import claim as _claim
-from cyclone._store import fastpath as _fastpath
+from cyclone._store import executor as _executor
 from cyclone._store import waits as _waits
 from cyclone.schema import jobs, runs, signals
 from tests.conftest import wait_until
@@ -320,7 +320,7 @@ def test_a_node_reached_after_its_run_ended_is_cancelled_not_parked(
             return None
 
     run = wf.submit(engine, None)
-    held = _fastpath.Held(engine)
+    held = _executor.Held(engine)
     try:
         scope = _claim.Scope(queues=None, workflows=(name,), kinds=())
         _, (job,) = _claim.record_and_claim(held, worker_id="w", successes=[], scope=scope, limit=1)

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 import cyclone
 from cyclone._store import claim as _claim
-from cyclone._store import fastpath as _fastpath
+from cyclone._store import executor as _executor
 from cyclone._store import rescue as _rescue
 from cyclone._store import waits as _waits
 from cyclone.schema import jobs, runs, signals
@@ -333,7 +333,7 @@ def test_a_park_presents_the_claims_lease_and_moves_it_on(engine: sa.Engine, nam
 
     wf.submit(engine, None)
     scope = _claim.Scope(queues=None, workflows=(name,), kinds=())
-    held = _fastpath.Held(engine)
+    held = _executor.Held(engine)
 
     def never_run(job: _claim.Claimed) -> Any:
         raise AssertionError("a parked node's function ran")

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from cyclone._store import claim as _claim
-from cyclone._store import fastpath as _fastpath
+from cyclone._store import executor as _executor
 from cyclone._store.transitions import BUILDERS, OWNERS
 from cyclone.states import EDGES, Edge
 
@@ -28,7 +28,7 @@ def implemented() -> list[tuple[str, Any, Edge]]:
 
 
 def sql_of(build: Any) -> str:
-    return " ".join(_fastpath.Compiled(build()).sql.split())
+    return " ".join(_executor.Compiled(build()).sql.split())
 
 
 def updates_of(sql: str, table: str) -> list[str]:
@@ -104,6 +104,6 @@ def test_a_claim_for_any_limit_is_the_statement_compiled_for_that_limit(
     scope: _claim.Scope, completing: bool
 ) -> None:
     for limit in (1, 4, 7, 12, 48, 256):
-        compiled = _fastpath.Compiled(_claim.claim_jobs_stmt(scope, limit, completing=completing))
+        compiled = _executor.Compiled(_claim.claim_jobs_stmt(scope, limit, completing=completing))
         fast = _claim._fast_claim(scope, completing, limit)
         assert (fast.sql, fast.defaults) == (compiled.sql, compiled.defaults)

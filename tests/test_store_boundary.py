@@ -4,7 +4,9 @@ No module of the package outside the store (schema.py and migrations.py hold the
 imports SQLAlchemy's statement builders or cyclone's tables, or sends a statement on a
 connection or cursor: it calls the store's functions. A ruff rule (TID251, the project's
 banned-api, lifted by ``cyclone/_store/ruff.toml``) refuses the imports; this test scans
-for the sends, which no import rule can see.
+for the sends, which no import rule can see. Inside the store, every statement is sent
+through the executor protocol (``cyclone/_store/executor.py``): no other store module
+calls a connection's or cursor's ``execute``.
 """
 
 from __future__ import annotations
@@ -64,6 +66,58 @@ def statements_of(path: Path) -> list[str]:
             ):
                 found.append(f"sa.{node.func.attr}() at line {node.lineno}")
     return found
+
+
+EXECUTOR = STORE / "executor.py"
+DRIVER_SENDS = SENDS | {"scalar_one", "scalar_one_or_none", "copy", "stream"}
+
+
+def sends_of(path: Path) -> list[str]:
+    """What in a store module sends a statement other than through the executor protocol:
+    a call of a connection's or cursor's ``execute``, ``scalar``, ``cursor`` and the like,
+    on whatever receiver (the executor's own helpers have other names)."""
+    tree = ast.parse(path.read_text(), str(path))
+    return [
+        f".{node.func.attr}() at line {node.lineno}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in DRIVER_SENDS
+    ]
+
+
+def test_every_store_module_sends_through_the_executor() -> None:
+    modules = sorted(p for p in STORE.glob("*.py") if p != EXECUTOR)
+    assert len(modules) > 15
+    found = {str(p.relative_to(ROOT)): sends_of(p) for p in modules}
+    assert {path: problems for path, problems in found.items() if problems} == {}
+    assert sends_of(EXECUTOR), "the executor sends the statements"
+
+
+def test_the_store_scan_finds_a_statement_sent_around_the_executor(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from cyclone._store import executor as _executor\n"
+        "def read(conn, stmt, driver):\n"
+        "    _executor.first(conn, stmt)\n"
+        "    _executor.execute(conn, stmt)\n"
+        "    state = conn.execute(stmt).scalar()\n"
+        "    driver.cursor().execute('select 1')\n"
+        "    conn.exec_driver_sql('select 1')\n"
+        "    return conn.scalars(stmt), conn.scalar_one(stmt)\n"
+    )
+    assert sorted(sends_of(probe)) == sorted(
+        [
+            ".execute() at line 4",
+            ".execute() at line 5",
+            ".scalar() at line 5",
+            ".execute() at line 6",
+            ".cursor() at line 6",
+            ".exec_driver_sql() at line 7",
+            ".scalars() at line 8",
+            ".scalar_one() at line 8",
+        ]
+    )
 
 
 def test_no_module_outside_the_store_builds_or_sends_a_statement() -> None:

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 import cyclone
 from cyclone._store import claim as _claim
-from cyclone._store import fastpath as _fastpath
+from cyclone._store import executor as _executor
 from cyclone._store import submission as submit_module
 from cyclone.schema import jobs, runs
 from tests.conftest import StatementCounter
@@ -517,7 +517,7 @@ def test_the_claim_that_starts_a_run_creates_its_steps_and_claims_roots_for_free
     wf.step("c", after=["a", "b"])(noop)
     run, _ = wf.submit_once(engine, "k", 1, deadline=timedelta(hours=1))
     scope = _claim.Scope(queues=None, workflows=(name,), kinds=())
-    with _fastpath.connect(engine) as conn:
+    with _executor.connect(engine) as conn:
         _recorded, claimed = _claim.record_and_claim(
             conn, worker_id="w1", successes=[], scope=scope, limit=1
         )

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 import cyclone
 from cyclone._store import deadline as _deadline
-from cyclone._store import fastpath as _fastpath
+from cyclone._store import executor as _executor
 from cyclone.runs import lost_connection
 from tests.conftest import wait_until
 from tests.support.conninfo import keepalive_settings
@@ -60,7 +60,7 @@ def test_a_read_that_fails_for_another_reason_raises_at_once(engine: sa.Engine) 
 
 
 def test_connections_cyclone_opens_for_itself_have_keepalives(engine: sa.Engine) -> None:
-    driver = _fastpath.detached(engine)
+    driver = _executor.detached(engine)
     try:
         assert keepalive_settings(driver) == dict(_deadline.KEEPALIVES)
     finally:
@@ -69,7 +69,7 @@ def test_connections_cyclone_opens_for_itself_have_keepalives(engine: sa.Engine)
 
 def test_keepalive_settings_in_the_url_are_left_as_given(database_url: sa.URL) -> None:
     engine = sa.create_engine(database_url.update_query_dict({"keepalives": "0"}))
-    driver = _fastpath.detached(engine)
+    driver = _executor.detached(engine)
     try:
         settings = keepalive_settings(driver)
         assert settings.pop("keepalives") == "0"

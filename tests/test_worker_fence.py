@@ -19,7 +19,7 @@ import sqlalchemy as sa
 import cyclone
 from cyclone._store import claim as _claim
 from cyclone._store import completion as _completion
-from cyclone._store import fastpath as _fastpath
+from cyclone._store import executor as _executor
 from cyclone._store import rescue as _rescue
 from cyclone.schema import jobs
 from tests.conftest import wait_until
@@ -55,7 +55,7 @@ def test_a_stale_owners_outcome_is_refused_even_when_the_same_worker_claimed_the
 
     step.enqueue(engine, 1)
     scope = _claim.Scope(queues=None, workflows=(), kinds=(name,))
-    held = _fastpath.Held(engine)
+    held = _executor.Held(engine)
     try:
         _, (first,) = _claim.record_and_claim(
             held, worker_id="w", successes=[], scope=scope, limit=1
@@ -268,7 +268,7 @@ def test_a_hand_back_racing_a_cancel_leaves_no_job_to_run_in_the_cancelled_run(
 
     run = wf.submit(engine, None)
     scope = _claim.Scope(queues=None, workflows=(name,), kinds=())
-    held = _fastpath.Held(engine)
+    held = _executor.Held(engine)
     try:
         claimed = wait_until(
             lambda: _claim.record_and_claim(

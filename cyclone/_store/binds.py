@@ -4,7 +4,7 @@ A ``_tx`` call joins the caller's transaction on any of: a SQLAlchemy ``Connecti
 ORM ``Session``, a ``scoped_session`` (Flask-SQLAlchemy's ``db.session``), a psycopg 3
 ``Connection``, or an object of a class registered with :func:`register_adapter` (the
 Django integration registers Django's connections). cyclone never commits, rolls back or
-closes what it joins. Each kind is turned into an executor of :mod:`cyclone._store.fastpath`
+closes what it joins. Each kind is turned into an executor of :mod:`cyclone._store.executor`
 and the Engine the returned handles use.
 """
 
@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session, scoped_session
 
 from cyclone import errors
 from cyclone._store import deadline as _deadline
-from cyclone._store import fastpath as _fastpath
+from cyclone._store import executor as _executor
 
 
 @runtime_checkable
@@ -121,13 +121,13 @@ def _schema_errors(engine: Engine) -> Iterator[None]:
     try:
         yield
     except DBAPIError as exc:
-        schema = _fastpath.schema_problem(engine, exc)
+        schema = _executor.schema_problem(engine, exc)
         if schema is not None:
             raise schema from None
         raise
 
 
-def joined(conn: Conn) -> tuple[_fastpath.Executor, Engine]:
+def joined(conn: Conn) -> tuple[_executor.Executor, Engine]:
     """An executor in the caller's transaction, and the Engine for the handles it returns.
 
     Raises:
@@ -143,11 +143,11 @@ def joined(conn: Conn) -> tuple[_fastpath.Executor, Engine]:
     if isinstance(conn, Connection):
         _check_dialect(conn.engine, conn)
         _check_not_aborted(conn.connection.driver_connection, conn)
-        return _fastpath.Observed(conn), conn.engine
+        return _executor.Observed(conn), conn.engine
     if isinstance(conn, psycopg.Connection):
         _check_not_aborted(conn, conn)
         engine = derived_engine(conn)
-        return _fastpath.Borrowed(conn, engine), engine
+        return _executor.Borrowed(conn, engine), engine
     for cls in type(conn).__mro__:
         adapt = _adapters.get(cls)
         if adapt is not None:
@@ -158,7 +158,7 @@ def joined(conn: Conn) -> tuple[_fastpath.Executor, Engine]:
                     "not a psycopg 3 Connection"
                 )
             _check_not_aborted(driver, conn)
-            return _fastpath.Borrowed(driver, engine), engine
+            return _executor.Borrowed(driver, engine), engine
     if isinstance(conn, Engine | HasEngine):
         hint = "; the methods without _tx take an Engine or cyclone.Client"
     else:

@@ -41,10 +41,10 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 
 from cyclone import _observe
 from cyclone._store import completion as _completion
-from cyclone._store import fastpath as _fastpath
+from cyclone._store import executor as _executor
 from cyclone._store import notify as _notify
 from cyclone._store import unstarted as _unstarted
-from cyclone._store.fastpath import const
+from cyclone._store.executor import const
 from cyclone.schema import jobs, runs, signals
 from cyclone.states import JobState, RunState
 
@@ -564,8 +564,8 @@ _LIMIT_TOKEN = 2_147_480_009
 
 
 @functools.lru_cache(maxsize=64)
-def _claim_template(scope: Scope, completing: bool, delivering: bool) -> _fastpath.Compiled:
-    return _fastpath.Compiled(
+def _claim_template(scope: Scope, completing: bool, delivering: bool) -> _executor.Compiled:
+    return _executor.Compiled(
         claim_jobs_stmt(scope, _LIMIT_TOKEN, completing=completing, delivering=delivering)
     )
 
@@ -573,7 +573,7 @@ def _claim_template(scope: Scope, completing: bool, delivering: bool) -> _fastpa
 @functools.lru_cache(maxsize=256)
 def _fast_claim(
     scope: Scope, completing: bool, limit: int, delivering: bool = True
-) -> _fastpath.Compiled:
+) -> _executor.Compiled:
     """The claim statement for ``limit`` jobs, its text compiled once per scope.
 
     A worker's free slots vary from claim to claim, and each limit is a literal of its
@@ -582,7 +582,7 @@ def _fast_claim(
     (:data:`CANDIDATES_PER_CLAIMED`), so each such statement is compiled.
     """
     if scope.merges:
-        return _fastpath.Compiled(
+        return _executor.Compiled(
             claim_jobs_stmt(scope, limit, completing=completing, delivering=delivering)
         )
     template = _claim_template(scope, completing, delivering)
@@ -612,7 +612,7 @@ def _claimed(row: Sequence[Any]) -> Claimed:
 
 @_observe.claims
 def record_and_claim(
-    conn: _fastpath.Executor,
+    conn: _executor.Executor,
     *,
     worker_id: str,
     successes: Sequence[_completion.Success],
@@ -627,7 +627,7 @@ def record_and_claim(
     claimed. With ``deliver``, the statement also delivers pending signals, and ``woke``
     is appended the number of wait nodes it woke: the next claim can take them.
     """
-    rows = conn.execute(
+    rows = conn.rows(
         _fast_claim(scope, bool(successes), limit, deliver),
         {"me": worker_id, "items": _completion.items_payload(successes)},
     )

@@ -33,7 +33,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
-from cyclone._store.fastpath import const
+from cyclone._store import executor as _executor
+from cyclone._store.executor import const
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
 
@@ -290,18 +291,18 @@ def record_failures(
     recorded: set[int] = set()
     if not failures:
         return recorded
-    conn.execute(_LOCK_RUNS, {"ids": sorted(f.job_id for f in failures)}).all()
+    _executor.rows(conn, _LOCK_RUNS, {"ids": sorted(f.job_id for f in failures)})
     for failure in sorted(failures, key=lambda f: f.job_id):
         error = msgspec.json.encode(failure.error).decode()
         params = {"job_id": failure.job_id, "held_lease": failure.lease, "error": f"[{error}]"}
         if failure.retry_in is not None:
-            retried = conn.execute(_RETRY, {**params, "delay": failure.retry_in}).first()
+            retried = _executor.first(conn, _RETRY, {**params, "delay": failure.retry_in})
             if retried is not None:
                 recorded.add(failure.job_id)
                 if ended is not None and retried[1] == JobState.CANCELLED.value:
                     ended.add(failure.job_id)
             continue
-        row = conn.execute(_FAIL_JOB, params).first()
+        row = _executor.first(conn, _FAIL_JOB, params)
         if row is None:
             continue
         recorded.add(failure.job_id)
@@ -314,5 +315,5 @@ def record_failures(
 def fail_run(conn: Connection, run_id: Any, step: str, error: dict[str, Any]) -> None:
     """Fail a running run because ``step`` failed for good, and cancel its unstarted steps."""
     params = {"rid": run_id, "step": step, "error": msgspec.json.encode(error).decode()}
-    if conn.execute(_FAIL_RUN, params).first() is not None:
-        conn.execute(CANCEL_UNSTARTED, {"rid": run_id})
+    if _executor.first(conn, _FAIL_RUN, params) is not None:
+        _executor.affected(conn, CANCEL_UNSTARTED, {"rid": run_id})

@@ -21,7 +21,8 @@ from sqlalchemy.dialects.postgresql import JSONB
 
 from cyclone import errors
 from cyclone._store import completion as _completion
-from cyclone._store.fastpath import const
+from cyclone._store import executor as _executor
+from cyclone._store.executor import const
 from cyclone.schema import jobs, runs, signals
 from cyclone.states import EDGES, TERMINAL_RUN_STATES, JobState, RunState
 
@@ -163,12 +164,12 @@ _STATE = select(runs.c.state).where(runs.c.id == bindparam("rid"))
 def cancel(engine: Engine, run_id: uuid.UUID) -> None:
     """Cancel a running run and its steps not yet started (running ones finish)."""
     with engine.begin() as conn:
-        if conn.execute(_CANCEL_RUN, {"rid": run_id}).first() is None:
-            state = conn.execute(_STATE, {"rid": run_id}).scalar()
+        if _executor.first(conn, _CANCEL_RUN, {"rid": run_id}) is None:
+            state = _executor.value(conn, _STATE, {"rid": run_id})
             if state is None:
                 raise errors.NotFoundError(f"run {run_id} does not exist")
             raise errors.InvalidStateError(operation="cancel", run_id=run_id, state=RunState(state))
-        conn.execute(_completion.CANCEL_UNSTARTED, {"rid": run_id})
+        _executor.affected(conn, _completion.CANCEL_UNSTARTED, {"rid": run_id})
 
 
 def restart(engine: Engine, run_id: uuid.UUID, *, every_step: bool) -> None:
@@ -182,7 +183,7 @@ def restart(engine: Engine, run_id: uuid.UUID, *, every_step: bool) -> None:
     """
     operation = "retry_all" if every_step else "retry"
     with engine.begin() as conn:
-        row = conn.execute(_LOCK_RUN, {"rid": run_id}).first()
+        row = _executor.first(conn, _LOCK_RUN, {"rid": run_id})
         if row is None:
             raise errors.NotFoundError(f"run {run_id} does not exist")
         state, deadline_passed = RunState(row[0]), bool(row[1])
@@ -192,16 +193,16 @@ def restart(engine: Engine, run_id: uuid.UUID, *, every_step: bool) -> None:
             raise errors.InvalidStateError(
                 operation=operation, run_id=run_id, state=f"{state} and past its deadline"
             )
-        if conn.execute(_ANY_RUNNING, {"rid": run_id}).first() is not None:
+        if _executor.first(conn, _ANY_RUNNING, {"rid": run_id}) is not None:
             raise errors.InvalidStateError(
                 operation=operation,
                 run_id=run_id,
                 state=f"{state} with steps still running; {operation} once they end",
             )
-        conn.execute(_RESET_ALL if every_step else _RESET_FAILED, {"rid": run_id})
-        conn.execute(_CLEAR_UNSENT_SIGNALS, {"rid": run_id})
-        conn.execute(_RESTART_ANY if every_step else _RESTART_FAILED, {"rid": run_id})
-        conn.execute(_COMPLETE_RESTARTED, {"rid": run_id})
+        _executor.affected(conn, _RESET_ALL if every_step else _RESET_FAILED, {"rid": run_id})
+        _executor.affected(conn, _CLEAR_UNSENT_SIGNALS, {"rid": run_id})
+        _executor.affected(conn, _RESTART_ANY if every_step else _RESTART_FAILED, {"rid": run_id})
+        _executor.affected(conn, _COMPLETE_RESTARTED, {"rid": run_id})
 
 
 _SET_RETENTION = (
@@ -215,5 +216,5 @@ _SET_RETENTION = (
 def set_retention(engine: Engine, run_id: uuid.UUID, retention: timedelta | None) -> bool:
     """Keep run ``run_id`` for ``retention`` after it ends; False if it does not exist."""
     with engine.begin() as conn:
-        found = conn.execute(_SET_RETENTION, {"rid": run_id, "retention": retention})
-        return found.first() is not None
+        found = _executor.first(conn, _SET_RETENTION, {"rid": run_id, "retention": retention})
+        return found is not None

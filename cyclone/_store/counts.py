@@ -11,6 +11,7 @@ from datetime import datetime, timedelta
 
 from sqlalchemy import Connection, and_, func, select, true, union_all
 
+from cyclone._store import executor as _executor
 from cyclone._store import unstarted as _unstarted
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
@@ -22,17 +23,18 @@ def runs_per_state(conn: Connection, workflow: str | None) -> dict[RunState, int
     if workflow is not None:
         stmt = stmt.where(runs.c.workflow == workflow)
     counts = dict.fromkeys(RunState, 0)
-    for state, count in conn.execute(stmt):
+    for state, count in _executor.rows(conn, stmt):
         counts[RunState(state)] = count
     return counts
 
 
 def runs_per_workflow(conn: Connection) -> dict[str, dict[RunState, int]]:
     """Runs per workflow and state, workflows by name."""
-    rows = conn.execute(
+    rows = _executor.rows(
+        conn,
         select(runs.c.workflow, runs.c.state, func.count())
         .group_by(runs.c.workflow, runs.c.state)
-        .order_by(runs.c.workflow)
+        .order_by(runs.c.workflow),
     )
     table: dict[str, dict[RunState, int]] = {}
     for workflow, state, count in rows:
@@ -49,7 +51,7 @@ def jobs_per_state(conn: Connection, queue: str | None) -> dict[JobState, int]:
     if queue is not None:
         stmt = stmt.where(rows.c.queue == queue)
     counts = dict.fromkeys(JobState, 0)
-    for state, count in conn.execute(stmt):
+    for state, count in _executor.rows(conn, stmt):
         counts[JobState(state)] = count
     return counts
 
@@ -66,7 +68,7 @@ def due_per_queue(conn: Connection) -> dict[str, int]:
         ),
     ).subquery("waiting")
     stmt = select(waiting.c.queue, func.count()).group_by(waiting.c.queue)
-    return {queue: count for queue, count in conn.execute(stmt)}
+    return {queue: count for queue, count in _executor.rows(conn, stmt)}
 
 
 def active_jobs(conn: Connection) -> list[tuple[str, str | None, str, int, int, int]]:
@@ -99,7 +101,8 @@ def active_jobs(conn: Connection) -> list[tuple[str, str | None, str, int, int, 
     ).where(pending.c.state == JobState.AVAILABLE.value)
     active = union_all(*arms, running, unstarted).subquery()
     is_available = active.c.state == JobState.AVAILABLE.value
-    rows = conn.execute(
+    rows = _executor.rows(
+        conn,
         select(
             active.c.queue,
             active.c.workflow,
@@ -109,7 +112,7 @@ def active_jobs(conn: Connection) -> list[tuple[str, str | None, str, int, int, 
             func.count().filter(active.c.state == JobState.RUNNING.value),
         )
         .group_by(active.c.queue, active.c.workflow, active.c.kind)
-        .order_by(active.c.queue, active.c.workflow.nulls_first(), active.c.kind)
+        .order_by(active.c.queue, active.c.workflow.nulls_first(), active.c.kind),
     )
     return [(q, w, k, ready, scheduled, running) for q, w, k, ready, scheduled, running in rows]
 
@@ -151,4 +154,4 @@ def finished_per_minute(conn: Connection, minutes: int) -> list[tuple[datetime, 
         .group_by(minute)
         .order_by(minute)
     )
-    return [(m, completed, failed) for m, completed, failed in conn.execute(stmt)]
+    return [(m, completed, failed) for m, completed, failed in _executor.rows(conn, stmt)]

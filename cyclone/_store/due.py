@@ -15,9 +15,9 @@ from typing import Any
 
 from sqlalchemy import Float, and_, extract, false, func, or_, select, true
 
-from cyclone._store import fastpath as _fastpath
+from cyclone._store import executor as _executor
 from cyclone._store.claim import Scope
-from cyclone._store.fastpath import const
+from cyclone._store.executor import const
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
 
@@ -62,12 +62,12 @@ def next_due_stmt(scope: Scope) -> Any:
 
 
 @functools.lru_cache(maxsize=64)
-def _compiled(scope: Scope) -> _fastpath.Compiled:
-    return _fastpath.Compiled(next_due_stmt(scope))
+def _compiled(scope: Scope) -> _executor.Compiled:
+    return _executor.Compiled(next_due_stmt(scope))
 
 
-def seconds_until_next_due(conn: _fastpath.Executor, scope: Scope) -> float | None:
+def seconds_until_next_due(conn: _executor.Executor, scope: Scope) -> float | None:
     """Seconds until the earliest scheduled job of ``scope`` falls due, or None if none is."""
-    rows = conn.execute(_compiled(scope), {})
+    rows = conn.rows(_compiled(scope), {})
     value = rows[0][0] if rows else None
     return None if value is None else max(0.0, float(value))

@@ -58,6 +58,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import insert
 
 from cyclone._store import deadline as _deadline
+from cyclone._store import executor as _executor
 from cyclone.schema import leader
 
 LEADERSHIP = "maintenance"
@@ -187,16 +188,16 @@ def take(conn: Connection, params: dict[str, Any]) -> int | None:
     """Take the lease if it is free, as the next term (inserting its row the first time);
     the term, or None when another worker holds it."""
     with conn.begin():
-        term = conn.execute(_TAKE, params).scalar()
+        term = _executor.value(conn, _TAKE, params)
         if term is None:
-            term = conn.execute(_INSERT, params).scalar()
+            term = _executor.value(conn, _INSERT, params)
     return None if term is None else int(term)
 
 
 def fence(conn: Connection, params: dict[str, Any]) -> None:
     """Renew the lease of ``params``' term and lock it for the transaction, or raise
     :class:`LeaseLost`."""
-    row = conn.execute(_RENEW, params).first()
+    row = _executor.first(conn, _RENEW, params)
     if row is None:
         raise LeaseLost(params["lease_term"])
 
@@ -204,4 +205,4 @@ def fence(conn: Connection, params: dict[str, Any]) -> None:
 def release(conn: Connection, params: dict[str, Any]) -> None:
     """Give up the lease of ``params``' term, in a transaction of its own."""
     with conn.begin():
-        conn.execute(_RELEASE, params)
+        _executor.affected(conn, _RELEASE, params)

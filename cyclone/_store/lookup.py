@@ -16,7 +16,7 @@ from sqlalchemy import Text, bindparam, select
 
 from cyclone import _keys, errors
 from cyclone._store import binds as _binds
-from cyclone._store import fastpath as _fastpath
+from cyclone._store import executor as _executor
 from cyclone._store import reads as _reads
 from cyclone.runs import RunStatus
 from cyclone.schema import runs
@@ -30,24 +30,24 @@ _STATUS_BY_KEY = select(*_reads.STATUS_COLUMNS).where(
     runs.c.workflow == bindparam("workflow", type_=Text),
     runs.c.submit_key == bindparam("key", type_=Text),
 )
-_FAST_BY_KEY = _fastpath.Compiled(_BY_KEY)
-_FAST_BY_ID = _fastpath.Compiled(_BY_ID)
-_FAST_STATUS_BY_KEY = _fastpath.Compiled(_STATUS_BY_KEY)
+_FAST_BY_KEY = _executor.Compiled(_BY_KEY)
+_FAST_BY_ID = _executor.Compiled(_BY_ID)
+_FAST_STATUS_BY_KEY = _executor.Compiled(_STATUS_BY_KEY)
 
 
 def run_id_by_key(bind: _binds.Bind, workflow: str, key: str) -> uuid.UUID | None:
     """The id of the run of ``(workflow, key)``, or None; one autocommit statement."""
     _keys.check_key(key)
-    rows = _fastpath.execute(
+    rows = _executor.pooled_rows(
         _binds.engine_of(bind), _FAST_BY_KEY, {"workflow": workflow, "key": key}
     )
     return rows[0][0] if rows else None
 
 
-def run_id_by_key_tx(executor: _fastpath.Executor, workflow: str, key: str) -> uuid.UUID | None:
+def run_id_by_key_tx(executor: _executor.Executor, workflow: str, key: str) -> uuid.UUID | None:
     """The id of the run of ``(workflow, key)`` as the caller's transaction sees it."""
     _keys.check_key(key)
-    rows = executor.execute(_FAST_BY_KEY, {"workflow": workflow, "key": key})
+    rows = executor.rows(_FAST_BY_KEY, {"workflow": workflow, "key": key})
     return rows[0][0] if rows else None
 
 
@@ -67,7 +67,7 @@ def key_of_run(bind: _binds.Bind, workflow: str, run_id: object) -> tuple[uuid.U
         NotFoundError: no such run, or it belongs to another workflow.
     """
     rid = as_run_id(run_id)
-    rows = _fastpath.execute(_binds.engine_of(bind), _FAST_BY_ID, {"rid": rid})
+    rows = _executor.pooled_rows(_binds.engine_of(bind), _FAST_BY_ID, {"rid": rid})
     if not rows:
         raise errors.NotFoundError(f"run {rid} does not exist (purged, or not committed)")
     found_workflow, key = rows[0]
@@ -81,7 +81,7 @@ def key_of_run(bind: _binds.Bind, workflow: str, run_id: object) -> tuple[uuid.U
 def status_by_key(bind: _binds.Bind, workflow: str, key: str) -> RunStatus | None:
     """The status of the run of ``(workflow, key)``, or None; one autocommit statement."""
     _keys.check_key(key)
-    rows: list[Any] = _fastpath.execute(
+    rows: list[Any] = _executor.pooled_rows(
         _binds.engine_of(bind), _FAST_STATUS_BY_KEY, {"workflow": workflow, "key": key}
     )
     return RunStatus(*_reads.run_status_fields(rows[0])) if rows else None

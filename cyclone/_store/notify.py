@@ -23,11 +23,10 @@ from collections.abc import Callable
 from typing import Any
 
 import psycopg
-from psycopg import sql
 from sqlalchemy import Engine, case, func
 
 from cyclone._store import deadline as _deadline
-from cyclone._store.fastpath import const, detached, on_dispose, session_engine
+from cyclone._store.executor import const, detached, listen, on_dispose, ping, session_engine
 from cyclone.states import JobState
 
 log = logging.getLogger(__name__)
@@ -101,8 +100,7 @@ class Listener:
         if target is None:
             raise _EngineGone
         driver = detached(target)
-        for channel in CHANNELS:
-            driver.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        listen(driver, CHANNELS)
         return driver
 
     def listening_since(self, moment: float) -> bool:
@@ -164,7 +162,7 @@ class Listener:
         out and the loop reconnects (and waiters stop trusting what it has not heard).
         """
         with _deadline.interrupt_after(conn, PING_TIMEOUT):
-            conn.execute("SELECT 1")
+            ping(conn)
 
     @property
     def alive(self) -> bool:

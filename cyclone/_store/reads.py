@@ -30,7 +30,7 @@ from sqlalchemy import (
 
 from cyclone import _codec
 from cyclone._store import binds as _binds
-from cyclone._store import fastpath as _fastpath
+from cyclone._store import executor as _executor
 from cyclone._store import unstarted as _unstarted
 from cyclone.schema import LISTED_SINCE, jobs, runs
 from cyclone.states import JobState, RunState
@@ -143,24 +143,24 @@ _SELECT_STANDALONE = select(*JOB_STATUS_COLUMNS).where(
 
 def run_status(conn: Connection, run_id: uuid.UUID) -> RunStatusFields | None:
     """The status of run ``run_id``, or None."""
-    row = conn.execute(_SELECT_STATUS, {"rid": run_id}).first()
+    row = _executor.first(conn, _SELECT_STATUS, {"rid": run_id})
     return None if row is None else run_status_fields(row)
 
 
-_FAST_SELECT_STATUS = _fastpath.Compiled(_SELECT_STATUS)
-_FAST_SELECT_RESULT = _fastpath.Compiled(select_result_stmt())
+_FAST_SELECT_STATUS = _executor.Compiled(_SELECT_STATUS)
+_FAST_SELECT_RESULT = _executor.Compiled(select_result_stmt())
 
 
 def run_status_now(engine: Engine, run_id: uuid.UUID) -> RunStatusFields | None:
     """The status of run ``run_id``, or None: one autocommit statement on the fast path."""
-    rows = _fastpath.execute(engine, _FAST_SELECT_STATUS, {"rid": run_id})
+    rows = _executor.pooled_rows(engine, _FAST_SELECT_STATUS, {"rid": run_id})
     return run_status_fields(rows[0]) if rows else None
 
 
 def run_result(engine: Engine, run_id: uuid.UUID) -> Sequence[Any] | None:
     """Run ``run_id``'s state, result step and that step's output, or None: one
     autocommit statement on the fast path."""
-    rows = _fastpath.execute(engine, _FAST_SELECT_RESULT, {"rid": run_id})
+    rows = _executor.pooled_rows(engine, _FAST_SELECT_RESULT, {"rid": run_id})
     return rows[0] if rows else None
 
 
@@ -171,20 +171,20 @@ _SELECT_OUTPUT = select_job_output_stmt()
 def job_status_now(engine: Engine, job_id: int) -> JobStatusFields | None:
     """The status of job ``job_id`` (a :class:`cyclone.Job` handle's), or None."""
     with _binds.autocommit(engine) as conn:
-        row = conn.execute(_SELECT_JOB, {"job_id": job_id}).first()
+        row = _executor.first(conn, _SELECT_JOB, {"job_id": job_id})
     return None if row is None else job_status_fields(row)
 
 
 def job_output(engine: Engine, job_id: int) -> str | None:
     """The output of job ``job_id``, which has ended."""
     with _binds.autocommit(engine) as conn:
-        output: str | None = conn.execute(_SELECT_OUTPUT, {"job_id": job_id}).one()[1]
+        output: str | None = _executor.one(conn, _SELECT_OUTPUT, {"job_id": job_id})[1]
     return output
 
 
 def job_status(conn: Connection, job_id: int) -> JobStatusFields | None:
     """The status of standalone job ``job_id``, or None (a step of a run is not one)."""
-    row = conn.execute(_SELECT_STANDALONE, {"job_id": job_id}).first()
+    row = _executor.first(conn, _SELECT_STANDALONE, {"job_id": job_id})
     return None if row is None else job_status_fields(row)
 
 
@@ -218,7 +218,7 @@ def list_runs(
     if after is not None:
         stmt = stmt.where(tuple_(runs.c.created_at, runs.c.id) < after)
     stmt = stmt.order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit)
-    return [run_status_fields(row) for row in conn.execute(stmt)]
+    return [run_status_fields(row) for row in _executor.rows(conn, stmt)]
 
 
 def page_runs(
@@ -274,7 +274,7 @@ def page_runs(
     status = stmt.with_only_columns(*STATUS_COLUMNS)
     if not unindexed(runs.c) or exact_key:
         page = status.where(*unindexed(runs.c)).order_by(*newest_first).limit(limit + 1)
-        return [run_status_fields(r) for r in conn.execute(page)], None
+        return [run_status_fields(r) for r in _executor.rows(conn, page)], None
     window = stmt.order_by(*newest_first).limit(scan).subquery()
     page = (
         select(*(cast(c, Text) if c.name == "error" else c for c in window.c))
@@ -282,10 +282,10 @@ def page_runs(
         .order_by(window.c.created_at.desc(), window.c.id.desc())
         .limit(limit + 1)
     )
-    found = [run_status_fields(r) for r in conn.execute(page)]
+    found = [run_status_fields(r) for r in _executor.rows(conn, page)]
     if len(found) > limit:
         return found, None
-    edge = conn.execute(status.order_by(*newest_first).offset(scan - 1).limit(1)).first()
+    edge = _executor.first(conn, status.order_by(*newest_first).offset(scan - 1).limit(1))
     return found, None if edge is None else run_status_fields(edge)
 
 
@@ -310,7 +310,7 @@ def _workflow_names_array() -> Any:
 
 def workflow_names(conn: Connection) -> list[str]:
     """The workflows that have runs, by name."""
-    return [n for (n,) in conn.execute(_workflow_names())]
+    return [n for (n,) in _executor.rows(conn, _workflow_names())]
 
 
 def list_jobs(
@@ -333,7 +333,7 @@ def list_jobs(
     if after is not None:
         stmt = stmt.where(tuple_(jobs.c.created_at, jobs.c.id) < after)
     stmt = stmt.order_by(jobs.c.created_at.desc(), jobs.c.id.desc()).limit(limit)
-    return [job_status_fields(row) for row in conn.execute(stmt)]
+    return [job_status_fields(row) for row in _executor.rows(conn, stmt)]
 
 
 # Details
@@ -378,14 +378,14 @@ _STEPS = select(
 
 def run_detail(
     conn: Connection, run_id: uuid.UUID
-) -> tuple[Sequence[Any], list[Sequence[Any]]] | None:
+) -> tuple[Sequence[Any], list[_executor.Row]] | None:
     """Run ``run_id``'s row (its status, then input, result step, graph as JSON text, steps
     remaining and the database's clock) and its steps' rows (:data:`_STEP_COLUMNS`, JSON
     as text), or None. Send it in one snapshot, so that the steps match the run."""
-    row = conn.execute(_RUN_DETAIL, {"id": run_id}).first()
+    row = _executor.first(conn, _RUN_DETAIL, {"id": run_id})
     if row is None:
         return None
-    return row, list(conn.execute(_STEPS, {"id": run_id}))
+    return row, _executor.rows(conn, _STEPS, {"id": run_id})
 
 
 _JOB_DETAIL = select(
@@ -400,4 +400,4 @@ _JOB_DETAIL = select(
 def job_detail(conn: Connection, job_id: int) -> Sequence[Any] | None:
     """Standalone job ``job_id``'s status, then its arguments and output as JSON text, when
     its last attempt started and the worker that ran it; or None."""
-    return conn.execute(_JOB_DETAIL, {"id": job_id}).first()
+    return _executor.first(conn, _JOB_DETAIL, {"id": job_id})

@@ -36,8 +36,9 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from cyclone._store import binds as _binds
 from cyclone._store import completion as _completion
+from cyclone._store import executor as _executor
 from cyclone._store.completion import run_over
-from cyclone._store.fastpath import const
+from cyclone._store.executor import const
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
 
@@ -254,7 +255,7 @@ def leases_payload(held: Iterable[tuple[int, int]]) -> str:
 
 def heartbeat(conn: Connection, held: Iterable[tuple[int, int]]) -> set[int]:
     """Beat the jobs held under these ``(id, lease)`` pairs; return the ids beaten."""
-    return set(conn.execute(_HEARTBEAT, {"leases": leases_payload(held)}).scalars())
+    return set(_executor.column(conn, _HEARTBEAT, {"leases": leases_payload(held)}))
 
 
 def hand_back(conn: Connection, held: Iterable[tuple[int, int]]) -> set[int]:
@@ -265,8 +266,8 @@ def hand_back(conn: Connection, held: Iterable[tuple[int, int]]) -> set[int]:
     the job it made available).
     """
     held = sorted(held)
-    conn.execute(_LOCK_RUNS, {"ids": [job_id for job_id, _ in held]}).all()
-    return set(conn.execute(_HAND_BACK, {"leases": leases_payload(held)}).scalars())
+    _executor.rows(conn, _LOCK_RUNS, {"ids": [job_id for job_id, _ in held]})
+    return set(_executor.column(conn, _HAND_BACK, {"leases": leases_payload(held)}))
 
 
 def rescue(conn: Connection, rescue_after: timedelta) -> list[int]:
@@ -275,8 +276,8 @@ def rescue(conn: Connection, rescue_after: timedelta) -> list[int]:
     The runs are locked first (in id order), then the jobs (in id order).
     """
     params = {"rescue_after": rescue_after}
-    rids = list(conn.execute(_LOCK_STALE_RUNS, params).scalars())
-    rows = conn.execute(_RESCUE, {**params, "rids": rids}).all()
+    rids = _executor.column(conn, _LOCK_STALE_RUNS, params)
+    rows = _executor.rows(conn, _RESCUE, {**params, "rids": rids})
     for _job_id, run_id, kind, state in rows:
         if state == JobState.FAILED.value and run_id is not None:
             error = {
@@ -289,7 +290,7 @@ def rescue(conn: Connection, rescue_after: timedelta) -> list[int]:
 
 
 def expire_runs(conn: Connection) -> int:
-    expired, _cancelled = conn.execute(_EXPIRE).one()
+    expired, _cancelled = _executor.one(conn, _EXPIRE)
     return int(expired)
 
 
@@ -301,8 +302,8 @@ def execution_ended(
     (:meth:`cyclone.StepContext.cancelled`)."""
     with _binds.autocommit(engine) as conn:
         if run_id is not None:
-            state = conn.execute(select(runs.c.state).where(runs.c.id == run_id)).scalar()
+            state = _executor.value(conn, select(runs.c.state).where(runs.c.id == run_id))
             if state != RunState.RUNNING.value:
                 return True
-        row = conn.execute(select(jobs.c.state, jobs.c.lease).where(jobs.c.id == job_id)).first()
+        row = _executor.first(conn, select(jobs.c.state, jobs.c.lease).where(jobs.c.id == job_id))
     return row is None or row[0] != JobState.RUNNING.value or row[1] != lease

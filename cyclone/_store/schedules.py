@@ -8,9 +8,10 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, Engine, Row, bindparam, func, select, update
+from sqlalchemy import Connection, Engine, bindparam, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 
+from cyclone._store import executor as _executor
 from cyclone.schema import schedules
 
 if TYPE_CHECKING:
@@ -91,39 +92,39 @@ _RESUME = (
 def register(engine: Engine, defined: Sequence[Schedule]) -> None:
     """Insert or update the rows of ``defined``, in name order; one statement."""
     with engine.begin() as conn:
-        conn.execute(upsert_stmt(sorted(defined, key=lambda s: s.name)))
+        _executor.affected(conn, upsert_stmt(sorted(defined, key=lambda s: s.name)))
 
 
-def list_rows(engine: Engine) -> list[Row[Any]]:
+def list_rows(engine: Engine) -> list[_executor.Row]:
     """Every registered schedule's row and the database's now(), by name; one statement."""
     with engine.connect() as conn:
-        return list(conn.execute(_LIST))
+        return _executor.rows(conn, _LIST)
 
 
 def set_paused(engine: Engine, name: str, paused: bool) -> bool:
     """Pause or resume ``name``; False when no schedule of that name is registered."""
     with engine.begin() as conn:
-        found = conn.execute(_PAUSE if paused else _RESUME, {"schedule": name}).first()
+        found = _executor.first(conn, _PAUSE if paused else _RESUME, {"schedule": name})
     return found is not None
 
 
 def lock(conn: Connection, name: str) -> tuple[bool, datetime, datetime] | None:
     """Lock schedule ``name``'s row, skipping it if locked: its ``paused``, ``last_tick``
     and the database's now(), or None when it is locked or missing."""
-    row = conn.execute(_LOCK, {"schedule": name}).first()
+    row = _executor.first(conn, _LOCK, {"schedule": name})
     return None if row is None else (row[0], row[1], row[2])
 
 
 def exists(conn: Connection, name: str) -> bool:
     """Whether schedule ``name`` has a row."""
-    return conn.execute(_EXISTS, {"schedule": name}).first() is not None
+    return _executor.first(conn, _EXISTS, {"schedule": name}) is not None
 
 
 def register_one(conn: Connection, schedule: Schedule) -> None:
     """Register ``schedule`` in the caller's transaction."""
-    conn.execute(upsert_stmt([schedule]))
+    _executor.affected(conn, upsert_stmt([schedule]))
 
 
 def advance(conn: Connection, name: str, tick: datetime) -> None:
     """Move schedule ``name``'s ``last_tick`` to ``tick``."""
-    conn.execute(_ADVANCE, {"schedule": name, "tick": tick})
+    _executor.affected(conn, _ADVANCE, {"schedule": name, "tick": tick})

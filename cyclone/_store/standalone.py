@@ -15,9 +15,9 @@ from sqlalchemy.dialects.postgresql import JSONB, insert
 
 from cyclone import errors
 from cyclone._store import binds as _binds
-from cyclone._store import fastpath as _fastpath
+from cyclone._store import executor as _executor
 from cyclone._store import notify as _notify
-from cyclone._store.fastpath import const
+from cyclone._store.executor import const
 from cyclone.schema import jobs
 from cyclone.states import ACTIVE_JOB_STATES, EDGES, JobState
 
@@ -63,19 +63,19 @@ def select_active_holder_stmt() -> Any:
     )
 
 
-INSERT_JOB = _fastpath.Compiled(insert_job_stmt())
-SELECT_HOLDER = _fastpath.Compiled(select_active_holder_stmt())
+INSERT_JOB = _executor.Compiled(insert_job_stmt())
+SELECT_HOLDER = _executor.Compiled(select_active_holder_stmt())
 
 
-def insert_job(conn: _fastpath.Executor, params: dict[str, Any]) -> int | None:
+def insert_job(conn: _executor.Executor, params: dict[str, Any]) -> int | None:
     """Insert a standalone job; its id, or None when its unique key is held."""
-    inserted = conn.execute(INSERT_JOB, params)
+    inserted = conn.rows(INSERT_JOB, params)
     return int(inserted[0][0]) if inserted else None
 
 
-def holder_of(conn: _fastpath.Executor, params: dict[str, Any]) -> int | None:
+def holder_of(conn: _executor.Executor, params: dict[str, Any]) -> int | None:
     """The id of the active job holding the unique key of ``params``, or None."""
-    holders = conn.execute(SELECT_HOLDER, params)
+    holders = conn.rows(SELECT_HOLDER, params)
     return int(holders[0][0]) if holders else None
 
 
@@ -108,9 +108,9 @@ def cancel_job(engine: Engine, job_id: int) -> None:
         InvalidStateError: the job is running or has ended.
     """
     with _binds.autocommit(engine) as conn:
-        if conn.execute(_CANCEL_JOB, {"job_id": job_id}).first() is not None:
+        if _executor.first(conn, _CANCEL_JOB, {"job_id": job_id}) is not None:
             return
-        state = conn.execute(_SELECT_STANDALONE_STATE, {"job_id": job_id}).scalar()
+        state = _executor.value(conn, _SELECT_STANDALONE_STATE, {"job_id": job_id})
     if state is None:
         raise errors.NotFoundError(f"standalone job {job_id} does not exist")
     raise errors.InvalidStateError(operation="cancel", run_id=job_id, state=state, what="job")

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 from sqlalchemy import (
@@ -41,7 +41,7 @@ from sqlalchemy.dialects.postgresql import JSONB, insert
 
 from cyclone import _graph, _keys, _observe, errors
 from cyclone._store import binds as _binds
-from cyclone._store import fastpath as _fastpath
+from cyclone._store import executor as _executor
 from cyclone._store import notify as _notify
 from cyclone.schema import runs
 from cyclone.states import RunState
@@ -49,7 +49,7 @@ from cyclone.states import RunState
 _MAX_RACE_RETRIES = 5
 
 
-_const = _fastpath.const
+_const = _executor.const
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +68,8 @@ class Plan:
     insert_run: Any
     insert_run_once: Any
     insert_runs_once: Any
-    fast_insert_run: _fastpath.Compiled
-    fast_insert_run_once: _fastpath.Compiled
+    fast_insert_run: _executor.Compiled
+    fast_insert_run_once: _executor.Compiled
 
     @classmethod
     def build(cls, workflow: str, graph: _graph.GraphSnapshot) -> Plan:
@@ -85,8 +85,8 @@ class Plan:
             insert_run=insert_run,
             insert_run_once=insert_run_once,
             insert_runs_once=consts.insert_runs_once_stmt(),
-            fast_insert_run=_fastpath.Compiled(insert_run),
-            fast_insert_run_once=_fastpath.Compiled(insert_run_once),
+            fast_insert_run=_executor.Compiled(insert_run),
+            fast_insert_run_once=_executor.Compiled(insert_run_once),
         )
 
 
@@ -287,7 +287,7 @@ def select_run_by_key_stmt() -> Select[Any]:
 
 
 _SELECT_RUN_BY_KEY = select_run_by_key_stmt()
-_FAST_SELECT_RUN_BY_KEY = _fastpath.Compiled(_SELECT_RUN_BY_KEY)
+_FAST_SELECT_RUN_BY_KEY = _executor.Compiled(_SELECT_RUN_BY_KEY)
 
 
 def check_start(run_at: datetime | None, delay: timedelta | None) -> None:
@@ -303,14 +303,18 @@ def check_start(run_at: datetime | None, delay: timedelta | None) -> None:
         raise TypeError(f"delay= takes a timedelta, not {type(delay).__name__}")
 
 
-def _params(
-    plan: Plan,
-    input: str,
-    deadline: datetime | timedelta | None,
-    retention: timedelta | None,
-    run_at: datetime | None = None,
-    delay: timedelta | None = None,
-) -> dict[str, Any]:
+class Timing(NamedTuple):
+    """When a run is due to end, how long it is kept once ended, and when it may start:
+    the ``deadline=``, ``retention=``, ``run_at=`` and ``delay=`` of a submit."""
+
+    deadline: datetime | timedelta | None = None
+    retention: timedelta | None = None
+    run_at: datetime | None = None
+    delay: timedelta | None = None
+
+
+def _params(plan: Plan, input: str, timing: Timing) -> dict[str, Any]:
+    deadline, retention, run_at, delay = timing
     check_start(run_at, delay)
     if deadline is not None and not isinstance(deadline, datetime | timedelta):
         raise TypeError("deadline= takes a datetime or a timedelta")
@@ -328,6 +332,14 @@ def _params(
         "start_at": run_at,
         "start_in": delay,
     }
+
+
+def _once_params(plan: Plan, key: str, input: str, timing: Timing) -> dict[str, Any]:
+    """The parameters of the run of ``key``; the key is checked before anything is sent."""
+    _keys.check_key(key)
+    params = _params(plan, input, timing)
+    params["key"] = key
+    return params
 
 
 _Row = Sequence[Any] | None
@@ -352,85 +364,49 @@ def _resolve_once(once: _Once, workflow: str, key: str) -> tuple[Any, bool]:
     raise RuntimeError(f"key {key!r} kept changing hands while submitting; try again")
 
 
-def _insert_once(conn: _fastpath.Executor, plan: Plan, params: dict[str, Any]) -> tuple[Any, bool]:
+def _insert_once(conn: _executor.Executor, plan: Plan, params: dict[str, Any]) -> tuple[Any, bool]:
     """The run of ``params["key"]`` and whether this call created it, on ``conn``."""
 
     def once(insert: bool) -> _Row:
         stmt = plan.fast_insert_run_once if insert else _FAST_SELECT_RUN_BY_KEY
-        rows = conn.execute(stmt, params)
+        rows = conn.rows(stmt, params)
         return rows[0] if rows else None
 
     return _resolve_once(once, plan.workflow, params["key"])
 
 
 @_observe.submits
-def submit(
-    bind: _binds.Bind,
-    plan: Plan,
-    input: str,
-    deadline: datetime | timedelta | None,
-    retention: timedelta | None,
-    run_at: datetime | None = None,
-    delay: timedelta | None = None,
-) -> Submitted:
-    params = _params(plan, input, deadline, retention, run_at, delay)
+def submit(bind: _binds.Bind, plan: Plan, input: str, timing: Timing) -> Submitted:
+    params = _params(plan, input, timing)
     engine = _binds.engine_of(bind)
     started = time.monotonic()
-    rows = _fastpath.execute(engine, plan.fast_insert_run, params)
+    rows = _executor.pooled_rows(engine, plan.fast_insert_run, params)
     return Submitted(engine, rows[0][0], None, True, started)
 
 
 @_observe.submits
-def submit_tx(
-    conn: _binds.Conn,
-    plan: Plan,
-    input: str,
-    deadline: datetime | timedelta | None,
-    retention: timedelta | None,
-    run_at: datetime | None = None,
-    delay: timedelta | None = None,
-) -> Submitted:
-    params = _params(plan, input, deadline, retention, run_at, delay)
+def submit_tx(conn: _binds.Conn, plan: Plan, input: str, timing: Timing) -> Submitted:
+    params = _params(plan, input, timing)
     executor, engine = _binds.joined(conn)
-    rows = executor.execute(plan.fast_insert_run, params)
+    rows = executor.rows(plan.fast_insert_run, params)
     return Submitted(engine, rows[0][0], None, True)
 
 
 @_observe.submits
-def submit_once(
-    bind: _binds.Bind,
-    plan: Plan,
-    key: str,
-    input: str,
-    deadline: datetime | timedelta | None,
-    retention: timedelta | None,
-    run_at: datetime | None = None,
-    delay: timedelta | None = None,
-) -> Submitted:
-    _keys.check_key(key)
-    params = _params(plan, input, deadline, retention, run_at, delay)
-    params["key"] = key
+def submit_once(bind: _binds.Bind, plan: Plan, key: str, input: str, timing: Timing) -> Submitted:
+    params = _once_params(plan, key, input, timing)
     engine = _binds.engine_of(bind)
     started = time.monotonic()
-    with _fastpath.connect(engine) as conn:
+    with _executor.connect(engine) as conn:
         run_id, created = _insert_once(conn, plan, params)
     return Submitted(engine, run_id, key, created, started if created else None)
 
 
 @_observe.submits
 def submit_once_tx(
-    conn: _binds.Conn,
-    plan: Plan,
-    key: str,
-    input: str,
-    deadline: datetime | timedelta | None,
-    retention: timedelta | None,
-    run_at: datetime | None = None,
-    delay: timedelta | None = None,
+    conn: _binds.Conn, plan: Plan, key: str, input: str, timing: Timing
 ) -> Submitted:
-    _keys.check_key(key)
-    params = _params(plan, input, deadline, retention, run_at, delay)
-    params["key"] = key
+    params = _once_params(plan, key, input, timing)
     executor, engine = _binds.joined(conn)
     run_id, created = _insert_once(executor, plan, params)
     return Submitted(engine, run_id, key, created)
@@ -444,26 +420,20 @@ def _items_payload(items: Sequence[tuple[str, str]], indexes: Sequence[int]) -> 
 
 @_observe.submits
 def submit_once_many(
-    bind: _binds.Bind,
-    plan: Plan,
-    items: Sequence[tuple[str, str]],
-    deadline: datetime | timedelta | None,
-    retention: timedelta | None,
-    run_at: datetime | None = None,
-    delay: timedelta | None = None,
+    bind: _binds.Bind, plan: Plan, items: Sequence[tuple[str, str]], timing: Timing
 ) -> list[Submitted]:
     for key, _input in items:
         _keys.check_key(key)
     if not items:
         return []
-    params = _params(plan, "null", deadline, retention, run_at, delay)
+    params = _params(plan, "null", timing)
     del params["input"]
     results: dict[int, Submitted] = {}
     missing: list[int] = list(range(len(items)))
     with _binds.transaction(bind) as conn:
         for _ in range(_MAX_RACE_RETRIES):
             payload = _items_payload(items, missing)
-            rows = conn.execute(plan.insert_runs_once, {**params, "items": payload}).all()
+            rows = _executor.rows(conn, plan.insert_runs_once, {**params, "items": payload})
             for i, run_id, created, same_input in sorted(rows, key=lambda r: r[0]):
                 key = items[i][0]
                 if not same_input:

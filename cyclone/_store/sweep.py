@@ -11,8 +11,9 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, Interval, bindparam, delete, func, select
+from sqlalchemy import Connection, Delete, Engine, Interval, bindparam, delete, func, select
 
+from cyclone._store import executor as _executor
 from cyclone.schema import jobs, runs
 from cyclone.states import TERMINAL_JOB_STATES, TERMINAL_RUN_STATES
 
@@ -37,7 +38,7 @@ def _jobs_due() -> list[Any]:
     ]
 
 
-def purge_runs_stmt() -> object:
+def purge_runs_stmt() -> Delete:
     """Delete one batch of terminal runs past their retention (their steps cascade)."""
     doomed = (
         select(runs.c.id)
@@ -49,7 +50,7 @@ def purge_runs_stmt() -> object:
     return delete(runs).where(runs.c.id.in_(doomed.scalar_subquery()))
 
 
-def purge_jobs_stmt() -> object:
+def purge_jobs_stmt() -> Delete:
     """Delete one batch of finished standalone jobs older than ``older_than``."""
     doomed = (
         select(jobs.c.id)
@@ -75,8 +76,8 @@ def count_due(engine: Engine, older_than: timedelta) -> tuple[int, int]:
     _check_age(older_than)
     with engine.connect() as conn:
         params = {"older_than": older_than}
-        return int(conn.execute(_COUNT_RUNS, params).scalar_one()), int(
-            conn.execute(_COUNT_JOBS, params).scalar_one()
+        return int(_executor.one(conn, _COUNT_RUNS, params)[0]), int(
+            _executor.one(conn, _COUNT_JOBS, params)[0]
         )
 
 
@@ -87,7 +88,7 @@ def _check_age(older_than: timedelta) -> None:
 
 def _purge(
     bind: Engine | Connection,
-    stmt: object,
+    stmt: _executor.Statement,
     older_than: timedelta,
     batch_size: int,
     progress: Progress | None = None,
@@ -103,10 +104,10 @@ def _purge(
             with bind.begin():
                 if fence is not None:
                     fence(bind)
-                deleted = int(bind.execute(stmt, params).rowcount)  # type: ignore[call-overload]
+                deleted = _executor.affected(bind, stmt, params)
         else:
             with bind.begin() as conn:
-                deleted = int(conn.execute(stmt, params).rowcount)  # type: ignore[call-overload]
+                deleted = _executor.affected(conn, stmt, params)
         total += deleted
         if progress is not None:
             progress(deleted)

@@ -26,7 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
-from cyclone._store.fastpath import const
+from cyclone._store.executor import const
 from cyclone.schema import runs
 from cyclone.states import JobState, RunState
 

@@ -59,11 +59,11 @@ from sqlalchemy.dialects.postgresql import JSONB, insert
 
 from cyclone import _codec, _observe, errors
 from cyclone._store import completion as _completion
-from cyclone._store import fastpath as _fastpath
+from cyclone._store import executor as _executor
 from cyclone._store import notify as _notify
 from cyclone._store.claim import Claimed
 from cyclone._store.completion import Failure, Success
-from cyclone._store.fastpath import const
+from cyclone._store.executor import const
 from cyclone.schema import jobs, runs, signals
 from cyclone.states import TERMINAL_RUN_STATES, JobState, RunState
 
@@ -302,40 +302,40 @@ def _decide(
     """The payload to run the node with (None: a sleep node), or Parked (committed)."""
     guard = {"job_id": job.id, "lease": job.lease, "attempt_no": job.attempt, "me": worker_id}
     with engine.begin() as conn:
-        state = conn.execute(_LOCK_RUN, {"rid": job.run_id}).scalar()
-        if conn.execute(_LOCK_JOB, guard).first() is None:
+        state = _executor.value(conn, _LOCK_RUN, {"rid": job.run_id})
+        if _executor.first(conn, _LOCK_JOB, guard) is None:
             return Parked(job.id)  # rescued, handed back or cancelled meanwhile: not ours
         if state != RunState.RUNNING.value:
-            conn.execute(_END, guard)
+            _executor.affected(conn, _END, guard)
             return Parked(job.id)
         if node.sleep is not None:
-            due, now = conn.execute(_SLEEP_DUE, {"job_id": job.id, "duration": node.sleep}).one()
+            due, now = _executor.one(conn, _SLEEP_DUE, {"job_id": job.id, "duration": node.sleep})
             if due > now:
-                conn.execute(_PARK, {**guard, "until": due})
+                _executor.affected(conn, _PARK, {**guard, "until": due})
                 return Parked(job.id)
             return None
         assert node.signal is not None
         key = {"rid": job.run_id, "signal": node.signal}
-        free, now = conn.execute(_TRY_SIGNAL_LOCK, key).one()
+        free, now = _executor.one(conn, _TRY_SIGNAL_LOCK, key)
         if not free:
-            conn.execute(_PARK, {**guard, "until": now + RECHECK_IN_FLIGHT})
+            _executor.affected(conn, _PARK, {**guard, "until": now + RECHECK_IN_FLIGHT})
             return Parked(job.id)
-        row = conn.execute(_READ_SIGNAL, key).first()
+        row = _executor.first(conn, _READ_SIGNAL, key)
         if row is not None and row[0] is not None:
             payload: str = row[0]
             return payload
         if row is not None and row[2]:
-            conn.execute(_UNMARK, key)
+            _executor.affected(conn, _UNMARK, key)
             failure = _timed_out(job, node.signal, backoff)
             _completion.record_failures(conn, [failure])
             return Parked(job.id, failure)
         until = row[1] if row is not None else _mark(conn, key, node.timeout)
-        conn.execute(_PARK, {**guard, "until": until})
+        _executor.affected(conn, _PARK, {**guard, "until": until})
         return Parked(job.id)
 
 
 def _mark(conn: Connection, key: dict[str, Any], timeout: timedelta | None) -> datetime | None:
-    marked = conn.execute(_MARK, {**key, "timeout": timeout}).first()
+    marked = _executor.first(conn, _MARK, {**key, "timeout": timeout})
     return None if marked is None else marked[0]
 
 
@@ -384,8 +384,8 @@ def _read_stmt(by_key: bool) -> Any:
     return stmt.where(runs.c.id == bindparam("rid"))
 
 
-_READ_BY_KEY = _fastpath.Compiled(_read_stmt(by_key=True))
-_READ_BY_ID = _fastpath.Compiled(_read_stmt(by_key=False))
+_READ_BY_KEY = _executor.Compiled(_read_stmt(by_key=True))
+_READ_BY_ID = _executor.Compiled(_read_stmt(by_key=False))
 _PAYLOAD = cast(bindparam("payload", type_=Text), JSONB)
 _excluded = insert(signals).excluded
 _SEND = (
@@ -414,12 +414,12 @@ _SEND = (
         case((signals.c.wake_pending, func.pg_notify(const(_notify.JOBS_AVAILABLE), const("")))),
     )
 )
-_FAST_SEND = _fastpath.Compiled(_SEND)
+_FAST_SEND = _executor.Compiled(_SEND)
 
 
 @_observe.signals
 def send(
-    conn: _fastpath.Executor,
+    conn: _executor.Executor,
     *,
     workflow: str,
     key: str | None,
@@ -446,10 +446,10 @@ def send(
     """
     params: dict[str, Any] = {"signal": signal, "payload": payload}
     if key is not None:
-        rows = conn.execute(_READ_BY_KEY, {**params, "workflow": workflow, "key": key})
+        rows = conn.rows(_READ_BY_KEY, {**params, "workflow": workflow, "key": key})
         where = f"key {key!r} of workflow {workflow!r}"
     else:
-        rows = conn.execute(_READ_BY_ID, {**params, "rid": run_id})
+        rows = conn.rows(_READ_BY_ID, {**params, "rid": run_id})
         where = f"run {run_id}"
     row = rows[0] if rows else None
     if row is None:
@@ -463,11 +463,11 @@ def send(
         raise errors.NotFoundError(
             f"run {rid} of workflow {workflow!r} has no wait node for {signal!r}"
         )
-    if RunState(state) not in TERMINAL_RUN_STATES and conn.execute(_FAST_SEND, params):
+    if RunState(state) not in TERMINAL_RUN_STATES and conn.rows(_FAST_SEND, params):
         return True
     # Stored nothing: the run had ended, or ended since the read (a wait node's timeout
     # decided before this sender took the lock), or a concurrent sender stored first.
-    _rid, state, _node, was_sent, same, _locked = conn.execute(_READ_BY_ID, params)[0]
+    _rid, state, _node, was_sent, same, _locked = conn.rows(_READ_BY_ID, params)[0]
     if was_sent:
         return _same_or_conflict(bool(same), workflow, key, rid, signal)
     raise errors.InvalidStateError(operation=f"send {signal!r} to", run_id=rid, state=state)

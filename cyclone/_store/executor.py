@@ -1,10 +1,22 @@
-"""How cyclone sends its statements: every path a statement can take is an :class:`Executor`.
+"""The executor protocol: every statement of cyclone's store is sent through an :class:`Executor`.
+
+An executor runs a statement and returns its rows as tuples (:meth:`Executor.rows`), or
+runs one that returns none and says how many rows it changed (:meth:`Executor.affected`).
+A statement is either :class:`Compiled` (rendered once, at import, for the hot paths) or
+a Core statement built on the call (a listing with its filters). The implementations:
 
 - :func:`connect`: a pooled connection in autocommit, cyclone's own (the bind forms);
 - :class:`Held`: a connection of a long-lived loop's own, detached from the pool (a Worker);
 - :class:`Observed`: a SQLAlchemy ``Connection``, the caller's transaction (the ``_tx``
-  forms) or, for an engine whose SQL is logged, a pooled one;
+  forms), a transaction of cyclone's (``binds.transaction``) or, for an engine whose SQL
+  is logged, a pooled one;
 - :class:`Borrowed`: a caller's psycopg connection, joining its current transaction.
+
+The store's functions take a ``Connection`` or an ``Executor`` (:data:`Sends`) and send
+through :func:`rows`, :func:`first`, :func:`value`, :func:`one`, :func:`column` and
+:func:`affected`, which wrap a ``Connection`` in an :class:`Observed`: statements sent
+on one ``Connection`` stay in its transaction. No module of the store but this one calls
+a connection's or cursor's ``execute`` (tests/test_store_boundary.py checks it).
 
 Every connection opened outside the pool is remembered per engine, and
 :func:`close_detached` closes them. The notes below are about the hot paths.
@@ -33,7 +45,7 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Mapping
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn, Protocol, TypeAlias
 
 import psycopg
 from psycopg import sql
@@ -42,7 +54,7 @@ from sqlalchemy import Connection, Engine, Text, cast, event, literal, null
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
 from sqlalchemy.ext.compiler import compiles
-from sqlalchemy.sql import ClauseElement, ColumnElement
+from sqlalchemy.sql import ClauseElement, ColumnElement, Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.type_api import to_instance
 from sqlalchemy.sql.visitors import InternalTraversal
@@ -53,6 +65,7 @@ from cyclone._store import deadline as _deadline
 _DIALECT = pg_psycopg.dialect()  # type: ignore[no-untyped-call]
 
 Row = tuple[Any, ...]
+_NO_PARAMS: Mapping[str, Any] = {}
 
 
 def const(value: str | int | None, type_: Any = Text) -> Any:
@@ -95,8 +108,11 @@ class Compiled:
 
     __slots__ = ("defaults", "sql")
 
-    def __init__(self, clause: ClauseElement) -> None:
-        compiled = clause.compile(dialect=_DIALECT)
+    def __init__(self, clause: ClauseElement, *, built: bool = False) -> None:
+        # A statement built on the call may have expanding parameters (``IN`` a list): its
+        # values are rendered into the text as parameters of their own.
+        kw = {"compile_kwargs": {"render_postcompile": True}} if built else {}
+        compiled = clause.compile(dialect=_DIALECT, **kw)  # type: ignore[arg-type]
         assert isinstance(compiled, SQLCompiler)
         self.sql: str = str(compiled)
         self.defaults: dict[str, Any] = {
@@ -114,10 +130,28 @@ class Compiled:
         return copy
 
 
-class Executor(Protocol):
-    """Runs :class:`Compiled` statements: each its own transaction, or in the caller's."""
+Statement: TypeAlias = "Compiled | Executable"
+"""What an executor sends: a statement compiled at import, or a Core statement built on
+the call (compiled on the call, or sent through SQLAlchemy's ``Connection``)."""
 
-    def execute(self, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]: ...
+
+def _compiled(stmt: Statement) -> Compiled:
+    if isinstance(stmt, Compiled):
+        return stmt
+    assert isinstance(stmt, ClauseElement)
+    return Compiled(stmt, built=True)
+
+
+class Executor(Protocol):
+    """Sends statements: each its own transaction, or in the caller's (or cyclone's)."""
+
+    def rows(self, stmt: Statement, params: Mapping[str, Any] | None = None) -> list[Row]:
+        """Run a statement that returns rows, and return them as tuples."""
+        ...
+
+    def affected(self, stmt: Statement, params: Mapping[str, Any] | None = None) -> int:
+        """Run a statement that returns no rows; how many rows it inserted, updated or deleted."""
+        ...
 
 
 class Direct:
@@ -144,15 +178,26 @@ class Direct:
         self._prepare = prepare
         self._translate = translate
 
-    def execute(self, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]:
+    def rows(self, stmt: Statement, params: Mapping[str, Any] | None = None) -> list[Row]:
         """Run one statement (its own transaction) and return its rows; it must return rows."""
-        values = {**stmt.defaults, **params}
+        compiled = stmt if type(stmt) is Compiled else _compiled(stmt)
+        values = {**compiled.defaults, **(params or _NO_PARAMS)}
         try:
-            self._cursor.execute(stmt.sql, values, prepare=self._prepare)
+            self._cursor.execute(compiled.sql, values, prepare=self._prepare)
             return self._cursor.fetchall()
         except psycopg.Error as exc:
             lost = self._driver.closed or self._driver.broken
-            _raise(self._engine, stmt.sql, values, exc, lost, translate=self._translate)
+            _raise(self._engine, compiled.sql, values, exc, lost, translate=self._translate)
+
+    def affected(self, stmt: Statement, params: Mapping[str, Any] | None = None) -> int:
+        compiled = _compiled(stmt)
+        values = {**compiled.defaults, **(params or _NO_PARAMS)}
+        try:
+            self._cursor.execute(compiled.sql, values, prepare=self._prepare)
+        except psycopg.Error as exc:
+            lost = self._driver.closed or self._driver.broken
+            _raise(self._engine, compiled.sql, values, exc, lost, translate=self._translate)
+        return self._cursor.rowcount
 
 
 SCHEMA_SQLSTATES = frozenset({"42P01", "42703", "42883"})
@@ -208,7 +253,15 @@ def _wrap(
 
 
 class Observed:
-    """The same statements through a SQLAlchemy ``Connection``, whose log and events see them."""
+    """Statements through a SQLAlchemy ``Connection``, whose log and events see them.
+
+    A :class:`Compiled` statement is sent as its text; a Core statement as itself, its
+    values converted by SQLAlchemy's result processing. Both join the connection's
+    transaction, if it has one. ``translate`` raises a statement that finds cyclone's
+    schema missing as the SchemaError it stands for (it looks the revision up on another
+    connection of the pool: a caller that holds the pool's last one translates after
+    giving it back, as :func:`cyclone._store.binds.transaction` does).
+    """
 
     __slots__ = ("_conn", "_translate")
 
@@ -216,15 +269,22 @@ class Observed:
         self._conn = conn
         self._translate = translate
 
-    def execute(self, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]:
+    def _send(self, stmt: Statement, params: Mapping[str, Any] | None) -> Any:
         try:
-            result = self._conn.exec_driver_sql(stmt.sql, {**stmt.defaults, **params})
+            if isinstance(stmt, Compiled):
+                return self._conn.exec_driver_sql(stmt.sql, {**stmt.defaults, **(params or {})})
+            return self._conn.execute(stmt, params)
         except sa_exc.DBAPIError as exc:
             schema = schema_problem(self._conn.engine, exc) if self._translate else None
             if schema is not None:
                 raise schema from None
             raise
-        return [tuple(row) for row in result]
+
+    def rows(self, stmt: Statement, params: Mapping[str, Any] | None = None) -> list[Row]:
+        return [tuple(row) for row in self._send(stmt, params)]
+
+    def affected(self, stmt: Statement, params: Mapping[str, Any] | None = None) -> int:
+        return int(self._send(stmt, params).rowcount)
 
 
 class Borrowed:
@@ -241,16 +301,27 @@ class Borrowed:
         self._driver = driver
         self._engine = engine
 
-    def execute(self, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]:
-        values = {**stmt.defaults, **params}
+    def rows(self, stmt: Statement, params: Mapping[str, Any] | None = None) -> list[Row]:
+        rows, _count = self._send(stmt, params, fetch=True)
+        return rows
+
+    def affected(self, stmt: Statement, params: Mapping[str, Any] | None = None) -> int:
+        _rows, count = self._send(stmt, params, fetch=False)
+        return count
+
+    def _send(
+        self, stmt: Statement, params: Mapping[str, Any] | None, *, fetch: bool
+    ) -> tuple[list[Row], int]:
+        compiled = _compiled(stmt)
+        values = {**compiled.defaults, **(params or _NO_PARAMS)}
         try:
             # A plain cursor returning tuples, whatever the connection's factories are.
             with psycopg.Cursor(self._driver, row_factory=tuple_row) as cursor:
-                cursor.execute(stmt.sql, values)
-                return cursor.fetchall()
+                cursor.execute(compiled.sql, values)
+                return (cursor.fetchall() if fetch else []), cursor.rowcount
         except psycopg.Error as exc:
             lost = self._driver.closed or self._driver.broken
-            _raise(self._engine, stmt.sql, values, exc, lost)
+            _raise(self._engine, compiled.sql, values, exc, lost)
 
 
 _SQL_LOG = logging.getLogger("sqlalchemy.engine.Engine")
@@ -386,13 +457,25 @@ class Held:
         self._listen = listen
         self._on_notify = on_notify
 
-    def execute(self, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]:
+    def rows(self, stmt: Statement, params: Mapping[str, Any] | None = None) -> list[Row]:
         """Run one statement (its own transaction) and return its rows."""
         if observed(self._engine):
             with connect(self._engine) as conn:
-                return conn.execute(stmt, params)
+                return conn.rows(stmt, params)
         try:
-            return (self._direct or self._open()).execute(stmt, params)
+            return (self._direct or self._open()).rows(stmt, params)
+        except sa_exc.DBAPIError as exc:
+            if exc.connection_invalidated:
+                self.close()
+            raise
+
+    def affected(self, stmt: Statement, params: Mapping[str, Any] | None = None) -> int:
+        """Run one statement (its own transaction); how many rows it changed."""
+        if observed(self._engine):
+            with connect(self._engine) as conn:
+                return conn.affected(stmt, params)
+        try:
+            return (self._direct or self._open()).affected(stmt, params)
         except sa_exc.DBAPIError as exc:
             if exc.connection_invalidated:
                 self.close()
@@ -532,7 +615,65 @@ def _psycopg(engine: Engine, driver: Any) -> psycopg.Connection[Any]:
     return driver
 
 
-def execute(engine: Engine, stmt: Compiled, params: Mapping[str, Any]) -> list[Row]:
-    """One autocommit statement on a pooled connection."""
+def pooled_rows(engine: Engine, stmt: Statement, params: Mapping[str, Any]) -> list[Row]:
+    """One autocommit statement on a pooled connection; its rows."""
     with connect(engine) as conn:
-        return conn.execute(stmt, params)
+        return conn.rows(stmt, params)
+
+
+Sends: TypeAlias = "Connection | Executor"
+"""What the store's functions send on: a SQLAlchemy ``Connection`` (its transaction, if it
+has one) or an executor."""
+
+
+def executor_of(conn: Sends) -> Executor:
+    """The executor for ``conn``: a ``Connection`` is wrapped (its transaction is kept)."""
+    return Observed(conn, translate=False) if isinstance(conn, Connection) else conn
+
+
+def rows(conn: Sends, stmt: Statement, params: Mapping[str, Any] | None = None) -> list[Row]:
+    """The rows of ``stmt`` sent on ``conn``."""
+    return executor_of(conn).rows(stmt, params)
+
+
+def first(conn: Sends, stmt: Statement, params: Mapping[str, Any] | None = None) -> Row | None:
+    """The first row of ``stmt`` sent on ``conn``, or None."""
+    found = executor_of(conn).rows(stmt, params)
+    return found[0] if found else None
+
+
+def value(conn: Sends, stmt: Statement, params: Mapping[str, Any] | None = None) -> Any:
+    """The first column of the first row of ``stmt`` sent on ``conn``, or None."""
+    found = executor_of(conn).rows(stmt, params)
+    return found[0][0] if found else None
+
+
+def one(conn: Sends, stmt: Statement, params: Mapping[str, Any] | None = None) -> Row:
+    """The one row of ``stmt`` sent on ``conn``; raises if there are none or several."""
+    found = executor_of(conn).rows(stmt, params)
+    if not found:
+        raise sa_exc.NoResultFound("No row was found when one was required")
+    if len(found) > 1:
+        raise sa_exc.MultipleResultsFound("Multiple rows were found when exactly one was required")
+    return found[0]
+
+
+def column(conn: Sends, stmt: Statement, params: Mapping[str, Any] | None = None) -> list[Any]:
+    """The first column of every row of ``stmt`` sent on ``conn``."""
+    return [row[0] for row in executor_of(conn).rows(stmt, params)]
+
+
+def affected(conn: Sends, stmt: Statement, params: Mapping[str, Any] | None = None) -> int:
+    """Send ``stmt``, which returns no rows, on ``conn``; how many rows it changed."""
+    return executor_of(conn).affected(stmt, params)
+
+
+def listen(driver: psycopg.Connection[Any], channels: tuple[str, ...]) -> None:
+    """LISTEN on ``channels`` on ``driver`` (a :func:`detached` connection, in autocommit)."""
+    for channel in channels:
+        driver.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+
+
+def ping(driver: psycopg.Connection[Any]) -> None:
+    """One round trip on ``driver``: it raises if the connection has failed."""
+    driver.execute("SELECT 1")
