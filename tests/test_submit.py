@@ -102,11 +102,11 @@ def test_key_order_and_whitespace_do_not_matter(engine: sa.Engine, name: str) ->
     assert (again.id, created) == (run.id, False)
     # Below the encoder: the database compares the JSON text as jsonb.
     raw = '{  "b" : {"y":null,\n "x" : [1,  2]},\t"a":1 }'
-    row = submit_module.submit_once(engine, wf.plan(), "k", raw, None, None)
+    row = submit_module.submit_once(engine, wf.plan(), "k", raw, submit_module.Timing())
     assert (row.run_id, row.created) == (run.id, False)
     with pytest.raises(cyclone.SubmitConflictError):
         submit_module.submit_once(
-            engine, wf.plan(), "k", '{"a":1,"b":{"x":[2,1],"y":null}}', None, None
+            engine, wf.plan(), "k", '{"a":1,"b":{"x":[2,1],"y":null}}', submit_module.Timing()
         )
 
 
