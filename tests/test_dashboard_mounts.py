@@ -10,10 +10,12 @@ from pathlib import Path
 import flask
 import pytest
 import sqlalchemy as sa
+from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy.engine import URL
 from werkzeug.middleware.dispatcher import DispatcherMiddleware
 
 import cyclone
+from cyclone.contrib.flask import Cyclone
 from cyclone.dashboard import create_app
 from cyclone.dashboard.flask import mount
 from tests.conftest import own_database
@@ -63,6 +65,28 @@ def test_flask_mount_helper_signs_forms_with_the_apps_secret_key(
     assert run.status().state == cyclone.RunState.RUNNING
     with pytest.raises(ValueError, match="prefix must start with '/'"):
         mount(app, engine, prefix="ops/")
+
+
+def test_flask_mount_takes_engine_for_of_a_flask_sqlalchemy_app_outside_any_context(
+    database_url: URL, engine: sa.Engine, name: str
+) -> None:
+    """``cy.engine`` and ``db.engine`` need an application context at setup time;
+    ``cy.engine_for(app)`` does not."""
+    s = shop(name)
+    run, _ = s.workflow.submit_once(engine, "k", Order(1))
+    app = flask.Flask(__name__)
+    app.config["SQLALCHEMY_DATABASE_URI"] = database_url.render_as_string(hide_password=False)
+    db = SQLAlchemy(app)
+    cy = Cyclone(app)
+    with pytest.raises(RuntimeError, match="application context"):
+        mount(app, cy.engine)
+    mount(app, cy.engine_for(app), prefix="/ops")
+    page = app.test_client().get(f"/ops/runs/{run.id}")
+    assert page.status_code == 200
+    assert name in page.get_data(as_text=True)
+    with app.app_context():
+        assert cy.engine_for(app) is db.engine
+        db.engine.dispose()
 
 
 @pytest.fixture
