@@ -23,7 +23,14 @@ from tests.support.dashboard import Order, csrf_token, shop
 from tests.support.docs import ROOT, fenced_blocks, snippet, snippets
 
 DOC = "docs/dashboard.md"
-EXECUTED = {"authorize", "cli", "flask-dispatcher", "flask-mount", "django-urls"}
+EXECUTED = {
+    "authorize",
+    "cli",
+    "flask-extension",
+    "flask-dispatcher",
+    "flask-mount",
+    "django-urls",
+}
 
 
 @pytest.fixture
@@ -145,3 +152,32 @@ def test_flask_mount_snippet_lets_an_authenticated_user_act(
     assert answer.status_code == 303
     assert run.status().state == cyclone.RunState.CANCELLED
     namespace["engine"].dispose()
+
+
+def test_flask_extension_snippet_asks_authorize_in_the_request_context(
+    doc_env: str, engine: sa.Engine, name: str
+) -> None:
+    namespace = run_snippet("flask-extension")
+    app, db = namespace["app"], namespace["db"]
+    s = shop(name)
+    run, _ = s.workflow.submit_once(engine, "k", Order(1))
+    client = app.test_client()
+    guest = client.get(f"/admin/cyclone/runs/{run.id}").get_data(as_text=True)
+    assert "read-only" in guest
+    with client.session_transaction() as session:
+        session["role"] = "operator"
+    page = client.get(f"/admin/cyclone/runs/{run.id}").get_data(as_text=True)
+    assert "actions allowed" in page
+    token = csrf_token(page)
+    with client.session_transaction() as session:
+        session["role"] = "guest"
+    denied = client.post(f"/admin/cyclone/runs/{run.id}/cancel", data={"csrf_token": token})
+    assert denied.status_code == 403
+    assert run.status().state == cyclone.RunState.RUNNING
+    with client.session_transaction() as session:
+        session["role"] = "operator"
+    done = client.post(f"/admin/cyclone/runs/{run.id}/cancel", data={"csrf_token": token})
+    assert done.status_code == 303
+    assert run.status().state == cyclone.RunState.CANCELLED
+    with app.app_context():
+        db.engine.dispose()

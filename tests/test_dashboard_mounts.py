@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
+import uuid
 from pathlib import Path
 
 import flask
 import pytest
 import sqlalchemy as sa
+from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy.engine import URL
 from werkzeug.middleware.dispatcher import DispatcherMiddleware
+from werkzeug.test import Client
 
 import cyclone
+from cyclone.contrib.flask import Cyclone
 from cyclone.dashboard import create_app
+from cyclone.dashboard._embed import scoped_stylesheet
 from cyclone.dashboard.flask import mount
 from tests.conftest import own_database
 from tests.support import processes
@@ -63,6 +69,58 @@ def test_flask_mount_helper_signs_forms_with_the_apps_secret_key(
     assert run.status().state == cyclone.RunState.RUNNING
     with pytest.raises(ValueError, match="prefix must start with '/'"):
         mount(app, engine, prefix="ops/")
+
+
+def test_flask_mount_takes_engine_for_of_a_flask_sqlalchemy_app_outside_any_context(
+    database_url: URL, engine: sa.Engine, name: str
+) -> None:
+    """``cy.engine`` and ``db.engine`` need an application context at setup time;
+    ``cy.engine_for(app)`` does not."""
+    s = shop(name)
+    run, _ = s.workflow.submit_once(engine, "k", Order(1))
+    app = flask.Flask(__name__)
+    app.config["SQLALCHEMY_DATABASE_URI"] = database_url.render_as_string(hide_password=False)
+    db = SQLAlchemy(app)
+    cy = Cyclone(app)
+    with pytest.raises(RuntimeError, match="application context"):
+        mount(app, cy.engine)
+    mount(app, cy.engine_for(app), prefix="/ops")
+    page = app.test_client().get(f"/ops/runs/{run.id}")
+    assert page.status_code == 200
+    assert name in page.get_data(as_text=True)
+    with app.app_context():
+        assert cy.engine_for(app) is db.engine
+        db.engine.dispose()
+
+
+def test_run_sections_for_another_page_are_the_run_pages_own_without_actions(
+    engine: sa.Engine, name: str
+) -> None:
+    s = shop(name, message="card <declined>")
+    run, _ = s.workflow.submit_once(engine, "k", Order(1))
+    s.worker(engine).drain()
+    dashboard = create_app(engine, authorize=lambda environ: True)
+    page = Client(dashboard).get(f"/runs/{run.id}").get_data(as_text=True)
+    sections = dashboard.render_run_sections(run.id)
+    assert sections is not None
+    assert sections.strip() in page  # the very markup of the run page, cut from it
+    assert '<svg class="dag"' in sections
+    assert '<pre class="traceback">Traceback' in sections
+    assert "card &lt;declined&gt;" in sections
+    assert "<form" not in sections
+    assert dashboard.render_run_sections(uuid.uuid4()) is None
+
+
+def test_the_scoped_stylesheet_styles_only_inside_its_element() -> None:
+    css = scoped_stylesheet("cyclone-embed")
+    rules = re.findall(r"([^{}]+)\{[^{}]*\}", css)
+    assert len(rules) > 40
+    for selectors in rules:
+        for selector in selectors.split(","):
+            assert selector.strip().startswith(".cyclone-embed"), selector
+    assert ".cyclone-embed svg.dag .node-failed rect" in css
+    assert "--failed:" in css  # the colours, on the element instead of :root
+    assert "header" not in css
 
 
 @pytest.fixture

@@ -31,6 +31,7 @@ def test_wheel_ships_every_template_and_static_file(wheel: Path) -> None:
     assert {"cyclone/dashboard/templates/run.html", "cyclone/dashboard/static/style.css"} <= assets
     assert assets <= names
     assert "cyclone/contrib/django/dashboard.py" in names
+    assert "cyclone/contrib/django/templates/cyclone/admin/run_change_form.html" in names
 
 
 def test_the_dashboard_extra_brings_the_production_server(wheel: Path) -> None:

@@ -201,6 +201,21 @@ def test_manage_py_cyclone_on_an_unmigrated_database_says_to_migrate(
     assert "migrate" in done.stderr
 
 
+def test_manage_py_cyclone_help_says_the_database_is_the_projects() -> None:
+    done = manage("cyclone", "--help", database="never_connected")
+    assert done.returncode == 0, done.stderr
+    said = " ".join(done.stdout.split())
+    assert done.stdout.startswith("Usage: manage.py cyclone"), done.stdout
+    assert (
+        "The database is the project's: the DATABASES alias that settings.CYCLONE_DATABASE "
+        'names (default "default"); --url URL (before or after the command) overrides it.'
+    ) in said
+    assert "$CYCLONE_DATABASE_URL" not in said
+    listing = manage("cyclone", "runs", "list", "--help", database="never_connected")
+    assert listing.returncode == 0, listing.stderr
+    assert "Use this database instead of the application's." in " ".join(listing.stdout.split())
+
+
 def test_models_match_the_shipped_django_migrations(fresh_database: URL) -> None:
     database = fresh_database.database
     assert database is not None

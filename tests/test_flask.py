@@ -3,14 +3,18 @@ Flask's CLI runner and the ``flask`` command, against real PostgreSQL."""
 
 from __future__ import annotations
 
+import functools
+import http.client
 import os
 import shlex
 import signal
 import subprocess
 import sys
 import threading
+import urllib.parse
 import uuid
 from collections.abc import Iterator
+from http.cookies import SimpleCookie
 from pathlib import Path
 from typing import Any
 
@@ -19,15 +23,18 @@ import pytest
 import sqlalchemy as sa
 from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy.engine import URL
+from werkzeug.serving import make_server
 
 import cyclone
 from cyclone.contrib.flask import ConfigurationError, Cyclone, database_url, load_definitions
 from cyclone.schema import runs
 from tests.conftest import wait_until
 from tests.support import docs, processes
+from tests.support.dashboard import csrf_token
 from tests.support.workers import Background
 
 ROOT = Path(__file__).resolve().parent.parent
+SECRET_KEY = "flask-test-secret"
 EXAMPLE = ROOT / "examples" / "flask_app"
 sys.path.insert(0, str(EXAMPLE))
 
@@ -40,7 +47,10 @@ from webshop.workflows import checkout  # noqa: E402
 def app(database_url: URL) -> Iterator[flask.Flask]:
     """The example shop on the test database, its own tables created."""
     app = webshop.create_app(
-        {"SQLALCHEMY_DATABASE_URI": database_url.render_as_string(hide_password=False)}
+        {
+            "SQLALCHEMY_DATABASE_URI": database_url.render_as_string(hide_password=False),
+            "SECRET_KEY": SECRET_KEY,
+        }
     )
     with app.app_context():
         db.create_all()
@@ -447,3 +457,201 @@ def test_one_extension_serves_several_apps_each_with_its_own_engine(database_url
     finally:
         for engine in engines:
             engine.dispose()
+
+
+# -- the dashboard, mounted by the extension ----------------------------------------------
+
+
+def as_role(client: Any, role: str | None) -> None:
+    """Log the test client in as the example's login would: a role in the session."""
+    with client.session_transaction() as session:
+        session.pop("role", None)
+        if role is not None:
+            session["role"] = role
+
+
+def run_state(app: flask.Flask, run_id: str) -> cyclone.RunState:
+    with app.app_context():
+        status = cyclone.Client(db.engine).get_run(uuid.UUID(run_id))
+    assert status is not None
+    return status.state
+
+
+def test_the_dashboard_is_served_at_its_path_on_flask_sqlalchemys_engine(
+    app: flask.Flask, item: str
+) -> None:
+    """``Cyclone(dashboard="/cyclone")`` runs at import time, outside any app context; the
+    engine, Flask-SQLAlchemy's, is taken at the first request."""
+    client = app.test_client()
+    run_id = post_order(client, str(uuid.uuid4()), item, 1).get_json()["run_id"]
+    overview = client.get("/cyclone/")
+    assert overview.status_code == 200
+    assert 'href="/cyclone/runs"' in overview.get_data(as_text=True)
+    page = client.get(f"/cyclone/runs/{run_id}").get_data(as_text=True)
+    assert checkout.name in page
+    assert 'href="/cyclone/static/style.css"' in page
+    assert client.get("/cyclone/static/style.css").status_code == 200
+    assert client.get("/cyclone").status_code == 308  # to /cyclone/, as Flask does
+    with app.test_request_context():
+        assert flask.url_for("cyclone_dashboard.page", subpath="runs") == "/cyclone/runs"
+    assert client.get("/orders/no-such-page").status_code == 404  # the app's own routes
+
+
+def test_authorize_reads_flask_session_and_a_denied_action_gets_403(
+    app: flask.Flask, item: str
+) -> None:
+    client = app.test_client()
+    run_id = post_order(client, str(uuid.uuid4()), item, 1).get_json()["run_id"]
+    anonymous = client.get(f"/cyclone/runs/{run_id}").get_data(as_text=True)
+    assert "read-only" in anonymous
+    assert 'method="post"' not in anonymous
+
+    as_role(client, "operator")
+    page = client.get(f"/cyclone/runs/{run_id}").get_data(as_text=True)
+    assert "actions allowed" in page
+    assert f'action="/cyclone/runs/{run_id}/cancel"' in page
+    token = csrf_token(page)
+
+    as_role(client, "clerk")  # a valid form, from a user authorize refuses
+    denied = client.post(f"/cyclone/runs/{run_id}/cancel", data={"csrf_token": token})
+    assert denied.status_code == 403
+    assert "read-only for you" in denied.get_data(as_text=True)
+    assert run_state(app, run_id) == cyclone.RunState.RUNNING
+
+    as_role(client, "operator")
+    done = client.post(f"/cyclone/runs/{run_id}/cancel", data={"csrf_token": token})
+    assert done.status_code == 303
+    assert done.headers["Location"] == f"/cyclone/runs/{run_id}?done=cancel"
+    assert run_state(app, run_id) == cyclone.RunState.CANCELLED
+
+
+def test_the_factory_pattern_mounts_per_app_and_authorize_runs_in_the_request_context(
+    database_url: URL,
+) -> None:
+    seen: list[tuple[str, str, Any]] = []
+
+    def authorize(request: flask.Request) -> bool:
+        seen.append((request.path, flask.request.path, flask.g.user))
+        return bool(flask.g.user == "ops")
+
+    def login_required(view: Any) -> Any:
+        @functools.wraps(view)
+        def wrapped(**kwargs: Any) -> Any:
+            if flask.g.user is None:
+                flask.abort(401)
+            return view(**kwargs)
+
+        return wrapped
+
+    db_ext = SQLAlchemy()
+    cy = Cyclone(
+        dashboard="/ops/cyclone", authorize=authorize, dashboard_decorators=[login_required]
+    )
+
+    def create_app(**options: Any) -> flask.Flask:
+        app = flask.Flask(f"factory{uuid.uuid4().hex[:6]}")
+        app.config.update(
+            SQLALCHEMY_DATABASE_URI=database_url.render_as_string(hide_password=False),
+            SECRET_KEY=SECRET_KEY,
+            CYCLONE_DASHBOARD_TITLE="factory ops",
+        )
+        db_ext.init_app(app)
+
+        @app.before_request
+        def load_user() -> None:
+            flask.g.user = flask.session.get("user")
+
+        cy.init_app(app, **options)
+        return app
+
+    first, second, third = (
+        create_app(),
+        create_app(dashboard="/admin/jobs"),
+        create_app(dashboard=None),
+    )
+    try:
+        client = first.test_client()
+        assert client.get("/ops/cyclone/").status_code == 401  # the decorator, before authorize
+        assert seen == []
+        with client.session_transaction() as session:
+            session["user"] = "ops"
+        page = client.get("/ops/cyclone/runs")
+        assert page.status_code == 200
+        assert "actions allowed" in page.get_data(as_text=True)
+        assert "factory ops" in page.get_data(as_text=True)
+        assert seen == [("/ops/cyclone/runs", "/ops/cyclone/runs", "ops")]
+        with client.session_transaction() as session:
+            session["user"] = "viewer"
+        assert "read-only" in client.get("/ops/cyclone/").get_data(as_text=True)
+
+        other = second.test_client()
+        with other.session_transaction() as session:
+            session["user"] = "ops"
+        assert other.get("/admin/jobs/jobs").status_code == 200
+        assert other.get("/ops/cyclone/").status_code == 404
+        assert third.test_client().get("/ops/cyclone/").status_code == 404
+        with pytest.raises(ValueError, match="dashboard must be a path"):
+            cy.init_app(flask.Flask("bad"), dashboard="ops/")
+    finally:
+        for app in (first, second, third):
+            with app.app_context():
+                db_ext.engine.dispose()
+
+
+@pytest.mark.processes
+def test_flask_cyclone_help_says_the_database_is_the_apps(database_url: URL) -> None:
+    done = flask_command("--app webshop cyclone --help", database_url)
+    assert done.returncode == 0, done.stderr
+    said = " ".join(done.stdout.split())
+    assert "The database is the Flask app's: the CYCLONE_DATABASE_URL of its config" in said
+    assert "else Flask-SQLAlchemy's engine" in said
+    assert "$CYCLONE_DATABASE_URL" not in said
+    listing = flask_command("--app webshop cyclone runs list --help", database_url)
+    assert "Use this database instead of the application's." in " ".join(listing.stdout.split())
+
+
+def test_the_dashboard_answers_through_a_real_server_with_the_session_cookie(
+    app: flask.Flask, item: str
+) -> None:
+    """Over HTTP, as a browser: the session cookie Flask signed reaches ``authorize``."""
+    run_id = post_order(app.test_client(), str(uuid.uuid4()), item, 1).get_json()["run_id"]
+    server = make_server("127.0.0.1", 0, app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    signed = app.session_interface.get_signing_serializer(app)  # type: ignore[attr-defined]
+    session = signed.dumps({"role": "operator"})
+
+    def fetch(path: str, cookies: dict[str, str], form: dict[str, str] | None = None) -> Any:
+        connection = http.client.HTTPConnection("127.0.0.1", server.server_port, timeout=30)
+        headers = {"Cookie": "; ".join(f"{k}={v}" for k, v in cookies.items())}
+        body = None
+        if form is not None:
+            body = urllib.parse.urlencode(form)
+            headers["Content-Type"] = "application/x-www-form-urlencoded"
+        connection.request("GET" if form is None else "POST", path, body, headers)
+        answer = connection.getresponse()
+        answer.text = answer.read().decode()
+        connection.close()
+        return answer
+
+    try:
+        guest = fetch(f"/cyclone/runs/{run_id}", {})
+        assert guest.status == 200
+        assert "read-only" in guest.text
+        page = fetch(f"/cyclone/runs/{run_id}", {"session": session})
+        assert "actions allowed" in page.text
+        nonce = SimpleCookie(page.getheader("Set-Cookie"))["cyclone_csrf"].value
+        form = {"csrf_token": csrf_token(page.text)}
+        denied = fetch(f"/cyclone/runs/{run_id}/cancel", {"cyclone_csrf": nonce}, form)
+        assert denied.status == 403
+        assert run_state(app, run_id) == cyclone.RunState.RUNNING
+        done = fetch(
+            f"/cyclone/runs/{run_id}/cancel", {"session": session, "cyclone_csrf": nonce}, form
+        )
+        assert done.status == 303
+        assert done.getheader("Location") == f"/cyclone/runs/{run_id}?done=cancel"
+        assert run_state(app, run_id) == cyclone.RunState.CANCELLED
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
+        server.server_close()

@@ -218,6 +218,7 @@ def build_cli(
     definitions: DefinitionsFactory | None = None,
     worker_options: WorkerOptions | None = None,
     name: str = "cyclone",
+    database: str | None = None,
 ) -> click.Group:
     """The ``cyclone`` command group, for an application's own command line to mount.
 
@@ -229,6 +230,9 @@ def build_cli(
         worker_options: returns extra keyword arguments for :class:`cyclone.Worker`,
             e.g. ``{"step_context": app.app_context}``.
         name: the group's command name.
+        database: where the host's database comes from, for ``--help`` (e.g. "the Flask
+            app's configuration: ..."); given with ``engine``, the help of the group and
+            of ``--url`` say the database is that one, and ``--url`` overrides it.
 
     Example:
         app.cli.add_command(build_cli(engine=lambda: db.engine), "cyclone")
@@ -242,18 +246,40 @@ def build_cli(
     @_common
     @click.pass_context
     def group(ctx: click.Context) -> None:
-        """Operate cyclone: migrate the schema, run workers, inspect and act on runs and jobs.
-
-        The database comes from --url (before or after the command) or from
-        $CYCLONE_DATABASE_URL. Exit status: 0 success, 1 error, 2 bad usage,
-        3 database unreachable, 4 schema missing or old (run migrate).
-        """
         inv = _invocation(ctx)
         inv.host = host
         inv.command_path = ctx.command_path
 
+    group.help = _group_help(
+        f"The database comes from --url (before or after the command) or from ${URL_ENV}."
+    )
     _add_commands(group)
+    if database is not None:
+        _say_where_the_database_is(group, database)
     return group
+
+
+def _say_where_the_database_is(group: click.Group, database: str) -> None:
+    """Rewrite the help of ``group`` and of every ``--url`` for a host's own database."""
+    group.help = _group_help(
+        f"The database is {database}; --url URL (before or after the command) overrides it."
+    )
+    stack: list[click.Command] = [group]
+    while stack:
+        command = stack.pop()
+        for param in command.params:
+            if isinstance(param, click.Option) and param.name == "url":
+                param.help = "Use this database instead of the application's."
+        if isinstance(command, click.Group):
+            stack.extend(command.commands.values())
+
+
+def _group_help(database: str) -> str:
+    return (
+        "Operate cyclone: migrate the schema, run workers, inspect and act on runs and jobs.\n\n"
+        f"{database} Exit status: 0 success, 1 error, 2 bad usage, 3 database unreachable, "
+        "4 schema missing or old (run migrate)."
+    )
 
 
 def _add_commands(group: click.Group) -> None:

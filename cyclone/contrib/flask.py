@@ -6,15 +6,18 @@ Every step a worker of the application runs is inside ``app.app_context()``, so 
 use ``db.session``: Flask-SQLAlchemy removes the session when that context ends, after
 each step. ``flask cyclone ...`` is cyclone's command line on that engine, and
 ``flask cyclone worker`` runs the workflows and step kinds of ``CYCLONE_WORKER_MODULES``.
+``Cyclone(app, dashboard="/cyclone", authorize=...)`` also serves the dashboard at that
+path, as views of the app: ``authorize`` runs in Flask's request context.
 """
 
 from __future__ import annotations
 
 import importlib
+import io
 import threading
 import weakref
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy
 from sqlalchemy.engine import make_url
@@ -25,8 +28,12 @@ from cyclone.workflow import StandaloneStep, Workflow
 
 with errors.MissingExtraError.guard(__name__, "flask"):
     import flask
+    import werkzeug.wrappers
 
     from cyclone.cli import build_cli
+
+if TYPE_CHECKING:
+    from cyclone.dashboard import Dashboard
 
 __all__ = ["ConfigurationError", "Cyclone", "database_url"]
 
@@ -37,7 +44,23 @@ CONFIG_DEFAULTS: Mapping[str, Any] = {
     "CYCLONE_ENGINE_OPTIONS": {},
     "CYCLONE_SQLALCHEMY_BIND": None,
     "CYCLONE_WORKER_MODULES": (),
+    "CYCLONE_DASHBOARD_TITLE": "cyclone",
 }
+
+DATABASE_HELP = (
+    "the Flask app's: the CYCLONE_DATABASE_URL of its config, else Flask-SQLAlchemy's "
+    "engine (db.engine, or the bind CYCLONE_SQLALCHEMY_BIND names)"
+)
+"""Where ``flask cyclone`` finds the database, as its ``--help`` says."""
+
+BLUEPRINT = "cyclone_dashboard"
+"""The name of the dashboard's blueprint: ``url_for("cyclone_dashboard.page", subpath="runs")``."""
+
+Authorize = Callable[[flask.Request], bool]
+ViewDecorator = Callable[[Callable[..., Any]], Callable[..., Any]]
+
+_AUTHORIZED = "cyclone.contrib.flask.authorized"
+_UNSET: Any = object()
 
 Definitions = tuple[list[Workflow[Any]], list[StandaloneStep[Any, Any]]]
 
@@ -108,11 +131,15 @@ def load_definitions(modules: Sequence[str]) -> Definitions:
 
 
 class _State:
-    """What the extension keeps per application: its own engine, made once when needed."""
+    """What the extension keeps per application: its own engine and its dashboard, each
+    made once, when first needed."""
 
-    def __init__(self) -> None:
+    def __init__(self, authorize: Authorize | None) -> None:
         self.lock = threading.Lock()
         self.engine: sqlalchemy.Engine | None = None
+        self.authorize = authorize
+        self.dashboard_lock = threading.Lock()
+        self.dashboard: Dashboard | None = None
 
 
 class Cyclone:
@@ -120,27 +147,126 @@ class Cyclone:
 
     The extension holds no application, so one object serves several (the application
     factory pattern); ``app.extensions["cyclone"]`` is the extension of ``app``.
+
+    Args:
+        app: the application to initialise now (else call :meth:`init_app`).
+        dashboard: serve cyclone's dashboard (extra ``cyclone[dashboard]``) at this path
+            of the app, e.g. ``"/cyclone"``; None (the default) serves none.
+        authorize: called with ``flask.request``, inside Flask's request context (so
+            ``flask.session``, ``flask.g`` and Flask-Login's ``current_user`` work), on
+            every dashboard request; the dashboard's actions (retry, cancel, pause...)
+            are shown and accepted only when it returns True. Without it the dashboard
+            is read-only.
+        dashboard_decorators: view decorators wrapped around the dashboard's view, first
+            innermost, as ``MethodView.decorators`` (e.g. Flask-Login's
+            ``login_required``): who may see the pages at all.
+
+    :meth:`init_app` takes the same keywords, for one application.
     """
 
-    def __init__(self, app: flask.Flask | None = None) -> None:
+    def __init__(
+        self,
+        app: flask.Flask | None = None,
+        *,
+        dashboard: str | None = None,
+        authorize: Authorize | None = None,
+        dashboard_decorators: Sequence[ViewDecorator] = (),
+    ) -> None:
         self._states: weakref.WeakKeyDictionary[flask.Flask, _State] = weakref.WeakKeyDictionary()
+        self._dashboard = dashboard
+        self._authorize = authorize
+        self._decorators = tuple(dashboard_decorators)
         if app is not None:
             self.init_app(app)
 
-    def init_app(self, app: flask.Flask) -> None:
-        """Register the extension, its config defaults and ``flask cyclone`` on ``app``."""
+    def init_app(
+        self,
+        app: flask.Flask,
+        *,
+        dashboard: str | None = _UNSET,
+        authorize: Authorize | None = _UNSET,
+        dashboard_decorators: Sequence[ViewDecorator] = _UNSET,
+    ) -> None:
+        """Register the extension, its config defaults and ``flask cyclone`` on ``app``, and
+        the dashboard's views when a ``dashboard`` path is given (here, else to the
+        constructor)."""
+        prefix = self._dashboard if dashboard is _UNSET else dashboard
+        if prefix is not None and (not prefix.startswith("/") or prefix.endswith("/")):
+            raise ValueError(
+                f"dashboard must be a path starting with '/' and not ending with one, "
+                f"got {prefix!r}"
+            )
         for key, value in CONFIG_DEFAULTS.items():
             app.config.setdefault(key, value)
-        self._states[app] = _State()
+        self._states[app] = _State(self._authorize if authorize is _UNSET else authorize)
         app.extensions[EXTENSION] = self
         app.cli.add_command(
             build_cli(
                 engine=lambda: self.engine_for(app),
                 definitions=lambda: self.definitions_for(app),
                 worker_options=lambda: {"step_context": app.app_context},
+                database=DATABASE_HELP,
             ),
             "cyclone",
         )
+        if prefix is not None:
+            decorators = (
+                self._decorators if dashboard_decorators is _UNSET else dashboard_decorators
+            )
+            app.register_blueprint(self._blueprint(decorators), url_prefix=prefix)
+
+    def _blueprint(self, decorators: Sequence[ViewDecorator]) -> flask.Blueprint:
+        with errors.MissingExtraError.guard(__name__, "dashboard"):
+            import cyclone.dashboard  # noqa: F401  (named now, not at the first request)
+        view: Callable[..., Any] = self._serve_dashboard
+        for decorate in decorators:
+            view = decorate(view)
+        blueprint = flask.Blueprint(BLUEPRINT, __name__)
+        methods = ["GET", "POST"]
+        blueprint.add_url_rule("/", "page", view, methods=methods, defaults={"subpath": ""})
+        blueprint.add_url_rule("/<path:subpath>", "page", view, methods=methods)
+        return blueprint
+
+    def _serve_dashboard(self, subpath: str) -> werkzeug.wrappers.Response:
+        """One dashboard request (a page, a static file or an action), in Flask's request
+        context: ``authorize`` is asked here, the dashboard's WSGI application answers."""
+        app = _current_app()
+        state = self._state(app)
+        request = flask.request
+        allowed = state.authorize is not None and bool(
+            state.authorize(request._get_current_object())  # type: ignore[attr-defined]
+        )
+        body = request.get_data(cache=True)
+        mount = request.path[: len(request.path) - len(subpath)].rstrip("/")
+        environ = dict(request.environ)
+        environ.update(
+            {
+                "SCRIPT_NAME": request.root_path + mount,
+                "PATH_INFO": "/" + subpath,
+                "CONTENT_LENGTH": str(len(body)),
+                "wsgi.input": io.BytesIO(body),
+                _AUTHORIZED: allowed,
+            }
+        )
+        return werkzeug.wrappers.Response.from_app(self._dashboard_for(app, state), environ)
+
+    def _dashboard_for(self, app: flask.Flask, state: _State) -> Dashboard:
+        """The dashboard of ``app``, made at its first request (inside its contexts, so
+        Flask-SQLAlchemy's engine is there)."""
+        if state.dashboard is None:
+            engine = self.engine_for(app)
+            with state.dashboard_lock:
+                if state.dashboard is None:
+                    from cyclone.dashboard import create_app
+
+                    secret = app.config.get("SECRET_KEY")
+                    state.dashboard = create_app(
+                        engine,
+                        authorize=lambda environ: bool(environ.get(_AUTHORIZED)),
+                        title=str(app.config.get("CYCLONE_DASHBOARD_TITLE") or "cyclone"),
+                        secret=None if secret is None else f"cyclone.dashboard:{secret}",
+                    )
+        return state.dashboard
 
     @property
     def engine(self) -> sqlalchemy.Engine:
@@ -149,7 +275,8 @@ class Cyclone:
 
     def engine_for(self, app: flask.Flask) -> sqlalchemy.Engine:
         """The engine cyclone uses for ``app``: its own from ``CYCLONE_DATABASE_URL``, or
-        Flask-SQLAlchemy's.
+        Flask-SQLAlchemy's. Unlike :attr:`engine` it needs no application context (it
+        enters ``app``'s to ask Flask-SQLAlchemy), so it works at import or setup time.
 
         Raises:
             ConfigurationError: neither is configured, or the engine's driver is not psycopg 3.

@@ -249,33 +249,67 @@ class Dashboard:
         notice: str | None = None,
         problem: str | None = None,
     ) -> Response:
+        context = self.run_context(run_id)
+        if context is None:
+            raise NotFound(f"There is no run {run_id} (never made, or purged).")
+        return self._render(
+            request,
+            "run.html",
+            csrf,
+            status=200 if problem is None else 409,
+            notice=notice,
+            problem=problem,
+            **context,
+        )
+
+    def run_context(self, run_id: uuid.UUID) -> dict[str, Any] | None:
+        """What the run page's template shows of the run (one read); None if there is none."""
         detail = self.client.get_run_detail(run_id)
         if detail is None:
-            raise NotFound(f"There is no run {run_id} (never made, or purged).")
+            return None
         steps = {s.name: s for s in detail.steps}
         after = {s["name"]: list(s.get("after", [])) for s in detail.graph.get("steps", [])}
         for name in steps:
             after.setdefault(name, [])
         layout = _dag.layout(after)
         ordered = [steps[n.name] for n in layout.nodes if n.name in steps]
-        return self._render(
-            request,
-            "run.html",
-            csrf,
-            status=200 if problem is None else 409,
-            run=detail.status,
-            detail=detail,
-            steps=steps,
-            ordered=ordered,
-            index={step.name: i for i, step in enumerate(ordered, start=1)},
-            layout=layout,
-            node_width=_dag.NODE_WIDTH,
-            node_height=_dag.NODE_HEIGHT,
-            result=steps.get(detail.result_step) if detail.result_step else None,
-            notice=notice,
-            problem=problem,
-            terminal=detail.status.state in TERMINAL_RUN_STATES,
-        )
+        return {
+            "run": detail.status,
+            "detail": detail,
+            "steps": steps,
+            "ordered": ordered,
+            "index": {step.name: i for i, step in enumerate(ordered, start=1)},
+            "layout": layout,
+            "node_width": _dag.NODE_WIDTH,
+            "node_height": _dag.NODE_HEIGHT,
+            "result": steps.get(detail.result_step) if detail.result_step else None,
+            "terminal": detail.status.state in TERMINAL_RUN_STATES,
+        }
+
+    def render_run_sections(self, run_id: uuid.UUID) -> str | None:
+        """The run page's error, steps (the DAG, then each step's attempts, errors with their
+        tracebacks and output), input and result, as HTML to put in another application's
+        page (the Django admin's run page), without actions; None if there is no such run.
+        Its markup needs the dashboard's stylesheet, scoped: :func:`_embed.scoped_stylesheet`."""
+        context = self.run_context(run_id)
+        if context is None:
+            return None
+        template = self._templates.get_template("run.html")
+        # A block rendered alone does not run the template's imports: give it the macros.
+        macros = self._templates.get_template("macros.html").make_module()
+        names = {k: v for k, v in vars(macros).items() if not k.startswith("_")}
+        values = {
+            "title": self.title,
+            "root": "",
+            "csrf_field": _csrf.FIELD,
+            "csrf_token": "",
+            "can_act": False,
+            "notice": None,
+            "problem": None,
+            **names,
+            **context,
+        }
+        return "".join(template.blocks["run_sections"](template.new_context(values)))
 
     def _page_run_action(
         self, request: Request, csrf: str, run_id: uuid.UUID, action: str

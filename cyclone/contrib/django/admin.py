@@ -22,6 +22,7 @@ from django.http import HttpRequest
 from cyclone.client import Client
 from cyclone.contrib.django._discovery import definitions
 from cyclone.contrib.django._engines import engine
+from cyclone.contrib.django._run_page import RunPage
 from cyclone.contrib.django.models import Job, Run
 from cyclone.errors import CycloneError
 from cyclone.runs import Run as RunHandle
@@ -104,12 +105,11 @@ class StepInline(admin.TabularInline):
     fk_name = "run"
     verbose_name = "step"
     verbose_name_plural = "steps"
-    fields = (
+    fields = (  # each attempt's error and traceback: in the run's drawing above
         "kind",
         "state",
         "attempt",
         "max_attempts",
-        "errors",
         started_at,
         finished_at,
     )
@@ -159,7 +159,7 @@ def _handle(queryset: QuerySet[Run]) -> Callable[[Run], RunHandle]:
 
 
 @admin.register(Run)
-class RunAdmin(ReadOnlyAdmin):
+class RunAdmin(RunPage, ReadOnlyAdmin):
     """Runs newest first, filtered by state and workflow; a run's page lists its steps."""
 
     list_display = ("id", "workflow", "submit_key", "state", "created_at", finished_at)

@@ -52,8 +52,12 @@ def _authorize() -> Callable[[HttpRequest], bool]:
 
 
 def _dashboard() -> Dashboard:
-    """The dashboard of the engine of ``settings.CYCLONE_DATABASE``, one per engine."""
-    current = engine()
+    """The dashboard of the engine of ``settings.CYCLONE_DATABASE``."""
+    return dashboard_for(engine())
+
+
+def dashboard_for(current: Engine) -> Dashboard:
+    """The dashboard of ``current``, one per engine (the admin's run page draws with it)."""
     with _lock:
         if current not in _apps:
             _apps[current] = create_app(

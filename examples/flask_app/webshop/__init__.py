@@ -7,6 +7,8 @@ Run it with::
     flask --app webshop cyclone migrate     # cyclone's tables
     flask --app webshop run                 # the web application
     flask --app webshop cyclone worker      # the worker, in another terminal
+
+The application serves cyclone's dashboard at /cyclone; operators may act on it.
 """
 
 from __future__ import annotations
@@ -26,7 +28,13 @@ from cyclone.contrib.flask import Cyclone, database_url
 from .models import Order, Stock, db
 from .workflows import OrderIn, Receipt, checkout
 
-cy = Cyclone()
+
+def operators_only(request: flask.Request) -> bool:
+    """Who may retry and cancel on the dashboard: the shop's login keeps a role in the session."""
+    return flask.session.get("role") == "operator"
+
+
+cy = Cyclone(dashboard="/cyclone", authorize=operators_only)
 
 
 class OutOfStock(Exception):
@@ -38,6 +46,8 @@ def create_app(config: Mapping[str, Any] | None = None) -> flask.Flask:
     app.config.from_mapping(CYCLONE_WORKER_MODULES=["webshop.workflows"])
     if "WEBSHOP_DATABASE_URL" in os.environ:
         app.config["SQLALCHEMY_DATABASE_URI"] = database_url(os.environ["WEBSHOP_DATABASE_URL"])
+    if "WEBSHOP_SECRET_KEY" in os.environ:  # signs the session (and the dashboard's forms)
+        app.config["SECRET_KEY"] = os.environ["WEBSHOP_SECRET_KEY"]
     app.config.from_mapping(config or {})
     db.init_app(app)
     cy.init_app(app)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -359,6 +360,44 @@ class AdminTests(EmptiesCycloneTables):
         self.assertContains(page, "supplier has no tea")
         step = Job.objects.get(run_id=self.failed.id)
         self.assertEqual((step.state, step.attempt), ("failed", 1))
+
+    def test_run_page_draws_graph_errors_and_tracebacks_as_the_dashboard_and_links_to_it(
+        self,
+    ) -> None:
+        hostile = restock.submit(engine(), "<b>tea</b>")
+        with worker(concurrency=1) as w:
+            w.drain()
+        page = self.client.get(f"/admin/cyclone/run/{hostile.id}/change/")
+        self.assertEqual(page.status_code, 200)
+        html = page.content.decode()
+        # The dashboard's drawing: the DAG, the error with its traceback, the input.
+        self.assertIn('<svg class="dag"', html)
+        self.assertIn('class="node node-failed"', html)
+        self.assertIn("Error in step order_from_supplier", html)
+        self.assertIn('<pre class="traceback">Traceback (most recent call last)', html)
+        self.assertIn("supplier has no &lt;b&gt;tea&lt;/b&gt;", html)
+        self.assertNotIn("<b>tea</b>", html)
+        self.assertIn('<div class="cyclone-embed">', html)
+        self.assertIn(".cyclone-embed svg.dag .node-failed rect", html)
+        # ... the same markup as the dashboard's own run page, which the page links to.
+        link = f'href="/ops/cyclone/runs/{hostile.id}"'
+        self.assertIn(link, html)
+        dashboard = self.client.get(f"/ops/cyclone/runs/{hostile.id}").content.decode()
+        drawn = re.search(r'<svg class="dag".*?</svg>', html, re.S)
+        assert drawn is not None
+        self.assertIn(drawn.group(0), dashboard)
+        # ... and not the JSON columns as admin fields, nor each attempt's errors as JSON.
+        for column in ("graph", "error", "input", "result_step", "errors"):
+            self.assertNotIn(f"field-{column}", html)
+        self.assertNotIn('"traceback":', html)
+        self.assertNotIn("[{&quot;", html)
+
+    def test_run_page_of_a_running_run_draws_its_steps_without_actions(self) -> None:
+        page = self.client.get(f"/admin/cyclone/run/{self.running.id}/change/")
+        self.assertContains(page, 'class="node node-available"')
+        self.assertContains(page, "This workflow has no result node")
+        self.assertNotContains(page, f"/ops/cyclone/runs/{self.running.id}/cancel")
+        self.assertNotContains(page, 'name="csrf_token"')
 
     def test_job_pages_list_and_show_jobs(self) -> None:
         failed = self.client.get("/admin/cyclone/job/", {"state__exact": "failed"})

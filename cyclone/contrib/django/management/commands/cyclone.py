@@ -32,6 +32,10 @@ def group() -> click.Group:
         definitions=_discovery.definitions,
         worker_options=lambda: {"step_context": _steps.step_context},
         name="cyclone",
+        database=(
+            "the project's: the DATABASES alias that settings.CYCLONE_DATABASE names "
+            '(default "default")'
+        ),
     )
 
 
