@@ -41,6 +41,20 @@ def _configure(connection):
 
 def run_migrations_offline():
     url = os.environ.get("CYCLONE_DATABASE_URL", "postgresql+psycopg://")
+    nested = config.attributes.get("output_buffer")
+    if nested is not None:
+        # Inside an application's `alembic upgrade --sql`: write into its script, inside
+        # its BEGIN/COMMIT.
+        context.configure(
+            url=url,
+            version_table=VERSION_TABLE,
+            literal_binds=True,
+            dialect_opts={"paramstyle": "named"},
+            output_buffer=nested,
+            transactional_ddl=False,
+        )
+        context.run_migrations()
+        return
     context.configure(
         url=url,
         version_table=VERSION_TABLE,

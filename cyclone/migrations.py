@@ -21,6 +21,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, func, select, text
+from sqlalchemy.engine.mock import MockConnection
 
 from alembic import command
 from cyclone import errors
@@ -58,6 +59,10 @@ def revision_ids() -> frozenset[str]:
     return frozenset(rev.revision for rev in script.walk_revisions())
 
 
+OWN_MODE = "own-table mode"
+SHARED_MODE = "shared-history mode"
+
+
 @dataclass(frozen=True, slots=True)
 class Found:
     """Where a database keeps cyclone's revision, and which one it is at."""
@@ -65,8 +70,23 @@ class Found:
     database: str
     revision: str | None
     mode: Literal["own", "shared", "none"]
-    """``own``: cyclone's ``cyclone_alembic_version``; ``shared``: cyclone's branch in the
-    application's ``alembic_version``; ``none``: cyclone's schema is not installed."""
+    """``own``: cyclone's ``cyclone_alembic_version`` (the own-table mode); ``shared``:
+    cyclone's branch in the application's ``alembic_version`` (the shared-history mode);
+    ``none``: cyclone's schema is not installed."""
+    version_tables: frozenset[str] = frozenset()
+    """Which of ``cyclone_alembic_version`` and ``alembic_version`` exist."""
+
+    @property
+    def maybe_shared(self) -> bool:
+        """No cyclone revision anywhere, but the application's ``alembic_version`` and not
+        cyclone's own table: a shared history after ``alembic downgrade cyclone@base``
+        looks exactly like an application of the own-table mode that never migrated
+        cyclone, so either command may be the right one."""
+        return (
+            self.mode == "none"
+            and SHARED_VERSION_TABLE in self.version_tables
+            and VERSION_TABLE not in self.version_tables
+        )
 
 
 def find(bind: Engine | Connection) -> Found:
@@ -75,16 +95,22 @@ def find(bind: Engine | Connection) -> Found:
         with bind.connect() as conn:
             return find(conn)
     database = str(bind.execute(select(func.current_database())).scalar_one())
-    own = MigrationContext.configure(bind, opts={"version_table": VERSION_TABLE})
-    revision = own.get_current_revision()
-    if revision is not None:
-        return Found(database, revision, "own")
-    if bind.execute(select(func.to_regclass(SHARED_VERSION_TABLE))).scalar() is not None:
+    tables = frozenset(
+        table
+        for table in (VERSION_TABLE, SHARED_VERSION_TABLE)
+        if bind.execute(select(func.to_regclass(table))).scalar() is not None
+    )
+    if VERSION_TABLE in tables:
+        own = MigrationContext.configure(bind, opts={"version_table": VERSION_TABLE})
+        revision = own.get_current_revision()
+        if revision is not None:
+            return Found(database, revision, "own", tables)
+    if SHARED_VERSION_TABLE in tables:
         shared = MigrationContext.configure(bind, opts={"version_table": SHARED_VERSION_TABLE})
         ours = sorted(set(shared.get_current_heads()) & revision_ids())
         if ours:
-            return Found(database, ours[0], "shared")
-    return Found(database, None, "none")
+            return Found(database, ours[0], "shared", tables)
+    return Found(database, None, "none", tables)
 
 
 def current_revision(bind: Engine | Connection) -> str | None:
@@ -98,6 +124,14 @@ FIX_SHARED = (
 )
 
 
+def fix_either(migrate: str = "`cyclone migrate` or cyclone.upgrade(engine)") -> str:
+    """The advice when the mode cannot be told (see :attr:`Found.maybe_shared`)."""
+    return (
+        f"run {migrate} ({OWN_MODE}, the default), or `alembic upgrade heads` in your "
+        f"application if its alembic history holds cyclone's revisions ({SHARED_MODE})"
+    )
+
+
 def problem(found: Found) -> str | None:
     """Why cyclone cannot work on the database described by ``found``; None if it can."""
     head = head_revision()
@@ -105,17 +139,41 @@ def problem(found: Found) -> str | None:
         return None
     where = f"database {found.database!r}"
     if found.revision is None:
+        if found.maybe_shared:
+            return (
+                f"{where} has no cyclone schema (no cyclone revision in {VERSION_TABLE} "
+                f"or {SHARED_VERSION_TABLE}): {fix_either()}"
+            )
         return f"{where} has no cyclone schema (no cyclone revision found): {FIX_OWN}"
-    table = VERSION_TABLE if found.mode == "own" else SHARED_VERSION_TABLE
+    table, mode = (
+        (VERSION_TABLE, OWN_MODE) if found.mode == "own" else (SHARED_VERSION_TABLE, SHARED_MODE)
+    )
     if found.revision not in revision_ids():
         return (
-            f"{where} is at cyclone revision {found.revision} ({table}), which this version "
-            f"of cyclone does not know (it needs {head}): upgrade cyclone"
+            f"{where} is at cyclone revision {found.revision} ({table}, {mode}), which this "
+            f"version of cyclone does not know (it needs {head}): upgrade cyclone"
         )
     fix = FIX_OWN if found.mode == "own" else FIX_SHARED
     return (
-        f"{where} is at cyclone revision {found.revision} ({table}), "
+        f"{where} is at cyclone revision {found.revision} ({table}, {mode}), "
         f"this version needs {head}: {fix}"
+    )
+
+
+def wrong_mode(found: Found) -> str | None:
+    """Why ``cyclone migrate`` / :func:`upgrade` must not touch the database; None if they may.
+
+    In the shared-history mode cyclone's revisions are recorded in the application's
+    ``alembic_version``: applying them again into ``cyclone_alembic_version`` would fail
+    on tables that exist (or fork the history), so the application's alembic applies them.
+    """
+    if found.mode != "shared":
+        return None
+    return (
+        f"database {found.database!r} is in the {SHARED_MODE}: cyclone's revisions are in "
+        f"your application's {SHARED_VERSION_TABLE} (at {found.revision}), and "
+        f"`cyclone migrate` and cyclone.upgrade() are for the {OWN_MODE}; "
+        "run `alembic upgrade heads` (or `alembic downgrade cyclone@base`) in your application"
     )
 
 
@@ -183,6 +241,12 @@ def _keep_alembic_proxies() -> Iterator[None]:
                 proxy._install_proxy()
 
 
+def _refuse_shared(conn: Connection) -> None:
+    message = wrong_mode(find(conn))
+    if message is not None:
+        raise errors.SchemaError(message)
+
+
 def _run(bind: Engine | Connection, revision: str, upgrade: bool) -> None:
     logging.getLogger("alembic").setLevel(logging.WARNING)
     config = alembic_config()
@@ -190,8 +254,12 @@ def _run(bind: Engine | Connection, revision: str, upgrade: bool) -> None:
     if isinstance(bind, Engine):
         with bind.begin() as conn:
             conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
+            _refuse_shared(conn)
             config.attributes["connection"] = conn
             apply(config, revision)
+        return
+    if _offline(bind):
+        _run_offline(revision, upgrade)
         return
     if not isinstance(bind, Connection):
         raise TypeError(
@@ -202,8 +270,41 @@ def _run(bind: Engine | Connection, revision: str, upgrade: bool) -> None:
     # or run in one of our own when it has none; the caller commits theirs.
     with _keep_alembic_proxies(), nullcontext() if bind.in_transaction() else bind.begin():
         bind.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
+        _refuse_shared(bind)
         config.attributes["connection"] = bind
         apply(config, revision)
+
+
+def _offline(bind: object) -> bool:
+    """``op.get_bind()`` under ``alembic ... --sql`` (alembic types it as a Connection)."""
+    return isinstance(bind, MockConnection)
+
+
+def _run_offline(revision: str, upgrade: bool) -> None:
+    """Write cyclone's SQL into the script of an application's ``alembic ... --sql``.
+
+    ``op.get_bind()`` is a MockConnection there: nothing can be read from the database,
+    so an upgrade starts from nothing (the revision that installs cyclone) and a downgrade
+    from this version's head. The statements join the application's script, inside its
+    BEGIN/COMMIT.
+    """
+    import alembic.op as alembic_op
+
+    try:
+        outer = alembic_op.get_context()
+    except NameError:
+        raise TypeError(
+            "a MockConnection is accepted only inside an alembic revision run with --sql"
+        ) from None
+    config = alembic_config()
+    config.attributes["output_buffer"] = outer.output_buffer
+    if upgrade:
+        target = revision
+    else:
+        target = revision if ":" in revision else f"{head_revision()}:{revision}"
+    apply = command.upgrade if upgrade else command.downgrade
+    with _keep_alembic_proxies():
+        apply(config, target, sql=True)
 
 
 def upgrade(bind: Engine | Connection, revision: str = "head") -> None:
@@ -214,12 +315,24 @@ def upgrade(bind: Engine | Connection, revision: str = "head") -> None:
     with it), else in one it begins and commits. Safe to call twice and from several
     processes at once: a transaction-level advisory lock serialises callers, and the later
     ones find the schema already at head.
+
+    Under an application's ``alembic upgrade --sql``, ``op.get_bind()`` is a mock
+    connection: cyclone's DDL, from nothing up to ``revision``, is written into the
+    application's script instead.
+
+    Raises:
+        SchemaError: the database keeps cyclone's revisions in the application's
+            ``alembic_version`` (the shared-history mode); its alembic applies them.
     """
     _run(bind, revision, upgrade=True)
 
 
 def downgrade(bind: Engine | Connection, revision: str = "base") -> None:
-    """Revert cyclone's revisions down to ``revision`` (``base`` removes the schema)."""
+    """Revert cyclone's revisions down to ``revision`` (``base`` removes the schema).
+
+    Takes what :func:`upgrade` takes; under ``alembic downgrade --sql`` it writes the
+    downgrade from this version's head into the application's script.
+    """
     _run(bind, revision, upgrade=False)
 
 

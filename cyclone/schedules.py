@@ -10,6 +10,11 @@ a tick is fired once, and a crash before the commit leaves it to the next worker
 Ticks missed while no worker ran are fired by policy: ``"latest"`` fires only the most
 recent one, ``"catch_up"`` the most recent ``max_catch_up`` of them. Ticks that fall
 while a schedule is paused are never fired.
+
+A worker fires by the registered definition (the row, as the last worker to start wrote
+it), so workers of two deploys fire the same ticks; only the input comes from its code.
+Registering, pausing and resuming notify ``cyclone_schedules_changed``: the schedulers
+of running workers re-read their schedules at once, rather than at their next tick.
 """
 
 from __future__ import annotations
@@ -20,10 +25,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfoNotFoundError
 
 from sqlalchemy import Connection, Engine
 
 from cyclone import _keys, _ticks, errors
+from cyclone._store import notify as _notify
 from cyclone._store import schedules as _schedules
 from cyclone.schema import MISSED_POLICIES
 
@@ -34,7 +41,11 @@ log = logging.getLogger("cyclone.schedules")
 
 DEFAULT_MAX_CATCH_UP = 10
 MAX_SLEEP = 60.0
-"""A scheduler re-reads its schedules at least this often (seconds), paused or not."""
+"""A scheduler re-reads its schedules at least this often (seconds), paused or not; a
+``cyclone_schedules_changed`` notification wakes it sooner."""
+UNHEARD_SLEEP = 1.0
+"""The longest a scheduler sleeps while it cannot LISTEN (a pooler without a direct URL,
+or its listener reconnecting): it re-reads its schedules this often instead."""
 LOCKED_RETRY = 0.2
 """Seconds before looking again at a schedule another worker is firing."""
 WAKE_SLACK = 0.005
@@ -106,8 +117,14 @@ class Schedule:
 
     def due(self, last_tick: datetime, now: datetime) -> list[datetime]:
         """The ticks to fire now, oldest first, after ``last_tick`` and up to ``now``."""
-        count = 1 if self.missed == "latest" else self.max_catch_up
-        return _ticks.latest(self.spec, last_tick, now, count)
+        return _due(self.spec, self.missed, self.max_catch_up, last_tick, now)
+
+
+def _due(
+    spec: _ticks.Spec, missed: str, max_catch_up: int, last_tick: datetime, now: datetime
+) -> list[datetime]:
+    count = 1 if missed == "latest" else max_catch_up
+    return _ticks.latest(spec, last_tick, now, count)
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,10 +215,19 @@ def fire(conn: Connection, schedule: Schedule) -> Fired:
             _schedules.register_one(conn, schedule)  # deleted by hand: register it again
             return Fired((), 0.0)
         return Fired((), LOCKED_RETRY)
-    paused, last_tick, now = row
-    if paused:
+    last_tick: datetime = row.last_tick
+    now: datetime = row.now
+    if row.paused:
+        log.debug("schedule %s is paused", schedule.name)
         return Fired((), MAX_SLEEP)
-    ticks = schedule.due(last_tick, now)
+    spec = _ticks.Spec(cron=row.cron, every=row.every, timezone=row.timezone)
+    try:
+        ticks = _due(spec, row.missed, row.max_catch_up, last_tick, now)
+    except (errors.DefinitionError, ZoneInfoNotFoundError, ValueError):
+        # A definition this host cannot compute (the cron extra or the time zone missing
+        # here): fire by the one in this worker's code.
+        spec = schedule.spec
+        ticks = schedule.due(last_tick, now)
     for tick in ticks:
         try:
             schedule.workflow.submit_once_tx(conn, schedule.key(tick), schedule.input_for(tick))
@@ -211,7 +237,7 @@ def fire(conn: Connection, schedule: Schedule) -> Fired:
             log.warning("schedule %s: tick %s kept its existing run: %s", schedule.name, tick, exc)
     if ticks:
         _schedules.advance(conn, schedule.name, ticks[-1])
-    following = _ticks.following(schedule.spec, max(last_tick, now, *ticks))
+    following = _ticks.following(spec, max(last_tick, now, *ticks))
     wait = MAX_SLEEP if following is None else (following - now).total_seconds() + WAKE_SLACK
     return Fired(tuple(ticks), max(0.0, min(wait, MAX_SLEEP)))
 
@@ -234,32 +260,54 @@ def fire_all(engine: Engine, defined: Iterable[Schedule]) -> float:
 
 
 class Scheduler:
-    """A worker's thread that registers its workflows' schedules and fires their ticks."""
+    """A worker's thread that registers its workflows' schedules and fires their ticks.
+
+    It sleeps until the next tick of its schedules, or until ``cyclone_schedules_changed``
+    (a schedule registered, paused or resumed anywhere) or :meth:`stop` wakes it.
+    """
 
     def __init__(self, engine: Engine, defined: Sequence[Schedule], stop: threading.Event):
         self.engine = engine
         self.defined = list(defined)
         self._stop = stop
+        self._woken = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="cyclone-scheduler", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
+    def wake(self, _payload: str = "") -> None:
+        """Look at the schedules now (a notification's callback, and :meth:`stop`'s)."""
+        self._woken.set()
+
+    def stop(self) -> None:
+        """End the thread once the worker's stop event is set (wakes it from its sleep)."""
+        self._woken.set()
+
     def join(self, timeout: float | None = None) -> None:
         self._thread.join(timeout)
 
     def _loop(self) -> None:
-        registered = False
-        while not self._stop.is_set():
-            wait = 1.0
-            try:
-                if not registered:
-                    register(self.engine, self.defined)
-                    registered = True
-                wait = fire_all(self.engine, self.defined)
-            except Exception:
-                log.exception("scheduler could not register its schedules; will try again")
-            self._stop.wait(wait)
+        listener = _notify.listener(self.engine)
+        unsubscribe = listener.subscribe(_notify.SCHEDULES_CHANGED, self.wake)
+        try:
+            registered = False
+            while not self._stop.is_set():
+                # Cleared before the look: a notification during it makes another look.
+                self._woken.clear()
+                wait = 1.0
+                try:
+                    if not registered:
+                        register(self.engine, self.defined)
+                        registered = True
+                    wait = fire_all(self.engine, self.defined)
+                except Exception:
+                    log.exception("scheduler could not register its schedules; will try again")
+                if not listener.wait_ready(0):
+                    wait = min(wait, UNHEARD_SLEEP)
+                self._woken.wait(wait)
+        finally:
+            unsubscribe()
 
 
 def collect(workflows: Iterable[Workflow[Any]]) -> list[Schedule]:

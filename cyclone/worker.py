@@ -511,6 +511,7 @@ class Worker:
             finally:
                 if scheduler is not None:
                     self._stopping.set()
+                    scheduler.stop()
                     scheduler.join(JOIN_TIMEOUT)
                 unsubscribe()
                 self._leader.stop()

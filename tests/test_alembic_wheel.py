@@ -16,6 +16,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 from alembic.script import ScriptDirectory
@@ -32,9 +33,12 @@ USED = {
     "own-python",
     "own-from-app-revision",
     "own-offline",
+    "own-app-offline",
     "shared-ini",
     "shared-env",
     "shared-shell",
+    "shared-offline",
+    "shared-remove",
 }
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
@@ -146,6 +150,19 @@ def make_app(venv: Venv, where: Path, *, shared: bool) -> Path:
     (where / "models.py").write_text(MODELS)
     (where / "migrations" / "versions" / "app_0001_orders.py").write_text(APP_ROOT_REVISION)
     return where
+
+
+def shell(venv: Venv, snippet: str, *, cwd: Path, env: dict[str, str]) -> None:
+    """Run each line of a bash snippet of the doc, as written, in the application's directory."""
+    for line in snippets()[snippet].splitlines():
+        venv.run("bash", "-c", line, cwd=cwd, env=env)
+
+
+def apply_sql(url: str, path: Path) -> None:
+    """Run an offline script as a DBA would (psql's job, through psycopg)."""
+    conninfo = sa.make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(path.read_bytes())
 
 
 def found(url: str) -> tuple[str, str | None]:
@@ -322,3 +339,118 @@ def test_an_upgrade_from_every_earlier_revision_with_runs_in_flight_in_both_mode
     assert done.stdout.split("\n")[:-1] == [
         f"{mode} {rev} ok" for mode in ("own", "shared") for rev in earlier
     ]
+
+
+CHECK_EITHER = (
+    "run `cyclone migrate` (own-table mode, the default), or `alembic upgrade heads` in your "
+    "application if its alembic history holds cyclone's revisions (shared-history mode)\n"
+)
+
+
+def test_shared_history_mode_migrate_refuses_and_check_names_the_mode_and_its_command(
+    venv: Venv, database: str, tmp_path: Path
+) -> None:
+    app = make_app(venv, tmp_path / "app", shared=True)
+    env = {"APP_DATABASE_URL": database, "CYCLONE_DATABASE_URL": database}
+    venv.run("alembic", "upgrade", "heads", cwd=app, env=env)
+    head = migrations.head_revision()
+
+    refused = venv.run("cyclone", "migrate", cwd=app, env=env, check=False)
+    assert refused.returncode == 1
+    assert refused.stdout == ""
+    assert refused.stderr.count("\n") == 1
+    assert "is in the shared-history mode" in refused.stderr
+    assert refused.stderr.endswith("run `alembic upgrade heads` in your application\n")
+    assert "cyclone_alembic_version" not in tables(database)  # nothing written
+    library = venv.run(
+        "python",
+        "-c",
+        f"import sqlalchemy as sa, cyclone; cyclone.upgrade(sa.create_engine({database!r}))",
+        cwd=app,
+        env=env,
+        check=False,
+    )
+    assert library.returncode == 1
+    assert "cyclone.errors.SchemaError" in library.stderr
+    assert "shared-history mode" in library.stderr
+
+    checked = venv.run("cyclone", "check", cwd=app, env=env)
+    assert checked.stdout.splitlines() == [
+        f"found     {head}",
+        "mode      shared-history mode (alembic_version)",
+        f"expected  {head}",
+    ]
+
+    venv.run("alembic", "downgrade", "cyclone@-1", cwd=app, env=env)
+    behind = venv.run("cyclone", "check", cwd=app, env=env, check=False)
+    assert behind.returncode == 4
+    assert behind.stderr.endswith(
+        f"in your application's alembic history (shared-history mode), this version needs "
+        f"{head}: run `alembic upgrade heads` in your application\n"
+    )
+    assert "cyclone migrate" not in behind.stderr
+
+    # The doc's removal, line by line: downgrade cyclone@base, check, upgrade heads again.
+    lines = snippets()["shared-remove"].splitlines()
+    venv.run("bash", "-c", lines[0], cwd=app, env=env)
+    assert found(database) == ("none", None)
+    assert version_rows(database, "alembic_version") == {"app_0001"}
+    assert not {"cyclone_runs", "cyclone_jobs", "cyclone_alembic_version"} & tables(database)
+    removed = venv.run("bash", "-c", lines[1], cwd=app, env=env, check=False)
+    assert removed.returncode == 4
+    assert removed.stdout.splitlines()[1] == "mode      unknown"
+    assert removed.stderr.count("\n") == 1
+    assert removed.stderr.endswith("has no cyclone schema: " + CHECK_EITHER)
+    venv.run("bash", "-c", lines[2], cwd=app, env=env)
+    assert found(database) == ("shared", head)
+
+
+def test_shared_history_mode_offline_scripts_install_and_remove_cyclone(
+    venv: Venv, database: str, tmp_path: Path
+) -> None:
+    app = make_app(venv, tmp_path / "app", shared=True)
+    shell(venv, "shared-offline", cwd=app, env={})  # no database: --sql never connects
+    upgrade = (app / "upgrade.sql").read_text()
+    assert "CREATE TABLE cyclone_runs" in upgrade
+    assert upgrade.count("BEGIN;") == upgrade.count("COMMIT;") == 1
+    assert tables(database) == set()
+
+    apply_sql(database, app / "upgrade.sql")
+    head = migrations.head_revision()
+    assert found(database) == ("shared", head)
+    assert version_rows(database, "alembic_version") == {"app_0001", head}
+    assert "cyclone_alembic_version" not in tables(database)
+    checked = venv.run("cyclone", "check", "--url", database, cwd=app)
+    assert "mode      shared-history mode (alembic_version)" in checked.stdout
+
+    apply_sql(database, app / "remove-cyclone.sql")
+    assert found(database) == ("none", None)
+    assert version_rows(database, "alembic_version") == {"app_0001"}
+    assert tables(database) == {"alembic_version", "orders"}
+
+
+def test_own_table_mode_app_revision_under_alembic_sql_writes_cyclone_ddl_into_the_script(
+    venv: Venv, database: str, tmp_path: Path
+) -> None:
+    app = make_app(venv, tmp_path / "app", shared=False)
+    shell(venv, "own-app-offline", cwd=app, env={})  # no database: --sql never connects
+    upgrade = (app / "upgrade.sql").read_text()
+    assert upgrade.count("BEGIN;") == upgrade.count("COMMIT;") == 1  # one transaction
+    assert upgrade.index("CREATE TABLE cyclone_runs") < upgrade.index("CREATE TABLE shipments")
+
+    apply_sql(database, app / "upgrade.sql")
+    head = migrations.head_revision()
+    assert version_rows(database, "alembic_version") == {"app_0002"}
+    assert version_rows(database, "cyclone_alembic_version") == {head}
+    assert {"orders", "shipments", "cyclone_runs", "cyclone_jobs"} <= tables(database)
+    checked = venv.run("cyclone", "check", "--url", database, cwd=app)
+    assert "mode      own-table mode (cyclone_alembic_version)" in checked.stdout
+
+    apply_sql(database, app / "downgrade.sql")
+    assert version_rows(database, "alembic_version") == {"app_0001"}
+    assert found(database) == ("none", None)
+    assert tables(database) == {"alembic_version", "cyclone_alembic_version", "orders"}
+    # cyclone's own (empty) table is left: the mode is known, and check names migrate alone.
+    after = venv.run("cyclone", "check", "--url", database, cwd=app, check=False)
+    assert after.returncode == 4
+    assert after.stderr.endswith("has no cyclone schema: run `cyclone migrate`\n")

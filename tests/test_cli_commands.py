@@ -167,7 +167,14 @@ def revisions() -> list[str]:
 def test_check_exits_4_on_a_fresh_database_and_0_after_migrate(fresh_database: URL) -> None:
     before = invoke(fresh_database, "check")
     assert before.exit_code == 4
-    assert before.stdout.split() == ["found", "nothing", "expected", migrations.head_revision()]
+    assert before.stdout.split() == [
+        "found",
+        "nothing",
+        "mode",
+        "none",
+        "expected",
+        migrations.head_revision(),
+    ]
     assert "has no cyclone schema: run `cyclone migrate`" in before.stderr
 
     done = invoke(fresh_database, "migrate")
@@ -178,7 +185,12 @@ def test_check_exits_4_on_a_fresh_database_and_0_after_migrate(fresh_database: U
 
     after = invoke(fresh_database, "check")
     assert after.exit_code == 0, after.output
-    assert after.stdout.split() == ["found", head := migrations.head_revision(), "expected", head]
+    head = migrations.head_revision()
+    assert after.stdout.splitlines() == [
+        f"found     {head}",
+        "mode      own-table mode (cyclone_alembic_version)",
+        f"expected  {head}",
+    ]
 
 
 def test_check_on_an_older_schema_names_both_revisions(fresh_database: URL) -> None:

@@ -133,7 +133,9 @@ def test_check_schema_in_shared_history_mode_names_alembic_upgrade_heads(
         conn.execute(sa.text("INSERT INTO alembic_version VALUES ('app_0001'), ('cyclone_0002')"))
     found = migrations.find(bare_engine)
     assert (found.mode, found.revision) == ("shared", "cyclone_0002")
-    with pytest.raises(cyclone.SchemaError, match=r"cyclone_0002 \(alembic_version\)") as err:
+    with pytest.raises(
+        cyclone.SchemaError, match=r"cyclone_0002 \(alembic_version, shared-history mode\)"
+    ) as err:
         cyclone.check_schema(bare_engine)
     assert "alembic upgrade heads" in str(err.value)
     assert "cyclone migrate" not in str(err.value)

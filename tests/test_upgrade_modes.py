@@ -81,3 +81,51 @@ def test_upgrade_sql_from_nothing_creates_the_schema(
 def test_upgrade_sql_from_an_unknown_revision_is_a_schema_error() -> None:
     with pytest.raises(cyclone.SchemaError, match="not a cyclone revision"):
         migrations.upgrade_sql("nope")
+
+
+def shared_history(engine: sa.Engine, *revisions: str) -> None:
+    """An application's ``alembic_version`` holding its head and these cyclone revisions."""
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE alembic_version (version_num varchar(32) PRIMARY KEY)"))
+        for revision in ("app_0001", *revisions):
+            conn.execute(sa.text("INSERT INTO alembic_version VALUES (:r)"), {"r": revision})
+
+
+def test_upgrade_refuses_the_shared_history_mode_before_writing_anything(
+    fresh_engine: sa.Engine,
+) -> None:
+    shared_history(fresh_engine, "cyclone_0001")
+    for call in (cyclone.upgrade, cyclone.downgrade):
+        with pytest.raises(cyclone.SchemaError, match="is in the shared-history mode") as err:
+            call(fresh_engine)
+        assert "alembic upgrade heads" in str(err.value)
+    with fresh_engine.connect() as conn:
+        assert sa.inspect(conn).get_table_names() == ["alembic_version"]
+
+
+def test_with_no_cyclone_revision_beside_an_application_history_check_names_both_modes(
+    fresh_engine: sa.Engine,
+) -> None:
+    """What ``alembic downgrade cyclone@base`` leaves looks like an own-table application
+    that never migrated cyclone: the error cannot pick one command."""
+    shared_history(fresh_engine)
+    found = migrations.find(fresh_engine)
+    assert (found.mode, found.maybe_shared) == ("none", True)
+    with pytest.raises(cyclone.SchemaError) as err:
+        cyclone.check_schema(fresh_engine)
+    assert "run `cyclone migrate` or cyclone.upgrade(engine) (own-table mode" in str(err.value)
+    assert "or `alembic upgrade heads` in your application" in str(err.value)
+
+
+def test_after_cyclone_downgrade_in_its_own_table_check_names_migrate_alone(
+    fresh_engine: sa.Engine,
+) -> None:
+    shared_history(fresh_engine)  # the application's own alembic, as in the own-table mode
+    cyclone.upgrade(fresh_engine)
+    cyclone.downgrade(fresh_engine)
+    found = migrations.find(fresh_engine)
+    assert (found.mode, found.maybe_shared) == ("none", False)
+    with pytest.raises(cyclone.SchemaError) as err:
+        cyclone.check_schema(fresh_engine)
+    assert "alembic upgrade heads" not in str(err.value)
+    assert "cyclone migrate" in str(err.value)

@@ -4,7 +4,8 @@ New available jobs notify ``cyclone_jobs_available`` from the statements that in
 them (:func:`when_available`); triggers (see the first alembic revision) notify the same
 channel for jobs that become available by an update (unblocked, retried, rescued), and
 ``cyclone_run_finished`` for a run that ends or a standalone job that ends (payload
-``job:<id>``).
+``job:<id>``). Registering, pausing and resuming a schedule notifies
+``cyclone_schedules_changed`` (payload: its name), which wakes the workers' schedulers.
 
 A notification is a doorbell, never the message: whoever is woken re-reads the tables,
 and every waiter keeps a slow poll as the fallback for a lost connection.
@@ -33,7 +34,8 @@ log = logging.getLogger(__name__)
 
 JOBS_AVAILABLE = "cyclone_jobs_available"
 RUN_FINISHED = "cyclone_run_finished"
-CHANNELS = (JOBS_AVAILABLE, RUN_FINISHED)
+SCHEDULES_CHANGED = "cyclone_schedules_changed"
+CHANNELS = (JOBS_AVAILABLE, RUN_FINISHED, SCHEDULES_CHANGED)
 
 DEFAULT_RECONNECT_DELAY = 1.0
 PING_INTERVAL = 5.0

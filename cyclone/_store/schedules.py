@@ -1,17 +1,24 @@
 """The statements of ``cyclone_schedules``: register, list, pause and resume schedules,
 and lock, advance or re-register one while its ticks are fired (:mod:`cyclone.schedules`
-decides which ticks are due and submits them)."""
+decides which ticks are due and submits them).
+
+Every statement that changes a schedule's definition or its paused flag also sends
+``NOTIFY cyclone_schedules_changed`` (in its ``RETURNING``, so only for the rows it
+changed): running workers' schedulers re-read their schedules at once instead of at their
+next tick (or a minute later, for a paused one)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import Connection, Engine, bindparam, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 
 from cyclone._store import executor as _executor
+from cyclone._store.executor import const
+from cyclone._store.notify import SCHEDULES_CHANGED
 from cyclone.schema import schedules
 
 if TYPE_CHECKING:
@@ -44,11 +51,25 @@ def upsert_stmt(rows: Sequence[Schedule]) -> Any:
         where=func.row(*(schedules.c[c] for c in changed)).is_distinct_from(
             func.row(*(excluded[c] for c in changed))
         ),
-    )
+    ).returning(_notified())
+
+
+def _notified() -> Any:
+    """A ``RETURNING`` column: NOTIFY the schedulers that this row changed."""
+    return func.pg_notify(const(SCHEDULES_CHANGED), schedules.c.name).label("notified")
 
 
 _LOCK = (
-    select(schedules.c.paused, schedules.c.last_tick, func.now())
+    select(
+        schedules.c.paused,
+        schedules.c.last_tick,
+        func.now().label("now"),
+        schedules.c.cron,
+        schedules.c.every,
+        schedules.c.timezone,
+        schedules.c.missed,
+        schedules.c.max_catch_up,
+    )
     .where(schedules.c.name == bindparam("schedule"))
     .with_for_update(skip_locked=True)
 )
@@ -75,7 +96,7 @@ _PAUSE = (
     update(schedules)
     .where(schedules.c.name == bindparam("schedule"))
     .values(paused=True, updated_at=func.now())
-    .returning(schedules.c.name)
+    .returning(schedules.c.name, _notified())
 )
 _RESUME = (
     update(schedules)
@@ -85,7 +106,7 @@ _RESUME = (
         last_tick=func.greatest(schedules.c.last_tick, func.now()),
         updated_at=func.now(),
     )
-    .returning(schedules.c.name)
+    .returning(schedules.c.name, _notified())
 )
 
 
@@ -108,11 +129,25 @@ def set_paused(engine: Engine, name: str, paused: bool) -> bool:
     return found is not None
 
 
-def lock(conn: Connection, name: str) -> tuple[bool, datetime, datetime] | None:
-    """Lock schedule ``name``'s row, skipping it if locked: its ``paused``, ``last_tick``
-    and the database's now(), or None when it is locked or missing."""
+class Locked(NamedTuple):
+    """A schedule's row as :func:`lock` read it, with the database's now()."""
+
+    paused: bool
+    last_tick: datetime
+    now: datetime
+    cron: str | None
+    every: timedelta | None
+    timezone: str
+    missed: str
+    max_catch_up: int
+
+
+def lock(conn: Connection, name: str) -> Locked | None:
+    """Lock schedule ``name``'s row, skipping it if locked: its ``paused``, ``last_tick``,
+    the database's now() and the registered definition (``cron``, ``every``,
+    ``timezone``, ``missed``, ``max_catch_up``), or None when it is locked or missing."""
     row = _executor.first(conn, _LOCK, {"schedule": name})
-    return None if row is None else (row[0], row[1], row[2])
+    return None if row is None else Locked(*row)
 
 
 def exists(conn: Connection, name: str) -> bool:

@@ -300,6 +300,7 @@ def _add_commands(group: click.Group) -> None:
             return
         inv = _invocation()
         engine = inv.engine(schema=False)
+        _db.refuse_shared(engine, inv.command_path)
         before = migrations.current_revision(engine)
         migrations.upgrade(engine)
         after = migrations.current_revision(engine)
@@ -312,13 +313,22 @@ def _add_commands(group: click.Group) -> None:
     def check() -> None:
         """Compare the database's schema revision with the one this version needs.
 
-        Exit status 0 when they match, 4 when the schema is missing or old.
+        Also names the mode: cyclone's own version table, or cyclone's revisions in the
+        application's alembic history. Exit status 0 when the revisions match, 4 when the
+        schema is missing or old (the line on stderr names the command of the mode).
         """
         inv = _invocation()
         engine = inv.engine(schema=False)
-        found = migrations.current_revision(engine)
+        found = migrations.find(engine)
         expected = migrations.head_revision()
-        _output.fields([("found", found or "nothing"), ("expected", expected)])
+        mode = {
+            "own": f"{migrations.OWN_MODE} ({migrations.VERSION_TABLE})",
+            "shared": f"{migrations.SHARED_MODE} ({migrations.SHARED_VERSION_TABLE})",
+            "none": "unknown" if found.maybe_shared else "none",
+        }[found.mode]
+        _output.fields(
+            [("found", found.revision or "nothing"), ("mode", mode), ("expected", expected)]
+        )
         _db.require_schema(engine, inv.command_path)
 
     @_command(group, "worker", short_help="Run workflows and step kinds from Python modules.")

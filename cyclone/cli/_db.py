@@ -146,7 +146,8 @@ def known_revisions() -> frozenset[str]:
 
 
 def require_schema(engine: Engine, command_path: str, *, allow_newer: bool = False) -> None:
-    """Exit with EXIT_SCHEMA, naming ``migrate``, unless the schema is this version's.
+    """Exit with EXIT_SCHEMA, naming the command of the database's mode, unless the schema
+    is this version's.
 
     ``allow_newer`` lets a worker start on a revision newer than it knows (a rolling
     deploy that migrated first), with a warning.
@@ -166,28 +167,49 @@ def require_schema(engine: Engine, command_path: str, *, allow_newer: bool = Fal
 
 
 def schema_error(engine: Engine, command_path: str, exc: BaseException) -> CommandError:
-    found = migrations.current_revision(engine)
+    """The one line for a schema that is missing, old or newer, with the fix of its mode:
+    ``migrate`` in the own-table mode, the application's ``alembic upgrade heads`` in the
+    shared-history mode, both when the database cannot tell (see ``Found.maybe_shared``)."""
+    found = migrations.find(engine)
     expected = migrations.head_revision()
-    migrate = f"run `{command_path} migrate`"
-    if found is not None and found not in known_revisions():
+    migrate = f"`{command_path} migrate`"
+    at = f"the database at {where(engine.url)}"
+    if found.revision is not None and found.revision not in known_revisions():
         message = (
-            f"the database at {where(engine.url)} has cyclone schema {found}, newer than "
+            f"{at} has cyclone schema {found.revision}, newer than "
             f"this version of cyclone knows (it needs {expected}): upgrade cyclone"
         )
-    elif "`cyclone migrate`" not in str(exc):
-        # Another fix than migrate (cyclone's revisions in the application's alembic
-        # history, or a newer revision than this version knows): the error says which.
+    elif found.revision == expected:
         message = str(exc)
-    elif found is None:
-        message = f"the database at {where(engine.url)} has no cyclone schema: {migrate}"
-    elif found == expected:
-        message = str(exc)
+    elif found.mode == "shared":
+        message = (
+            f"{at} has cyclone schema {found.revision} in your application's alembic "
+            f"history ({migrations.SHARED_MODE}), this version needs {expected}: "
+            "run `alembic upgrade heads` in your application"
+        )
+    elif found.maybe_shared:
+        message = f"{at} has no cyclone schema: {migrations.fix_either(migrate)}"
+    elif found.revision is None:
+        message = f"{at} has no cyclone schema: run {migrate}"
     else:
         message = (
-            f"the database at {where(engine.url)} has cyclone schema {found}, "
-            f"this version needs {expected}: {migrate}"
+            f"{at} has cyclone schema {found.revision}, this version needs {expected}: "
+            f"run {migrate}"
         )
     return NotMigrated(message)
+
+
+def refuse_shared(engine: Engine, command_path: str) -> None:
+    """Exit with one line, before anything is written, when ``migrate`` meets a database
+    whose cyclone revisions are in the application's alembic history."""
+    found = migrations.find(engine)
+    if found.mode == "shared":
+        raise CommandError(
+            f"the database at {where(engine.url)} is in the {migrations.SHARED_MODE} "
+            f"(cyclone's revisions are in your application's alembic_version, at "
+            f"{found.revision}): `{command_path} migrate` is for the {migrations.OWN_MODE}; "
+            "run `alembic upgrade heads` in your application"
+        )
 
 
 def translate(exc: Exception, engine: Engine | None, command_path: str) -> CommandError:
