@@ -8,12 +8,14 @@ its steps as a worker will create them, roots available and the others blocked.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import Connection, and_, func, select, true, union_all
 
+from cyclone._store import parked as _parked
 from cyclone._store import unstarted as _unstarted
 from cyclone.schema import jobs, runs
-from cyclone.states import JobState, RunState
+from cyclone.states import JobState, Parked, RunState
 
 
 def runs_per_state(conn: Connection, workflow: str | None) -> dict[RunState, int]:
@@ -25,6 +27,23 @@ def runs_per_state(conn: Connection, workflow: str | None) -> dict[RunState, int
     for state, count in conn.execute(stmt):
         counts[RunState(state)] = count
     return counts
+
+
+def parked_runs(conn: Connection, workflow: str | None) -> dict[Parked, int]:
+    """Running runs parked, per way (every one present), of ``workflow`` or of all.
+
+    Each count reads its candidates from an index (:func:`cyclone._store.parked.filters`),
+    so it costs the parked runs, never the history.
+    """
+
+    def count(kind: Parked) -> Any:
+        stmt = select(func.count()).select_from(runs).where(*_parked.filters(kind))
+        if workflow is not None:
+            stmt = stmt.where(runs.c.workflow == workflow)
+        return stmt.scalar_subquery()
+
+    row = conn.execute(select(*(count(kind) for kind in Parked))).one()
+    return dict(zip(Parked, row, strict=True))
 
 
 def runs_per_workflow(conn: Connection) -> dict[str, dict[RunState, int]]:
