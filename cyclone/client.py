@@ -479,7 +479,14 @@ class Client:
         signal, sleeping, delayed. They are among ``count_runs()[RunState.RUNNING]``; the
         read costs the parked runs (it reads indexes), never the finished history."""
         with self._reading() as conn:
-            return _counts.parked_runs(conn, workflow)
+            per_workflow = _counts.parked_runs(conn, workflow)
+        return {kind: sum(c[kind] for c in per_workflow.values()) for kind in Parked}
+
+    def count_parked_runs_per_workflow(self) -> dict[str, dict[Parked, int]]:
+        """Running runs parked, per workflow (by name; those that have any) and way (every
+        one present); the read costs the parked runs, never the history."""
+        with self._reading() as conn:
+            return _counts.parked_runs(conn, None)
 
     def count_runs_per_workflow(self) -> dict[str, dict[RunState, int]]:
         """Runs per workflow (by name) and state (every state present, zero included)."""

@@ -14,6 +14,7 @@ from sqlalchemy import Connection, and_, func, select, true, union_all
 
 from cyclone._store import parked as _parked
 from cyclone._store import unstarted as _unstarted
+from cyclone._store.fastpath import const
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, Parked, RunState
 
@@ -29,21 +30,23 @@ def runs_per_state(conn: Connection, workflow: str | None) -> dict[RunState, int
     return counts
 
 
-def parked_runs(conn: Connection, workflow: str | None) -> dict[Parked, int]:
-    """Running runs parked, per way (every one present), of ``workflow`` or of all.
+def parked_runs(conn: Connection, workflow: str | None) -> dict[str, dict[Parked, int]]:
+    """Running runs parked, per workflow (those that have any) and way (every one present),
+    of ``workflow`` or of all.
 
-    Each count reads its candidates from an index (:func:`cyclone._store.parked.filters`),
-    so it costs the parked runs, never the history.
+    Each way reads its candidates from an index (:func:`cyclone._store.parked.filters`),
+    so the read costs the parked runs, never the history.
     """
 
-    def count(kind: Parked) -> Any:
-        stmt = select(func.count()).select_from(runs).where(*_parked.filters(kind))
-        if workflow is not None:
-            stmt = stmt.where(runs.c.workflow == workflow)
-        return stmt.scalar_subquery()
+    def arm(kind: Parked) -> Any:
+        stmt = select(runs.c.workflow, const(kind.value).label("parked"), func.count())
+        stmt = stmt.where(*_parked.filters(kind)).group_by(runs.c.workflow)
+        return stmt if workflow is None else stmt.where(runs.c.workflow == workflow)
 
-    row = conn.execute(select(*(count(kind) for kind in Parked))).one()
-    return dict(zip(Parked, row, strict=True))
+    table: dict[str, dict[Parked, int]] = {}
+    for name, kind, count in conn.execute(union_all(*(arm(kind) for kind in Parked))):
+        table.setdefault(name, dict.fromkeys(Parked, 0))[Parked(kind)] = count
+    return dict(sorted(table.items()))
 
 
 def runs_per_workflow(conn: Connection) -> dict[str, dict[RunState, int]]:
