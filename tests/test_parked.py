@@ -224,7 +224,7 @@ def test_listings_filter_by_parked_and_counts_tell_parked_from_running(
     assert ids(parked="waiting") == set()
 
 
-def test_a_run_parked_again_after_its_signal_wakes_no_one_early(
+def test_a_waiting_run_leaves_the_waiting_listing_and_completes_once_signalled(
     engine: sa.Engine, name: str
 ) -> None:
     flows = parking(name)
@@ -232,6 +232,9 @@ def test_a_run_parked_again_after_its_signal_wakes_no_one_early(
     worker = cyclone.Worker(engine, workflows=[flows.waits])
     worker.drain()
     wait_until(lambda: run.status().parked == Parked.WAITING)
+    client = cyclone.Client(engine)
+    assert run.id in {r.id for r in client.list_runs(parked="waiting", limit=1000)}
     run.signal("paid", 1)
+    assert run.id not in {r.id for r in client.list_runs(parked="waiting", limit=1000)}
     worker.drain()
     assert run.wait(timeout=10).state == RunState.COMPLETED
