@@ -26,7 +26,7 @@ from cyclone.jobs import Job, JobStatus
 from cyclone.migrations import check_schema, downgrade, upgrade
 from cyclone.runs import ResultRun, Run, RunStatus
 from cyclone.schedules import Schedule, ScheduleStatus
-from cyclone.states import JobState, RunState
+from cyclone.states import JobState, Parked, RunState
 from cyclone.worker import Worker, WorkerStats
 from cyclone.workflow import ResultWorkflow, StandaloneStep, Step, Workflow, step
 
@@ -45,6 +45,7 @@ __all__ = [
     "JobStatus",
     "NoOutputError",
     "NotFoundError",
+    "Parked",
     "ResultRun",
     "ResultWorkflow",
     "Run",

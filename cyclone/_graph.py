@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import timedelta
 
 import msgspec
 
@@ -10,7 +11,8 @@ from cyclone import errors
 
 
 class NodeSnapshot(msgspec.Struct, frozen=True, omit_defaults=True):
-    """One step as the run was submitted with it (``signal``: the signal a wait node awaits)."""
+    """One step as the run was submitted with it (``signal``: the signal a wait node awaits;
+    ``sleep``: how long a sleep node waits)."""
 
     name: str
     after: tuple[str, ...]
@@ -18,6 +20,7 @@ class NodeSnapshot(msgspec.Struct, frozen=True, omit_defaults=True):
     queue: str
     priority: int
     signal: str | None = None
+    sleep: timedelta | None = None
 
 
 class GraphSnapshot(msgspec.Struct, frozen=True):

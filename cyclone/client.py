@@ -26,7 +26,7 @@ from cyclone._store import sweep as _sweeper
 from cyclone.jobs import JobStatus
 from cyclone.runs import RunStatus
 from cyclone.schedules import ScheduleStatus
-from cyclone.states import JobState, RunState
+from cyclone.states import JobState, Parked, RunState
 
 DEFAULT_PAGE = 100
 DEFAULT_SCAN = 10_000
@@ -58,6 +58,16 @@ class StepStatus:
     """The step's output, decoded (None until it completes)."""
     worker_id: str | None
     """The worker that ran (or runs) its last attempt."""
+    waiting_for: str | None = None
+    """The signal a parked wait node waits for; None for any other step, and once the
+    signal has arrived."""
+    wakes_at: datetime | None = None
+    """When the step becomes runnable, while that is ahead: a parked sleep node's time, the
+    start of a delayed run (its first steps), the end of a retry's backoff, a wait node's
+    timeout; else None."""
+    parked: Parked | None = None
+    """``WAITING`` (see ``waiting_for``), ``SLEEPING`` (a sleep node until ``wakes_at``),
+    ``DELAYED`` (a first step of a run that starts at ``wakes_at``), else None."""
 
     @property
     def duration(self) -> timedelta | None:
@@ -239,15 +249,20 @@ class Client:
         since: datetime | None = None,
         limit: int = DEFAULT_PAGE,
         after: Position | None = None,
+        parked: Parked | str | None = None,
     ) -> list[RunStatus]:
         """Runs newest first. Pass the last run of a page as ``after`` for the next page.
 
-        ``since`` (an aware datetime) keeps runs created at or after it.
+        ``since`` (an aware datetime) keeps runs created at or after it. ``parked``
+        (``"waiting"``, ``"sleeping"``, ``"delayed"``: a :class:`cyclone.Parked`) keeps the
+        running runs parked so (``RunStatus.parked``); they are found through indexes, so
+        the listing costs the parked runs, not the history.
 
         Pagination is by ``(created_at, id)``, so pages neither repeat nor skip runs
         while new runs are submitted.
         """
         found_state = None if state is None else RunState(state)
+        found_parked = None if parked is None else Parked(parked)
         since = None if since is None else _aware(since, "since")
         limit = _limit(limit)
         with self._reading() as conn:
@@ -259,6 +274,7 @@ class Client:
                 since=since,
                 after=_position(after),
                 limit=limit,
+                parked=found_parked,
             )
         return [RunStatus(*row) for row in rows]
 
@@ -283,6 +299,7 @@ class Client:
         after: Position | None = None,
         limit: int = DEFAULT_PAGE,
         scan: int = DEFAULT_SCAN,
+        parked: Parked | str | None = None,
     ) -> RunPage:
         """A page of runs newest first, whatever the filters, at a bounded cost.
 
@@ -293,9 +310,11 @@ class Client:
         listing: a page that reads them without filling up stops there, with its
         ``searched_to`` set, so that a state few runs are in costs a bounded read per page
         instead of a read of the whole table. Pass the page's ``next`` as ``after`` for
-        the next page. The page is read as of one moment.
+        the next page. The page is read as of one moment. ``parked`` keeps the runs parked
+        so, as :meth:`list_runs` does (through indexes).
         """
         found_state = None if state is None else RunState(state)
+        found_parked = None if parked is None else Parked(parked)
         since = None if since is None else _aware(since, "since")
         until = None if until is None else _aware(until, "until")
         limit, scan = _limit(limit), _limit(scan, "scan")
@@ -310,6 +329,7 @@ class Client:
                 after=_position(after),
                 limit=limit,
                 scan=scan,
+                parked=found_parked,
             )
         found = [RunStatus(*row) for row in rows]
         if len(found) > limit:
@@ -353,6 +373,9 @@ class Client:
                 errors=_codec.decode(row[9]),
                 output=_json(row[10]),
                 worker_id=row[11],
+                waiting_for=row[12],
+                wakes_at=row[13],
+                parked=None if row[14] is None else Parked(row[14]),
             )
             for row in step_rows
         ]
@@ -450,6 +473,20 @@ class Client:
         """Runs per state (every state present, zero included), for a dashboard."""
         with self._reading() as conn:
             return _counts.runs_per_state(conn, workflow)
+
+    def count_parked_runs(self, *, workflow: str | None = None) -> dict[Parked, int]:
+        """Running runs parked, per way (every one present, zero included): waiting for a
+        signal, sleeping, delayed. They are among ``count_runs()[RunState.RUNNING]``; the
+        read costs the parked runs (it reads indexes), never the finished history."""
+        with self._reading() as conn:
+            per_workflow = _counts.parked_runs(conn, workflow)
+        return {kind: sum(c[kind] for c in per_workflow.values()) for kind in Parked}
+
+    def count_parked_runs_per_workflow(self) -> dict[str, dict[Parked, int]]:
+        """Running runs parked, per workflow (by name; those that have any) and way (every
+        one present); the read costs the parked runs, never the history."""
+        with self._reading() as conn:
+            return _counts.parked_runs(conn, None)
 
     def count_runs_per_workflow(self) -> dict[str, dict[RunState, int]]:
         """Runs per workflow (by name) and state (every state present, zero included)."""

@@ -27,7 +27,7 @@ from cyclone._store import executor as _executor
 from cyclone._store import notify as _notify
 from cyclone._store import reads as _reads
 from cyclone._store import waits as _waits
-from cyclone.states import TERMINAL_RUN_STATES, RunState
+from cyclone.states import TERMINAL_RUN_STATES, Parked, RunState
 
 Out = TypeVar("Out")
 T = TypeVar("T")
@@ -56,6 +56,10 @@ class RunStatus:
     failed_step: str | None
     retention: timedelta | None
     """How long the run is kept after ``finished_at``; None: the default, ``Worker(retention=)``."""
+    parked: Parked | None = None
+    """Why a running run waits with none of its steps running or due: ``WAITING`` for a
+    signal, ``SLEEPING`` until a sleep node's time, ``DELAYED`` until its ``run_at``; None
+    otherwise (its state stays ``RUNNING`` while parked)."""
 
     @property
     def done(self) -> bool:

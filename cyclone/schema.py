@@ -244,6 +244,12 @@ Index(
     signals.c.name,
     postgresql_where=text("wake_pending"),
 )
+# The markers of parked wait nodes: the runs waiting for a signal (cyclone_0011).
+Index(
+    "ix_cyclone_signals_waiting",
+    signals.c.run_id,
+    postgresql_where=text("payload IS NULL"),
+)
 
 
 # -- the maintenance leader's lease (revision cyclone_0009) --------------------------------

@@ -41,6 +41,20 @@ class JobState(StrEnum):
     CANCELLED = "cancelled"
 
 
+class Parked(StrEnum):
+    """Why a running run, or a step of it, waits with nothing to do until an event or a time.
+
+    Not a state: a parked run's state stays ``running``. ``WAITING``: a wait node waits for
+    its signal; ``SLEEPING``: a sleep node waits for its time; ``DELAYED``: a run submitted
+    with ``run_at=``/``delay=`` waits to start. A run is parked only while none of its steps
+    runs or is due (a run with a step running beside a waiting one is running).
+    """
+
+    WAITING = "waiting"
+    SLEEPING = "sleeping"
+    DELAYED = "delayed"
+
+
 TERMINAL_RUN_STATES: frozenset[RunState] = frozenset(
     {RunState.COMPLETED, RunState.FAILED, RunState.CANCELLED}
 )

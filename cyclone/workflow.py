@@ -141,6 +141,7 @@ class Step(Generic[R]):
             queue=self.queue,
             priority=self.priority,
             signal=self.signal,
+            sleep=self.sleep,
         )
 
 

@@ -296,6 +296,7 @@ def test_runs_list_prints_a_header_and_plain_columns_when_piped(
         "WORKFLOW",
         "KEY",
         "STATE",
+        "PARKED",
         "CREATED",
         "(UTC)",
         "FINISHED",

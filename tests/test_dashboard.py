@@ -53,7 +53,8 @@ def test_overview_counts_runs_by_workflow_and_state(
     row = re.search(rf"<tr>\s*<td><a [^>]*>{name}</a></td>(.*?)</tr>", html, re.S)
     assert row is not None
     cells = [text_of(c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)]
-    assert cells == ["1", "1", "2", "0"]  # running, completed, failed, cancelled
+    # running (not parked), waiting, sleeping, delayed, completed, failed, cancelled
+    assert cells == ["1", "0", "0", "0", "1", "2", "0"]
 
 
 def test_overview_shows_backlog_by_queue_and_the_per_minute_chart(

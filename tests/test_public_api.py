@@ -23,6 +23,7 @@ EXPECTED = [
     "JobStatus",
     "NoOutputError",
     "NotFoundError",
+    "Parked",
     "ResultRun",
     "ResultWorkflow",
     "Run",

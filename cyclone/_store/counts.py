@@ -8,13 +8,16 @@ its steps as a worker will create them, roots available and the others blocked.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
 from sqlalchemy import Connection, and_, func, select, true, union_all
 
 from cyclone._store import executor as _executor
+from cyclone._store import parked as _parked
 from cyclone._store import unstarted as _unstarted
+from cyclone._store.executor import const
 from cyclone.schema import jobs, runs
-from cyclone.states import JobState, RunState
+from cyclone.states import JobState, Parked, RunState
 
 
 def runs_per_state(conn: Connection, workflow: str | None) -> dict[RunState, int]:
@@ -26,6 +29,25 @@ def runs_per_state(conn: Connection, workflow: str | None) -> dict[RunState, int
     for state, count in _executor.rows(conn, stmt):
         counts[RunState(state)] = count
     return counts
+
+
+def parked_runs(conn: Connection, workflow: str | None) -> dict[str, dict[Parked, int]]:
+    """Running runs parked, per workflow (those that have any) and way (every one present),
+    of ``workflow`` or of all.
+
+    Each way reads its candidates from an index (:func:`cyclone._store.parked.filters`),
+    so the read costs the parked runs, never the history.
+    """
+
+    def arm(kind: Parked) -> Any:
+        stmt = select(runs.c.workflow, const(kind.value).label("parked"), func.count())
+        stmt = stmt.where(*_parked.filters(kind)).group_by(runs.c.workflow)
+        return stmt if workflow is None else stmt.where(runs.c.workflow == workflow)
+
+    table: dict[str, dict[Parked, int]] = {}
+    for name, kind, count in _executor.rows(conn, union_all(*(arm(kind) for kind in Parked))):
+        table.setdefault(name, dict.fromkeys(Parked, 0))[Parked(kind)] = count
+    return dict(sorted(table.items()))
 
 
 def runs_per_workflow(conn: Connection) -> dict[str, dict[RunState, int]]:

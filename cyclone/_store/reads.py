@@ -20,9 +20,11 @@ from sqlalchemy import (
     Text,
     and_,
     bindparam,
+    case,
     cast,
     func,
     literal_column,
+    null,
     select,
     tuple_,
     union_all,
@@ -31,9 +33,10 @@ from sqlalchemy import (
 from cyclone import _codec
 from cyclone._store import binds as _binds
 from cyclone._store import executor as _executor
+from cyclone._store import parked as _parked
 from cyclone._store import unstarted as _unstarted
 from cyclone.schema import LISTED_SINCE, jobs, runs
-from cyclone.states import JobState, RunState
+from cyclone.states import JobState, Parked, RunState
 
 _STATUS_OF_TABLE = (
     runs.c.id,
@@ -47,7 +50,10 @@ _STATUS_OF_TABLE = (
     runs.c.failed_step,
     runs.c.retention,
 )
-STATUS_COLUMNS = tuple(cast(c, Text) if c is runs.c.error else c for c in _STATUS_OF_TABLE)
+STATUS_COLUMNS = (
+    *(cast(c, Text) if c is runs.c.error else c for c in _STATUS_OF_TABLE),
+    _parked.run_parked(runs).label("parked"),
+)
 """A run's status, in the order of ``RunStatus``'s fields."""
 
 RunStatusFields = tuple[
@@ -61,13 +67,16 @@ RunStatusFields = tuple[
     dict[str, Any] | None,
     str | None,
     timedelta | None,
+    Parked | None,
 ]
 
 
 def run_status_fields(row: Sequence[Any]) -> RunStatusFields:
     """The fields of a ``RunStatus`` from a row that starts with :data:`STATUS_COLUMNS`."""
     error = None if row[7] is None else _codec.decode(row[7])
-    return (row[0], row[1], row[2], RunState(row[3]), row[4], row[5], row[6], error, *row[8:10])
+    parked = None if row[10] is None else Parked(row[10])
+    state = RunState(row[3])
+    return (row[0], row[1], row[2], state, row[4], row[5], row[6], error, row[8], row[9], parked)
 
 
 JOB_STATUS_COLUMNS = (
@@ -200,9 +209,16 @@ def list_runs(
     since: datetime | None,
     after: tuple[datetime, Any] | None,
     limit: int,
+    parked: Parked | None = None,
 ) -> list[RunStatusFields]:
-    """Runs newest first, strictly after the position ``after`` (created_at, id)."""
+    """Runs newest first, strictly after the position ``after`` (created_at, id).
+
+    ``parked`` keeps the runs parked so (:mod:`cyclone._store.parked`): its candidates are
+    read from an index, so the listing costs the parked runs, not the history.
+    """
     stmt = select(*STATUS_COLUMNS)
+    if parked is not None:
+        stmt = stmt.where(*_parked.filters(parked))
     if workflow is not None:
         # Always true: it lets the planner use the partial (workflow, created_at, id) index.
         stmt = stmt.where(
@@ -232,6 +248,7 @@ def page_runs(
     after: tuple[datetime, Any] | None,
     limit: int,
     scan: int,
+    parked: Parked | None = None,
 ) -> tuple[list[RunStatusFields], RunStatusFields | None]:
     """At most ``limit + 1`` runs newest first, and the run a page stopped at because it read
     ``scan`` runs without filling up (else None).
@@ -240,10 +257,13 @@ def page_runs(
     state or a key prefix (a key ending in ``*``) is not: those filters are applied to at
     most ``scan`` runs in the order of the listing, so a state that few runs are in costs a
     bounded read per page instead of a read of the whole table. Send it in one snapshot:
-    the page and the run it stopped at are read by two statements.
+    the page and the run it stopped at are read by two statements. ``parked`` is served by
+    indexes too (see :func:`list_runs`).
     """
     # Filtered on the table's own columns: the window below casts only the runs it keeps.
     stmt = select(*_STATUS_OF_TABLE)
+    if parked is not None:
+        stmt = stmt.where(*_parked.filters(parked))
     if workflow is not None:
         stmt = stmt.where(
             runs.c.workflow == workflow,
@@ -276,8 +296,13 @@ def page_runs(
         page = status.where(*unindexed(runs.c)).order_by(*newest_first).limit(limit + 1)
         return [run_status_fields(r) for r in _executor.rows(conn, page)], None
     window = stmt.order_by(*newest_first).limit(scan).subquery()
+    # Why each run of the page is parked, read by its id (the window keeps the table's columns).
+    of_page = runs.alias("of_page")
+    parked_of_page = (
+        select(_parked.run_parked(of_page)).where(of_page.c.id == window.c.id).scalar_subquery()
+    )
     page = (
-        select(*(cast(c, Text) if c.name == "error" else c for c in window.c))
+        select(*(cast(c, Text) if c.name == "error" else c for c in window.c), parked_of_page)
         .where(*unindexed(window.c))
         .order_by(window.c.created_at.desc(), window.c.id.desc())
         .limit(limit + 1)
@@ -360,17 +385,30 @@ _STEP_COLUMNS = (
     "output",
     "worker_id",
 )
-_STEPS_CREATED = select(*(jobs.c[n] for n in _STEP_COLUMNS), jobs.c.id.label("ord")).where(
-    jobs.c.run_id == bindparam("id")
-)
+_PARKED_COLUMNS = ("waiting_for", "wakes_at", "parked")
+"""Why a step waits, after :data:`_STEP_COLUMNS`: its signal, when it wakes, how it is parked."""
+_STEPS_CREATED = select(
+    *(jobs.c[n] for n in _STEP_COLUMNS),
+    case((_parked.waiting_step(jobs), _parked.signal_of(jobs))).label("waiting_for"),
+    _parked.wakes_at(jobs).label("wakes_at"),
+    _parked.step_parked(jobs).label("parked"),
+    jobs.c.id.label("ord"),
+).where(jobs.c.run_id == bindparam("id"))
 _UNSTARTED = _unstarted.steps_of(bindparam("id")).subquery("unstarted")
 _STEPS_ALL = union_all(
-    _STEPS_CREATED, select(*(_UNSTARTED.c[n] for n in (*_STEP_COLUMNS, "ord")))
+    _STEPS_CREATED,
+    select(
+        *(_UNSTARTED.c[n] for n in _STEP_COLUMNS),
+        cast(null(), Text).label("waiting_for"),
+        _parked.wakes_at(_UNSTARTED),
+        _parked.unstarted_step_parked(_UNSTARTED),
+        _UNSTARTED.c.ord,
+    ),
 ).subquery("steps")
 _STEPS = select(
     *(
         cast(_STEPS_ALL.c[n], Text) if n in ("errors", "output") else _STEPS_ALL.c[n]
-        for n in _STEP_COLUMNS
+        for n in (*_STEP_COLUMNS, *_PARKED_COLUMNS)
     )
 ).order_by(_STEPS_ALL.c.ord)
 """A run's steps in order: its jobs, or, for a run not started yet, its graph's steps."""
@@ -380,8 +418,9 @@ def run_detail(
     conn: Connection, run_id: uuid.UUID
 ) -> tuple[Sequence[Any], list[_executor.Row]] | None:
     """Run ``run_id``'s row (its status, then input, result step, graph as JSON text, steps
-    remaining and the database's clock) and its steps' rows (:data:`_STEP_COLUMNS`, JSON
-    as text), or None. Send it in one snapshot, so that the steps match the run."""
+    remaining and the database's clock) and its steps' rows (:data:`_STEP_COLUMNS` with JSON
+    as text, then :data:`_PARKED_COLUMNS`), or None. Send it in one snapshot, so that the
+    steps match the run."""
     row = _executor.first(conn, _RUN_DETAIL, {"id": run_id})
     if row is None:
         return None

@@ -25,7 +25,7 @@ from cyclone.client import Client, JobDetail, RunDetail, StepStatus
 from cyclone.jobs import JobStatus
 from cyclone.runs import Run
 from cyclone.schedules import ScheduleStatus
-from cyclone.states import JobState, RunState
+from cyclone.states import JobState, Parked, RunState
 from cyclone.worker import Worker
 from cyclone.workflow import StandaloneStep, Workflow
 
@@ -415,6 +415,11 @@ def _add_commands(group: click.Group) -> None:
     )
     @click.option("--key", help="Only the run with this submit key.")
     @click.option(
+        "--parked",
+        type=click.Choice([p.value for p in Parked]),
+        help="Only running runs parked so: waiting for a signal, sleeping, delayed.",
+    )
+    @click.option(
         "--since",
         callback=_converted(since),
         metavar="DURATION|TIME",
@@ -426,15 +431,19 @@ def _add_commands(group: click.Group) -> None:
         workflow: str | None,
         state: str | None,
         key: str | None,
+        parked: str | None,
         since: datetime | None,
         limit: int,
         as_json: bool,
     ) -> None:
-        """List runs, newest first."""
+        """List runs, newest first. PARKED says why a running run waits with no step running
+        or due: waiting (for a signal), sleeping, delayed (until its start)."""
         found = (
             _invocation()
             .client()
-            .list_runs(workflow=workflow, state=state, key=key, since=since, limit=limit)
+            .list_runs(
+                workflow=workflow, state=state, key=key, since=since, limit=limit, parked=parked
+            )
         )
         if as_json:
             for run in found:
@@ -619,6 +628,7 @@ def _run_record(run: cyclone.RunStatus) -> dict[str, Any]:
         "failed_step": run.failed_step,
         "error": run.error,
         "retention": run.retention,
+        "parked": None if run.parked is None else run.parked.value,
     }
 
 
@@ -666,6 +676,9 @@ def _step_record(step: StepStatus) -> dict[str, Any]:
         "errors": step.errors,
         "output": step.output,
         "worker_id": step.worker_id,
+        "waiting_for": step.waiting_for,
+        "wakes_at": step.wakes_at,
+        "parked": None if step.parked is None else step.parked.value,
     }
 
 
@@ -696,6 +709,7 @@ def _print_run_detail(detail: RunDetail) -> None:
         ("workflow", run.workflow),
         ("key", run.key or "-"),
         ("state", run.state.value),
+        *([("parked", _run_parked(detail))] if run.parked is not None else []),
         ("created", _output.when(run.created_at)),
         ("finished", _output.when(run.finished_at)),
         ("deadline", _output.when(run.deadline)),
@@ -714,6 +728,32 @@ def _print_run_detail(detail: RunDetail) -> None:
     _output.table(_STEP_COLUMNS, detail.steps)
     for step in detail.steps:
         _print_errors(step.errors, f"step {step.name}")
+
+
+def _step_waits(step: StepStatus) -> str:
+    """What a step waits for, if it waits: a signal, a time, its run's start, its retry."""
+    at = _output.when(step.wakes_at)
+    if step.waiting_for is not None:
+        timeout = f" (times out at {at})" if step.wakes_at is not None else ""
+        return f"waiting for {step.waiting_for!r}{timeout}"
+    if step.wakes_at is None:
+        return "-"
+    if step.parked == Parked.SLEEPING:
+        return f"sleeping until {at}"
+    if step.parked == Parked.DELAYED:
+        return f"starts at {at}"
+    return f"retries at {at}" if step.errors else f"due at {at}"
+
+
+def _run_parked(detail: RunDetail) -> str:
+    """Why a parked run waits, from its steps: the signals, or the earliest time it wakes."""
+    parked = detail.status.parked
+    steps = [s for s in detail.steps if s.parked == parked]
+    if parked == Parked.WAITING:
+        return "waiting for " + ", ".join(repr(s.waiting_for) for s in steps)
+    times = [s.wakes_at for s in steps if s.wakes_at is not None]
+    at = _output.when(min(times)) if times else "-"
+    return f"sleeping until {at}" if parked == Parked.SLEEPING else f"starts at {at}"
 
 
 def _print_job_detail(detail: JobDetail) -> None:
@@ -774,6 +814,7 @@ _RUN_COLUMNS: list[_output.Column] = [
     ("WORKFLOW", lambda r: r.workflow),
     ("KEY", lambda r: r.key or "-"),
     ("STATE", lambda r: r.state.value),
+    ("PARKED", lambda r: "-" if r.parked is None else r.parked.value),
     ("CREATED (UTC)", lambda r: _output.when(r.created_at)),
     ("FINISHED (UTC)", lambda r: _output.when(r.finished_at)),
     ("ERROR", lambda r: _error_summary(r.error)),
@@ -786,6 +827,7 @@ _STEP_COLUMNS: list[_output.Column] = [
     ("QUEUE", lambda s: s.queue),
     ("STARTED (UTC)", lambda s: _output.when(s.started_at)),
     ("DURATION", lambda s: _output.duration(s.duration)),
+    ("WAITING (UTC)", _step_waits),
     ("ERROR", lambda s: _error_summary(s.errors[-1] if s.errors else None)),
 ]
 

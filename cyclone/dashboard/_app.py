@@ -28,7 +28,7 @@ from cyclone.client import ActiveJobs, Client, FinishedMinute, Position
 from cyclone.dashboard import _csrf, _dag, _format
 from cyclone.jobs import Job
 from cyclone.runs import Run
-from cyclone.states import TERMINAL_RUN_STATES, JobState, RunState
+from cyclone.states import TERMINAL_RUN_STATES, JobState, Parked, RunState
 
 Authorize = Callable[[Mapping[str, Any]], bool]
 
@@ -119,6 +119,7 @@ class Dashboard:
             between=_format.between,
             records=_format.records,
             run_states=list(RunState),
+            parked_ways=list(Parked),
             job_states=list(JobState),
         )
 
@@ -197,13 +198,17 @@ class Dashboard:
     def _page_overview(self, request: Request, csrf: str) -> Response:
         with self.client.snapshot() as reader:
             by_workflow = reader.count_runs_per_workflow()
+            parked = reader.count_parked_runs_per_workflow()
             active = reader.count_active_jobs()
             minutes = reader.count_finished_per_minute()
         return self._render(
             request,
             "overview.html",
             csrf,
-            by_workflow=list(by_workflow.items()),
+            by_workflow=[
+                (name, counts, parked.get(name, dict.fromkeys(Parked, 0)))
+                for name, counts in by_workflow.items()
+            ],
             backlog=_backlog_by_queue(active),
             chart=_chart(minutes),
         )
@@ -213,6 +218,7 @@ class Dashboard:
         filters = {
             "workflow": args.get("workflow") or None,
             "state": _choice(RunState, args.get("state")),
+            "parked": _choice(Parked, args.get("parked"), "way of parking"),
             "key": args.get("key") or None,
             "since": _moment(args.get("since"), "since"),
             "until": _moment(args.get("until"), "until"),
@@ -228,7 +234,9 @@ class Dashboard:
             csrf,
             rows=page.runs,
             names=names,
-            raw={k: args.get(k, "") for k in ("workflow", "state", "key", "since", "until")},
+            raw={
+                k: args.get(k, "") for k in ("workflow", "state", "parked", "key", "since", "until")
+            },
             query=query,
             next_cursor=_encode(page.next),
             searched_to=page.searched_to,
@@ -428,14 +436,14 @@ class Dashboard:
         return response
 
 
-def _choice(enum: Any, value: str | None) -> Any:
+def _choice(enum: Any, value: str | None, what: str = "state") -> Any:
     if not value:
         return None
     try:
         return enum(value)
     except ValueError:
         choices = ", ".join(m.value for m in enum)
-        raise BadRequest(f"Unknown state {value!r}: use one of {choices}.") from None
+        raise BadRequest(f"Unknown {what} {value!r}: use one of {choices}.") from None
 
 
 def _moment(value: str | None, field: str) -> datetime | None:

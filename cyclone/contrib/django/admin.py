@@ -16,16 +16,18 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import display_for_field
+from django.db import models
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from cyclone.client import Client
+from cyclone.client import Client, StepStatus
 from cyclone.contrib.django._discovery import definitions
 from cyclone.contrib.django._engines import engine
 from cyclone.contrib.django._run_page import RunPage
 from cyclone.contrib.django.models import Job, Run
 from cyclone.errors import CycloneError
 from cyclone.runs import Run as RunHandle
+from cyclone.states import Parked
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -57,6 +59,84 @@ def started_at(job: Job) -> str:
 def finished_at(row: Run | Job) -> str:
     """When the run or job reached a terminal state (``RunStatus.finished_at``)."""
     return _shown(row, "finalized_at")
+
+
+_WHEN = models.DateTimeField()
+"""How the admin shows a time that is no column of the row (the site's format)."""
+
+
+def _client(row: Run | Job) -> Client:
+    return Client(engine(row._state.db or "default"))
+
+
+def _at(value: Any) -> str:
+    return str(display_for_field(value, _WHEN, admin.site.empty_value_display))
+
+
+def _waits(step: StepStatus) -> str:
+    """What a step waits for, as the CLI and the dashboard say it; empty if it does not."""
+    if step.waiting_for is not None:
+        timeout = f" (times out at {_at(step.wakes_at)})" if step.wakes_at else ""
+        return f"waiting for {step.waiting_for!r}{timeout}"
+    if step.wakes_at is None:
+        return ""
+    if step.parked == Parked.SLEEPING:
+        return f"sleeping until {_at(step.wakes_at)}"
+    if step.parked == Parked.DELAYED:
+        return f"starts at {_at(step.wakes_at)}"
+    return f"{'retries' if step.errors else 'due'} at {_at(step.wakes_at)}"
+
+
+@admin.display(description="parked")
+def parked(run: Run) -> str:
+    """Why a running run waits with no step running or due (``RunStatus.parked``)."""
+    if run.state != "running":
+        return ""
+    status = _client(run).get_run(run.id)
+    return "" if status is None or status.parked is None else status.parked.value
+
+
+@admin.display(description="waits")
+def run_waits(run: Run) -> str:
+    """What a parked run waits for: its signals, or when it wakes or starts."""
+    detail = _client(run).get_run_detail(run.id) if run.state == "running" else None
+    if detail is None or detail.status.parked is None:
+        return str(admin.site.empty_value_display)
+    kind = detail.status.parked
+    return "; ".join(_waits(s) for s in detail.steps if s.parked == kind)
+
+
+@admin.display(description="waits")
+def step_waits(job: Job) -> str:
+    """What a step of a running run waits for: its signal, or when it wakes (``StepStatus``)."""
+    if job.state not in ("blocked", "available") or job.run_id is None:
+        return ""
+    detail = _client(job).get_run_detail(job.run_id)
+    found = [] if detail is None else [s for s in detail.steps if s.job_id == job.id]
+    return _waits(found[0]) if found else ""
+
+
+class ParkedFilter(admin.SimpleListFilter):
+    """Running runs parked so (``Client.list_runs(parked=...)``): their newest
+    :data:`PARKED_SHOWN`, found through cyclone's indexes."""
+
+    title = "parked"
+    parameter_name = "parked"
+
+    def lookups(self, request: HttpRequest, model_admin: admin.ModelAdmin) -> list[tuple[str, str]]:
+        return [(kind.value, kind.value) for kind in Parked]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if not value:
+            return queryset
+        client = Client(engine(queryset.db))
+        found = client.list_runs(parked=Parked(value), limit=PARKED_SHOWN)
+        return queryset.filter(id__in=[run.id for run in found])
+
+
+PARKED_SHOWN = 10_000
+"""The parked runs the admin's filter lists, at most (the newest)."""
 
 
 JOB_FIELDS = (
@@ -108,6 +188,7 @@ class StepInline(admin.TabularInline):
     fields = (  # each attempt's error and traceback: in the run's drawing above
         "kind",
         "state",
+        step_waits,
         "attempt",
         "max_attempts",
         started_at,
@@ -162,8 +243,9 @@ def _handle(queryset: QuerySet[Run]) -> Callable[[Run], RunHandle]:
 class RunAdmin(RunPage, ReadOnlyAdmin):
     """Runs newest first, filtered by state and workflow; a run's page lists its steps."""
 
-    list_display = ("id", "workflow", "submit_key", "state", "created_at", finished_at)
-    list_filter = ("state", WorkflowFilter)
+    list_display = ("id", "workflow", "submit_key", "state", parked, "created_at", finished_at)
+    list_filter = ("state", ParkedFilter, WorkflowFilter)
+    readonly_fields = (run_waits,)
     search_fields = ("=submit_key",)
     show_full_result_count = False
     inlines = (StepInline,)

@@ -30,7 +30,7 @@ import cyclone
 from cyclone.contrib.django import definitions, engine, worker
 from cyclone.contrib.django.models import Job, Run
 from shop.models import Order, Shipment
-from shop.workflows import OrderPlaced, Probe, fulfil, reconnect, restock, send_receipt
+from shop.workflows import OrderPlaced, Probe, fulfil, payment, reconnect, restock, send_receipt
 
 
 class DiscoveryTests(SimpleTestCase):
@@ -39,7 +39,8 @@ class DiscoveryTests(SimpleTestCase):
     def test_the_workflows_modules_of_installed_apps_are_found(self) -> None:
         workflows, steps = definitions()
         self.assertEqual(
-            {wf.name for wf in workflows}, {"shop.fulfil", "shop.restock", "shop.reconnect"}
+            {wf.name for wf in workflows},
+            {"shop.fulfil", "shop.restock", "shop.reconnect", "shop.payment"},
         )
         self.assertEqual({step.kind for step in steps}, {"shop.receipt"})
 
@@ -340,6 +341,21 @@ class AdminTests(EmptiesCycloneTables):
         self.assertFalse(Job.objects.filter(run_id=waiting.id).exists())
         started = Run.objects.get(id=self.running.id)
         self.assertIsNone(started.start_at)
+
+    def test_a_run_waiting_for_a_signal_is_shown_and_filtered_as_parked(self) -> None:
+        waiting = payment.submit(engine(), 450)
+        with worker() as w:
+            w.drain()
+        listed = self.client.get("/admin/cyclone/run/")
+        self.assertContains(listed, '<td class="field-parked">waiting</td>', html=False)
+        parked = self.client.get("/admin/cyclone/run/", {"parked": "waiting"})
+        self.assertContains(parked, str(waiting.id))
+        self.assertNotContains(parked, self.running_key)
+        self.assertNotContains(
+            self.client.get("/admin/cyclone/run/", {"parked": "delayed"}), str(waiting.id)
+        )
+        page = self.client.get(f"/admin/cyclone/run/{waiting.id}/change/")
+        self.assertContains(page, "waiting for &#x27;paid&#x27;", count=2)  # the run, its step
 
     def test_run_list_shows_runs_and_filters_by_state_and_workflow(self) -> None:
         page = self.client.get("/admin/cyclone/run/")

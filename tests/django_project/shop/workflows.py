@@ -38,6 +38,15 @@ def order_from_supplier(ctx: cyclone.StepContext, item: str) -> None:
     raise RuntimeError(f"supplier has no {item}")
 
 
+payment = cyclone.Workflow("shop.payment", input=int)
+"""An order that waits for its payment: a run parked on a signal, for the admin's pages."""
+
+
+@payment.wait("paid")
+def paid(ctx: cyclone.StepContext, cents: int) -> int:
+    return cents
+
+
 class Probe(msgspec.Struct):
     alias: str
     terminate: bool = False
