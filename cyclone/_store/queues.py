@@ -43,7 +43,7 @@ def pause_queue_stmt() -> Any:
     """Pause queue ``:name``; returns its name if it was not paused before."""
     now = func.now()
     stmt = insert(queues).values(
-        name=bindparam("name", type_=Text), paused=True, paused_at=now, updated_at=now
+        name=bindparam("queue", type_=Text), paused=True, paused_at=now, updated_at=now
     )
     return stmt.on_conflict_do_update(
         index_elements=[queues.c.name],
@@ -56,7 +56,7 @@ def resume_queue_stmt() -> Any:
     """Resume queue ``:name`` if it is paused, ringing NOTIFY for its jobs; returns its name."""
     return (
         update(queues)
-        .where(queues.c.name == bindparam("name", type_=Text), queues.c.paused)
+        .where(queues.c.name == bindparam("queue", type_=Text), queues.c.paused)
         .values(paused=False, paused_at=None, updated_at=func.now())
         .returning(
             queues.c.name, func.pg_notify(const(_notify.JOBS_AVAILABLE), const("")).label("rang")
@@ -72,13 +72,13 @@ _LIST = select(queues.c.name, queues.c.paused, queues.c.paused_at).order_by(queu
 def pause(engine: Engine, name: str) -> bool:
     """Pause queue ``name``; True if it was not paused before."""
     with _binds.autocommit(engine) as conn:
-        return conn.execute(_PAUSE, {"name": name}).first() is not None
+        return conn.execute(_PAUSE, {"queue": name}).first() is not None
 
 
 def resume(engine: Engine, name: str) -> bool:
     """Resume queue ``name``; True if it was paused."""
     with _binds.autocommit(engine) as conn:
-        return conn.execute(_RESUME, {"name": name}).first() is not None
+        return conn.execute(_RESUME, {"queue": name}).first() is not None
 
 
 def recorded(conn: Connection) -> list[tuple[str, bool, datetime | None]]:
