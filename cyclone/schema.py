@@ -260,7 +260,7 @@ leader = Table(
 )
 
 
-# -- paused queues (revision cyclone_0011) ------------------------------------------------
+# -- paused queues (revision cyclone_0012) ------------------------------------------------
 
 queues = Table(
     "cyclone_queues",

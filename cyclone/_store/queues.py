@@ -1,6 +1,6 @@
 """Paused queues: pause and resume a queue, read which are paused, and the claim's test.
 
-A queue is paused by its row in ``cyclone_queues`` (revision cyclone_0011); a queue with
+A queue is paused by its row in ``cyclone_queues`` (revision cyclone_0012); a queue with
 no row, or a row not paused, is served. The claim statement leaves the jobs of paused
 queues available (:func:`served`); resuming rings ``cyclone_jobs_available`` in the same
 statement, as a submit does, so that idle workers claim the queue's jobs at once.

@@ -1,4 +1,4 @@
-"""cyclone's revision ``cyclone_0011``: paused queues, ``cyclone_queues``.
+"""cyclone's revision ``cyclone_0012``: paused queues, ``cyclone_queues``.
 
 The schema moves on to the new head; the unmanaged ``Queue`` model reads the new table.
 """
@@ -12,12 +12,12 @@ from cyclone.contrib.django._migrate import apply_revisions
 
 class Migration(migrations.Migration):
     atomic = False  # the revisions commit on a connection of their own
-    revision = "cyclone_0011"  # cyclone's head revision when this migration was written
+    revision = "cyclone_0012"  # cyclone's head revision when this migration was written
 
-    dependencies = [("cyclone", "0005_signals_wake_pending")]
+    dependencies = [("cyclone", "0006_signals_waiting_index")]
 
     operations = [
-        apply_revisions(down_to="cyclone_0010"),
+        apply_revisions(down_to="cyclone_0011"),
         migrations.AlterModelOptions(
             name="job",
             options={

@@ -1,7 +1,7 @@
 """Paused queues: ``cyclone_queues``.
 
-Revision ID: cyclone_0011
-Revises: cyclone_0010
+Revision ID: cyclone_0012
+Revises: cyclone_0011
 Create Date: 2026-12-05
 
 One row per queue an operator paused or resumed (``Client.pause_queue``,
@@ -15,8 +15,8 @@ import sqlalchemy as sa
 
 from alembic import op
 
-revision = "cyclone_0011"
-down_revision = "cyclone_0010"
+revision = "cyclone_0012"
+down_revision = "cyclone_0011"
 branch_labels = None
 depends_on = None
 
