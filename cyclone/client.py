@@ -18,17 +18,21 @@ from sqlalchemy import Connection, Engine
 
 from cyclone import _codec, schedules
 from cyclone._store import binds as _binds
+from cyclone._store import control as _control
 from cyclone._store import counts as _counts
 from cyclone._store import lookup as _lookup
+from cyclone._store import queues as _queues
 from cyclone._store import reads as _reads
 from cyclone._store import standalone as _standalone
 from cyclone._store import sweep as _sweeper
 from cyclone.jobs import JobStatus
 from cyclone.runs import RunStatus
 from cyclone.schedules import ScheduleStatus
-from cyclone.states import JobState, Parked, RunState
+from cyclone.states import EDGES, JobState, Parked, RunState
 
 DEFAULT_PAGE = 100
+DEFAULT_BULK_BATCH = 500
+"""Runs one transaction of :meth:`Client.retry_runs` or :meth:`Client.cancel_runs` changes."""
 DEFAULT_SCAN = 10_000
 """Runs :meth:`Client.page_runs` reads, at most, to fill a page with filters no index serves."""
 
@@ -148,6 +152,23 @@ class ActiveJobs:
 
 
 @dataclass(frozen=True, slots=True)
+class QueueStatus:
+    """One queue: whether it is paused, and its active jobs (steps and standalone jobs).
+
+    ``available`` counts the jobs due now, ``scheduled`` those due later, ``running``
+    those being run (a paused queue's running jobs finish; its available ones wait).
+    """
+
+    name: str
+    paused: bool
+    paused_at: datetime | None
+    """When it was paused; None while it is not."""
+    available: int
+    scheduled: int
+    running: int
+
+
+@dataclass(frozen=True, slots=True)
 class FinishedMinute:
     """How many runs and standalone jobs completed and failed in one minute."""
 
@@ -247,16 +268,17 @@ class Client:
         state: RunState | str | None = None,
         key: str | None = None,
         since: datetime | None = None,
+        until: datetime | None = None,
         limit: int = DEFAULT_PAGE,
         after: Position | None = None,
         parked: Parked | str | None = None,
     ) -> list[RunStatus]:
         """Runs newest first. Pass the last run of a page as ``after`` for the next page.
 
-        ``since`` (an aware datetime) keeps runs created at or after it. ``parked``
-        (``"waiting"``, ``"sleeping"``, ``"delayed"``: a :class:`cyclone.Parked`) keeps the
-        running runs parked so (``RunStatus.parked``); they are found through indexes, so
-        the listing costs the parked runs, not the history.
+        ``since`` and ``until`` (aware datetimes) keep the runs created in ``[since, until)``.
+        ``parked`` (``"waiting"``, ``"sleeping"``, ``"delayed"``: a :class:`cyclone.Parked`)
+        keeps the running runs parked so (``RunStatus.parked``); they are found through
+        indexes, so the listing costs the parked runs, not the history.
 
         Pagination is by ``(created_at, id)``, so pages neither repeat nor skip runs
         while new runs are submitted.
@@ -264,6 +286,7 @@ class Client:
         found_state = None if state is None else RunState(state)
         found_parked = None if parked is None else Parked(parked)
         since = None if since is None else _aware(since, "since")
+        until = None if until is None else _aware(until, "until")
         limit = _limit(limit)
         with self._reading() as conn:
             rows = _reads.list_runs(
@@ -272,11 +295,146 @@ class Client:
                 state=found_state,
                 key=key,
                 since=since,
+                until=until,
                 after=_position(after),
                 limit=limit,
                 parked=found_parked,
             )
         return [RunStatus(*row) for row in rows]
+
+    def retry_runs(
+        self,
+        *,
+        workflow: str | None = None,
+        state: RunState | str | None = None,
+        key: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        parked: Parked | str | None = None,
+        dry_run: bool = False,
+        batch_size: int = DEFAULT_BULK_BATCH,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
+        """Retry every failed or cancelled run that :meth:`list_runs` lists with these filters.
+
+        Each run is retried as :meth:`cyclone.Run.retry` retries it (its failed and
+        cancelled steps run again), by the same guarded statements, in transactions of
+        ``batch_size`` runs at most, newest first; runs submitted after the call began
+        are left alone. A run it may not retry (past its deadline, a step of it still
+        running, retried or purged meanwhile) is skipped; so is every run in another
+        state (``state="completed"`` retries nothing). ``progress`` is called with the
+        number retried after each batch. Not inside :meth:`snapshot`'s block.
+
+        Returns:
+            How many runs it retried; with ``dry_run``, how many failed and cancelled runs
+            match now (it changes nothing).
+
+        Example:
+            client.retry_runs(workflow="checkout", state=cyclone.RunState.FAILED)
+        """
+        return self._bulk(
+            EDGES["run.retry"].sources,
+            _control.restart_many,
+            workflow=workflow,
+            state=state,
+            key=key,
+            since=since,
+            until=until,
+            parked=parked,
+            dry_run=dry_run,
+            batch_size=batch_size,
+            progress=progress,
+        )
+
+    def cancel_runs(
+        self,
+        *,
+        workflow: str | None = None,
+        state: RunState | str | None = None,
+        key: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        parked: Parked | str | None = None,
+        dry_run: bool = False,
+        batch_size: int = DEFAULT_BULK_BATCH,
+        progress: Callable[[int], None] | None = None,
+    ) -> int:
+        """Cancel every running run that :meth:`list_runs` lists with these filters.
+
+        Each run is cancelled as :meth:`cyclone.Run.cancel` cancels it (steps not started
+        never start; running ones finish), in transactions of ``batch_size`` runs at
+        most, newest first; runs submitted after the call began are left alone, and so
+        are runs that ended meanwhile. ``progress`` is called with the number cancelled
+        after each batch.
+
+        Returns:
+            How many runs it cancelled; with ``dry_run``, how many running runs match now
+            (it changes nothing).
+
+        Example:
+            client.cancel_runs(workflow="checkout", since=an_hour_ago)
+        """
+        return self._bulk(
+            EDGES["run.cancel"].sources,
+            _control.cancel_many,
+            workflow=workflow,
+            state=state,
+            key=key,
+            since=since,
+            until=until,
+            parked=parked,
+            dry_run=dry_run,
+            batch_size=batch_size,
+            progress=progress,
+        )
+
+    def _bulk(
+        self,
+        sources: tuple[str, ...],
+        act: Callable[[Engine, list[uuid.UUID]], int],
+        *,
+        workflow: str | None,
+        state: RunState | str | None,
+        key: str | None,
+        since: datetime | None,
+        until: datetime | None,
+        parked: Parked | str | None,
+        dry_run: bool,
+        batch_size: int,
+        progress: Callable[[int], None] | None,
+    ) -> int:
+        """Act on the runs listed with these filters in ``sources``, batch by batch."""
+        wanted = [RunState(s) for s in sources]
+        if state is not None:
+            wanted = [s for s in wanted if s == RunState(state)]
+        filters: dict[str, Any] = {
+            "workflow": workflow,
+            "states": wanted,
+            "key": key,
+            "since": None if since is None else _aware(since, "since"),
+            "until": None if until is None else _aware(until, "until"),
+            "parked": None if parked is None else Parked(parked),
+        }
+        batch_size = _limit(batch_size, "batch_size")
+        if not wanted:
+            return 0
+        if dry_run:
+            with self._reading() as conn:
+                return _reads.count_listed(conn, **filters)
+        changed = 0
+        after: tuple[datetime, uuid.UUID] | None = None
+        while True:
+            with _binds.autocommit(self._engine) as conn:
+                batch = _reads.listed_run_ids(conn, **filters, after=after, limit=batch_size)
+            if not batch:
+                return changed
+            done = act(self._engine, [run_id for _, run_id in batch])
+            changed += done
+            if progress is not None:
+                progress(done)
+            if len(batch) < batch_size:
+                return changed
+            after = batch[-1]
 
     def iter_runs(self, *, page_size: int = DEFAULT_PAGE, **filters: Any) -> Iterator[RunStatus]:
         """Every run matching the filters of :meth:`list_runs`, newest first, page by page."""
@@ -415,6 +573,22 @@ class Client:
         """
         _standalone.cancel_job(self._engine, job_id)
 
+    def retry_job(self, job_id: int) -> None:
+        """Run a failed or cancelled standalone job again, from its first attempt.
+
+        The job becomes available at once, its attempts counted afresh and its errors and
+        output cleared; a worker serving its kind claims it as a new job (one guarded
+        ``UPDATE``, its own transaction).
+
+        Raises:
+            NotFoundError: no job has this id.
+            InvalidStateError: the job is not failed or cancelled, or is a step of a run
+                (retry the run).
+            DuplicateError: it has a unique key that another active job of its kind
+                holds now.
+        """
+        _standalone.retry_job(self._engine, job_id)
+
     def get_run_by_key(self, workflow: str | HasName, key: str) -> RunStatus | None:
         """The run of ``key`` of ``workflow`` (a name, or a Workflow), or None; one statement."""
         name = workflow if isinstance(workflow, str) else workflow.name
@@ -439,6 +613,43 @@ class Client:
             NotFoundError: no schedule of that name is registered.
         """
         schedules.set_paused(self._engine, name, False)
+
+    def pause_queue(self, queue: str) -> bool:
+        """Pause ``queue``: no worker claims its jobs until it is resumed.
+
+        Its running jobs finish; its other jobs stay available (and are counted as
+        such), and runs go on submitting into it. A queue no job uses yet can be paused
+        ahead. A claim statement that began before the pause committed may still take
+        one of its jobs. Returns True if it was not paused before.
+        """
+        return _queues.pause(self._engine, _queue_name(queue))
+
+    def resume_queue(self, queue: str) -> bool:
+        """Resume a paused ``queue``, waking idle workers at once (as a submit does).
+
+        Returns True if it was paused.
+        """
+        return _queues.resume(self._engine, _queue_name(queue))
+
+    def list_queues(self) -> list[QueueStatus]:
+        """Every queue with active jobs or ever paused, by name, with its counts.
+
+        The counts are those of :meth:`count_active_jobs`, summed per queue.
+        """
+        with self._reading_together() as conn:
+            recorded = _queues.recorded(conn)
+            active = _counts.active_jobs(conn)
+        totals: dict[str, list[int]] = {}
+        for queue, _workflow, _kind, ready, scheduled, running in active:
+            total = totals.setdefault(queue, [0, 0, 0])
+            total[0] += ready
+            total[1] += scheduled
+            total[2] += running
+        paused = {name: (is_paused, at) for name, is_paused, at in recorded}
+        return [
+            QueueStatus(name, *paused.get(name, (False, None)), *totals.get(name, (0, 0, 0)))
+            for name in sorted(totals.keys() | paused.keys())
+        ]
 
     def list_jobs(
         self,
@@ -560,6 +771,12 @@ def _aware(moment: datetime, name: str) -> datetime:
     if not isinstance(moment, datetime) or moment.tzinfo is None:
         raise ValueError(f"{name} must be an aware datetime")
     return moment
+
+
+def _queue_name(queue: str) -> str:
+    if not isinstance(queue, str) or not queue:
+        raise ValueError("queue must be a non-empty str")
+    return queue
 
 
 def _limit(limit: int, name: str = "limit") -> int:

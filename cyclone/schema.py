@@ -266,6 +266,19 @@ leader = Table(
 )
 
 
+# -- paused queues (revision cyclone_0012) ------------------------------------------------
+
+queues = Table(
+    "cyclone_queues",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("paused", Boolean, nullable=False, server_default=text("false")),
+    Column("paused_at", DateTime(timezone=True)),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("paused = (paused_at IS NOT NULL)", name="paused_at"),
+)
+
+
 def include_name(name: str | None, type_: str, parent_names: object) -> bool:
     """An alembic ``include_name`` filter that keeps cyclone's tables out of an app's autogenerate.
 

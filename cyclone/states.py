@@ -113,6 +113,7 @@ EDGES: dict[str, Edge] = {
         Edge("job", "rescue_give_up", (_J.RUNNING.value,), _J.FAILED.value),
         Edge("job", "hand_back", (_J.RUNNING.value,), _J.AVAILABLE.value),
         Edge("job", "cancel", _UNSTARTED, _J.CANCELLED.value),
+        Edge("job", "retry", (_J.FAILED.value, _J.CANCELLED.value), _J.AVAILABLE.value),
         Edge("job", "cancel_unstarted", _UNSTARTED, _J.CANCELLED.value),
         Edge("job", "cancel_unstarted_expired", _UNSTARTED, _J.CANCELLED.value),
         Edge("job", "reset", (_J.FAILED.value, _J.CANCELLED.value), _J.AVAILABLE.value),
@@ -132,7 +133,8 @@ attempt fails (``cancel_ended_attempt``), or when it is a wait or sleep node tha
 park (``cancel_ended_park``). A wait or sleep node parks: ``park`` until a time,
 ``park_blocked`` until a signal. Unstarted jobs are cancelled by hand (``cancel``, a
 standalone job), when their run fails or is cancelled (``cancel_unstarted``), or when it
-expires (``cancel_unstarted_expired``). A run completes when its last step does (``complete``) or
+expires (``cancel_unstarted_expired``). A failed or cancelled standalone job is run again
+by hand (``retry``). A run completes when its last step does (``complete``) or
 when it is retried with every step already completed (``complete_restarted``).
 
 Each edge is taken by exactly one statement builder of the store, listed in

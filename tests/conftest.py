@@ -172,10 +172,10 @@ def statements(engine: sa.Engine) -> Iterator[StatementCounter]:
 def clean_tables(engine: sa.Engine) -> Iterator[None]:
     """Empty cyclone's tables before and after a test that asserts over global counts."""
     with engine.begin() as c:
-        c.execute(sa.text("TRUNCATE cyclone_signals, cyclone_jobs, cyclone_runs"))
+        c.execute(sa.text("TRUNCATE cyclone_signals, cyclone_jobs, cyclone_runs, cyclone_queues"))
     yield
     with engine.begin() as c:
-        c.execute(sa.text("TRUNCATE cyclone_signals, cyclone_jobs, cyclone_runs"))
+        c.execute(sa.text("TRUNCATE cyclone_signals, cyclone_jobs, cyclone_runs, cyclone_queues"))
 
 
 @pytest.fixture

@@ -176,3 +176,39 @@ def test_the_operations_blocks_list_purge_and_recover_runs(own_engine: sa.Engine
     status = client.get_run(failed.id)
     assert status is not None
     assert status.retention == timedelta(days=30)
+
+
+def test_the_operations_blocks_act_in_bulk_and_pause_a_queue(own_engine: sa.Engine) -> None:
+    """The blocks of the bulk and queue sections, in order, on a database with a failed
+    ``charge`` run, two running ``checkout`` runs and a job waiting in queue ``emails``."""
+    page = "docs/operations.md"
+    charge = cyclone.Workflow("charge", input=int)
+
+    @charge.step(max_attempts=1)
+    def capture(ctx: cyclone.StepContext, order: int) -> None:
+        raise RuntimeError("card declined")
+
+    checkout = cyclone.Workflow("checkout", input=int)
+    checkout.step()(lambda ctx, order: None)
+    email = cyclone.step("email.send", queue="emails")(lambda ctx, args: None)
+    failed = charge.submit(own_engine, 1)
+    with cyclone.Worker(own_engine, workflows=[charge]) as worker:
+        worker.drain()
+    running = [checkout.submit(own_engine, order) for order in range(2)]
+    job = email.enqueue(own_engine, {"to": "ada@example.com"})
+    with own_engine.connect() as conn:
+        an_hour_ago = conn.execute(sa.select(sa.func.now() - timedelta(hours=1))).scalar_one()
+    namespace: dict[str, Any] = {
+        "__name__": "docs_operations_bulk",
+        "cyclone": cyclone,
+        "engine": own_engine,
+        "an_hour_ago": an_hour_ago,
+    }
+    run(docs.blocks(page, "## Retrying and cancelling in bulk"), namespace, page)
+    assert (namespace["retried"], namespace["cancelled"]) == (1, 2)
+    assert failed.status().state == cyclone.RunState.RUNNING
+    assert {r.status().state for r in running} == {cyclone.RunState.CANCELLED}
+    run(docs.blocks(page, "## Pausing a queue"), namespace, page)
+    with cyclone.Worker(own_engine, workflows=[charge], steps=[email]) as worker:
+        worker.drain()
+    assert job.status().state == cyclone.JobState.COMPLETED

@@ -116,6 +116,7 @@ def test_upgrade_on_a_fresh_database_creates_the_schema(fresh_engine: sa.Engine)
         "cyclone_schedules",
         "cyclone_signals",
         "cyclone_leader",
+        "cyclone_queues",
         "cyclone_alembic_version",
     }
     assert objects["functions"] == {

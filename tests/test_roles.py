@@ -174,3 +174,44 @@ def test_an_application_role_with_the_documented_grants_signals_runs_and_registe
     assert [schedule.name for schedule in client.list_schedules()] == [f"{name}-hourly"]
     cyclone.close(engine)
     engine.dispose()
+
+
+def test_an_application_role_with_the_documented_grants_pauses_queues_and_acts_in_bulk(
+    app_url: URL, name: str
+) -> None:
+    engine = sa.create_engine(app_url)
+    client = cyclone.Client(engine)
+    wf = cyclone.Workflow(name)
+    failing = threading.Event()
+    failing.set()
+
+    @wf.step(max_attempts=1, queue=f"{name}_q")
+    def charge(ctx: cyclone.StepContext, value: int) -> None:
+        if failing.is_set():
+            raise RuntimeError("declined")
+
+    @cyclone.step(f"{name}_kind", max_attempts=1, queue=f"{name}_q")
+    def kind(ctx: cyclone.StepContext, args: int) -> None:
+        if failing.is_set():
+            raise RuntimeError("down")
+
+    assert client.pause_queue(f"{name}_q")
+    runs = [wf.submit(engine, i) for i in range(3)]
+    job = kind.enqueue(engine, 1)
+    worker = cyclone.Worker(engine, workflows=[wf], steps=[kind])
+    assert worker.drain() == 0
+    assert [q.available for q in client.list_queues() if q.name == f"{name}_q"] == [4]
+    assert client.resume_queue(f"{name}_q")
+    worker.drain()
+    assert job.status().state == cyclone.JobState.FAILED
+    failing.clear()
+    client.retry_job(job.id)
+    assert client.retry_runs(workflow=name) == 3
+    worker.drain()
+    assert {r.status().state for r in runs} == {cyclone.RunState.COMPLETED}
+    assert job.status().state == cyclone.JobState.COMPLETED
+    more = [wf.submit(engine, i) for i in range(2)]
+    assert client.cancel_runs(workflow=name) == 2
+    assert {r.status().state for r in more} == {cyclone.RunState.CANCELLED}
+    cyclone.close(engine)
+    engine.dispose()

@@ -91,6 +91,7 @@ def test_metadata_holds_only_cyclone_tables() -> None:
         "cyclone_schedules",
         "cyclone_signals",
         "cyclone_leader",
+        "cyclone_queues",
     }
     assert metadata.naming_convention == NAMING_CONVENTION
 
@@ -111,7 +112,7 @@ def test_constraint_names_follow_the_naming_convention(conn: sa.Connection) -> N
                 "SELECT conname FROM pg_constraint WHERE conrelid IN "
                 "('cyclone_runs'::regclass, 'cyclone_jobs'::regclass, "
                 "'cyclone_schedules'::regclass, 'cyclone_signals'::regclass, "
-                "'cyclone_leader'::regclass)"
+                "'cyclone_leader'::regclass, 'cyclone_queues'::regclass)"
             )
         ).scalars()
     )
@@ -137,6 +138,8 @@ def test_constraint_names_follow_the_naming_convention(conn: sa.Connection) -> N
         "ck_cyclone_signals_sent",
         "pk_cyclone_leader",
         "ck_cyclone_leader_term",
+        "pk_cyclone_queues",
+        "ck_cyclone_queues_paused_at",
     }
     assert names == metadata_constraint_names()
 

@@ -2,7 +2,8 @@
 
 The CTE fences the ``LIMIT``: without it the planner may lock more rows than it returns.
 A step of a run that is no longer running is never claimed, even if a late re-queue
-raced with the run's cancellation.
+raced with the run's cancellation, and neither is a job of a paused queue
+(:mod:`cyclone._store.queues`).
 The same statement reads the run's input and the outputs of the steps a job comes after,
 so a claimed job needs no further query before it runs. A claim of a worker serving
 workflows also delivers the signals sent to parked wait nodes (see :mod:`cyclone._store.waits`).
@@ -43,6 +44,7 @@ from cyclone import _observe
 from cyclone._store import completion as _completion
 from cyclone._store import executor as _executor
 from cyclone._store import notify as _notify
+from cyclone._store import queues as _queues
 from cyclone._store import unstarted as _unstarted
 from cyclone._store.executor import const
 from cyclone.schema import jobs, runs, signals
@@ -112,12 +114,14 @@ def _serves(table: Any, key: tuple[str, str]) -> Any:
 
 
 def _available(table: Any, queues: tuple[str, ...] | None) -> tuple[Any, ...]:
-    """An available job of ``queues`` (None: any) that is due and not past its deadline."""
+    """An available job of ``queues`` (None: any) that is due and not past its deadline,
+    in a queue not paused (the paused queues are read once per statement)."""
     return (
         table.c.state == const(JobState.AVAILABLE.value),
         true() if queues is None else _one_of(table.c.queue, queues),
         table.c.scheduled_at <= func.now(),
         or_(table.c.deadline.is_(None), table.c.deadline > func.now()),
+        _queues.served(table.c.queue),
     )
 
 
@@ -258,7 +262,11 @@ def _start_runs(scope: Scope, limit: int, chosen: Any, claimed: Any) -> Any:
     )
     elements, step = _unstarted.graph_steps(started.c.graph)
     root = _unstarted.is_root(step)
-    eligible = root if scope.queues is None else and_(root, _one_of(step.c.queue, scope.queues))
+    eligible = and_(
+        root,
+        true() if scope.queues is None else _one_of(step.c.queue, scope.queues),
+        _queues.served(step.c.queue),
+    )
     rank = func.row_number().over(
         partition_by=eligible,
         order_by=(step.c.priority, started.c.starts, started.c.id, elements.c.ord),

@@ -8,16 +8,34 @@ recording of an outcome follows too, so a user's call never deadlocks with a wor
 A retried wait node sees a signal already sent to its run (a run receives each signal
 once): it runs at once with that payload. A wait node whose signal was never sent waits
 anew, its timeout counted from when it parks again.
+
+Each statement takes the runs it acts on as an array, ``:rids``: a single run's cancel or
+retry passes one, and the bulk forms (:func:`cancel_many`, :func:`restart_many`) pass a
+batch of runs, locked first in id order, so that a bulk action takes each run through the
+very same guarded statements, one bounded transaction per batch.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Engine, bindparam, case, delete, func, null, select, update
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Uuid,
+    bindparam,
+    case,
+    delete,
+    func,
+    null,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from cyclone import errors
 from cyclone._store import completion as _completion
@@ -27,18 +45,24 @@ from cyclone.schema import jobs, runs, signals
 from cyclone.states import EDGES, TERMINAL_RUN_STATES, JobState, RunState
 
 
+def _rids() -> Any:
+    """``= ANY(:rids)``'s operand: the ids of the runs a statement acts on."""
+    return func.any(bindparam("rids", type_=ARRAY(Uuid)))
+
+
 def cancel_run_stmt() -> Any:
-    """Move a running run to cancelled; returns nothing if it was not running."""
+    """Move the running runs of ``:rids`` to cancelled; returns the ids of those it moved."""
     return (
         update(runs)
-        .where(runs.c.id == bindparam("rid"), runs.c.state == const(RunState.RUNNING.value))
+        .where(runs.c.id == _rids(), runs.c.state == const(RunState.RUNNING.value))
         .values(state=const(RunState.CANCELLED.value), finalized_at=func.now())
         .returning(runs.c.id)
     )
 
 
 def reset_jobs_stmt(*, every_step: bool) -> Any:
-    """Make the chosen steps of a run runnable again, counting their unfinished predecessors."""
+    """Make the chosen steps of the runs ``:rids`` runnable again, counting their unfinished
+    predecessors."""
     upstream = jobs.alias("upstream")
     pending = (
         select(func.count())
@@ -54,9 +78,7 @@ def reset_jobs_stmt(*, every_step: bool) -> Any:
     edge = EDGES["job.reset_all" if every_step else "job.reset"]
     return (
         update(jobs)
-        .where(
-            jobs.c.run_id == bindparam("rid"), jobs.c.state.in_([const(s) for s in edge.sources])
-        )
+        .where(jobs.c.run_id == _rids(), jobs.c.state.in_([const(s) for s in edge.sources]))
         .values(
             pending_deps=count,
             state=case(
@@ -75,7 +97,7 @@ def reset_jobs_stmt(*, every_step: bool) -> Any:
 
 
 def restart_run_stmt(*, from_states: tuple[RunState, ...]) -> Any:
-    """Put a terminal run back to running with its count of unfinished steps."""
+    """Put the terminal runs ``:rids`` back to running with their counts of unfinished steps."""
     # A run cancelled or expired before it started has no step rows: all its steps remain.
     remaining = case(
         (
@@ -88,9 +110,7 @@ def restart_run_stmt(*, from_states: tuple[RunState, ...]) -> Any:
     )
     return (
         update(runs)
-        .where(
-            runs.c.id == bindparam("rid"), runs.c.state.in_([const(s.value) for s in from_states])
-        )
+        .where(runs.c.id == _rids(), runs.c.state.in_([const(s.value) for s in from_states]))
         .values(
             state=const(RunState.RUNNING.value),
             finalized_at=None,
@@ -103,7 +123,7 @@ def restart_run_stmt(*, from_states: tuple[RunState, ...]) -> Any:
 
 
 def complete_restarted_run_stmt() -> Any:
-    """Complete the restarted run ``:rid`` if none of its steps is left to run.
+    """Complete each restarted run of ``:rids`` that has none of its steps left to run.
 
     A run cancelled while its last steps ran keeps them completed when they end (a
     cancelled run counts nothing down); a retry then finds nothing to run, and no
@@ -112,7 +132,7 @@ def complete_restarted_run_stmt() -> Any:
     return (
         update(runs)
         .where(
-            runs.c.id == bindparam("rid"),
+            runs.c.id == _rids(),
             runs.c.state == const(RunState.RUNNING.value),
             runs.c.start_at.is_(None),
             runs.c.steps_remaining == 0,
@@ -123,12 +143,12 @@ def complete_restarted_run_stmt() -> Any:
 
 
 def clear_unsent_signals_stmt() -> Any:
-    """Forget when the wait nodes of the run ``:rid`` began waiting for a signal not sent.
+    """Forget when the wait nodes of the runs ``:rids`` began waiting for a signal not sent.
 
     The marker holds the wait's deadline (``wait_until``); a node restarted by a retry
     parks again and starts its timeout over. Signals already sent keep their payload.
     """
-    return delete(signals).where(signals.c.run_id == bindparam("rid"), signals.c.payload.is_(None))
+    return delete(signals).where(signals.c.run_id == _rids(), signals.c.payload.is_(None))
 
 
 def lock_run_stmt() -> Any:
@@ -149,6 +169,35 @@ def any_running_stmt() -> Any:
     )
 
 
+def lock_runs_stmt(states: Sequence[str]) -> Any:
+    """Lock the runs of ``:rids`` that are in ``states``, in id order (the lock order)."""
+    return (
+        select(runs.c.id)
+        .where(runs.c.id == _rids(), runs.c.state.in_([const(s) for s in states]))
+        .order_by(runs.c.id)
+        .with_for_update(key_share=True)
+    )
+
+
+def restartable_stmt() -> Any:
+    """Of the runs ``:rids`` (locked), those neither past their deadline nor with a step
+    still running: the runs a retry may restart."""
+    running = (
+        select(jobs.c.id)
+        .where(jobs.c.run_id == runs.c.id, jobs.c.state == const(JobState.RUNNING.value))
+        .exists()
+    )
+    return (
+        select(runs.c.id)
+        .where(
+            runs.c.id == _rids(),
+            or_(runs.c.deadline.is_(None), runs.c.deadline > func.now()),
+            ~running,
+        )
+        .order_by(runs.c.id)
+    )
+
+
 _CANCEL_RUN = cancel_run_stmt()
 _RESET_FAILED = reset_jobs_stmt(every_step=False)
 _RESET_ALL = reset_jobs_stmt(every_step=True)
@@ -159,17 +208,46 @@ _CLEAR_UNSENT_SIGNALS = clear_unsent_signals_stmt()
 _LOCK_RUN = lock_run_stmt()
 _ANY_RUNNING = any_running_stmt()
 _STATE = select(runs.c.state).where(runs.c.id == bindparam("rid"))
+_LOCK_RUNNING = lock_runs_stmt(EDGES["run.cancel"].sources)
+_LOCK_RETRYABLE = lock_runs_stmt(EDGES["run.retry"].sources)
+_RESTARTABLE = restartable_stmt()
 
 
 def cancel(engine: Engine, run_id: uuid.UUID) -> None:
     """Cancel a running run and its steps not yet started (running ones finish)."""
     with engine.begin() as conn:
-        if _executor.first(conn, _CANCEL_RUN, {"rid": run_id}) is None:
+        if not _cancel_locked(conn, [run_id]):
             state = _executor.value(conn, _STATE, {"rid": run_id})
             if state is None:
                 raise errors.NotFoundError(f"run {run_id} does not exist")
             raise errors.InvalidStateError(operation="cancel", run_id=run_id, state=RunState(state))
+
+
+def _cancel_locked(conn: Connection, run_ids: list[uuid.UUID]) -> list[uuid.UUID]:
+    """Cancel the running runs of ``run_ids`` (locked, or one run) and their unstarted steps."""
+    cancelled = _executor.column(conn, _CANCEL_RUN, {"rids": run_ids})
+    for run_id in cancelled:
         _executor.affected(conn, _completion.CANCEL_UNSTARTED, {"rid": run_id})
+    return cancelled
+
+
+def cancel_many(engine: Engine, run_ids: Sequence[uuid.UUID]) -> int:
+    """Cancel those of ``run_ids`` that are running, in one transaction; how many it cancelled.
+
+    The runs are locked first, in id order; a run no longer running is left as it is.
+    """
+    with engine.begin() as conn:
+        locked = _executor.column(conn, _LOCK_RUNNING, {"rids": list(run_ids)})
+        return len(_cancel_locked(conn, locked)) if locked else 0
+
+
+def _restart_locked(conn: Connection, run_ids: list[uuid.UUID], *, every_step: bool) -> None:
+    """Restart the runs ``run_ids``, locked and checked: their steps, signals and state."""
+    params = {"rids": run_ids}
+    _executor.affected(conn, _RESET_ALL if every_step else _RESET_FAILED, params)
+    _executor.affected(conn, _CLEAR_UNSENT_SIGNALS, params)
+    _executor.affected(conn, _RESTART_ANY if every_step else _RESTART_FAILED, params)
+    _executor.affected(conn, _COMPLETE_RESTARTED, params)
 
 
 def restart(engine: Engine, run_id: uuid.UUID, *, every_step: bool) -> None:
@@ -199,10 +277,24 @@ def restart(engine: Engine, run_id: uuid.UUID, *, every_step: bool) -> None:
                 run_id=run_id,
                 state=f"{state} with steps still running; {operation} once they end",
             )
-        _executor.affected(conn, _RESET_ALL if every_step else _RESET_FAILED, {"rid": run_id})
-        _executor.affected(conn, _CLEAR_UNSENT_SIGNALS, {"rid": run_id})
-        _executor.affected(conn, _RESTART_ANY if every_step else _RESTART_FAILED, {"rid": run_id})
-        _executor.affected(conn, _COMPLETE_RESTARTED, {"rid": run_id})
+        _restart_locked(conn, [run_id], every_step=every_step)
+
+
+def restart_many(engine: Engine, run_ids: Sequence[uuid.UUID]) -> int:
+    """``retry`` those of ``run_ids`` that it may restart, in one transaction; how many.
+
+    The failed and cancelled runs among them are locked first, in id order; those past
+    their deadline or with a step still running are left as they are (as ``retry``
+    refuses them), and so is every run in another state.
+    """
+    with engine.begin() as conn:
+        locked = _executor.column(conn, _LOCK_RETRYABLE, {"rids": list(run_ids)})
+        if not locked:
+            return 0
+        chosen = _executor.column(conn, _RESTARTABLE, {"rids": locked})
+        if chosen:
+            _restart_locked(conn, chosen, every_step=False)
+        return len(chosen)
 
 
 _SET_RETENTION = (

@@ -200,6 +200,36 @@ def job_status(conn: Connection, job_id: int) -> JobStatusFields | None:
 # Listings
 
 
+def _listed(
+    stmt: Select[Any],
+    *,
+    workflow: str | None,
+    states: Sequence[RunState] | None,
+    key: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    parked: Parked | None,
+) -> Select[Any]:
+    """``stmt`` kept to the runs :func:`list_runs` lists with these filters."""
+    if parked is not None:
+        stmt = stmt.where(*_parked.filters(parked))
+    if workflow is not None:
+        # Always true: it lets the planner use the partial (workflow, created_at, id) index.
+        stmt = stmt.where(
+            runs.c.workflow == workflow,
+            runs.c.created_at > literal_column(LISTED_SINCE, runs.c.created_at.type),
+        )
+    if states is not None:
+        stmt = stmt.where(runs.c.state.in_([s.value for s in states]))
+    if key is not None:
+        stmt = stmt.where(runs.c.submit_key == key)
+    if since is not None:
+        stmt = stmt.where(runs.c.created_at >= since)
+    if until is not None:
+        stmt = stmt.where(runs.c.created_at < until)
+    return stmt
+
+
 def list_runs(
     conn: Connection,
     *,
@@ -210,31 +240,79 @@ def list_runs(
     after: tuple[datetime, Any] | None,
     limit: int,
     parked: Parked | None = None,
+    until: datetime | None = None,
 ) -> list[RunStatusFields]:
     """Runs newest first, strictly after the position ``after`` (created_at, id).
 
     ``parked`` keeps the runs parked so (:mod:`cyclone._store.parked`): its candidates are
     read from an index, so the listing costs the parked runs, not the history.
     """
-    stmt = select(*STATUS_COLUMNS)
-    if parked is not None:
-        stmt = stmt.where(*_parked.filters(parked))
-    if workflow is not None:
-        # Always true: it lets the planner use the partial (workflow, created_at, id) index.
-        stmt = stmt.where(
-            runs.c.workflow == workflow,
-            runs.c.created_at > literal_column(LISTED_SINCE, runs.c.created_at.type),
-        )
-    if state is not None:
-        stmt = stmt.where(runs.c.state == state.value)
-    if key is not None:
-        stmt = stmt.where(runs.c.submit_key == key)
-    if since is not None:
-        stmt = stmt.where(runs.c.created_at >= since)
+    states = None if state is None else (state,)
+    stmt = _listed(
+        select(*STATUS_COLUMNS),
+        workflow=workflow,
+        states=states,
+        key=key,
+        since=since,
+        until=until,
+        parked=parked,
+    )
     if after is not None:
         stmt = stmt.where(tuple_(runs.c.created_at, runs.c.id) < after)
     stmt = stmt.order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit)
     return [run_status_fields(row) for row in _executor.rows(conn, stmt)]
+
+
+def listed_run_ids(
+    conn: Connection,
+    *,
+    workflow: str | None,
+    states: Sequence[RunState],
+    key: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    parked: Parked | None,
+    after: tuple[datetime, Any] | None,
+    limit: int,
+) -> list[tuple[datetime, uuid.UUID]]:
+    """``(created_at, id)`` of the next ``limit`` runs :func:`list_runs` lists in ``states``,
+    newest first, strictly after ``after``: a batch of a bulk action."""
+    stmt = _listed(
+        select(runs.c.created_at, runs.c.id),
+        workflow=workflow,
+        states=states,
+        key=key,
+        since=since,
+        until=until,
+        parked=parked,
+    )
+    if after is not None:
+        stmt = stmt.where(tuple_(runs.c.created_at, runs.c.id) < after)
+    stmt = stmt.order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit)
+    return [(created_at, run_id) for created_at, run_id in _executor.rows(conn, stmt)]
+
+
+def count_listed(
+    conn: Connection,
+    *,
+    workflow: str | None,
+    states: Sequence[RunState],
+    key: str | None,
+    since: datetime | None,
+    until: datetime | None,
+    parked: Parked | None,
+) -> int:
+    """How many runs :func:`list_runs` lists in ``states`` with these filters."""
+    stmt = _listed(
+        select(func.count()).select_from(runs),
+        workflow=workflow,
+        states=states,
+        key=key,
+        since=since,
+        until=until,
+        parked=parked,
+    )
+    return int(_executor.value(conn, stmt))
 
 
 def page_runs(

@@ -1,5 +1,5 @@
 """The statements of standalone jobs: insert one unless its unique key is held, find the
-key's holder, and cancel a job before it starts.
+key's holder, cancel a job before it starts, and retry one that failed or was cancelled.
 
 A unique key is held only while its job is active (available, blocked or running); a
 partial unique index enforces it, so concurrent enqueues from many processes cannot
@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Engine, Interval, Text, bindparam, cast, func, select, update
+from sqlalchemy import Engine, Interval, Text, bindparam, cast, func, null, select, update
 from sqlalchemy.dialects.postgresql import JSONB, insert
+from sqlalchemy.exc import IntegrityError
 
 from cyclone import errors
 from cyclone._store import binds as _binds
@@ -114,3 +115,73 @@ def cancel_job(engine: Engine, job_id: int) -> None:
     if state is None:
         raise errors.NotFoundError(f"standalone job {job_id} does not exist")
     raise errors.InvalidStateError(operation="cancel", run_id=job_id, state=state, what="job")
+
+
+def retry_standalone_job_stmt() -> Any:
+    """Make a failed or cancelled standalone job available again, its attempts afresh.
+
+    Its errors and output are cleared (its attempts count from one again); its lease only
+    grows, as always. The ``UPDATE`` rings NOTIFY through the jobs' state trigger.
+    """
+    edge = EDGES["job.retry"]
+    return (
+        update(jobs)
+        .where(
+            jobs.c.id == bindparam("job_id"),
+            jobs.c.run_id.is_(None),
+            jobs.c.state.in_([const(s) for s in edge.sources]),
+        )
+        .values(
+            state=const(edge.target),
+            attempt=0,
+            lost=0,
+            errors=cast(const("[]"), JSONB),
+            output=null(),
+            worker_id=None,
+            heartbeat_at=None,
+            finalized_at=None,
+            scheduled_at=func.now(),
+        )
+        .returning(jobs.c.id)
+    )
+
+
+_RETRY_JOB = retry_standalone_job_stmt()
+_SELECT_JOB = select(jobs.c.state, jobs.c.run_id, jobs.c.kind, jobs.c.unique_key).where(
+    jobs.c.id == bindparam("job_id")
+)
+_UNIQUE_INDEX = "ix_cyclone_jobs_unique_key"
+
+
+def retry_job(engine: Engine, job_id: int) -> None:
+    """Run a failed or cancelled standalone job again; one guarded UPDATE.
+
+    Raises:
+        NotFoundError: no job has this id.
+        InvalidStateError: the job is not failed or cancelled, or is a step of a run.
+        DuplicateError: another active job of its kind holds its unique key now.
+    """
+    try:
+        with _binds.autocommit(engine) as conn:
+            if conn.execute(_RETRY_JOB, {"job_id": job_id}).first() is not None:
+                return
+            row = conn.execute(_SELECT_JOB, {"job_id": job_id}).first()
+    except IntegrityError as exc:
+        if getattr(getattr(exc.orig, "diag", None), "constraint_name", None) != _UNIQUE_INDEX:
+            raise
+        with _binds.autocommit(engine) as conn:
+            row = conn.execute(_SELECT_JOB, {"job_id": job_id}).first()
+            assert row is not None
+            params = {"kind": row.kind, "unique": row.unique_key}
+            holder = conn.execute(select_active_holder_stmt(), params).scalar()
+        raise errors.DuplicateError(kind=row.kind, key=row.unique_key, job_id=holder or 0) from exc
+    if row is None:
+        raise errors.NotFoundError(f"job {job_id} does not exist")
+    if row.run_id is not None:
+        raise errors.InvalidStateError(
+            operation="retry",
+            run_id=job_id,
+            state=f"a step of run {row.run_id} (retry the run instead)",
+            what="job",
+        )
+    raise errors.InvalidStateError(operation="retry", run_id=job_id, state=row.state, what="job")

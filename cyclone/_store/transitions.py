@@ -86,6 +86,7 @@ BUILDERS: dict[str, Callable[[], Any]] = {
     "job.park_blocked": waits.park_stmt,
     "job.cancel_ended_park": waits.end_parked_stmt,
     "job.cancel": standalone.cancel_job_stmt,
+    "job.retry": standalone.retry_standalone_job_stmt,
     "job.cancel_unstarted": completion.cancel_unstarted_stmt,
     "job.cancel_unstarted_expired": rescue.expire_runs_stmt,
     "job.reset": reset_failed_steps_stmt,

@@ -21,7 +21,7 @@ import cyclone
 from cyclone import migrations
 from cyclone.cli import _db, _definitions, _output
 from cyclone.cli._db import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, BadInput, CommandError
-from cyclone.client import Client, JobDetail, RunDetail, StepStatus
+from cyclone.client import Client, JobDetail, QueueStatus, RunDetail, StepStatus
 from cyclone.jobs import JobStatus
 from cyclone.runs import Run
 from cyclone.schedules import ScheduleStatus
@@ -405,7 +405,7 @@ def _add_commands(group: click.Group) -> None:
             else:
                 the_worker.run(grace=grace)
 
-    runs = click.Group("runs", help="List and inspect runs; cancel and retry them.")
+    runs = click.Group("runs", help="List and inspect runs; cancel and retry them, one or all.")
     group.add_command(runs)
 
     @_command(runs, "list")
@@ -470,10 +470,17 @@ def _add_commands(group: click.Group) -> None:
         else:
             _print_run_detail(detail)
 
-    def _act(name: str, verb: str, done: str) -> None:
+    def _act(name: str, verb: str, done: str, bulk: _Bulk | None = None) -> None:
         @_command(runs, name)
-        @click.argument("run_id", metavar="RUN_ID")
-        def act(run_id: str) -> None:
+        @click.argument(
+            "run_id", required=bulk is None, metavar="RUN_ID" if bulk is None else "[RUN_ID]"
+        )
+        def act(run_id: str | None, **options: Any) -> None:
+            if bulk is not None and (options["every"] or run_id is None):
+                _act_in_bulk(bulk, run_id, options)
+                return
+            assert run_id is not None
+            _refuse_filters(options)
             client = _invocation().client()
             status = client.get_run(_run_uuid(run_id))
             if status is None:
@@ -483,12 +490,27 @@ def _add_commands(group: click.Group) -> None:
             click.echo(f"{done} run {status.id} of workflow {status.workflow}")
 
         act.help = verb
+        if bulk is not None:
+            at = next(i for i, p in enumerate(act.params) if p.name == "run_id") + 1
+            act.params[at:at] = _bulk_options(bulk)
 
-    _act("cancel", "Cancel a running run: steps not yet started never start.", "cancelled")
-    _act("retry", "Run a failed or cancelled run's unfinished steps again.", "retrying")
+    _act(
+        "cancel",
+        "Cancel a running run (steps not yet started never start), or with --all every "
+        "running run the filters list.",
+        "cancelled",
+        _CANCEL,
+    )
+    _act(
+        "retry",
+        "Run a failed or cancelled run's unfinished steps again, or with --all those of "
+        "every failed and cancelled run the filters list.",
+        "retrying",
+        _RETRY,
+    )
     _act("retry-all", "Run every step of a finished run again, from the roots.", "retrying")
 
-    jobs = click.Group("jobs", help="List and inspect standalone jobs; cancel them.")
+    jobs = click.Group("jobs", help="List and inspect standalone jobs; cancel and retry them.")
     group.add_command(jobs)
 
     @_command(jobs, "list")
@@ -520,6 +542,13 @@ def _add_commands(group: click.Group) -> None:
             _output.json_line(_job_detail_record(detail))
         else:
             _print_job_detail(detail)
+
+    @_command(jobs, "retry")
+    @click.argument("job_id", type=int, metavar="JOB_ID")
+    def jobs_retry(job_id: int) -> None:
+        """Run a failed or cancelled standalone job again, from its first attempt."""
+        _invocation().client().retry_job(job_id)
+        click.echo(f"retrying job {job_id}")
 
     @_command(jobs, "cancel")
     @click.argument("job_id", type=int, metavar="JOB_ID")
@@ -557,6 +586,36 @@ def _add_commands(group: click.Group) -> None:
         """Fire schedule NAME again, from its next tick on."""
         _invocation().client().resume_schedule(name)
         click.echo(f"resumed schedule {name}")
+
+    queues = click.Group(
+        "queues", help="List queues with their active jobs; pause and resume them."
+    )
+    group.add_command(queues)
+
+    @_command(queues, "list")
+    @_json_option
+    def queues_list(as_json: bool) -> None:
+        """List the queues with active jobs or ever paused: paused or not, and their jobs."""
+        found = _invocation().client().list_queues()
+        if as_json:
+            for queue in found:
+                _output.json_line(_queue_record(queue))
+            return
+        _output.table(_QUEUE_COLUMNS, found, state=None)
+
+    @_command(queues, "pause")
+    @click.argument("name", metavar="NAME")
+    def queues_pause(name: str) -> None:
+        """Stop claiming the jobs of queue NAME (running ones finish) until it is resumed."""
+        changed = _invocation().client().pause_queue(name)
+        click.echo(f"paused queue {name}" if changed else f"queue {name} was paused already")
+
+    @_command(queues, "resume")
+    @click.argument("name", metavar="NAME")
+    def queues_resume(name: str) -> None:
+        """Claim the jobs of queue NAME again; idle workers are woken at once."""
+        changed = _invocation().client().resume_queue(name)
+        click.echo(f"resumed queue {name}" if changed else f"queue {name} was not paused")
 
     @_command(group, "dashboard")
     @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
@@ -606,6 +665,128 @@ def _add_commands(group: click.Group) -> None:
         with _output.progress("deleting jobs", jobs_due) as advance:
             deleted_jobs = client.purge_finished_jobs(older_than=older_than, progress=advance)
         click.echo(f"deleted {deleted_runs} runs and {deleted_jobs} standalone jobs")
+
+
+@dataclass(frozen=True)
+class _Bulk:
+    """A run action that also acts in bulk: its verbs, and the run states it starts from."""
+
+    verb: str
+    done: str
+    sources: tuple[RunState, ...]
+    method: str
+
+
+_CANCEL = _Bulk("cancel", "cancelled", (RunState.RUNNING,), "cancel_runs")
+_RETRY = _Bulk("retry", "retried", (RunState.FAILED, RunState.CANCELLED), "retry_runs")
+_FILTERS = ("workflow", "state", "key", "since", "until")
+
+
+def _bulk_options(bulk: _Bulk) -> list[click.Option]:
+    states = " or ".join(s.value for s in bulk.sources)
+    return [
+        click.Option(
+            ["--all", "every"],
+            is_flag=True,
+            help=f"Every {states} run the filters list (no RUN_ID).",
+        ),
+        click.Option(["--workflow"], help="With --all: only runs of this workflow."),
+        click.Option(
+            ["--state"],
+            type=click.Choice([s.value for s in bulk.sources]),
+            help="With --all: only runs in this state.",
+        ),
+        click.Option(["--key"], help="With --all: only the run with this submit key."),
+        click.Option(
+            ["--since"],
+            callback=_converted(since),
+            metavar="DURATION|TIME",
+            help="With --all: only runs created since: 1h, 7d or an ISO time.",
+        ),
+        click.Option(
+            ["--until"],
+            callback=_converted(since),
+            metavar="DURATION|TIME",
+            help="With --all: only runs created before: 1h (ago) or an ISO time.",
+        ),
+        click.Option(
+            ["--dry-run"], is_flag=True, help="With --all: count the runs; change nothing."
+        ),
+        click.Option(["-y", "--yes"], is_flag=True, help="With --all: do not ask to confirm."),
+    ]
+
+
+def _refuse_filters(options: Mapping[str, Any]) -> None:
+    given = [f"--{n.replace('_', '-')}" for n in (*_FILTERS, "dry_run", "yes") if options.get(n)]
+    if given:
+        verb = "goes" if len(given) == 1 else "go"
+        raise click.UsageError(f"{', '.join(given)} {verb} with --all, not with a RUN_ID")
+
+
+def _described(options: Mapping[str, Any]) -> str:
+    parts = []
+    for name in _FILTERS:
+        value = options.get(name)
+        if value is None:
+            continue
+        shown = _output.when(value) if isinstance(value, datetime) else str(value)
+        parts.append(f"{name} {shown}")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _runs(count: int) -> str:
+    return f"{count:,} run{'' if count == 1 else 's'}"
+
+
+def _act_in_bulk(bulk: _Bulk, run_id: str | None, options: Mapping[str, Any]) -> None:
+    """``runs cancel --all`` / ``runs retry --all``: count, confirm, then act in batches."""
+    if run_id is not None:
+        raise click.UsageError("give RUN_ID or --all with filters, not both")
+    if not options["every"]:
+        raise click.UsageError("give RUN_ID, or --all to act on every run the filters list")
+    filters = {name: options[name] for name in _FILTERS}
+    client = _invocation().client()
+    act: Callable[..., int] = getattr(client, bulk.method)
+    states = " or ".join(s.value for s in bulk.sources)
+    count = act(**filters, dry_run=True)
+    where = _described(filters)
+    if options["dry_run"]:
+        click.echo(f"would {bulk.verb} {_runs(count)}{where}")
+        return
+    if count == 0:
+        click.echo(f"no {states} runs match{where}: nothing to {bulk.verb}")
+        return
+    if not options["yes"]:
+        question = f"{bulk.verb.capitalize()} {_runs(count)} ({states}){where}?"
+        if not sys.stdin.isatty():
+            raise BadInput(f"{question} Pass --yes to confirm (stdin is not a terminal)")
+        if not click.confirm(question, default=False):
+            raise CommandError("nothing changed")
+    with _output.progress(f"{bulk.done} runs", count) as advance:
+        changed = act(**filters, progress=advance)
+    skipped = count - changed
+    note = f" ({_runs(skipped)} skipped: changed meanwhile, or refused)" if skipped > 0 else ""
+    click.echo(f"{bulk.done} {_runs(changed)}{note}")
+
+
+def _queue_record(queue: QueueStatus) -> dict[str, Any]:
+    return {
+        "name": queue.name,
+        "paused": queue.paused,
+        "paused_at": queue.paused_at,
+        "available": queue.available,
+        "scheduled": queue.scheduled,
+        "running": queue.running,
+    }
+
+
+_QUEUE_COLUMNS: list[_output.Column] = [
+    ("QUEUE", lambda q: q.name),
+    ("PAUSED", lambda q: f"since {_output.when(q.paused_at)}" if q.paused else "no"),
+    ("AVAILABLE", lambda q: str(q.available)),
+    ("SCHEDULED", lambda q: str(q.scheduled)),
+    ("RUNNING", lambda q: str(q.running)),
+]
 
 
 def _print_upgrade_sql(from_revision: str | None) -> None:

@@ -1,9 +1,12 @@
 """The dashboard's WSGI application: routing, pages, actions, CSRF and authorisation.
 
 Pages read through :class:`cyclone.Client`, each in one snapshot; actions go through
-cyclone's public handles (``Run.retry``, ``Run.retry_all``, ``Run.cancel``, ``Job.cancel``,
-``Client.pause_schedule``, ``Client.resume_schedule``), so the
-dashboard changes nothing the library's own rules would not allow.
+cyclone's public handles and client (``Run.retry``, ``Run.retry_all``, ``Run.cancel``,
+``Job.cancel``, ``Client.retry_job``, ``Client.retry_runs``, ``Client.cancel_runs``,
+``Client.pause_schedule``, ``Client.resume_schedule``, ``Client.pause_queue``,
+``Client.resume_queue``), so the dashboard changes nothing the library's own rules would
+not allow. A bulk action on the filtered runs first shows a page that says how many runs
+it will change, whose form posts the same filters.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
 from typing import Any
+from urllib.parse import urlencode
 
 import jinja2
 from sqlalchemy import Engine
@@ -42,7 +46,16 @@ _NOTICES = {
     "cancel": "Cancelled.",
     "pause": "Paused: its ticks are not fired until it is resumed.",
     "resume": "Resumed: it fires again from its next tick.",
+    "job-retry": "Retry requested: the job runs again from its first attempt.",
+    "queue-pause": "Paused: no worker claims its jobs until it is resumed.",
+    "queue-resume": "Resumed: workers claim its jobs again.",
 }
+
+_BULK = {
+    "retry": ("Retry", "retried", "failed or cancelled", "retry_runs"),
+    "cancel": ("Cancel", "cancelled", "running", "cancel_runs"),
+}
+"""Each bulk action on runs: its button, its past tense, the runs it acts on, its method."""
 
 _STATIC_TYPES = {"css": "text/css; charset=utf-8"}
 
@@ -59,6 +72,9 @@ _URLS = Map(
     [
         Rule("/", endpoint="overview"),
         Rule("/runs", endpoint="runs"),
+        Rule(
+            "/runs/<any(retry, cancel):action>-all", endpoint="runs_bulk", methods=["GET", "POST"]
+        ),
         Rule("/runs/<uuid:run_id>", endpoint="run"),
         Rule(
             "/runs/<uuid:run_id>/<any(retry, 'retry-all', cancel):action>",
@@ -67,13 +83,19 @@ _URLS = Map(
         ),
         Rule("/jobs", endpoint="jobs"),
         Rule("/jobs/<int:job_id>", endpoint="job"),
-        Rule("/jobs/<int:job_id>/cancel", endpoint="job_action", methods=["POST"]),
+        Rule(
+            "/jobs/<int:job_id>/<any(cancel, retry):action>",
+            endpoint="job_action",
+            methods=["POST"],
+        ),
         Rule("/schedules", endpoint="schedules"),
         Rule(
             "/schedules/<any(pause, resume):action>",
             endpoint="schedule_action",
             methods=["POST"],
         ),
+        Rule("/queues", endpoint="queues"),
+        Rule("/queues/<any(pause, resume):action>", endpoint="queue_action", methods=["POST"]),
         Rule("/static/<name>", endpoint="static"),
     ],
     strict_slashes=False,
@@ -232,6 +254,8 @@ class Dashboard:
             request,
             "runs.html",
             csrf,
+            bulk=_bulk_offered(filters),
+            notice=_bulk_notice(request.args),
             rows=page.runs,
             names=names,
             raw={
@@ -242,6 +266,42 @@ class Dashboard:
             searched_to=page.searched_to,
             scan_limit=SCAN_LIMIT,
             paged=after is not None,
+        )
+
+    def _page_runs_bulk(self, request: Request, csrf: str, action: str) -> Response:
+        """GET: how many runs the filters list that the action would change, and a form to
+        confirm; POST (the form): the action on every one of them."""
+        source = request.form if request.method == "POST" else request.args
+        filters = {
+            "workflow": source.get("workflow") or None,
+            "state": _choice(RunState, source.get("state")),
+            "key": source.get("key") or None,
+            "since": _moment(source.get("since"), "since"),
+            "until": _moment(source.get("until"), "until"),
+            "parked": _choice(Parked, source.get("parked"), "way of parking"),
+        }
+        if filters["key"] is not None and filters["key"].endswith("*"):
+            raise BadRequest("Bulk actions take an exact key, not a prefix.")
+        label, _done, sources, method = _BULK[action]
+        act = getattr(self.client, method)
+        raw = {
+            k: source.get(k, "") for k in ("workflow", "state", "key", "since", "until", "parked")
+        }
+        query = {k: v for k, v in raw.items() if v}
+        if request.method == "POST":
+            changed = act(**filters)
+            back = {**query, "done": f"{action}-all", "changed": str(changed)}
+            return redirect(f"{request.script_root}/runs?{urlencode(back)}", code=303)
+        return self._render(
+            request,
+            "runs_bulk.html",
+            csrf,
+            action=action,
+            label=label,
+            sources=sources,
+            count=act(**filters, dry_run=True),
+            raw=raw,
+            query=query,
         )
 
     def _page_run(self, request: Request, csrf: str, run_id: uuid.UUID) -> Response:
@@ -405,13 +465,16 @@ class Dashboard:
             return self._schedules_page(request, csrf, problem=str(exc))
         return redirect(f"{request.script_root}/schedules?done={action}", code=303)
 
-    def _page_job_action(self, request: Request, csrf: str, job_id: int) -> Response:
+    def _page_job_action(self, request: Request, csrf: str, job_id: int, action: str) -> Response:
         detail = self.client.get_job_detail(job_id)
         if detail is None:
             raise NotFound(f"There is no standalone job {job_id} (never made, or purged).")
         try:
-            Job(self.engine, job_id, detail.status.kind, detail.status.key).cancel()
-        except (errors.InvalidStateError, errors.NotFoundError) as exc:
+            if action == "retry":
+                self.client.retry_job(job_id)
+            else:
+                Job(self.engine, job_id, detail.status.kind, detail.status.key).cancel()
+        except (errors.InvalidStateError, errors.NotFoundError, errors.DuplicateError) as exc:
             return self._render(
                 request,
                 "job.html",
@@ -422,7 +485,25 @@ class Dashboard:
                 notice=None,
                 problem=str(exc),
             )
-        return redirect(f"{request.script_root}/jobs/{job_id}?done=cancel", code=303)
+        done = "job-retry" if action == "retry" else "cancel"
+        return redirect(f"{request.script_root}/jobs/{job_id}?done={done}", code=303)
+
+    def _page_queues(self, request: Request, csrf: str) -> Response:
+        return self._render(
+            request,
+            "queues.html",
+            csrf,
+            queues=self.client.list_queues(),
+            notice=_NOTICES.get(request.args.get("done", "")),
+        )
+
+    def _page_queue_action(self, request: Request, csrf: str, action: str) -> Response:
+        name = request.form.get("queue")
+        if not name:
+            raise BadRequest("The form names no queue.")
+        operation = {"pause": self.client.pause_queue, "resume": self.client.resume_queue}
+        operation[action](name)
+        return redirect(f"{request.script_root}/queues?done=queue-{action}", code=303)
 
     def _page_static(self, request: Request, csrf: str, name: str) -> Response:
         suffix = name.rpartition(".")[2]
@@ -434,6 +515,31 @@ class Dashboard:
         response = Response(resource.read_bytes(), mimetype=_STATIC_TYPES[suffix])
         response.headers["Cache-Control"] = "public, max-age=3600"
         return response
+
+
+def _bulk_offered(filters: Mapping[str, Any]) -> list[str]:
+    """The bulk actions the runs list offers for its filters: those its state allows (a
+    key prefix is not a filter of ``Client.list_runs``: none then)."""
+    key = filters.get("key")
+    if key is not None and key.endswith("*"):
+        return []
+    state = filters.get("state")
+    offered = []
+    if state in (None, RunState.FAILED, RunState.CANCELLED):
+        offered.append("retry")
+    if state in (None, RunState.RUNNING):
+        offered.append("cancel")
+    return offered
+
+
+def _bulk_notice(args: Mapping[str, str]) -> str | None:
+    done = args.get("done", "")
+    action = done.removesuffix("-all")
+    if action not in _BULK or not done.endswith("-all"):
+        return None
+    changed = args.get("changed", "0")
+    count = int(changed) if changed.isdigit() else 0
+    return f"{_BULK[action][1].capitalize()} {count:,} run{'' if count == 1 else 's'}."
 
 
 def _choice(enum: Any, value: str | None, what: str = "state") -> Any:

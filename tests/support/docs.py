@@ -240,6 +240,14 @@ EXECUTED = (
             "## Recovery workflows",
         )
     ),
+    *(
+        Executed(
+            "docs/operations.md",
+            heading,
+            "tests/test_docs_pages.py::test_the_operations_blocks_act_in_bulk_and_pause_a_queue",
+        )
+        for heading in ("## Retrying and cancelling in bulk", "## Pausing a queue")
+    ),
     Executed(
         "docs/operations.md",
         "## Tracing and metrics",

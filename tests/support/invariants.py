@@ -113,6 +113,21 @@ INVARIANTS: tuple[Invariant, ...] = (
         """,
     ),
     Invariant(
+        "an available job has an attempt left and no owner (a retried job counts afresh)",
+        """
+        SELECT j.id AS job_id, j.kind, j.attempt, j.max_attempts, j.worker_id
+        FROM cyclone_jobs j
+        WHERE j.state = 'available' AND (j.attempt >= j.max_attempts OR j.worker_id IS NOT NULL)
+        """,
+    ),
+    Invariant(
+        "a paused queue says since when, and only a paused one",
+        """
+        SELECT q.name, q.paused, q.paused_at FROM cyclone_queues q
+        WHERE q.paused <> (q.paused_at IS NOT NULL)
+        """,
+    ),
+    Invariant(
         "every running job has an owner, a lease and a start",
         """
         SELECT j.id AS job_id, j.kind, j.worker_id, j.heartbeat_at, j.attempted_at

@@ -4,9 +4,10 @@ Columns and labels use the words of the Python API (docs/glossary.md): *started*
 *finished* for the columns ``attempted_at`` and ``finalized_at``.
 
 Nothing here writes to cyclone's tables through the ORM: the pages only read, and the
-actions call the run handles' ``retry()`` and ``cancel()`` and ``Client.cancel_job()``,
-which keep cyclone's rules (a running run cannot be retried, a finished one cannot be
-cancelled, a step is cancelled with its run).
+actions call the run handles' ``retry()`` and ``cancel()``, ``Client.cancel_job()``,
+``Client.retry_job()``, ``Client.pause_queue()`` and ``Client.resume_queue()``, which keep
+cyclone's rules (a running run cannot be retried, a finished one cannot be cancelled, a
+step is cancelled and retried with its run).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from cyclone.client import Client, StepStatus
 from cyclone.contrib.django._discovery import definitions
 from cyclone.contrib.django._engines import engine
 from cyclone.contrib.django._run_page import RunPage
-from cyclone.contrib.django.models import Job, Run
+from cyclone.contrib.django.models import Job, Queue, Run
 from cyclone.errors import CycloneError
 from cyclone.runs import Run as RunHandle
 from cyclone.states import Parked
@@ -215,7 +216,7 @@ def _operate(
     request: HttpRequest,
     rows: QuerySet[Any],
     verb: str,
-    call: Callable[[Any], None],
+    call: Callable[[Any], object],
 ) -> None:
     """Call ``call`` on each selected row; report what was done and each refusal."""
     done = 0
@@ -285,7 +286,7 @@ class JobAdmin(ReadOnlyAdmin):
     search_fields = ("=kind", "=unique_key")
     show_full_result_count = False
     list_select_related = ("run",)
-    actions = ("cancel_jobs",)
+    actions = ("cancel_jobs", "retry_jobs")
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
         return bool(request.user.has_perm(f"{self.opts.app_label}.operate_job"))
@@ -299,3 +300,42 @@ class JobAdmin(ReadOnlyAdmin):
         client = Client(engine(queryset.db))
         standalone = queryset.filter(run__isnull=True)
         _operate(self, request, standalone, "Cancelled", lambda job: client.cancel_job(job.id))
+
+    @admin.action(
+        description="Retry the selected failed or cancelled standalone jobs",
+        permissions=("operate",),
+    )
+    def retry_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        for step in queryset.filter(run__isnull=False):
+            self.message_user(
+                request, f"{step} is a step of run {step.run_id}: retry the run", messages.ERROR
+            )
+        client = Client(engine(queryset.db))
+        standalone = queryset.filter(run__isnull=True)
+        _operate(self, request, standalone, "Retried", lambda job: client.retry_job(job.id))
+
+
+@admin.register(Queue)
+class QueueAdmin(ReadOnlyAdmin):
+    """The queues ever paused, paused or not; actions pause and resume them.
+
+    A queue that was never paused has no row here: pause it first with
+    ``cyclone queues pause NAME``, ``Client.pause_queue`` or the dashboard.
+    """
+
+    list_display = ("name", "paused", "paused_at", "updated_at")
+    list_filter = ("paused",)
+    actions = ("pause_queues", "resume_queues")
+
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        return bool(request.user.has_perm(f"{self.opts.app_label}.operate_queue"))
+
+    @admin.action(description="Pause the selected queues", permissions=("operate",))
+    def pause_queues(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
+        client = Client(engine(queryset.db))
+        _operate(self, request, queryset, "Paused", lambda queue: client.pause_queue(queue.name))
+
+    @admin.action(description="Resume the selected queues", permissions=("operate",))
+    def resume_queues(self, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
+        client = Client(engine(queryset.db))
+        _operate(self, request, queryset, "Resumed", lambda queue: client.resume_queue(queue.name))

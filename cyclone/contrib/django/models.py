@@ -78,7 +78,26 @@ class Job(models.Model):
         db_table = "cyclone_jobs"
         ordering = ("-created_at", "-id")
         default_permissions = ("view",)
-        permissions = (("operate_job", "Can cancel standalone jobs"),)
+        permissions = (("operate_job", "Can cancel and retry standalone jobs"),)
 
     def __str__(self) -> str:
         return f"{self.kind} #{self.id}"
+
+
+class Queue(models.Model):
+    """A row of ``cyclone_queues``: a queue an operator paused (or paused and resumed)."""
+
+    name = models.TextField(primary_key=True)
+    paused = models.BooleanField()
+    paused_at = models.DateTimeField("paused since", null=True)
+    updated_at = models.DateTimeField("updated")
+
+    class Meta:
+        managed = False
+        db_table = "cyclone_queues"
+        ordering = ("name",)
+        default_permissions = ("view",)
+        permissions = (("operate_queue", "Can pause and resume queues"),)
+
+    def __str__(self) -> str:
+        return str(self.name)

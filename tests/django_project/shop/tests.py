@@ -28,7 +28,7 @@ from project.settings import BASE_DIR
 
 import cyclone
 from cyclone.contrib.django import definitions, engine, worker
-from cyclone.contrib.django.models import Job, Run
+from cyclone.contrib.django.models import Job, Queue, Run
 from shop.models import Order, Shipment
 from shop.workflows import OrderPlaced, Probe, fulfil, payment, reconnect, restock, send_receipt
 
@@ -188,7 +188,8 @@ class EmptiesCycloneTables(TransactionTestCase):
                 continue
             with connections[alias].cursor() as cursor:
                 cursor.execute(
-                    "TRUNCATE cyclone_signals, cyclone_jobs, cyclone_runs, cyclone_schedules"
+                    "TRUNCATE cyclone_signals, cyclone_jobs, cyclone_runs, cyclone_schedules, "
+                    "cyclone_queues"
                 )
         super().tearDown()
 
@@ -500,6 +501,73 @@ class AdminTests(EmptiesCycloneTables):
         self.assertContains(refused, "cancel the run")
         step.refresh_from_db()
         self.assertEqual(step.state, "available")
+
+    def test_retry_action_runs_a_failed_standalone_job_again_and_refuses_a_step(self) -> None:
+        job = send_receipt.enqueue(engine(), 8)
+        job.cancel()
+        page = self.client.post(
+            "/admin/cyclone/job/",
+            {"action": "retry_jobs", "_selected_action": [str(job.id)]},
+            follow=True,
+        )
+        self.assertContains(page, "Retried 1 job.")
+        self.assertEqual(job.status().state, cyclone.JobState.AVAILABLE)
+        step = Job.objects.get(run_id=self.failed.id)
+        refused = self.client.post(
+            "/admin/cyclone/job/",
+            {"action": "retry_jobs", "_selected_action": [str(step.id), str(job.id)]},
+            follow=True,
+        )
+        self.assertContains(refused, "retry the run")
+        self.assertContains(refused, f"cannot retry job {job.id}: it is available")
+        step.refresh_from_db()
+        self.assertEqual(step.state, "failed")
+        job.cancel()
+
+    def test_retry_and_cancel_actions_act_on_every_selected_run(self) -> None:
+        other, _ = restock.submit_once(engine(), new_key(), "tea")
+        with worker(concurrency=1) as w:
+            w.drain()
+        page = self.client.post(
+            "/admin/cyclone/run/",
+            {"action": "retry_runs", "_selected_action": [str(self.failed.id), str(other.id)]},
+            follow=True,
+        )
+        self.assertContains(page, "Retried 2 runs.")
+        page = self.client.post(
+            "/admin/cyclone/run/",
+            {"action": "cancel_runs", "_selected_action": [str(self.failed.id), str(other.id)]},
+            follow=True,
+        )
+        self.assertContains(page, "Cancelled 2 runs.")
+        self.assertEqual(other.status().state, cyclone.RunState.CANCELLED)
+
+    def test_queue_actions_pause_and_resume_the_selected_queues(self) -> None:
+        client = cyclone.Client(engine())
+        client.pause_queue("receipts")
+        client.pause_queue("archive")
+        client.resume_queue("archive")
+        listed = self.client.get("/admin/cyclone/queue/")
+        self.assertEqual(listed.status_code, 200)
+        self.assertContains(listed, "receipts")
+        self.assertContains(listed, "archive")
+        page = self.client.post(
+            "/admin/cyclone/queue/",
+            {"action": "resume_queues", "_selected_action": ["receipts"]},
+            follow=True,
+        )
+        self.assertContains(page, "Resumed 1 queue.")
+        self.assertFalse(Queue.objects.get(name="receipts").paused)
+        page = self.client.post(
+            "/admin/cyclone/queue/",
+            {"action": "pause_queues", "_selected_action": ["receipts", "archive"]},
+            follow=True,
+        )
+        self.assertContains(page, "Paused 2 queues.")
+        self.assertEqual(
+            {q.name: q.paused for q in Queue.objects.all()}, {"receipts": True, "archive": True}
+        )
+        self.assertEqual(self.client.get("/admin/cyclone/queue/add/").status_code, 403)
 
     def test_staff_without_the_operate_permission_can_view_but_not_act(self) -> None:
         viewer = User.objects.create_user("viewer", password="pw", is_staff=True)
