@@ -163,25 +163,27 @@ def retry_job(engine: Engine, job_id: int) -> None:
     """
     try:
         with _binds.autocommit(engine) as conn:
-            if conn.execute(_RETRY_JOB, {"job_id": job_id}).first() is not None:
+            if _executor.first(conn, _RETRY_JOB, {"job_id": job_id}) is not None:
                 return
-            row = conn.execute(_SELECT_JOB, {"job_id": job_id}).first()
+            row = _executor.first(conn, _SELECT_JOB, {"job_id": job_id})
     except IntegrityError as exc:
         if getattr(getattr(exc.orig, "diag", None), "constraint_name", None) != _UNIQUE_INDEX:
             raise
         with _binds.autocommit(engine) as conn:
-            row = conn.execute(_SELECT_JOB, {"job_id": job_id}).first()
+            row = _executor.first(conn, _SELECT_JOB, {"job_id": job_id})
             assert row is not None
-            params = {"kind": row.kind, "unique": row.unique_key}
-            holder = conn.execute(select_active_holder_stmt(), params).scalar()
-        raise errors.DuplicateError(kind=row.kind, key=row.unique_key, job_id=holder or 0) from exc
+            _, _, kind, unique_key = row
+            params = {"kind": kind, "unique": unique_key}
+            holder = _executor.value(conn, select_active_holder_stmt(), params)
+        raise errors.DuplicateError(kind=kind, key=unique_key, job_id=holder or 0) from exc
     if row is None:
         raise errors.NotFoundError(f"job {job_id} does not exist")
-    if row.run_id is not None:
+    state, run_id, _, _ = row
+    if run_id is not None:
         raise errors.InvalidStateError(
             operation="retry",
             run_id=job_id,
-            state=f"a step of run {row.run_id} (retry the run instead)",
+            state=f"a step of run {run_id} (retry the run instead)",
             what="job",
         )
-    raise errors.InvalidStateError(operation="retry", run_id=job_id, state=row.state, what="job")
+    raise errors.InvalidStateError(operation="retry", run_id=job_id, state=state, what="job")

@@ -21,7 +21,7 @@ from django.utils.safestring import mark_safe
 from cyclone.contrib.django._engines import engine
 from cyclone.errors import MissingExtraError
 
-RUN_FIELDS = (
+RUN_FIELDS: tuple[Any, ...] = (
     "id",
     "workflow",
     "submit_key",

@@ -246,6 +246,7 @@ class RunAdmin(RunPage, ReadOnlyAdmin):
 
     list_display = ("id", "workflow", "submit_key", "state", parked, "created_at", finished_at)
     list_filter = ("state", ParkedFilter, WorkflowFilter)
+    fields = (*RunPage.fields, run_waits)
     readonly_fields = (run_waits,)
     search_fields = ("=submit_key",)
     show_full_result_count = False
