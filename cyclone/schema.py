@@ -96,6 +96,23 @@ Index(
     runs.c.id,
     postgresql_where=text(f"created_at > {LISTED_SINCE}"),
 )
+# Listings by state, and by workflow and state, newest first (revision cyclone_0012):
+# partial on the same always-true predicate, so only a listing, which states it, uses them.
+Index(
+    "ix_cyclone_runs_listing_state",
+    runs.c.state,
+    runs.c.created_at,
+    runs.c.id,
+    postgresql_where=text(f"created_at > {LISTED_SINCE}"),
+)
+Index(
+    "ix_cyclone_runs_listing_workflow_state",
+    runs.c.workflow,
+    runs.c.state,
+    runs.c.created_at,
+    runs.c.id,
+    postgresql_where=text(f"created_at > {LISTED_SINCE}"),
+)
 Index(
     "ix_cyclone_runs_finalized_at",
     runs.c.finalized_at,

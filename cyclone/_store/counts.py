@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import Connection, and_, func, select, true, union_all
+from sqlalchemy import Connection, and_, func, literal, literal_column, select, true, union_all
+from sqlalchemy.dialects.postgresql import array
 
+from cyclone._store import reads as _reads
 from cyclone._store import unstarted as _unstarted
-from cyclone.schema import jobs, runs
+from cyclone.schema import LISTED_SINCE, jobs, runs
 from cyclone.states import JobState, RunState
 
 
@@ -27,13 +29,45 @@ def runs_per_state(conn: Connection, workflow: str | None) -> dict[RunState, int
     return counts
 
 
-def runs_per_workflow(conn: Connection) -> dict[str, dict[RunState, int]]:
-    """Runs per workflow and state, workflows by name."""
-    rows = conn.execute(
-        select(runs.c.workflow, runs.c.state, func.count())
-        .group_by(runs.c.workflow, runs.c.state)
-        .order_by(runs.c.workflow)
-    )
+def runs_per_workflow(conn: Connection, up_to: int | None) -> dict[str, dict[RunState, int]]:
+    """Runs per workflow and state, workflows by name; each count stops at ``up_to``.
+
+    Without ``up_to`` it reads every run. With it, each pair of a workflow (found by a
+    loose scan of the key index) and a state counts at most ``up_to`` entries of the
+    ``(workflow, state, created_at, id)`` index (revision cyclone_0012), so the read costs
+    at most ``up_to`` index entries per workflow and state, whatever the table holds.
+    """
+    if up_to is None:
+        rows = conn.execute(
+            select(runs.c.workflow, runs.c.state, func.count())
+            .group_by(runs.c.workflow, runs.c.state)
+            .order_by(runs.c.workflow)
+        )
+    else:
+        names = _reads.workflow_names_stmt().subquery("workflows")
+        states = (
+            func.unnest(array([s.value for s in RunState]))
+            .table_valued("state")
+            .render_derived(name="states")
+        )
+        capped = (
+            select(literal(1))
+            .where(
+                runs.c.created_at > literal_column(LISTED_SINCE, runs.c.created_at.type),
+                runs.c.workflow == names.c.name,
+                runs.c.state == states.c.state,
+            )
+            .limit(up_to)
+            .correlate_except(runs)
+            .subquery("capped")
+        )
+        count = select(func.count()).select_from(capped).scalar_subquery()
+        rows = conn.execute(
+            select(names.c.name, states.c.state, count)
+            .select_from(names)
+            .join(states, true())
+            .order_by(names.c.name)
+        )
     table: dict[str, dict[RunState, int]] = {}
     for workflow, state, count in rows:
         table.setdefault(workflow, dict.fromkeys(RunState, 0))[RunState(state)] = count

@@ -202,15 +202,7 @@ def list_runs(
     limit: int,
 ) -> list[RunStatusFields]:
     """Runs newest first, strictly after the position ``after`` (created_at, id)."""
-    stmt = select(*STATUS_COLUMNS)
-    if workflow is not None:
-        # Always true: it lets the planner use the partial (workflow, created_at, id) index.
-        stmt = stmt.where(
-            runs.c.workflow == workflow,
-            runs.c.created_at > literal_column(LISTED_SINCE, runs.c.created_at.type),
-        )
-    if state is not None:
-        stmt = stmt.where(runs.c.state == state.value)
+    stmt = _listing(select(*STATUS_COLUMNS), workflow, state)
     if key is not None:
         stmt = stmt.where(runs.c.submit_key == key)
     if since is not None:
@@ -219,6 +211,23 @@ def list_runs(
         stmt = stmt.where(tuple_(runs.c.created_at, runs.c.id) < after)
     stmt = stmt.order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit)
     return [run_status_fields(row) for row in conn.execute(stmt)]
+
+
+def _listing(stmt: Select[Any], workflow: str | None, state: RunState | None) -> Select[Any]:
+    """``stmt`` filtered by workflow and state, on the listing indexes newest first.
+
+    A filter on either states the listing indexes' predicate (always true), so the planner
+    may use the partial ``(workflow, created_at, id)``, ``(state, created_at, id)`` and
+    ``(workflow, state, created_at, id)`` indexes (revisions cyclone_0003, cyclone_0012).
+    """
+    if workflow is None and state is None:
+        return stmt
+    stmt = stmt.where(runs.c.created_at > literal_column(LISTED_SINCE, runs.c.created_at.type))
+    if workflow is not None:
+        stmt = stmt.where(runs.c.workflow == workflow)
+    if state is not None:
+        stmt = stmt.where(runs.c.state == state.value)
+    return stmt
 
 
 def page_runs(
@@ -236,19 +245,14 @@ def page_runs(
     """At most ``limit + 1`` runs newest first, and the run a page stopped at because it read
     ``scan`` runs without filling up (else None).
 
-    The workflow, an exact key, the time range and the position are served by indexes. A
-    state or a key prefix (a key ending in ``*``) is not: those filters are applied to at
-    most ``scan`` runs in the order of the listing, so a state that few runs are in costs a
-    bounded read per page instead of a read of the whole table. Send it in one snapshot:
-    the page and the run it stopped at are read by two statements.
+    The workflow, the state, an exact key, the time range and the position are served by
+    indexes. A key prefix (a key ending in ``*``) is not: it is applied to at most ``scan``
+    runs in the order of the listing, so a prefix that few runs match costs a bounded read
+    per page instead of a read of the whole table. Send it in one snapshot: the page and
+    the run it stopped at are read by two statements.
     """
     # Filtered on the table's own columns: the window below casts only the runs it keeps.
-    stmt = select(*_STATUS_OF_TABLE)
-    if workflow is not None:
-        stmt = stmt.where(
-            runs.c.workflow == workflow,
-            runs.c.created_at > literal_column(LISTED_SINCE, runs.c.created_at.type),
-        )
+    stmt = _listing(select(*_STATUS_OF_TABLE), workflow, state)
     exact_key = key is not None and not key.endswith("*")
     if exact_key:
         stmt = stmt.where(runs.c.submit_key == key)
@@ -266,7 +270,7 @@ def page_runs(
 
     def unindexed(c: Any) -> list[Any]:
         """The filters no index serves, on the columns ``c`` of the runs or of a window."""
-        found = [] if state is None else [c.state == state.value]
+        found = []
         if key is not None and not exact_key:
             found.append(c.submit_key.startswith(key[:-1], autoescape=True))
         return found
@@ -289,7 +293,7 @@ def page_runs(
     return found, None if edge is None else run_status_fields(edge)
 
 
-def _workflow_names() -> Select[Any]:
+def workflow_names_stmt() -> Select[Any]:
     """The distinct workflow names of the runs, by a loose scan of the key index.
 
     A recursive CTE steps from one name to the next with ``min(workflow) > previous``, so
@@ -305,12 +309,12 @@ def _workflow_names() -> Select[Any]:
 
 
 def _workflow_names_array() -> Any:
-    return func.array(_workflow_names().scalar_subquery())
+    return func.array(workflow_names_stmt().scalar_subquery())
 
 
 def workflow_names(conn: Connection) -> list[str]:
     """The workflows that have runs, by name."""
-    return [n for (n,) in conn.execute(_workflow_names())]
+    return [n for (n,) in conn.execute(workflow_names_stmt())]
 
 
 def list_jobs(
