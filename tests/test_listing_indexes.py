@@ -72,6 +72,9 @@ def test_a_state_filter_pages_through_its_index_not_a_window_of_runs(
     rest = client.page_runs(state="failed", limit=4, scan=100, after=page.next.cursor)
     assert [r.key for r in rest.runs] == ["k5001", "k5000"]
     assert rest.next is None
+    assert client.list_runs(state="failed", after=page.next.cursor) == rest.runs
+    with pytest.raises(ValueError, match="is not a cursor"):
+        client.list_runs(after="2026-01-01")
 
     plan = plans(lambda: client.page_runs(state="failed", limit=4, after=page.next))
     assert "ix_cyclone_runs_listing_state " in plan, plan
@@ -112,3 +115,31 @@ def test_counts_with_a_cap_read_at_most_the_cap_per_workflow_and_state_from_the_
     assert "Seq Scan" not in plan, plan
     with pytest.raises(ValueError, match="up_to must be a positive int"):
         client.count_runs_per_workflow(up_to=0)
+
+
+def test_the_backlog_and_the_per_minute_chart_read_indexes_not_rows(
+    loaded: sa.Engine, plans: Callable[[Callable[[], Any]], str]
+) -> None:
+    with loaded.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO cyclone_jobs (kind, queue, state, max_attempts, scheduled_at) "
+                "SELECT 'mail', 'q' || g % 2, 'available', 1, now() + (g % 3 - 1) * interval '1 h'"
+                " FROM generate_series(1, 3000) g"
+            )
+        )
+    with loaded.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text("VACUUM ANALYZE cyclone_jobs"))
+    client = cyclone.Client(loaded)
+    backlog = client.count_active_jobs()
+    assert [(a.queue, a.kind, a.ready, a.scheduled, a.running) for a in backlog] == [
+        ("q0", "mail", 1000, 500, 0),
+        ("q1", "mail", 1000, 500, 0),
+    ]
+    plan = plans(client.count_active_jobs)
+    assert "Index Only Scan using ix_cyclone_jobs_available" in plan, plan
+    chart = client.count_finished_per_minute()
+    assert sum(m.completed for m in chart) == 8000
+    assert sum(m.failed for m in chart) == 6
+    plan = plans(client.count_finished_per_minute)
+    assert "Index Only Scan using ix_cyclone_runs_finalized_at_state" in plan, plan

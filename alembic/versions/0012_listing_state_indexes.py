@@ -1,4 +1,4 @@
-"""Listings and counts filtered by state read an index: a rare state costs its own runs.
+"""Listings by state read an index; the dashboard's counts read indexes only.
 
 Revision ID: cyclone_0012
 Revises: cyclone_0010
@@ -12,11 +12,18 @@ it, newest first, by keyset: ``(state, created_at, id)`` and, for a workflow's r
 one state, ``(workflow, state, created_at, id)``; the second also bounds the overview's
 counts per workflow and state (an index-only read per pair, up to a cap).
 
-Like ``ix_cyclone_runs_listing`` (cyclone_0003), both are partial on ``created_at >
+Two more let the overview's other counts read an index alone, not the rows: the chart
+of runs ended per minute reads ``(finalized_at, state)`` (it replaces the index on
+``finalized_at`` alone, which the sweeper's reads use as before), and the backlog's
+available jobs per queue, workflow and kind read ``(queue, workflow, kind,
+scheduled_at) WHERE state = 'available'`` (a job becoming available, when it is made,
+unblocked or retried, writes one more index entry; a claim none).
+
+Like ``ix_cyclone_runs_listing`` (cyclone_0003), the listing indexes are partial on ``created_at >
 '-infinity'``, true for every run, which only a listing states: no other statement that
 filters on ``state`` (the claim, deadlines, rescue) can be planned onto them.
 
-A state change of a run now updates these two indexes (it already updated
+A state change of a run now updates the listing indexes (it already updated
 ``ix_cyclone_runs_finalized_at``); updates that leave the state alone (a step's
 completion counting ``steps_remaining`` down) are unaffected.
 
@@ -40,6 +47,13 @@ NEW_INDEXES = {
     "WHERE created_at > '-infinity'::timestamp with time zone",
     "ix_cyclone_runs_listing_workflow_state": "cyclone_runs (workflow, state, created_at, id) "
     "WHERE created_at > '-infinity'::timestamp with time zone",
+    "ix_cyclone_runs_finalized_at_state": "cyclone_runs (finalized_at, state) "
+    "WHERE finalized_at IS NOT NULL",
+    "ix_cyclone_jobs_available": "cyclone_jobs (queue, workflow, kind, scheduled_at) "
+    "WHERE state = 'available'",
+}
+REPLACED = {
+    "ix_cyclone_runs_finalized_at": "cyclone_runs (finalized_at) WHERE finalized_at IS NOT NULL"
 }
 
 
@@ -56,8 +70,12 @@ def upgrade() -> None:
             f"WHERE indexrelid = '{name}'::regclass) THEN RAISE EXCEPTION '{message}'; "
             f"END IF; END $$"
         )
+    for name in REPLACED:
+        op.execute(f"DROP INDEX {name}")
 
 
 def downgrade() -> None:
+    for name, definition in REPLACED.items():
+        op.execute(f"CREATE INDEX {name} ON {definition}")
     for name in reversed(NEW_INDEXES):
         op.execute(f"DROP INDEX {name}")

@@ -8,8 +8,9 @@ its steps as a worker will create them, roots available and the others blocked.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import Connection, and_, func, literal, literal_column, select, true, union_all
+from sqlalchemy import Connection, func, literal, literal_column, select, true, union_all
 from sqlalchemy.dialects.postgresql import array
 
 from cyclone._store import reads as _reads
@@ -107,66 +108,96 @@ def active_jobs(conn: Connection) -> list[tuple[str, str | None, str, int, int, 
     """(queue, workflow, kind, due now, scheduled later, running) of the available and
     running jobs, by queue, workflow (standalone first) and kind.
 
-    Each arm states the predicate of a partial index (the two claim indexes, the
+    Each arm states the predicate of a partial index (the index of available jobs, the
     heartbeat index and the index of runs to start), so the read costs the active jobs,
-    never the finished history.
+    never the finished history; each is counted on its own before they are added up, the
+    available jobs from their index alone, in its order (revision cyclone_0012).
     """
     due = jobs.c.scheduled_at <= func.now()
-    available = jobs.c.state == JobState.AVAILABLE.value
-    arms = [
-        select(jobs.c.queue, jobs.c.workflow, jobs.c.kind, due.label("due"), jobs.c.state).where(
-            available, where
+    group = (jobs.c.queue, jobs.c.workflow, jobs.c.kind)
+    available = (
+        select(
+            *group,
+            func.count().filter(due).label("ready"),
+            func.count().filter(~due).label("scheduled"),
+            literal(0).label("running"),
         )
-        for where in (jobs.c.workflow.is_not(None), jobs.c.workflow.is_(None))
-    ]
-    running = select(jobs.c.queue, jobs.c.workflow, jobs.c.kind, true(), jobs.c.state).where(
-        jobs.c.state == JobState.RUNNING.value
+        .where(jobs.c.state == JobState.AVAILABLE.value)
+        .group_by(*group)
+    )
+    running = (
+        select(*group, literal(0), literal(0), func.count())
+        .where(jobs.c.state == JobState.RUNNING.value)
+        .group_by(*group)
     )
     # The roots of runs not started yet: available jobs to be, read from their graphs.
     pending = _unstarted.pending_steps().subquery("pending")
-    unstarted = select(
-        pending.c.queue,
-        pending.c.workflow,
-        pending.c.kind,
-        (pending.c.scheduled_at <= func.now()).label("due"),
-        pending.c.state,
-    ).where(pending.c.state == JobState.AVAILABLE.value)
-    active = union_all(*arms, running, unstarted).subquery()
-    is_available = active.c.state == JobState.AVAILABLE.value
+    pending_due = pending.c.scheduled_at <= func.now()
+    unstarted = (
+        select(
+            pending.c.queue,
+            pending.c.workflow,
+            pending.c.kind,
+            func.count().filter(pending_due),
+            func.count().filter(~pending_due),
+            literal(0),
+        )
+        .where(pending.c.state == JobState.AVAILABLE.value)
+        .group_by(pending.c.queue, pending.c.workflow, pending.c.kind)
+    )
+    counted = union_all(available, running, unstarted).subquery()
     rows = conn.execute(
         select(
-            active.c.queue,
-            active.c.workflow,
-            active.c.kind,
-            func.count().filter(and_(is_available, active.c.due)),
-            func.count().filter(and_(is_available, ~active.c.due)),
-            func.count().filter(active.c.state == JobState.RUNNING.value),
+            counted.c.queue,
+            counted.c.workflow,
+            counted.c.kind,
+            func.sum(counted.c.ready),
+            func.sum(counted.c.scheduled),
+            func.sum(counted.c.running),
         )
-        .group_by(active.c.queue, active.c.workflow, active.c.kind)
-        .order_by(active.c.queue, active.c.workflow.nulls_first(), active.c.kind)
+        .group_by(counted.c.queue, counted.c.workflow, counted.c.kind)
+        .order_by(counted.c.queue, counted.c.workflow.nulls_first(), counted.c.kind)
     )
-    return [(q, w, k, ready, scheduled, running) for q, w, k, ready, scheduled, running in rows]
+    return [
+        (q, w, k, int(ready), int(scheduled), int(running))
+        for q, w, k, ready, scheduled, running in rows
+    ]
+
+
+def _minute_number(moment: Any) -> Any:
+    """The minutes since the epoch of a timestamp: arithmetic, no time zone looked up."""
+    return func.floor(func.date_part("epoch", moment) / 60)
 
 
 def finished_per_minute(conn: Connection, minutes: int) -> list[tuple[datetime, int, int]]:
     """Per minute of the last ``minutes``: (minute, completed, failed) runs and standalone jobs.
 
-    Both reads use the partial ``finalized_at`` indexes; minutes without any are included.
+    The runs are read from the ``(finalized_at, state)`` index alone (revision
+    cyclone_0012), the standalone jobs from their partial ``finalized_at`` index; each
+    is counted per minute number before the (at most ``minutes``) minutes are joined to
+    the series, so that minutes without any are included.
     """
     since = func.date_trunc("minute", func.now()) - timedelta(minutes=minutes - 1)
-    minute_of_run = func.date_trunc("minute", runs.c.finalized_at)
-    minute_of_job = func.date_trunc("minute", jobs.c.finalized_at)
     ended = (
-        select(minute_of_run.label("minute"), runs.c.state.label("state"))
+        select(_minute_number(runs.c.finalized_at).label("number"), runs.c.state.label("state"))
         .where(runs.c.finalized_at >= since, runs.c.finalized_at.is_not(None))
         .union_all(
-            select(minute_of_job, jobs.c.state).where(
+            select(_minute_number(jobs.c.finalized_at), jobs.c.state).where(
                 jobs.c.run_id.is_(None),
                 jobs.c.finalized_at.is_not(None),
                 jobs.c.finalized_at >= since,
             )
         )
-        .subquery()
+        .subquery("ended")
+    )
+    per_minute = (
+        select(
+            ended.c.number,
+            func.count().filter(ended.c.state == "completed").label("completed"),
+            func.count().filter(ended.c.state == "failed").label("failed"),
+        )
+        .group_by(ended.c.number)
+        .subquery("per_minute")
     )
     series = (
         func.generate_series(since, func.date_trunc("minute", func.now()), timedelta(minutes=1))
@@ -177,12 +208,11 @@ def finished_per_minute(conn: Connection, minutes: int) -> list[tuple[datetime, 
     stmt = (
         select(
             minute,
-            func.count(ended.c.state).filter(ended.c.state == "completed"),
-            func.count(ended.c.state).filter(ended.c.state == "failed"),
+            func.coalesce(per_minute.c.completed, 0),
+            func.coalesce(per_minute.c.failed, 0),
         )
         .select_from(series)
-        .outerjoin(ended, ended.c.minute == minute)
-        .group_by(minute)
+        .outerjoin(per_minute, per_minute.c.number == _minute_number(minute))
         .order_by(minute)
     )
     return [(m, completed, failed) for m, completed, failed in conn.execute(stmt)]
