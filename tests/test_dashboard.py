@@ -56,6 +56,22 @@ def test_overview_counts_runs_by_workflow_and_state(
     assert cells == ["1", "1", "2", "0"]  # running, completed, failed, cancelled
 
 
+def test_overview_counts_stop_at_the_cap_and_say_so(
+    engine: sa.Engine, client: Client, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from cyclone.dashboard import _app
+
+    monkeypatch.setattr(_app, "COUNT_CAP", 2)
+    s = shop(name)
+    s.workflow.submit_once_many(engine, [(f"k{i}", Order(i)) for i in range(3)])
+    html = client.get("/").get_data(as_text=True)
+    row = re.search(rf"<tr>\s*<td><a [^>]*>{name}</a></td>(.*?)</tr>", html, re.S)
+    assert row is not None
+    cells = [text_of(c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)]
+    assert cells == ["2+", "0", "0", "0"]  # three running: counted up to the cap
+    assert 'title="at least 2: the count stops there"' in row.group(1)
+
+
 def test_overview_shows_backlog_by_queue_and_the_per_minute_chart(
     engine: sa.Engine, client: Client, name: str
 ) -> None:
