@@ -96,7 +96,7 @@ Index(
     runs.c.id,
     postgresql_where=text(f"created_at > {LISTED_SINCE}"),
 )
-# Listings by state, and by workflow and state, newest first (revision cyclone_0012):
+# Listings by state, and by workflow and state, newest first (revision cyclone_0013):
 # partial on the same always-true predicate, so only a listing, which states it, uses them.
 Index(
     "ix_cyclone_runs_listing_state",
@@ -114,7 +114,7 @@ Index(
     postgresql_where=text(f"created_at > {LISTED_SINCE}"),
 )
 # The sweeper's range, and the runs ended per minute by state read from the index alone
-# (revision cyclone_0012).
+# (revision cyclone_0013).
 Index(
     "ix_cyclone_runs_finalized_at_state",
     runs.c.finalized_at,
@@ -192,7 +192,7 @@ Index(
     postgresql_where=text("state = 'available' AND workflow IS NULL"),
 )
 # The available jobs per queue, workflow and kind, counted from the index alone
-# (revision cyclone_0012).
+# (revision cyclone_0013).
 Index(
     "ix_cyclone_jobs_available",
     jobs.c.queue,

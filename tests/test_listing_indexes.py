@@ -1,4 +1,4 @@
-"""Listings and counts filtered by state read their indexes (revision cyclone_0012).
+"""Listings and counts filtered by state read their indexes (revision cyclone_0013).
 
 A state few runs are in (a handful failed among thousands completed) is listed, paged
 and counted from the ``(state, created_at, id)`` and ``(workflow, state, created_at,

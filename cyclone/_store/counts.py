@@ -35,7 +35,7 @@ def runs_per_workflow(conn: Connection, up_to: int | None) -> dict[str, dict[Run
 
     Without ``up_to`` it reads every run. With it, each pair of a workflow (found by a
     loose scan of the key index) and a state counts at most ``up_to`` entries of the
-    ``(workflow, state, created_at, id)`` index (revision cyclone_0012), so the read costs
+    ``(workflow, state, created_at, id)`` index (revision cyclone_0013), so the read costs
     at most ``up_to`` index entries per workflow and state, whatever the table holds.
     """
     if up_to is None:
@@ -111,7 +111,7 @@ def active_jobs(conn: Connection) -> list[tuple[str, str | None, str, int, int, 
     Each arm states the predicate of a partial index (the index of available jobs, the
     heartbeat index and the index of runs to start), so the read costs the active jobs,
     never the finished history; each is counted on its own before they are added up, the
-    available jobs from their index alone, in its order (revision cyclone_0012).
+    available jobs from their index alone, in its order (revision cyclone_0013).
     """
     due = jobs.c.scheduled_at <= func.now()
     group = (jobs.c.queue, jobs.c.workflow, jobs.c.kind)
@@ -173,7 +173,7 @@ def finished_per_minute(conn: Connection, minutes: int) -> list[tuple[datetime, 
     """Per minute of the last ``minutes``: (minute, completed, failed) runs and standalone jobs.
 
     The runs are read from the ``(finalized_at, state)`` index alone (revision
-    cyclone_0012), the standalone jobs from their partial ``finalized_at`` index; each
+    cyclone_0013), the standalone jobs from their partial ``finalized_at`` index; each
     is counted per minute number before the (at most ``minutes``) minutes are joined to
     the series, so that minutes without any are included.
     """

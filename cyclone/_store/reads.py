@@ -218,7 +218,7 @@ def _listing(stmt: Select[Any], workflow: str | None, state: RunState | None) ->
 
     A filter on either states the listing indexes' predicate (always true), so the planner
     may use the partial ``(workflow, created_at, id)``, ``(state, created_at, id)`` and
-    ``(workflow, state, created_at, id)`` indexes (revisions cyclone_0003, cyclone_0012).
+    ``(workflow, state, created_at, id)`` indexes (revisions cyclone_0003, cyclone_0013).
     """
     if workflow is None and state is None:
         return stmt

@@ -1,7 +1,7 @@
 """Listings by state read an index; the dashboard's counts read indexes only.
 
-Revision ID: cyclone_0012
-Revises: cyclone_0010
+Revision ID: cyclone_0013
+Revises: cyclone_0012
 Create Date: 2026-12-05
 
 A listing of the runs in one state (``Client.list_runs(state=...)``, the dashboard's
@@ -37,8 +37,8 @@ these definitions), and refuses to go on if such a build failed and left one inv
 
 from alembic import op
 
-revision = "cyclone_0012"
-down_revision = "cyclone_0010"
+revision = "cyclone_0013"
+down_revision = "cyclone_0012"
 branch_labels = None
 depends_on = None
 
