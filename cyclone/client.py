@@ -34,7 +34,7 @@ DEFAULT_PAGE = 100
 DEFAULT_BULK_BATCH = 500
 """Runs one transaction of :meth:`Client.retry_runs` or :meth:`Client.cancel_runs` changes."""
 DEFAULT_SCAN = 10_000
-"""Runs :meth:`Client.page_runs` reads, at most, to fill a page with filters no index serves."""
+"""Runs :meth:`Client.page_runs` reads, at most, to fill a page with a key prefix."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,8 +181,24 @@ def _json(text: str | None) -> Any:
     return None if text is None else _codec.decode(text)
 
 
-def _position(after: Position | None) -> tuple[datetime, Any] | None:
-    return None if after is None else (after.created_at, after.id)
+def _position(after: Position | str | None, id_type: type[Any]) -> tuple[datetime, Any] | None:
+    """The ``(created_at, id)`` of a listing's ``after``: a status, or its ``cursor`` text."""
+    if after is None:
+        return None
+    if not isinstance(after, str):
+        return (after.created_at, after.id)
+    created, sep, ident = after.partition("~")
+    try:
+        if not sep:
+            raise ValueError("no separator")
+        when = datetime.fromisoformat(created)
+        if when.tzinfo is None:
+            raise ValueError("no offset")
+        return (when, id_type(ident))
+    except ValueError:
+        raise ValueError(
+            f"after={after!r} is not a cursor: pass the cursor of the last run or job listed"
+        ) from None
 
 
 def _run_uuid(run_id: uuid.UUID | str) -> uuid.UUID:
@@ -270,10 +286,11 @@ class Client:
         since: datetime | None = None,
         until: datetime | None = None,
         limit: int = DEFAULT_PAGE,
-        after: Position | None = None,
+        after: Position | str | None = None,
         parked: Parked | str | None = None,
     ) -> list[RunStatus]:
-        """Runs newest first. Pass the last run of a page as ``after`` for the next page.
+        """Runs newest first. Pass the last run of a page, or its ``cursor``, as ``after``
+        for the next page.
 
         ``since`` and ``until`` (aware datetimes) keep the runs created in ``[since, until)``.
         ``parked`` (``"waiting"``, ``"sleeping"``, ``"delayed"``: a :class:`cyclone.Parked`)
@@ -296,7 +313,7 @@ class Client:
                 key=key,
                 since=since,
                 until=until,
-                after=_position(after),
+                after=_position(after, uuid.UUID),
                 limit=limit,
                 parked=found_parked,
             )
@@ -454,7 +471,7 @@ class Client:
         key: str | None = None,
         since: datetime | None = None,
         until: datetime | None = None,
-        after: Position | None = None,
+        after: Position | str | None = None,
         limit: int = DEFAULT_PAGE,
         scan: int = DEFAULT_SCAN,
         parked: Parked | str | None = None,
@@ -462,11 +479,11 @@ class Client:
         """A page of runs newest first, whatever the filters, at a bounded cost.
 
         ``key`` is an exact key, or a prefix followed by ``*``. ``since`` and ``until``
-        (aware datetimes) keep the runs created in ``[since, until)``. The workflow, an
-        exact key, the time range and ``after`` are served by indexes; a state or a key
+        (aware datetimes) keep the runs created in ``[since, until)``. The workflow, the
+        state, an exact key, the time range and ``after`` are served by indexes; a key
         prefix is not, and is applied to at most ``scan`` runs in the order of the
         listing: a page that reads them without filling up stops there, with its
-        ``searched_to`` set, so that a state few runs are in costs a bounded read per page
+        ``searched_to`` set, so that a prefix few runs match costs a bounded read per page
         instead of a read of the whole table. Pass the page's ``next`` as ``after`` for
         the next page. The page is read as of one moment. ``parked`` keeps the runs parked
         so, as :meth:`list_runs` does (through indexes).
@@ -484,7 +501,7 @@ class Client:
                 key=key,
                 since=since,
                 until=until,
-                after=_position(after),
+                after=_position(after, uuid.UUID),
                 limit=limit,
                 scan=scan,
                 parked=found_parked,
@@ -658,7 +675,7 @@ class Client:
         state: JobState | str | None = None,
         queue: str | None = None,
         limit: int = DEFAULT_PAGE,
-        after: Position | None = None,
+        after: Position | str | None = None,
     ) -> list[JobStatus]:
         """Standalone jobs newest first, paginated like :meth:`list_runs`."""
         found_state = None if state is None else JobState(state)
@@ -669,7 +686,7 @@ class Client:
                 kind=kind,
                 state=found_state,
                 queue=queue,
-                after=_position(after),
+                after=_position(after, int),
                 limit=limit,
             )
         return [JobStatus(*row) for row in rows]
@@ -699,10 +716,19 @@ class Client:
         with self._reading() as conn:
             return _counts.parked_runs(conn, None)
 
-    def count_runs_per_workflow(self) -> dict[str, dict[RunState, int]]:
-        """Runs per workflow (by name) and state (every state present, zero included)."""
+    def count_runs_per_workflow(
+        self, *, up_to: int | None = None
+    ) -> dict[str, dict[RunState, int]]:
+        """Runs per workflow (by name) and state (every state present, zero included).
+
+        Without ``up_to`` it reads every run. With it, each count stops at ``up_to`` (a
+        count equal to ``up_to`` means "at least that many"), and the read costs at most
+        ``up_to`` index entries per workflow and state, however many runs there are: what
+        a dashboard wants, where "more than 10,000 completed" says enough.
+        """
+        up_to = None if up_to is None else _limit(up_to, "up_to")
         with self._reading() as conn:
-            return _counts.runs_per_workflow(conn)
+            return _counts.runs_per_workflow(conn, up_to)
 
     def count_jobs(self, *, queue: str | None = None) -> dict[JobState, int]:
         """Jobs (workflow steps and standalone) per state, for a dashboard.

@@ -66,6 +66,12 @@ class JobStatus:
         """True once the job is completed, failed or cancelled."""
         return self.state in TERMINAL_JOB_STATES
 
+    @property
+    def cursor(self) -> str:
+        """This job's place in the listing, as text: pass it as ``after=`` to
+        ``Client.list_jobs`` (or ``cyclone jobs list --after``) for the jobs after it."""
+        return f"{self.created_at.isoformat()}~{self.id}"
+
 
 class Job(Generic[R]):
     """A handle on one standalone job."""

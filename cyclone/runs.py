@@ -66,6 +66,12 @@ class RunStatus:
         """True once the run is completed, failed or cancelled."""
         return self.state in TERMINAL_RUN_STATES
 
+    @property
+    def cursor(self) -> str:
+        """This run's place in the listings, as text: pass it as ``after=`` to
+        ``Client.list_runs`` (or ``cyclone runs list --after``) for the runs after it."""
+        return f"{self.created_at.isoformat()}~{self.id}"
+
 
 def lost_connection(exc: BaseException) -> bool:
     """Whether ``exc`` says the connection failed (server restarting or gone, backend

@@ -308,6 +308,56 @@ def test_runs_list_prints_a_header_and_plain_columns_when_piped(
     assert "\x1b[" not in done.stdout
 
 
+def test_runs_list_pages_by_the_cursor_it_prints(
+    engine: sa.Engine, database_url: URL, name: str
+) -> None:
+    wf = failing_workflow(name)
+    made = [wf.submit_once(engine, f"k{i}", i)[0] for i in range(5)]
+    newest_first = [str(r.id) for r in reversed(made)]
+
+    seen: list[str] = []
+    after: list[str] = []
+    while True:
+        page = invoke(database_url, "runs", "list", "--workflow", name, "--limit", "2", *after)
+        assert page.exit_code == 0, page.output
+        seen += [line.split()[0] for line in page.stdout.splitlines()[1:]]
+        if not page.stderr:
+            break
+        hint, cursor = page.stderr.rstrip("\n").rsplit(" ", 1)
+        assert hint == "more: --after"
+        after = ["--after", cursor]
+    assert seen == newest_first  # three pages: 2, 2, 1, none repeated or skipped
+
+    lines = json_lines(
+        invoke(database_url, "runs", "list", "--workflow", name, "--limit", "2", "--json")
+    )
+    assert [row["id"] for row in lines] == newest_first[:2]
+    following = invoke(
+        database_url, "runs", "list", "--workflow", name, "--json", "--after", lines[-1]["cursor"]
+    )
+    assert [row["id"] for row in json_lines(following)] == newest_first[2:]
+    assert following.stderr == ""  # nothing more
+
+    bad = invoke(database_url, "runs", "list", "--after", "yesterday")
+    assert bad.exit_code == 2
+    assert bad.stderr.startswith("cyclone: --after: after='yesterday' is not a cursor")
+    assert bad.stderr.count("\n") == 1
+
+
+def test_jobs_list_pages_by_the_cursor_it_prints(
+    engine: sa.Engine, database_url: URL, name: str
+) -> None:
+    kind = standalone(name)
+    made = [kind.enqueue(engine, {"to": f"u{i}"}) for i in range(3)]
+    first = invoke(database_url, "jobs", "list", "--kind", name, "--limit", "2", "--json")
+    rows = json_lines(first)
+    assert [row["id"] for row in rows] == [made[2].id, made[1].id]
+    assert first.stderr == f"more: --after {rows[-1]['cursor']}\n"
+    rest = invoke(database_url, "jobs", "list", "--kind", name, "--after", rows[-1]["cursor"])
+    assert [int(line.split()[0]) for line in rest.stdout.splitlines()[1:]] == [made[0].id]
+    assert rest.stderr == ""
+
+
 def test_runs_list_rejects_a_bad_since_and_state(database_url: URL) -> None:
     bad_since = invoke(database_url, "runs", "list", "--since", "yesterday")
     assert bad_since.exit_code == 2

@@ -43,7 +43,7 @@ def test_a_snapshot_reads_one_moment_while_others_commit(engine: sa.Engine, name
     assert [r.key for r in client.list_runs(workflow=name)] == ["b", "a"]
 
 
-def test_page_runs_bounds_a_filter_no_index_serves_and_goes_on_where_it_stopped(
+def test_page_runs_bounds_a_key_prefix_and_goes_on_where_it_stopped(
     engine: sa.Engine, name: str
 ) -> None:
     wf = checks(name)
@@ -55,7 +55,7 @@ def test_page_runs_bounds_a_filter_no_index_serves_and_goes_on_where_it_stopped(
     pages = []
     after: Any = None
     while True:
-        page = client.page_runs(workflow=name, state="failed", after=after, limit=50, scan=5)
+        page = client.page_runs(workflow=name, key="old*", after=after, limit=50, scan=5)
         pages.append(page)
         if page.next is None:
             break
@@ -64,6 +64,12 @@ def test_page_runs_bounds_a_filter_no_index_serves_and_goes_on_where_it_stopped(
     assert [p.searched_to is not None for p in pages] == [True, True, False]
     assert pages[0].next is not None
     assert pages[0].searched_to == pages[0].next.created_at
+    # A state has its index: one page holds every match, however few (no window read).
+    failed = client.page_runs(workflow=name, state="failed", limit=50, scan=5)
+    assert (sorted(r.key or "" for r in failed.runs), failed.searched_to) == (
+        ["old0", "old1"],
+        None,
+    )
 
     first = client.page_runs(workflow=name, limit=3)
     assert first.runs == client.list_runs(workflow=name, limit=3)

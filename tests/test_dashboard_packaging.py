@@ -1,4 +1,4 @@
-"""The wheel ships the dashboard's templates and stylesheet, and pages render from it."""
+"""The wheel ships the dashboard's templates, stylesheet and script, and pages render from it."""
 
 from __future__ import annotations
 
@@ -28,7 +28,11 @@ def test_wheel_ships_every_template_and_static_file(wheel: Path) -> None:
         for folder in ("templates", "static")
         for p in (PACKAGE / folder).iterdir()
     }
-    assert {"cyclone/dashboard/templates/run.html", "cyclone/dashboard/static/style.css"} <= assets
+    assert {
+        "cyclone/dashboard/templates/run.html",
+        "cyclone/dashboard/static/style.css",
+        "cyclone/dashboard/static/live.js",
+    } <= assets
     assert assets <= names
     assert "cyclone/contrib/django/dashboard.py" in names
     assert "cyclone/contrib/django/templates/cyclone/admin/run_change_form.html" in names
@@ -52,8 +56,9 @@ def test_pages_render_from_the_installed_wheel(
         "from werkzeug.test import Client;"
         "assert d.__file__.startswith(sys.argv[2]), d.__file__;"
         "c = Client(d.create_app(sa.create_engine(sys.argv[1])));"
-        "page, css = c.get('/runs'), c.get('/static/style.css');"
-        "print(page.status_code, css.status_code, '<h1>Runs</h1>' in page.get_data(as_text=True))"
+        "page, css, js = c.get('/runs'), c.get('/static/style.css'), c.get('/static/live.js');"
+        "print(page.status_code, css.status_code, js.status_code,"
+        " '<h1>Runs</h1>' in page.get_data(as_text=True))"
     )
     done = processes.run(
         [sys.executable, "-c", code, database_url.render_as_string(hide_password=False), str(site)],
@@ -65,4 +70,4 @@ def test_pages_render_from_the_installed_wheel(
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["200", "200", "True"]
+    assert done.stdout.split() == ["200", "200", "200", "True"]

@@ -10,13 +10,15 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, and_, func, select, true, union_all
+from sqlalchemy import Connection, func, literal, literal_column, select, true, union_all
+from sqlalchemy.dialects.postgresql import array
 
 from cyclone._store import executor as _executor
 from cyclone._store import parked as _parked
+from cyclone._store import reads as _reads
 from cyclone._store import unstarted as _unstarted
 from cyclone._store.executor import const
-from cyclone.schema import jobs, runs
+from cyclone.schema import LISTED_SINCE, jobs, runs
 from cyclone.states import JobState, Parked, RunState
 
 
@@ -50,14 +52,47 @@ def parked_runs(conn: Connection, workflow: str | None) -> dict[str, dict[Parked
     return dict(sorted(table.items()))
 
 
-def runs_per_workflow(conn: Connection) -> dict[str, dict[RunState, int]]:
-    """Runs per workflow and state, workflows by name."""
-    rows = _executor.rows(
-        conn,
-        select(runs.c.workflow, runs.c.state, func.count())
-        .group_by(runs.c.workflow, runs.c.state)
-        .order_by(runs.c.workflow),
-    )
+def runs_per_workflow(conn: Connection, up_to: int | None) -> dict[str, dict[RunState, int]]:
+    """Runs per workflow and state, workflows by name; each count stops at ``up_to``.
+
+    Without ``up_to`` it reads every run. With it, each pair of a workflow (found by a
+    loose scan of the key index) and a state counts at most ``up_to`` entries of the
+    ``(workflow, state, created_at, id)`` index (revision cyclone_0013), so the read costs
+    at most ``up_to`` index entries per workflow and state, whatever the table holds.
+    """
+    if up_to is None:
+        rows = _executor.rows(
+            conn,
+            select(runs.c.workflow, runs.c.state, func.count())
+            .group_by(runs.c.workflow, runs.c.state)
+            .order_by(runs.c.workflow),
+        )
+    else:
+        names = _reads.workflow_names_stmt().subquery("workflows")
+        states = (
+            func.unnest(array([s.value for s in RunState]))
+            .table_valued("state")
+            .render_derived(name="states")
+        )
+        capped = (
+            select(literal(1))
+            .where(
+                runs.c.created_at > literal_column(LISTED_SINCE, runs.c.created_at.type),
+                runs.c.workflow == names.c.name,
+                runs.c.state == states.c.state,
+            )
+            .limit(up_to)
+            .correlate_except(runs)
+            .subquery("capped")
+        )
+        count = select(func.count()).select_from(capped).scalar_subquery()
+        rows = _executor.rows(
+            conn,
+            select(names.c.name, states.c.state, count)
+            .select_from(names)
+            .join(states, true())
+            .order_by(names.c.name),
+        )
     table: dict[str, dict[RunState, int]] = {}
     for workflow, state, count in rows:
         table.setdefault(workflow, dict.fromkeys(RunState, 0))[RunState(state)] = count
@@ -97,67 +132,97 @@ def active_jobs(conn: Connection) -> list[tuple[str, str | None, str, int, int, 
     """(queue, workflow, kind, due now, scheduled later, running) of the available and
     running jobs, by queue, workflow (standalone first) and kind.
 
-    Each arm states the predicate of a partial index (the two claim indexes, the
+    Each arm states the predicate of a partial index (the index of available jobs, the
     heartbeat index and the index of runs to start), so the read costs the active jobs,
-    never the finished history.
+    never the finished history; each is counted on its own before they are added up, the
+    available jobs from their index alone, in its order (revision cyclone_0013).
     """
     due = jobs.c.scheduled_at <= func.now()
-    available = jobs.c.state == JobState.AVAILABLE.value
-    arms = [
-        select(jobs.c.queue, jobs.c.workflow, jobs.c.kind, due.label("due"), jobs.c.state).where(
-            available, where
+    group = (jobs.c.queue, jobs.c.workflow, jobs.c.kind)
+    available = (
+        select(
+            *group,
+            func.count().filter(due).label("ready"),
+            func.count().filter(~due).label("scheduled"),
+            literal(0).label("running"),
         )
-        for where in (jobs.c.workflow.is_not(None), jobs.c.workflow.is_(None))
-    ]
-    running = select(jobs.c.queue, jobs.c.workflow, jobs.c.kind, true(), jobs.c.state).where(
-        jobs.c.state == JobState.RUNNING.value
+        .where(jobs.c.state == JobState.AVAILABLE.value)
+        .group_by(*group)
+    )
+    running = (
+        select(*group, literal(0), literal(0), func.count())
+        .where(jobs.c.state == JobState.RUNNING.value)
+        .group_by(*group)
     )
     # The roots of runs not started yet: available jobs to be, read from their graphs.
     pending = _unstarted.pending_steps().subquery("pending")
-    unstarted = select(
-        pending.c.queue,
-        pending.c.workflow,
-        pending.c.kind,
-        (pending.c.scheduled_at <= func.now()).label("due"),
-        pending.c.state,
-    ).where(pending.c.state == JobState.AVAILABLE.value)
-    active = union_all(*arms, running, unstarted).subquery()
-    is_available = active.c.state == JobState.AVAILABLE.value
+    pending_due = pending.c.scheduled_at <= func.now()
+    unstarted = (
+        select(
+            pending.c.queue,
+            pending.c.workflow,
+            pending.c.kind,
+            func.count().filter(pending_due),
+            func.count().filter(~pending_due),
+            literal(0),
+        )
+        .where(pending.c.state == JobState.AVAILABLE.value)
+        .group_by(pending.c.queue, pending.c.workflow, pending.c.kind)
+    )
+    counted = union_all(available, running, unstarted).subquery()
     rows = _executor.rows(
         conn,
         select(
-            active.c.queue,
-            active.c.workflow,
-            active.c.kind,
-            func.count().filter(and_(is_available, active.c.due)),
-            func.count().filter(and_(is_available, ~active.c.due)),
-            func.count().filter(active.c.state == JobState.RUNNING.value),
+            counted.c.queue,
+            counted.c.workflow,
+            counted.c.kind,
+            func.sum(counted.c.ready),
+            func.sum(counted.c.scheduled),
+            func.sum(counted.c.running),
         )
-        .group_by(active.c.queue, active.c.workflow, active.c.kind)
-        .order_by(active.c.queue, active.c.workflow.nulls_first(), active.c.kind),
+        .group_by(counted.c.queue, counted.c.workflow, counted.c.kind)
+        .order_by(counted.c.queue, counted.c.workflow.nulls_first(), counted.c.kind),
     )
-    return [(q, w, k, ready, scheduled, running) for q, w, k, ready, scheduled, running in rows]
+    return [
+        (q, w, k, int(ready), int(scheduled), int(running))
+        for q, w, k, ready, scheduled, running in rows
+    ]
+
+
+def _minute_number(moment: Any) -> Any:
+    """The minutes since the epoch of a timestamp: arithmetic, no time zone looked up."""
+    return func.floor(func.date_part("epoch", moment) / 60)
 
 
 def finished_per_minute(conn: Connection, minutes: int) -> list[tuple[datetime, int, int]]:
     """Per minute of the last ``minutes``: (minute, completed, failed) runs and standalone jobs.
 
-    Both reads use the partial ``finalized_at`` indexes; minutes without any are included.
+    The runs are read from the ``(finalized_at, state)`` index alone (revision
+    cyclone_0013), the standalone jobs from their partial ``finalized_at`` index; each
+    is counted per minute number before the (at most ``minutes``) minutes are joined to
+    the series, so that minutes without any are included.
     """
     since = func.date_trunc("minute", func.now()) - timedelta(minutes=minutes - 1)
-    minute_of_run = func.date_trunc("minute", runs.c.finalized_at)
-    minute_of_job = func.date_trunc("minute", jobs.c.finalized_at)
     ended = (
-        select(minute_of_run.label("minute"), runs.c.state.label("state"))
+        select(_minute_number(runs.c.finalized_at).label("number"), runs.c.state.label("state"))
         .where(runs.c.finalized_at >= since, runs.c.finalized_at.is_not(None))
         .union_all(
-            select(minute_of_job, jobs.c.state).where(
+            select(_minute_number(jobs.c.finalized_at), jobs.c.state).where(
                 jobs.c.run_id.is_(None),
                 jobs.c.finalized_at.is_not(None),
                 jobs.c.finalized_at >= since,
             )
         )
-        .subquery()
+        .subquery("ended")
+    )
+    per_minute = (
+        select(
+            ended.c.number,
+            func.count().filter(ended.c.state == "completed").label("completed"),
+            func.count().filter(ended.c.state == "failed").label("failed"),
+        )
+        .group_by(ended.c.number)
+        .subquery("per_minute")
     )
     series = (
         func.generate_series(since, func.date_trunc("minute", func.now()), timedelta(minutes=1))
@@ -168,12 +233,11 @@ def finished_per_minute(conn: Connection, minutes: int) -> list[tuple[datetime, 
     stmt = (
         select(
             minute,
-            func.count(ended.c.state).filter(ended.c.state == "completed"),
-            func.count(ended.c.state).filter(ended.c.state == "failed"),
+            func.coalesce(per_minute.c.completed, 0),
+            func.coalesce(per_minute.c.failed, 0),
         )
         .select_from(series)
-        .outerjoin(ended, ended.c.minute == minute)
-        .group_by(minute)
+        .outerjoin(per_minute, per_minute.c.number == _minute_number(minute))
         .order_by(minute)
     )
     return [(m, completed, failed) for m, completed, failed in _executor.rows(conn, stmt)]

@@ -213,14 +213,12 @@ def _listed(
     """``stmt`` kept to the runs :func:`list_runs` lists with these filters."""
     if parked is not None:
         stmt = stmt.where(*_parked.filters(parked))
-    if workflow is not None:
-        # Always true: it lets the planner use the partial (workflow, created_at, id) index.
-        stmt = stmt.where(
-            runs.c.workflow == workflow,
-            runs.c.created_at > literal_column(LISTED_SINCE, runs.c.created_at.type),
-        )
-    if states is not None:
-        stmt = stmt.where(runs.c.state.in_([s.value for s in states]))
+    if states is not None and len(states) == 1:
+        stmt = _listing(stmt, workflow, states[0])
+    else:
+        stmt = _listing(stmt, workflow, None)
+        if states is not None:
+            stmt = stmt.where(runs.c.state.in_([s.value for s in states]))
     if key is not None:
         stmt = stmt.where(runs.c.submit_key == key)
     if since is not None:
@@ -315,6 +313,23 @@ def count_listed(
     return int(_executor.value(conn, stmt))
 
 
+def _listing(stmt: Select[Any], workflow: str | None, state: RunState | None) -> Select[Any]:
+    """``stmt`` filtered by workflow and state, on the listing indexes newest first.
+
+    A filter on either states the listing indexes' predicate (always true), so the planner
+    may use the partial ``(workflow, created_at, id)``, ``(state, created_at, id)`` and
+    ``(workflow, state, created_at, id)`` indexes (revisions cyclone_0003, cyclone_0013).
+    """
+    if workflow is None and state is None:
+        return stmt
+    stmt = stmt.where(runs.c.created_at > literal_column(LISTED_SINCE, runs.c.created_at.type))
+    if workflow is not None:
+        stmt = stmt.where(runs.c.workflow == workflow)
+    if state is not None:
+        stmt = stmt.where(runs.c.state == state.value)
+    return stmt
+
+
 def page_runs(
     conn: Connection,
     *,
@@ -331,22 +346,17 @@ def page_runs(
     """At most ``limit + 1`` runs newest first, and the run a page stopped at because it read
     ``scan`` runs without filling up (else None).
 
-    The workflow, an exact key, the time range and the position are served by indexes. A
-    state or a key prefix (a key ending in ``*``) is not: those filters are applied to at
-    most ``scan`` runs in the order of the listing, so a state that few runs are in costs a
-    bounded read per page instead of a read of the whole table. Send it in one snapshot:
-    the page and the run it stopped at are read by two statements. ``parked`` is served by
-    indexes too (see :func:`list_runs`).
+    The workflow, the state, an exact key, the time range and the position are served by
+    indexes, and so is ``parked`` (see :func:`list_runs`). A key prefix (a key ending in
+    ``*``) is not: it is applied to at most ``scan`` runs in the order of the listing, so a
+    prefix that few runs match costs a bounded read per page instead of a read of the whole
+    table. Send it in one snapshot: the page and the run it stopped at are read by two
+    statements.
     """
     # Filtered on the table's own columns: the window below casts only the runs it keeps.
-    stmt = select(*_STATUS_OF_TABLE)
+    stmt = _listing(select(*_STATUS_OF_TABLE), workflow, state)
     if parked is not None:
         stmt = stmt.where(*_parked.filters(parked))
-    if workflow is not None:
-        stmt = stmt.where(
-            runs.c.workflow == workflow,
-            runs.c.created_at > literal_column(LISTED_SINCE, runs.c.created_at.type),
-        )
     exact_key = key is not None and not key.endswith("*")
     if exact_key:
         stmt = stmt.where(runs.c.submit_key == key)
@@ -364,7 +374,7 @@ def page_runs(
 
     def unindexed(c: Any) -> list[Any]:
         """The filters no index serves, on the columns ``c`` of the runs or of a window."""
-        found = [] if state is None else [c.state == state.value]
+        found = []
         if key is not None and not exact_key:
             found.append(c.submit_key.startswith(key[:-1], autoescape=True))
         return found
@@ -392,7 +402,7 @@ def page_runs(
     return found, None if edge is None else run_status_fields(edge)
 
 
-def _workflow_names() -> Select[Any]:
+def workflow_names_stmt() -> Select[Any]:
     """The distinct workflow names of the runs, by a loose scan of the key index.
 
     A recursive CTE steps from one name to the next with ``min(workflow) > previous``, so
@@ -408,12 +418,12 @@ def _workflow_names() -> Select[Any]:
 
 
 def _workflow_names_array() -> Any:
-    return func.array(_workflow_names().scalar_subquery())
+    return func.array(workflow_names_stmt().scalar_subquery())
 
 
 def workflow_names(conn: Connection) -> list[str]:
     """The workflows that have runs, by name."""
-    return [n for (n,) in _executor.rows(conn, _workflow_names())]
+    return [n for (n,) in _executor.rows(conn, workflow_names_stmt())]
 
 
 def list_jobs(

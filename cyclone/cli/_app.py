@@ -209,6 +209,44 @@ def _queue(value: str) -> tuple[str, int]:
     return name, int(limit) if sep else 1
 
 
+def _after_option(item: str) -> Callable[[F], F]:
+    return click.option(
+        "--after",
+        metavar="CURSOR",
+        help=f"Start after this {item}: the cursor a previous page printed.",
+    )
+
+
+Listed = TypeVar("Listed", cyclone.RunStatus, cyclone.JobStatus)
+
+
+def _paged(read: Callable[[], list[Listed]]) -> list[Listed]:
+    """A listing's page; a cursor that is not one is bad input, said in one line."""
+    try:
+        return read()
+    except ValueError as exc:
+        raise BadInput(f"--after: {exc}") from None
+
+
+def _print_page(
+    found: list[Listed],
+    limit: int,
+    as_json: bool,
+    columns: Sequence[_output.Column],
+    record: Callable[[Listed], dict[str, Any]],
+) -> None:
+    """Print the first ``limit`` of ``found`` (read with one more, to know if more follow),
+    then, if more do, the next page's cursor on stderr."""
+    page = found[:limit]
+    if as_json:
+        for item in page:
+            _output.json_line({**record(item), "cursor": item.cursor})
+    else:
+        _output.table(columns, page)
+    if len(found) > limit:
+        click.echo(f"more: --after {page[-1].cursor}", err=True)
+
+
 # -- the group -------------------------------------------------------------------------
 
 
@@ -426,6 +464,7 @@ def _add_commands(group: click.Group) -> None:
         help="Only runs created since: 1h, 7d or an ISO time.",
     )
     @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+    @_after_option("run")
     @_json_option
     def runs_list(
         workflow: str | None,
@@ -434,22 +473,29 @@ def _add_commands(group: click.Group) -> None:
         parked: str | None,
         since: datetime | None,
         limit: int,
+        after: str | None,
         as_json: bool,
     ) -> None:
-        """List runs, newest first. PARKED says why a running run waits with no step running
-        or due: waiting (for a signal), sleeping, delayed (until its start)."""
-        found = (
-            _invocation()
-            .client()
-            .list_runs(
-                workflow=workflow, state=state, key=key, since=since, limit=limit, parked=parked
+        """List runs, newest first, a page of --limit at a time.
+
+        PARKED says why a running run waits with no step running or due: waiting (for a
+        signal), sleeping, delayed (until its start). When more runs follow, the next page's
+        cursor is printed on stderr (and each --json line carries its run's "cursor"): pass
+        it to --after for the next page.
+        """
+        client = _invocation().client()
+        found = _paged(
+            lambda: client.list_runs(
+                workflow=workflow,
+                state=state,
+                key=key,
+                since=since,
+                limit=limit + 1,
+                after=after,
+                parked=parked,
             )
         )
-        if as_json:
-            for run in found:
-                _output.json_line(_run_record(run))
-            return
-        _output.table(_RUN_COLUMNS, found)
+        _print_page(found, limit, as_json, _RUN_COLUMNS, _run_record)
 
     @_command(runs, "show", short_help="Show a run: input, result, steps and errors.")
     @click.argument("run_id", required=False, metavar="[RUN_ID]")
@@ -518,17 +564,28 @@ def _add_commands(group: click.Group) -> None:
     @click.option("--kind", help="Only jobs of this step kind.")
     @click.option("--state", type=click.Choice(_JOB_STATES), help="Only jobs in this state.")
     @click.option("--limit", type=click.IntRange(min=1), default=50, show_default=True)
+    @_after_option("job")
     @_json_option
     def jobs_list(
-        queue: str | None, kind: str | None, state: str | None, limit: int, as_json: bool
+        queue: str | None,
+        kind: str | None,
+        state: str | None,
+        limit: int,
+        after: str | None,
+        as_json: bool,
     ) -> None:
-        """List standalone jobs, newest first."""
-        found = _invocation().client().list_jobs(queue=queue, kind=kind, state=state, limit=limit)
-        if as_json:
-            for job in found:
-                _output.json_line(_job_record(job))
-            return
-        _output.table(_JOB_COLUMNS, found)
+        """List standalone jobs, newest first, a page of --limit at a time.
+
+        When more jobs follow, the next page's cursor is printed on stderr (and each
+        --json line carries its job's "cursor"): pass it to --after for the next page.
+        """
+        client = _invocation().client()
+        found = _paged(
+            lambda: client.list_jobs(
+                queue=queue, kind=kind, state=state, limit=limit + 1, after=after
+            )
+        )
+        _print_page(found, limit, as_json, _JOB_COLUMNS, _job_record)
 
     @_command(jobs, "show")
     @click.argument("job_id", type=int, metavar="JOB_ID")

@@ -30,6 +30,7 @@ def create_app(
     authorize: Callable[[Mapping[str, Any]], bool] | None = None,
     title: str = "cyclone",
     secret: bytes | str | None = None,
+    refresh: float = 5.0,
 ) -> Dashboard:
     """Build the dashboard's WSGI application for the cyclone schema behind ``engine``.
 
@@ -43,11 +44,16 @@ def create_app(
         secret: the key that signs the CSRF tokens of the action forms. Pass the same
             value to every process serving the dashboard; by default each application
             makes its own at random.
+        refresh: seconds between a page's refreshes in the browser: a few lines of
+            JavaScript served with the dashboard fetch the page again and swap its
+            content in, holding off while the tab is hidden or the user is in a form,
+            reading an opened error or selecting text. 0 turns it off; without
+            JavaScript pages are the same, and refresh on reload.
 
     Returns:
         A WSGI application; mount it anywhere (it honours ``SCRIPT_NAME``).
     """
-    return Dashboard(engine, authorize=authorize, title=title, secret=secret)
+    return Dashboard(engine, authorize=authorize, title=title, secret=secret, refresh=refresh)
 
 
 def serve(

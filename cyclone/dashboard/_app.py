@@ -38,7 +38,9 @@ Authorize = Callable[[Mapping[str, Any]], bool]
 
 PAGE_SIZE = 50
 SCAN_LIMIT = 10_000
-"""Runs a listing reads, at most, to fill a page with filters no index serves."""
+"""Runs a listing reads, at most, to fill a page with a key prefix (no index serves it)."""
+COUNT_CAP = 1_000
+"""Where the overview's count of a workflow's runs in one state stops ("1,000+")."""
 
 _NOTICES = {
     "retry": "Retry requested: the failed and cancelled steps run again.",
@@ -57,11 +59,12 @@ _BULK = {
 }
 """Each bulk action on runs: its button, its past tense, the runs it acts on, its method."""
 
-_STATIC_TYPES = {"css": "text/css; charset=utf-8"}
+_STATIC_TYPES = {"css": "text/css; charset=utf-8", "js": "text/javascript; charset=utf-8"}
 
 _SECURITY_HEADERS = {
     "Content-Security-Policy": (
-        "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+        "default-src 'none'; style-src 'self'; img-src 'self'; script-src 'self'; "
+        "connect-src 'self'; form-action 'self'; "
         "frame-ancestors 'self'; base-uri 'none'"
     ),
     "X-Content-Type-Options": "nosniff",
@@ -112,6 +115,7 @@ class Dashboard:
         authorize: Authorize | None,
         title: str,
         secret: bytes | str | None,
+        refresh: float = 5.0,
     ) -> None:
         if not isinstance(engine, Engine):
             raise TypeError(f"create_app takes a SQLAlchemy Engine, not {type(engine).__name__}")
@@ -119,6 +123,9 @@ class Dashboard:
         self.client = Client(engine)
         self.authorize = authorize
         self.title = title
+        if not isinstance(refresh, int | float) or refresh < 0:
+            raise ValueError(f"refresh must be seconds (0 turns it off), not {refresh!r}")
+        self.refresh = refresh
         if secret is None:
             self._secret = secrets.token_bytes(32)
         else:
@@ -196,6 +203,7 @@ class Dashboard:
             csrf_field=_csrf.FIELD,
             csrf_token=csrf,
             can_act=self._allowed(request),
+            refresh=self.refresh if status == 200 else 0,
             **context,
         )
         response = Response(page, status=status, mimetype="text/html")
@@ -219,7 +227,7 @@ class Dashboard:
 
     def _page_overview(self, request: Request, csrf: str) -> Response:
         with self.client.snapshot() as reader:
-            by_workflow = reader.count_runs_per_workflow()
+            by_workflow = reader.count_runs_per_workflow(up_to=COUNT_CAP)
             parked = reader.count_parked_runs_per_workflow()
             active = reader.count_active_jobs()
             minutes = reader.count_finished_per_minute()
@@ -231,6 +239,7 @@ class Dashboard:
                 (name, counts, parked.get(name, dict.fromkeys(Parked, 0)))
                 for name, counts in by_workflow.items()
             ],
+            count_cap=COUNT_CAP,
             backlog=_backlog_by_queue(active),
             chart=_chart(minutes),
         )

@@ -1,0 +1,145 @@
+"""Listings and counts filtered by state read their indexes (revision cyclone_0013).
+
+A state few runs are in (a handful failed among thousands completed) is listed, paged
+and counted from the ``(state, created_at, id)`` and ``(workflow, state, created_at,
+id)`` indexes: the plans below are PostgreSQL's own, for the statements the Client sends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import cyclone
+
+BULK = sa.text(
+    "INSERT INTO cyclone_runs (workflow, submit_key, input, graph, state, steps_remaining,"
+    " created_at, finalized_at) "
+    "SELECT :wf, 'k' || g, to_jsonb(g), '{}', :state, 0,"
+    " now() - interval '1 hour' + g * interval '1 ms', now() "
+    "FROM generate_series(CAST(:first AS int), CAST(:last AS int)) g"
+)
+
+
+@pytest.fixture
+def loaded(own_engine: sa.Engine) -> sa.Engine:
+    """8,000 completed runs in two workflows, 6 failed and 3 cancelled; analyzed."""
+    with own_engine.begin() as conn:
+        for wf in ("big", "other"):
+            conn.execute(BULK, {"wf": wf, "state": "completed", "first": 1, "last": 4000})
+        conn.execute(BULK, {"wf": "big", "state": "failed", "first": 5000, "last": 5005})
+        conn.execute(BULK, {"wf": "other", "state": "cancelled", "first": 6000, "last": 6002})
+    with own_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text("VACUUM ANALYZE cyclone_runs"))
+    return own_engine
+
+
+@pytest.fixture
+def plans(loaded: sa.Engine) -> Iterator[Callable[[Callable[[], Any]], str]]:
+    """``plans(read)``: the plans of the statements on cyclone_runs that ``read`` sends."""
+    sent: list[tuple[str, Any]] = []
+
+    def capture(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if "cyclone_runs" in statement and not statement.startswith("EXPLAIN"):
+            sent.append((statement, parameters))
+
+    def explain(read: Callable[[], Any]) -> str:
+        sent.clear()
+        read()
+        found = []
+        with loaded.connect() as conn:
+            for statement, parameters in list(sent):
+                lines = conn.exec_driver_sql("EXPLAIN " + statement, parameters).scalars()
+                found.extend(lines)
+        return "\n".join(found)
+
+    sa.event.listen(loaded, "before_cursor_execute", capture)
+    yield explain
+    sa.event.remove(loaded, "before_cursor_execute", capture)
+
+
+def test_a_state_filter_pages_through_its_index_not_a_window_of_runs(
+    loaded: sa.Engine, plans: Callable[[Callable[[], Any]], str]
+) -> None:
+    client = cyclone.Client(loaded)
+    page = client.page_runs(state="failed", limit=4, scan=100)
+    assert [r.key for r in page.runs] == ["k5005", "k5004", "k5003", "k5002"]
+    assert page.searched_to is None  # answered by the index, not from 100 runs read
+    assert page.next is not None
+    rest = client.page_runs(state="failed", limit=4, scan=100, after=page.next.cursor)
+    assert [r.key for r in rest.runs] == ["k5001", "k5000"]
+    assert rest.next is None
+    assert client.list_runs(state="failed", after=page.next.cursor) == rest.runs
+    with pytest.raises(ValueError, match="is not a cursor"):
+        client.list_runs(after="2026-01-01")
+
+    plan = plans(lambda: client.page_runs(state="failed", limit=4, after=page.next))
+    assert "ix_cyclone_runs_listing_state " in plan, plan
+    assert "Seq Scan" not in plan, plan
+    plan = plans(lambda: client.list_runs(state="cancelled"))
+    assert "ix_cyclone_runs_listing_state " in plan, plan
+
+
+def test_a_workflow_and_state_filter_reads_the_workflow_state_index(
+    loaded: sa.Engine, plans: Callable[[Callable[[], Any]], str]
+) -> None:
+    client = cyclone.Client(loaded)
+    assert len(client.page_runs(workflow="big", state="failed").runs) == 6
+    assert client.page_runs(workflow="other", state="failed").runs == []
+    for read in (
+        lambda: client.page_runs(workflow="big", state="failed", limit=3),
+        lambda: client.list_runs(workflow="other", state="running"),
+    ):
+        plan = plans(read)
+        assert "ix_cyclone_runs_listing_workflow_state" in plan, plan
+        assert "Seq Scan" not in plan, plan
+
+
+def test_counts_with_a_cap_read_at_most_the_cap_per_workflow_and_state_from_the_index(
+    loaded: sa.Engine, plans: Callable[[Callable[[], Any]], str]
+) -> None:
+    client = cyclone.Client(loaded)
+    exact = client.count_runs_per_workflow()
+    assert exact["big"][cyclone.RunState.COMPLETED] == 4000
+    capped = client.count_runs_per_workflow(up_to=1000)
+    assert capped == {
+        "big": {**exact["big"], cyclone.RunState.COMPLETED: 1000},
+        "other": {**exact["other"], cyclone.RunState.COMPLETED: 1000},
+    }
+    assert capped["big"][cyclone.RunState.FAILED] == 6
+    plan = plans(lambda: client.count_runs_per_workflow(up_to=1000))
+    assert "Index Only Scan using ix_cyclone_runs_listing_workflow_state" in plan, plan
+    assert "Seq Scan" not in plan, plan
+    with pytest.raises(ValueError, match="up_to must be a positive int"):
+        client.count_runs_per_workflow(up_to=0)
+
+
+def test_the_backlog_and_the_per_minute_chart_read_indexes_not_rows(
+    loaded: sa.Engine, plans: Callable[[Callable[[], Any]], str]
+) -> None:
+    with loaded.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO cyclone_jobs (kind, queue, state, max_attempts, scheduled_at) "
+                "SELECT 'mail', 'q' || g % 2, 'available', 1, now() + (g % 3 - 1) * interval '1 h'"
+                " FROM generate_series(1, 3000) g"
+            )
+        )
+    with loaded.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text("VACUUM ANALYZE cyclone_jobs"))
+    client = cyclone.Client(loaded)
+    backlog = client.count_active_jobs()
+    assert [(a.queue, a.kind, a.ready, a.scheduled, a.running) for a in backlog] == [
+        ("q0", "mail", 1000, 500, 0),
+        ("q1", "mail", 1000, 500, 0),
+    ]
+    plan = plans(client.count_active_jobs)
+    assert "Index Only Scan using ix_cyclone_jobs_available" in plan, plan
+    chart = client.count_finished_per_minute()
+    assert sum(m.completed for m in chart) == 8000
+    assert sum(m.failed for m in chart) == 6
+    plan = plans(client.count_finished_per_minute)
+    assert "Index Only Scan using ix_cyclone_runs_finalized_at_state" in plan, plan
