@@ -69,7 +69,8 @@ def test_overview_counts_stop_at_the_cap_and_say_so(
     row = re.search(rf"<tr>\s*<td><a [^>]*>{name}</a></td>(.*?)</tr>", html, re.S)
     assert row is not None
     cells = [text_of(c).strip() for c in re.findall(r"<td[^>]*>(.*?)</td>", row.group(1), re.S)]
-    assert cells == ["2+", "0", "0", "0"]  # three running: counted up to the cap
+    # three running, counted up to the cap; none waiting, sleeping or delayed; none ended
+    assert cells == ["2+", "0", "0", "0", "0", "0", "0"]
     assert 'title="at least 2: the count stops there"' in row.group(1)
 
 
