@@ -46,6 +46,7 @@ _STATUS_OF_TABLE = (
     runs.c.error,
     runs.c.failed_step,
     runs.c.retention,
+    runs.c.forked_from,
 )
 STATUS_COLUMNS = tuple(cast(c, Text) if c is runs.c.error else c for c in _STATUS_OF_TABLE)
 """A run's status, in the order of ``RunStatus``'s fields."""
@@ -61,13 +62,14 @@ RunStatusFields = tuple[
     dict[str, Any] | None,
     str | None,
     timedelta | None,
+    uuid.UUID | None,
 ]
 
 
 def run_status_fields(row: Sequence[Any]) -> RunStatusFields:
     """The fields of a ``RunStatus`` from a row that starts with :data:`STATUS_COLUMNS`."""
     error = None if row[7] is None else _codec.decode(row[7])
-    return (row[0], row[1], row[2], RunState(row[3]), row[4], row[5], row[6], error, *row[8:10])
+    return (row[0], row[1], row[2], RunState(row[3]), row[4], row[5], row[6], error, *row[8:11])
 
 
 JOB_STATUS_COLUMNS = (
