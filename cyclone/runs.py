@@ -56,7 +56,7 @@ class Definition(Protocol):
 
     def graph(self) -> GraphSnapshot: ...
 
-    def handle_of(self, engine: Engine, run_id: uuid.UUID, key: str | None) -> Run: ...
+    def _handle_of(self, engine: Engine, run_id: uuid.UUID, key: str | None) -> Run: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,7 +344,7 @@ class Run:
             key=key,
             rerun=names,
         )
-        return definition.handle_of(self._engine, forked.run_id, key), forked.created
+        return definition._handle_of(self._engine, forked.run_id, key), forked.created
 
     def set_retention(self, retention: timedelta | None) -> None:
         """Keep this run for ``retention`` after it ends (None: the sweeper's default)."""

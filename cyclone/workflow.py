@@ -368,7 +368,7 @@ class Workflow(Generic[In]):
             definition=self,
         )
 
-    def handle_of(self, engine: Engine, run_id: uuid.UUID, key: str | None) -> Run:
+    def _handle_of(self, engine: Engine, run_id: uuid.UUID, key: str | None) -> Run:
         """The handle of run ``run_id`` of this workflow, read nothing (used by ``Run.fork``)."""
         return self._handle(submission.Submitted(engine, run_id, key, False))
 

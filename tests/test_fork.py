@@ -76,3 +76,174 @@ def test_a_fork_onto_the_fixed_definition_keeps_completed_steps_and_runs_the_res
         "label": ("completed", "label for receipt-1"),
         "notify": ("completed", "sent label for receipt-1"),
     }
+
+
+def failed_run(engine: sa.Engine, name: str, calls: Counter[str]) -> cyclone.Run:
+    buggy = three_steps(name, calls, fixed=False)
+    run, _ = buggy.submit_once(engine, "order:7", Order(7, 700))
+    drain(engine, buggy)
+    assert run.status().state == cyclone.RunState.FAILED
+    return run
+
+
+def runs_of(engine: sa.Engine, name: str) -> list[cyclone.RunStatus]:
+    return cyclone.Client(engine).list_runs(workflow=name, limit=100)
+
+
+def test_forking_twice_with_the_same_key_returns_the_first_fork(
+    engine: sa.Engine, name: str
+) -> None:
+    calls: Counter[str] = Counter()
+    run = failed_run(engine, name, calls)
+    fixed = three_steps(name, calls, fixed=True)
+    first, created = fixed.run(engine, run.id).fork("fixed")
+    again, created_again = fixed.run(engine, run.id).fork("fixed", rerun=["label"])
+    assert (created, created_again) == (True, False)
+    assert again == first
+    assert len(runs_of(engine, name)) == 2
+
+
+def test_a_fork_key_held_by_a_run_with_another_input_is_a_conflict(
+    engine: sa.Engine, name: str
+) -> None:
+    calls: Counter[str] = Counter()
+    run = failed_run(engine, name, calls)
+    fixed = three_steps(name, calls, fixed=True)
+    other, _ = fixed.submit_once(engine, "taken", Order(8, 1))
+    with pytest.raises(cyclone.SubmitConflictError) as raised:
+        fixed.run(engine, run.id).fork("taken")
+    assert raised.value.run_id == other.id
+    # A run of the key with the same input is the fork's answer, as for submit_once.
+    same, _ = fixed.submit_once(engine, "same", Order(7, 700))
+    assert fixed.run(engine, run.id).fork("same") == (same, False)
+
+
+def test_a_failed_step_runs_again_on_the_new_code_without_being_named(
+    engine: sa.Engine, name: str
+) -> None:
+    calls: Counter[str] = Counter()
+    run = failed_run(engine, name, calls)
+    fixed = three_steps(name, calls, fixed=True)
+    fork, _ = fixed.run(engine, run.id).fork("fixed")
+    drain(engine, fixed)
+    assert fork.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    assert calls == {"charge": 1, "label": 2, "notify": 1}
+
+
+def test_rerun_runs_the_named_step_and_everything_downstream_of_it(
+    engine: sa.Engine, name: str
+) -> None:
+    calls: Counter[str] = Counter()
+    wf = three_steps(name, calls, fixed=True)
+    run, _ = wf.submit_once(engine, "done", Order(3, 3))
+    drain(engine, wf)
+    assert run.status().state == cyclone.RunState.COMPLETED
+    fork, _ = wf.run(engine, run.id).fork("again", rerun=["charge"])
+    drain(engine, wf)
+    assert fork.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    assert calls == {"charge": 2, "label": 2, "notify": 2}
+    middle, _ = wf.run(engine, run.id).fork("middle", rerun=["label"])
+    drain(engine, wf)
+    assert middle.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    assert calls == {"charge": 2, "label": 3, "notify": 3}
+
+
+def test_a_fork_with_nothing_to_run_is_born_completed_with_the_outputs(
+    engine: sa.Engine, name: str
+) -> None:
+    calls: Counter[str] = Counter()
+    wf = cyclone.ResultWorkflow(name, input=Order, output=str)
+
+    @wf.step()
+    def charge(ctx: cyclone.StepContext, order: Order) -> str:
+        calls["charge"] += 1
+        return "receipt"
+
+    @wf.result(after=[charge])
+    def total(ctx: cyclone.StepContext, order: Order) -> str:
+        return f"{ctx.output(charge)}: {order.cents}"
+
+    run, _ = wf.submit_once(engine, "paid", Order(1, 42))
+    drain(engine, wf)
+    assert run.result(timeout=10) == "receipt: 42"
+    copy, created = wf.run(engine, run.id).fork("copy")
+    assert created
+    assert copy.status().state == cyclone.RunState.COMPLETED
+    assert copy.result(timeout=10) == "receipt: 42"
+    assert calls == {"charge": 1}
+
+
+def test_a_kept_step_the_definition_no_longer_has_is_refused_and_nothing_is_written(
+    engine: sa.Engine, name: str
+) -> None:
+    calls: Counter[str] = Counter()
+    run = failed_run(engine, name, calls)
+    redeployed = cyclone.Workflow(name, input=Order)  # charge is gone
+
+    @redeployed.step()
+    def label(ctx: cyclone.StepContext, order: Order) -> str:
+        return "label"
+
+    with pytest.raises(cyclone.DefinitionError, match="'charge'.*no longer defines it"):
+        redeployed.run(engine, run.id).fork("fixed")
+    assert [r.id for r in runs_of(engine, name)] == [run.id]
+    # Named in rerun=, the removed step's output is dropped and the fork is made.
+    fork, created = redeployed.run(engine, run.id).fork("fixed", rerun=["charge"])
+    assert created
+    drain(engine, redeployed)
+    assert fork.wait(timeout=10).state == cyclone.RunState.COMPLETED
+
+
+def test_a_kept_step_whose_upstreams_changed_is_refused_and_nothing_is_written(
+    engine: sa.Engine, name: str
+) -> None:
+    calls: Counter[str] = Counter()
+    run = failed_run(engine, name, calls)
+    redeployed = cyclone.Workflow(name, input=Order)
+
+    @redeployed.step()
+    def check(ctx: cyclone.StepContext, order: Order) -> None:
+        return None
+
+    @redeployed.step(after=[check])  # charge now comes after a new step
+    def charge(ctx: cyclone.StepContext, order: Order) -> str:
+        return "receipt"
+
+    with pytest.raises(cyclone.DefinitionError, match="'charge'.*upstream steps changed"):
+        redeployed.run(engine, run.id).fork("fixed")
+    assert [r.id for r in runs_of(engine, name)] == [run.id]
+
+
+def test_a_rerun_naming_no_step_is_refused_and_nothing_is_written(
+    engine: sa.Engine, name: str
+) -> None:
+    calls: Counter[str] = Counter()
+    run = failed_run(engine, name, calls)
+    fixed = three_steps(name, calls, fixed=True)
+    with pytest.raises(cyclone.DefinitionError, match="'lable'"):
+        fixed.run(engine, run.id).fork("fixed", rerun=["lable"])
+    assert [r.id for r in runs_of(engine, name)] == [run.id]
+
+
+def test_a_running_run_cannot_be_forked(engine: sa.Engine, name: str) -> None:
+    calls: Counter[str] = Counter()
+    wf = three_steps(name, calls, fixed=True)
+    run, _ = wf.submit_once(engine, "running", Order(1, 1))
+    with pytest.raises(cyclone.InvalidStateError, match="cannot fork run"):
+        wf.run(engine, run.id).fork("fixed")
+    with pytest.raises(cyclone.InvalidKeyError):
+        wf.run(engine, run.id).fork("")
+    assert [r.id for r in runs_of(engine, name)] == [run.id]
+
+
+def test_a_fork_of_a_run_of_another_workflow_or_of_no_run_is_not_found(
+    engine: sa.Engine, name: str
+) -> None:
+    calls: Counter[str] = Counter()
+    run = failed_run(engine, name, calls)
+    other = three_steps(f"{name}-other", calls, fixed=True)
+    with pytest.raises(cyclone.NotFoundError):
+        other._handle_of(engine, run.id, None).fork("fixed")
+    gone = three_steps(name, calls, fixed=True)._handle_of(engine, uuid.uuid4(), None)
+    with pytest.raises(cyclone.NotFoundError):
+        gone.fork("fixed")
