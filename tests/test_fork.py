@@ -2,44 +2,25 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 import uuid
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 import sqlalchemy as sa
 
 import cyclone
+from tests.conftest import wait_until
+from tests.support import fork_proc, processes
+from tests.support.fork_defs import Order, three_steps
 
-
-class Order(msgspec.Struct):
-    id: int
-    cents: int
-
-
-def three_steps(name: str, calls: Counter[str], *, fixed: bool) -> cyclone.Workflow[Order]:
-    """``charge -> label -> notify``; ``label`` raises unless ``fixed`` (the deploy)."""
-    wf = cyclone.Workflow(name, input=Order)
-
-    @wf.step(max_attempts=1)
-    def charge(ctx: cyclone.StepContext, order: Order) -> str:
-        calls["charge"] += 1  # the side effect that must not happen twice
-        return f"receipt-{order.id}"
-
-    @wf.step(after=[charge], max_attempts=1)
-    def label(ctx: cyclone.StepContext, order: Order) -> str:
-        calls["label"] += 1
-        if not fixed:
-            raise ValueError("label printer bug")
-        return f"label for {ctx.output(charge)}"
-
-    @wf.step(after=[label], max_attempts=1)
-    def notify(ctx: cyclone.StepContext, order: Order) -> str:
-        calls["notify"] += 1
-        return f"sent {ctx.output(label)}"
-
-    return wf
+REPO = Path(__file__).resolve().parent.parent
 
 
 def drain(engine: sa.Engine, wf: cyclone.Workflow[Any]) -> None:
@@ -184,7 +165,7 @@ def test_a_kept_step_the_definition_no_longer_has_is_refused_and_nothing_is_writ
     def label(ctx: cyclone.StepContext, order: Order) -> str:
         return "label"
 
-    with pytest.raises(cyclone.DefinitionError, match="'charge'.*no longer defines it"):
+    with pytest.raises(cyclone.DefinitionError, match=r"'charge'.*no longer defines it"):
         redeployed.run(engine, run.id).fork("fixed")
     assert [r.id for r in runs_of(engine, name)] == [run.id]
     # Named in rerun=, the removed step's output is dropped and the fork is made.
@@ -209,7 +190,7 @@ def test_a_kept_step_whose_upstreams_changed_is_refused_and_nothing_is_written(
     def charge(ctx: cyclone.StepContext, order: Order) -> str:
         return "receipt"
 
-    with pytest.raises(cyclone.DefinitionError, match="'charge'.*upstream steps changed"):
+    with pytest.raises(cyclone.DefinitionError, match=r"'charge'.*upstream steps changed"):
         redeployed.run(engine, run.id).fork("fixed")
     assert [r.id for r in runs_of(engine, name)] == [run.id]
 
@@ -247,3 +228,106 @@ def test_a_fork_of_a_run_of_another_workflow_or_of_no_run_is_not_found(
     gone = three_steps(name, calls, fixed=True)._handle_of(engine, uuid.uuid4(), None)
     with pytest.raises(cyclone.NotFoundError):
         gone.fork("fixed")
+
+
+def fork_waits_for_the_source(engine: sa.Engine) -> bool:
+    """Whether the forking subprocess's session waits for a lock, in its first statement
+    (it has written nothing: it has no transaction id)."""
+    with engine.connect() as conn:
+        found = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE application_name = :app AND wait_event_type = 'Lock' "
+                "AND query LIKE '%FOR SHARE%' AND backend_xid IS NULL"
+            ),
+            {"app": fork_proc.APPLICATION_NAME},
+        ).scalar_one()
+    return bool(found)
+
+
+def test_a_process_killed_while_forking_leaves_no_fork_and_the_key_forks_again(
+    engine: sa.Engine, name: str
+) -> None:
+    calls: Counter[str] = Counter()
+    run = failed_run(engine, name, calls)
+    env = {**os.environ}
+    assert "CYCLONE_TEST_DATABASE_URL" in env
+    with engine.connect() as holder:
+        # The test holds the source run's row: the fork's transaction has begun and waits
+        # at its first statement until the process is killed.
+        holder.execute(
+            sa.text("SELECT 1 FROM cyclone_runs WHERE id = :id FOR UPDATE"), {"id": run.id}
+        )
+        child = processes.popen(
+            [sys.executable, "-m", "tests.support.fork_proc", name, str(run.id), "fixed"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            wait_until(lambda: child.poll() is not None or fork_waits_for_the_source(engine), 60)
+            assert child.poll() is None, child.communicate()[1]
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait(30)
+        finally:
+            holder.rollback()
+    assert child.returncode == -signal.SIGKILL
+    # The server ends the dead client's session; nothing of the fork was written.
+    assert [r.id for r in runs_of(engine, name)] == [run.id]
+    fixed = three_steps(name, calls, fixed=True)
+    fork, created = fixed.run(engine, run.id).fork("fixed", rerun=["label"])
+    assert created
+    drain(engine, fixed)
+    assert fork.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    assert calls == {"charge": 1, "label": 2, "notify": 1}
+
+
+def test_a_fork_in_a_subprocess_makes_the_fork(engine: sa.Engine, name: str) -> None:
+    calls: Counter[str] = Counter()
+    run = failed_run(engine, name, calls)
+    done = processes.run(
+        [sys.executable, "-m", "tests.support.fork_proc", name, str(run.id), "fixed"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    made = json.loads(done.stdout)
+    assert made["created"] is True
+    status = cyclone.Client(engine).get_run(made["run_id"])
+    assert status is not None
+    assert status.forked_from == run.id
+
+
+def test_a_database_error_while_writing_the_steps_leaves_no_fork(
+    own_engine: sa.Engine, name: str
+) -> None:
+    calls: Counter[str] = Counter()
+    run = failed_run(own_engine, name, calls)
+    with own_engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "CREATE FUNCTION refuse_notify() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                "BEGIN RAISE EXCEPTION 'injected: no notify step'; END $$"
+            )
+        )
+        conn.execute(
+            sa.text(
+                "CREATE TRIGGER refuse_notify BEFORE INSERT ON cyclone_jobs FOR EACH ROW "
+                "WHEN (NEW.kind = 'notify') EXECUTE FUNCTION refuse_notify()"
+            )
+        )
+    fixed = three_steps(name, calls, fixed=True)
+    with pytest.raises(sa.exc.DBAPIError, match="injected"):
+        fixed.run(own_engine, run.id).fork("fixed")
+    # The run row was inserted by the same statement, before the steps: rolled back too.
+    assert [r.id for r in runs_of(own_engine, name)] == [run.id]
+    with own_engine.begin() as conn:
+        conn.execute(sa.text("DROP TRIGGER refuse_notify ON cyclone_jobs"))
+    fork, created = fixed.run(own_engine, run.id).fork("fixed")
+    assert created
+    drain(own_engine, fixed)
+    assert fork.wait(timeout=10).state == cyclone.RunState.COMPLETED
