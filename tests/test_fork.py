@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 import cyclone
 from tests.conftest import wait_until
-from tests.support import fork_proc, processes
+from tests.support import fork_app, fork_proc, processes
 from tests.support.fork_defs import Order, three_steps
 
 REPO = Path(__file__).resolve().parent.parent
@@ -331,3 +331,54 @@ def test_a_database_error_while_writing_the_steps_leaves_no_fork(
     assert created
     drain(own_engine, fixed)
     assert fork.wait(timeout=10).state == cyclone.RunState.COMPLETED
+
+
+def cyclone_cli(database_url: sa.URL, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "CYCLONE_DATABASE_URL": database_url.render_as_string(False)}
+    return processes.run(
+        [sys.executable, "-m", "cyclone", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_cli_forks_a_run_shows_where_it_came_from_and_refuses_in_one_line(
+    engine: sa.Engine, database_url: sa.URL
+) -> None:
+    calls: Counter[str] = Counter()
+    buggy = three_steps(fork_app.WORKFLOW, calls, fixed=False)
+    run, _ = buggy.submit_once(engine, f"order:{uuid.uuid4()}", Order(9, 900))
+    drain(engine, buggy)
+    key = f"fixed:{uuid.uuid4()}"
+    app = ["--app", "tests.support.fork_app"]
+
+    forked = cyclone_cli(
+        database_url, "runs", "fork", str(run.id), "--key", key, "--rerun", "label", *app
+    )
+    assert forked.returncode == 0, forked.stderr
+    fork = fork_app.fixed.get_run(engine, key)
+    assert fork is not None
+    assert (
+        forked.stdout == f"forked run {run.id} of workflow {fork_app.WORKFLOW} as run {fork.id}\n"
+    )
+    again = cyclone_cli(database_url, "runs", "fork", str(run.id), "--key", key, *app)
+    assert again.stdout.startswith(f"already forked run {run.id}"), again.stderr
+
+    shown = cyclone_cli(database_url, "runs", "show", str(fork.id))
+    assert shown.returncode == 0, shown.stderr
+    assert f"forked from  {run.id}" in shown.stdout
+    as_json = cyclone_cli(database_url, "runs", "show", str(fork.id), "--json")
+    assert json.loads(as_json.stdout)["forked_from"] == str(run.id)
+
+    wrong = cyclone_cli(
+        database_url, "runs", "fork", str(run.id), "--key", "k2", "--rerun", "lable", *app
+    )
+    assert wrong.returncode == 1
+    assert wrong.stderr.count("\n") == 1 and "'lable'" in wrong.stderr, wrong.stderr
+    bare = cyclone_cli(database_url, "runs", "fork", str(run.id), "--key", "k3")
+    assert bare.returncode == 2 and "--app" in bare.stderr, bare.stderr
+    assert fork_app.fixed.get_run(engine, "k2") is None
+    assert fork_app.fixed.get_run(engine, "k3") is None
