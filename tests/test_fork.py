@@ -377,8 +377,10 @@ def test_the_cli_forks_a_run_shows_where_it_came_from_and_refuses_in_one_line(
         database_url, "runs", "fork", str(run.id), "--key", "k2", "--rerun", "lable", *app
     )
     assert wrong.returncode == 1
-    assert wrong.stderr.count("\n") == 1 and "'lable'" in wrong.stderr, wrong.stderr
+    assert wrong.stderr.count("\n") == 1, wrong.stderr
+    assert "'lable'" in wrong.stderr
     bare = cyclone_cli(database_url, "runs", "fork", str(run.id), "--key", "k3")
-    assert bare.returncode == 2 and "--app" in bare.stderr, bare.stderr
+    assert bare.returncode == 2, bare.stderr
+    assert "--app" in bare.stderr
     assert fork_app.fixed.get_run(engine, "k2") is None
     assert fork_app.fixed.get_run(engine, "k3") is None
