@@ -14,10 +14,13 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from werkzeug.test import Client as WebClient
 
 import cyclone
+from cyclone.dashboard import create_app
 from tests.conftest import wait_until
 from tests.support import fork_app, fork_proc, processes
+from tests.support.dashboard import text_of
 from tests.support.fork_defs import Order, three_steps
 
 REPO = Path(__file__).resolve().parent.parent
@@ -384,3 +387,17 @@ def test_the_cli_forks_a_run_shows_where_it_came_from_and_refuses_in_one_line(
     assert "--app" in bare.stderr
     assert fork_app.fixed.get_run(engine, "k2") is None
     assert fork_app.fixed.get_run(engine, "k3") is None
+
+
+def test_the_dashboard_run_page_shows_forked_from_with_a_link_to_the_source(
+    engine: sa.Engine, name: str
+) -> None:
+    calls: Counter[str] = Counter()
+    run = failed_run(engine, name, calls)
+    fixed = three_steps(name, calls, fixed=True)
+    fork, _ = fixed.run(engine, run.id).fork("fixed")
+    web = WebClient(create_app(engine))
+    page = web.get(f"/runs/{fork.id}").get_data(as_text=True)
+    assert f'forked from</dt><dd><a href="/runs/{run.id}">' in page
+    assert "forked from" in text_of(page)
+    assert "forked from" not in text_of(web.get(f"/runs/{run.id}").get_data(as_text=True))
