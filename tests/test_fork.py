@@ -18,8 +18,8 @@ from werkzeug.test import Client as WebClient
 
 import cyclone
 from cyclone.dashboard import create_app
-from tests.conftest import wait_until
-from tests.support import fork_app, fork_proc, processes
+from tests.conftest import StatementCounter, wait_until
+from tests.support import docs, fork_app, fork_proc, processes
 from tests.support.dashboard import text_of
 from tests.support.fork_defs import Order, three_steps
 
@@ -401,3 +401,38 @@ def test_the_dashboard_run_page_shows_forked_from_with_a_link_to_the_source(
     assert f'forked from</dt><dd><a href="/runs/{run.id}">' in page
     assert "forked from" in text_of(page)
     assert "forked from" not in text_of(web.get(f"/runs/{run.id}").get_data(as_text=True))
+
+
+def test_the_fork_page_blocks_run_in_order(
+    database_url: sa.URL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CYCLONE_DATABASE_URL", database_url.render_as_string(False))
+    namespace: dict[str, Any] = {"__name__": "docs_fork"}
+    blocks = docs.all_blocks("docs/fork.md")
+    assert len(blocks) == docs.fenced_blocks("docs/fork.md")
+    try:
+        for i, block in enumerate(blocks):
+            exec(compile(block, f"docs/fork.md block {i + 1}", "exec"), namespace)
+    finally:
+        engine = namespace.get("engine")
+        if isinstance(engine, sa.Engine):
+            engine.dispose()
+
+
+def test_a_fork_costs_two_statements_and_a_second_fork_of_the_key_too(
+    engine: sa.Engine, name: str, statements: StatementCounter
+) -> None:
+    calls: Counter[str] = Counter()
+    run = failed_run(engine, name, calls)
+    handle = three_steps(name, calls, fixed=True).run(engine, run.id)
+    statements.reset()
+    handle.fork("fixed", rerun=["label"])
+    made = list(statements.statements)
+    statements.reset()
+    handle.fork("fixed")
+    again = list(statements.statements)
+    for sent in (made, again):
+        sql = [s for s in sent if s.split()[0].upper() not in ("BEGIN", "COMMIT", "ROLLBACK")]
+        assert len(sql) == 2, sent
+        assert "FOR SHARE" in sql[0]
+        assert sql[1].lstrip().upper().startswith("WITH"), sql[1]
