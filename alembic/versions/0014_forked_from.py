@@ -1,7 +1,7 @@
 """A run records the run it was forked from (``run.fork``).
 
 Revision ID: cyclone_0014
-Revises: cyclone_0010
+Revises: cyclone_0013
 Create Date: 2026-12-10
 
 ``cyclone_runs.forked_from`` is the id of the run a fork was made from, NULL for every
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "cyclone_0014"
-down_revision = "cyclone_0010"
+down_revision = "cyclone_0013"
 branch_labels = None
 depends_on = None
 

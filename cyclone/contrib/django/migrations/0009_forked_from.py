@@ -14,10 +14,10 @@ class Migration(migrations.Migration):
     atomic = False  # the revisions commit on a connection of their own
     revision = "cyclone_0014"  # cyclone's head revision when this migration was written
 
-    dependencies = [("cyclone", "0005_signals_wake_pending")]
+    dependencies = [("cyclone", "0008_listing_state_indexes")]
 
     operations = [
-        apply_revisions(down_to="cyclone_0010"),
+        apply_revisions(down_to="cyclone_0013"),
         migrations.AddField(
             model_name="run",
             name="forked_from",
