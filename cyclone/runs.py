@@ -11,10 +11,13 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from cyclone._graph import GraphSnapshot
 
 import psycopg
 from sqlalchemy import Engine
@@ -24,6 +27,7 @@ from cyclone import _codec, _retry, errors
 from cyclone._store import control as _control
 from cyclone._store import deadline as _deadline
 from cyclone._store import executor as _executor
+from cyclone._store import fork as _fork
 from cyclone._store import notify as _notify
 from cyclone._store import reads as _reads
 from cyclone._store import waits as _waits
@@ -38,6 +42,21 @@ DEFAULT_POLL_INTERVAL = 5.0
 RECONNECT_FIRST_PAUSE = 0.05
 RECONNECT_MAX_PAUSE = 1.0
 _SHUTDOWN_STATES = frozenset({"57P01", "57P02", "57P03"})
+
+
+class Named(Protocol):
+    """Anything with a ``name``: a step of a workflow."""
+
+    @property
+    def name(self) -> str: ...
+
+
+class Definition(Protocol):
+    """What a handle needs of the Workflow it came from (to fork a run onto it)."""
+
+    def graph(self) -> GraphSnapshot: ...
+
+    def _handle_of(self, engine: Engine, run_id: uuid.UUID, key: str | None) -> Run: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +75,9 @@ class RunStatus:
     failed_step: str | None
     retention: timedelta | None
     """How long the run is kept after ``finished_at``; None: the default, ``Worker(retention=)``."""
+    forked_from: uuid.UUID | None = None
+    """The run this one was forked from (:meth:`Run.fork`), which may since have been
+    purged; None for a run that is not a fork."""
     parked: Parked | None = None
     """Why a running run waits with none of its steps running or due: ``WAITING`` for a
     signal, ``SLEEPING`` until a sleep node's time, ``DELAYED`` until its ``run_at``; None
@@ -198,6 +220,7 @@ class Run:
         *,
         started: float | None = None,
         signal_types: Mapping[str, Any] | None = None,
+        definition: Definition | None = None,
     ) -> None:
         self._engine = engine
         self.id = run_id
@@ -205,6 +228,7 @@ class Run:
         self.key = key
         self._started = started
         self._signal_types = signal_types
+        self._definition = definition
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id} workflow={self.workflow!r} key={self.key!r}>"
@@ -293,6 +317,45 @@ class Run:
                 payload=encoded,
             )
 
+    def fork(self, key: str, *, rerun: Iterable[str | Named] = ()) -> tuple[Run, bool]:
+        """A new run of this workflow's current definition with this run's input, under ``key``.
+
+        The definition is the graph of the ``Workflow`` object this handle came from (in
+        this process, as deployed now). Steps this run completed keep their outputs
+        (copied, not run again) unless they are named in ``rerun`` or downstream of one
+        that is; every other step runs on the current code. ``submit_once`` semantics
+        for ``key``: a second fork with the same key returns the first (``created``
+        False). One transaction: a crash leaves no half-made run. The fork's
+        ``RunStatus.forked_from`` names this run; it has no deadline and keeps this
+        run's retention.
+
+        Raises:
+            InvalidKeyError: a bad key (nothing is sent).
+            DefinitionError: a step to keep is no longer defined or its upstream steps
+                changed (the message names it), or ``rerun`` names no step of either
+                graph; nothing is written.
+            InvalidStateError: this run is still running, or one of its steps is.
+            NotFoundError: this run does not exist (purged).
+            SubmitConflictError: the key's run has another input than this run.
+            TypeError: this handle was not made by a ``Workflow`` (a bare ``Run``).
+        """
+        definition = self._definition
+        if definition is None:
+            raise TypeError(
+                f"run {self.id}: fork needs the handle of a Workflow object, "
+                "e.g. workflow.run(engine, run_id).fork(...)"
+            )
+        names = [step if isinstance(step, str) else step.name for step in rerun]
+        forked = _fork.fork(
+            self._engine,
+            source_id=self.id,
+            workflow=self.workflow,
+            graph=definition.graph(),
+            key=key,
+            rerun=names,
+        )
+        return definition._handle_of(self._engine, forked.run_id, key), forked.created
+
     def set_retention(self, retention: timedelta | None) -> None:
         """Keep this run for ``retention`` after it ends (None: the sweeper's default)."""
         if retention is not None and (
@@ -316,9 +379,24 @@ class ResultRun(Run, Generic[Out]):
         *,
         started: float | None = None,
         signal_types: Mapping[str, Any] | None = None,
+        definition: Definition | None = None,
     ) -> None:
-        super().__init__(engine, run_id, workflow, key, started=started, signal_types=signal_types)
+        super().__init__(
+            engine,
+            run_id,
+            workflow,
+            key,
+            started=started,
+            signal_types=signal_types,
+            definition=definition,
+        )
         self.output_type = output_type
+
+    if TYPE_CHECKING:
+
+        def fork(
+            self, key: str, *, rerun: Iterable[str | Named] = ()
+        ) -> tuple[ResultRun[Out], bool]: ...
 
     def _read_result(self) -> tuple[RunState, str | None, str | None]:
         row = _reads.run_result(self._engine, self.id)

@@ -76,6 +76,7 @@ runs = Table(
     Column("finalized_at", DateTime(timezone=True)),
     Column("trace_context", Text),
     Column("start_at", DateTime(timezone=True)),
+    Column("forked_from", Uuid),
     CheckConstraint(_in("state", RunState), name="state"),
     CheckConstraint(
         _finalized_iff(TERMINAL_RUN_STATES),

@@ -23,6 +23,8 @@ from cyclone._store import waits as _waits
 from cyclone.runs import ResultRun, Run
 
 if TYPE_CHECKING:
+    from sqlalchemy import Engine
+
     from cyclone._store.binds import Bind, Conn
     from cyclone.context import StepContext
 
@@ -364,7 +366,12 @@ class Workflow(Generic[In]):
             row.key,
             started=row.started,
             signal_types=self._signal_types(),
+            definition=self,
         )
+
+    def _handle_of(self, engine: Engine, run_id: uuid.UUID, key: str | None) -> Run:
+        """The handle of run ``run_id`` of this workflow, read nothing (used by ``Run.fork``)."""
+        return self._handle(submission.Submitted(engine, run_id, key, False))
 
     def submit(
         self,
@@ -644,6 +651,7 @@ class ResultWorkflow(Workflow[In], Generic[In, Out]):
             self.output_type,
             started=row.started,
             signal_types=self._signal_types(),
+            definition=self,
         )
 
     if TYPE_CHECKING:

@@ -49,6 +49,7 @@ _STATUS_OF_TABLE = (
     runs.c.error,
     runs.c.failed_step,
     runs.c.retention,
+    runs.c.forked_from,
 )
 STATUS_COLUMNS = (
     *(cast(c, Text) if c is runs.c.error else c for c in _STATUS_OF_TABLE),
@@ -67,6 +68,7 @@ RunStatusFields = tuple[
     dict[str, Any] | None,
     str | None,
     timedelta | None,
+    uuid.UUID | None,
     Parked | None,
 ]
 
@@ -74,9 +76,9 @@ RunStatusFields = tuple[
 def run_status_fields(row: Sequence[Any]) -> RunStatusFields:
     """The fields of a ``RunStatus`` from a row that starts with :data:`STATUS_COLUMNS`."""
     error = None if row[7] is None else _codec.decode(row[7])
-    parked = None if row[10] is None else Parked(row[10])
+    parked = None if row[11] is None else Parked(row[11])
     state = RunState(row[3])
-    return (row[0], row[1], row[2], state, row[4], row[5], row[6], error, row[8], row[9], parked)
+    return (row[0], row[1], row[2], state, *row[4:7], error, row[8], row[9], row[10], parked)
 
 
 JOB_STATUS_COLUMNS = (

@@ -347,7 +347,7 @@ _Once = Callable[[bool], _Row]
 """Runs the insert-or-read statement (True) or the read of the key (False); first row."""
 
 
-def _resolve_once(once: _Once, workflow: str, key: str) -> tuple[Any, bool]:
+def resolve_once(once: _Once, workflow: str, key: str) -> tuple[Any, bool]:
     """The run of ``key`` and whether this call created it, from the insert-or-read rows."""
     row = once(True)
     for _ in range(_MAX_RACE_RETRIES):
@@ -372,7 +372,7 @@ def _insert_once(conn: _executor.Executor, plan: Plan, params: dict[str, Any]) -
         rows = conn.rows(stmt, params)
         return rows[0] if rows else None
 
-    return _resolve_once(once, plan.workflow, params["key"])
+    return resolve_once(once, plan.workflow, params["key"])
 
 
 @_observe.submits

@@ -556,6 +556,51 @@ def _add_commands(group: click.Group) -> None:
     )
     _act("retry-all", "Run every step of a finished run again, from the roots.", "retrying")
 
+    @_command(runs, "fork", short_help="Fork a finished run onto the current definition.")
+    @click.argument("run_id", metavar="RUN_ID")
+    @click.option("--key", required=True, help="The fork's submit key (a second fork returns it).")
+    @click.option(
+        "--rerun",
+        "rerun",
+        multiple=True,
+        metavar="STEP",
+        help="Run this step and those downstream of it again (repeatable).",
+    )
+    @click.option(
+        "--app",
+        "targets",
+        multiple=True,
+        metavar="MODULE[:ATTR]",
+        help="Where the current definition of the run's workflow is (repeatable).",
+    )
+    def runs_fork(run_id: str, key: str, rerun: tuple[str, ...], targets: tuple[str, ...]) -> None:
+        """Make a new run of the workflow's current definition with RUN_ID's input.
+
+        Steps RUN_ID completed keep their outputs unless named with --rerun or
+        downstream of one that is; the others run on the current code. The definition
+        comes from --app MODULE[:ATTR] (as for cyclone worker), or from the
+        application that mounts these commands.
+        """
+        inv = _invocation()
+        client = inv.client()
+        status = client.get_run(_run_uuid(run_id))
+        if status is None:
+            raise CommandError(f"run {run_id} does not exist")
+        if targets:
+            workflows, _steps = _definitions.load(targets)
+        elif inv.host.definitions is not None:
+            workflows = list(inv.host.definitions()[0])
+        else:
+            raise click.UsageError(
+                f"name the module defining workflow {status.workflow!r} with --app MODULE[:ATTR]"
+            )
+        definition = next((wf for wf in workflows if wf.name == status.workflow), None)
+        if definition is None:
+            raise BadInput(f"no workflow {status.workflow!r} is defined by {', '.join(targets)}")
+        fork, created = definition.run(client.engine, status.id).fork(key, rerun=rerun)
+        made = "forked" if created else "already forked"
+        click.echo(f"{made} run {status.id} of workflow {status.workflow} as run {fork.id}")
+
     jobs = click.Group("jobs", help="List and inspect standalone jobs; cancel and retry them.")
     group.add_command(jobs)
 
@@ -867,6 +912,7 @@ def _run_record(run: cyclone.RunStatus) -> dict[str, Any]:
         "error": run.error,
         "retention": run.retention,
         "parked": None if run.parked is None else run.parked.value,
+        "forked_from": None if run.forked_from is None else str(run.forked_from),
     }
 
 
@@ -953,6 +999,8 @@ def _print_run_detail(detail: RunDetail) -> None:
         ("deadline", _output.when(run.deadline)),
         ("retention", _output.duration(run.retention) if run.retention else "default"),
     ]
+    if run.forked_from is not None:
+        pairs.append(("forked from", str(run.forked_from)))
     if run.error:
         where = f"step {run.failed_step}: " if run.failed_step else ""
         pairs.append(("error", f"{where}{_error_summary(run.error, width=200)}"))

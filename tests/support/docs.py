@@ -216,6 +216,11 @@ EXECUTED = (
         "console",
     ),
     Executed(
+        "docs/fork.md",
+        None,
+        "tests/test_fork.py::test_the_fork_page_blocks_run_in_order",
+    ),
+    Executed(
         "docs/jobs.md",
         "## Standalone jobs and unique keys",
         "tests/test_docs_pages.py::test_the_standalone_jobs_blocks_enqueue_jobs_a_worker_runs",

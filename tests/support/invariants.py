@@ -106,6 +106,25 @@ INVARIANTS: tuple[Invariant, ...] = (
         """,
     ),
     Invariant(
+        "a fork names another run, of its own workflow while that run exists",
+        """
+        SELECT f.id AS run_id, f.workflow, f.forked_from, s.workflow AS source_workflow
+        FROM cyclone_runs f LEFT JOIN cyclone_runs s ON s.id = f.forked_from
+        WHERE f.forked_from IS NOT NULL
+          AND (f.forked_from = f.id OR s.workflow <> f.workflow)
+        """,
+    ),
+    Invariant(
+        "a step completed without an attempt is a fork's kept step, with an output and a finish",
+        """
+        SELECT j.id AS job_id, j.run_id, j.kind, r.forked_from, j.finalized_at
+        FROM cyclone_jobs j JOIN cyclone_runs r ON r.id = j.run_id
+        WHERE j.state = 'completed' AND j.attempt = 0
+          AND (r.forked_from IS NULL OR j.output IS NULL OR j.attempted_at IS NULL
+               OR j.finalized_at > r.created_at)
+        """,
+    ),
+    Invariant(
         "an available job has no upstream pending",
         """
         SELECT j.id AS job_id, j.kind, j.pending_deps FROM cyclone_jobs j

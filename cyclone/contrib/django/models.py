@@ -31,6 +31,11 @@ class Run(models.Model):
     start_at = models.DateTimeField(
         "starts at", null=True, help_text="Set until a worker starts the run and creates its steps."
     )
+    forked_from = models.UUIDField(
+        "forked from",
+        null=True,
+        help_text="The run this run was forked from (run.fork), which may be purged.",
+    )
 
     class Meta:
         managed = False
