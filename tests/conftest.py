@@ -248,15 +248,25 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             terminalreporter.write_line(line)
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
-    """Poll ``predicate`` until it returns a truthy value; fail the test after ``timeout``."""
+def wait_until(
+    predicate: Callable[[], Any],
+    timeout: float = 10.0,
+    interval: float = 0.02,
+    message: str | Callable[[], str] = "condition not met",
+) -> Any:
+    """Poll ``predicate`` until it returns a truthy value; fail the test after ``timeout``.
+
+    The one poll of the suite: database state and other processes have no event to wait
+    on. ``message`` (or what it returns, called once the time is up) says what was awaited.
+    """
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout} s")
+            said = message if isinstance(message, str) else message()
+            pytest.fail(f"{said} within {timeout} s")
         time.sleep(interval)
 
 
