@@ -101,8 +101,13 @@ class Listener:
         if target is None:
             raise _EngineGone
         driver = detached(target)
-        for channel in CHANNELS:
-            driver.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        try:
+            for channel in CHANNELS:
+                driver.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+        except BaseException:
+            with contextlib.suppress(psycopg.Error):
+                driver.close()
+            raise
         return driver
 
     def listening_since(self, moment: float) -> bool:
