@@ -99,12 +99,14 @@ def installed() -> Observer | None:
 
 def serving(worker: Any) -> None:
     """Remember a worker of this process (held weakly) until :func:`retired`: the backlog
-    gauge reads the database of each."""
+    gauge reads the database of each. A worker is remembered once made, and again while
+    each :meth:`~cyclone.Worker.run` or :meth:`~cyclone.Worker.drain` of it lasts."""
     _workers.add(worker)
 
 
 def retired(worker: Any) -> None:
-    """The worker was closed: its engine may be disposed, so no gauge reads through it."""
+    """The worker was closed, or its run or drain returned: its engine may be disposed,
+    so no gauge reads through it (a read would reopen a connection of its pool)."""
     _workers.discard(worker)
 
 

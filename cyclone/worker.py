@@ -463,6 +463,7 @@ class Worker:
                 migrations.check_schema_at_start(self.engine)  # once: not started without it
                 self._schema_checked = True
             self.stats = WorkerStats()
+            _observe.serving(self)
             self._steps_pool = _StepThreads(self.concurrency, self._execute)
             # The loop sleeps on its own connection's socket, which LISTENs, unless that
             # connection cannot hold a session (a pooler) or is not one connection (an
@@ -524,6 +525,9 @@ class Worker:
                 self._held.close()
                 self._held = None
                 side.dispose()
+                # Done serving: its owner may dispose of the engine now, and a gauge read
+                # through it would open a connection left open until garbage collection.
+                _observe.retired(self)
                 self._stopping.clear()
                 self._abandon.clear()
                 self._stop_deadline = None

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 import time
 import uuid
-import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import URL, make_url
 
 import cyclone
-from tests.support import at_rest, processes
+from tests.support import at_rest, leaks, processes
 from tests.support.counting import CountingCursor, Recorder
 from tests.support.workers import Background
 
@@ -25,6 +23,10 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 
 pytest_plugins = ("pytester",)
+
+# A psycopg connection garbage-collected open fails the test that is running (pyproject's
+# filterwarnings): its message says where and during which test it was opened.
+leaks.install()
 
 
 def admin_url() -> URL:
@@ -76,27 +78,8 @@ def invariants_at_rest(request: pytest.FixtureRequest) -> Iterator[None]:
     if "database_url" in request.fixturenames:
         at_rest.touch(request.getfixturevalue("database_url"), at_head=True)
     _left_running, found = at_rest.after_test()
-    _note_leaked_connections(request.node.nodeid)
     if found:
         pytest.fail(at_rest.describe(found), pytrace=False)
-
-
-LEAKS = ROOT / "tests" / ".artifacts" / "leaked-connections.txt"
-
-
-def _note_leaked_connections(test: str) -> None:
-    """Collect garbage after ``test`` and write down the psycopg connections that were
-    dropped open (psycopg's ResourceWarning, ignored in pyproject.toml: a leak seen about
-    once in five full runs, whose garbage collection failed whichever test was running,
-    not the one that leaked). The file names the tests after which leaks were found."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ResourceWarning)
-        gc.collect()
-    leaked = [w for w in caught if "was deleted while still open" in str(w.message)]
-    if leaked:
-        LEAKS.parent.mkdir(parents=True, exist_ok=True)
-        with LEAKS.open("a") as out:
-            out.write(f"{test}: {len(leaked)} psycopg connection(s) dropped open\n")
 
 
 @pytest.fixture(scope="session")
@@ -248,15 +231,25 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
             terminalreporter.write_line(line)
 
 
-def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:
-    """Poll ``predicate`` until it returns a truthy value; fail the test after ``timeout``."""
+def wait_until(
+    predicate: Callable[[], Any],
+    timeout: float = 10.0,
+    interval: float = 0.02,
+    message: str | Callable[[], str] = "condition not met",
+) -> Any:
+    """Poll ``predicate`` until it returns a truthy value; fail the test after ``timeout``.
+
+    The one poll of the suite: database state and other processes have no event to wait
+    on. ``message`` (or what it returns, called once the time is up) says what was awaited.
+    """
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout} s")
+            said = message if isinstance(message, str) else message()
+            pytest.fail(f"{said} within {timeout} s")
         time.sleep(interval)
 
 

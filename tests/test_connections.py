@@ -119,3 +119,23 @@ def test_engine_dispose_alone_also_closes_the_listener_and_held_connections(
     held.rows(_executor.Compiled(sa.select(sa.literal(1))), {})
     engine.dispose()
     drop_database_without_force(migrated.database)
+
+
+def test_a_connection_of_its_own_that_cannot_be_set_up_is_closed(migrated: URL) -> None:
+    # A connect event that leaves a transaction open (a SET without autocommit, say): the
+    # switch to autocommit is refused, and the new connection was dropped open, one more
+    # each second as the listener retried.
+    engine = sa.create_engine(migrated)
+    opened: list[psycopg.Connection[object]] = []
+
+    @sa.event.listens_for(engine, "connect")
+    def leave_a_transaction_open(driver: psycopg.Connection[object], record: object) -> None:
+        opened.append(driver)
+        driver.execute("SET application_name = 'set_in_a_transaction'")
+
+    try:
+        with pytest.raises(psycopg.ProgrammingError, match="autocommit"):
+            _executor.detached(engine)
+        assert [driver.closed for driver in opened] == [True]
+    finally:
+        engine.dispose()

@@ -58,7 +58,7 @@ from hypothesis.stateful import (
 
 import cyclone
 from cyclone._store import notify as _notify
-from tests.conftest import create_database, drop_database
+from tests.conftest import create_database, drop_database, wait_until
 from tests.support import invariants
 from tests.support.model_proc import DAY, EXEC_DDL, WORKFLOW, Item, gate
 from tests.support.run_model import STEPS, Expect, RunModel, release_and_cancel
@@ -242,18 +242,17 @@ class Harness:
     def wait_serving(self, worker: WorkerProc) -> None:
         """Until the worker's claim loop and leader candidacy are connected."""
         app = f"model-{worker.pid}"
-        deadline = time.monotonic() + 30
-        while True:
+
+        def connected() -> bool:
             assert worker.proc.poll() is None, f"worker {worker.pid} exited early"
             with self.engine.connect() as conn:
                 count = conn.execute(
                     sa.text("SELECT count(*) FROM pg_stat_activity WHERE application_name = :a"),
                     {"a": app},
                 ).scalar_one()
-            if count >= 3:
-                return
-            assert time.monotonic() < deadline, f"worker {worker.pid} did not connect in 30 s"
-            time.sleep(0.05)
+            return bool(count >= 3)
+
+        wait_until(connected, 30, 0.05, f"worker {worker.pid} did not connect")
 
     def live(self) -> list[WorkerProc]:
         return [w for w in self.workers if w.state == "live"]
@@ -300,7 +299,7 @@ class Harness:
                 worker.state = "frozen"
                 return True
             os.kill(worker.pid, signal.SIGCONT)
-            time.sleep(0.01)
+            time.sleep(0.01)  # a pause before the next try, not a wait for a condition
         return False
 
     def thaw(self, worker: WorkerProc) -> None:
@@ -449,24 +448,27 @@ class Harness:
         return todo
 
     def settle(self, context: str = "", cycling: str | None = None) -> Snapshot:
-        deadline = time.monotonic() + SETTLE_TIMEOUT
-        while True:
+        todo: list[str] = []
+
+        def settled() -> Snapshot | None:
             snap = self.snapshot()
             for (tag, step), n in snap.max_n.items():
                 if self.locked.get((tag, step), 0) < n + LOOKAHEAD:
                     self.lock_gates(tag, step, n + LOOKAHEAD)
-            todo = self.unsettled(snap, cycling)
-            if not todo:
-                return snap
-            if time.monotonic() > deadline:
-                raise AssertionError(
-                    f"the workers did not settle within {SETTLE_TIMEOUT} s{context}: "
-                    + "; ".join(todo)
-                    + f" (leader: {self.leader_pid()}, workers: "
-                    + ", ".join(f"{w.pid} {w.state}" for w in self.workers)
-                    + ")"
-                )
-            time.sleep(0.02)
+            todo[:] = self.unsettled(snap, cycling)
+            return None if todo else snap
+
+        def unsettled() -> str:
+            return (
+                f"the workers did not settle{context}: "
+                + "; ".join(todo)
+                + f" (leader: {self.leader_pid()}, workers: "
+                + ", ".join(f"{w.pid} {w.state}" for w in self.workers)
+                + ")"
+            )
+
+        snap: Snapshot = wait_until(settled, SETTLE_TIMEOUT, 0.02, unsettled)
+        return snap
 
 
 # -- the state machine ---------------------------------------------------------------------
@@ -992,10 +994,7 @@ class ModelMachine(RuleBasedStateMachine):
 
     def freeze_leader(self) -> None:
         """SIGSTOP the worker that leads maintenance (scenarios only)."""
-        deadline = time.monotonic() + 10
-        while (leader := self.h.leader_pid()) is None:
-            assert time.monotonic() < deadline, "no worker leads"
-            time.sleep(0.05)
+        leader = wait_until(self.h.leader_pid, 10, 0.05, "no worker leads")
         worker = next(w for w in self.h.live() if w.pid == leader)
         held = self.held_by(worker)
         assert self.h.freeze(worker)

@@ -237,6 +237,28 @@ def test_backlog_gauge_reports_waiting_jobs_per_queue_of_a_worker_process(
     assert f"{name}-q" not in backlog
 
 
+def test_the_backlog_gauge_reopens_no_connection_on_the_engine_of_a_worker_done_serving(
+    database_url: URL, name: str, telemetry: Telemetry
+) -> None:
+    # A worker left unclosed once its drain returned (as most are), its engine disposed by
+    # its owner: a gauge read through that engine opened a connection in its new pool,
+    # open until the engine was garbage-collected (psycopg's "deleted while still open").
+    @cyclone.step(f"{name}.kind", queue=f"{name}-q")
+    def kind(ctx: cyclone.StepContext, args: Any) -> None:
+        return None
+
+    engine = sa.create_engine(database_url)
+    try:
+        worker = cyclone.Worker(engine, steps=[kind])
+        assert worker.drain() == 0
+        engine.dispose()
+        telemetry.reader.get_metrics_data()  # a collection: the gauge's callback reads
+        assert (engine.pool.checkedin(), engine.pool.checkedout()) == (0, 0)
+        assert worker.stats.total == 0  # still referenced, not closed
+    finally:
+        engine.dispose()
+
+
 def test_a_job_enqueued_in_a_request_runs_in_the_request_trace(
     engine: sa.Engine, name: str, telemetry: Telemetry
 ) -> None:

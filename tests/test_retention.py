@@ -19,7 +19,7 @@ import cyclone
 from cyclone._store.leadership import LEADERSHIP
 from cyclone.schema import jobs, leader, runs
 from tests.conftest import StatementCounter, wait_until
-from tests.support.workers import start_runs
+from tests.support.workers import start_runs, wait_for_passes
 
 pytestmark = pytest.mark.usefixtures("clean_tables")
 
@@ -339,8 +339,9 @@ def test_only_the_maintenance_leader_sweeps(own_engine: sa.Engine, name: str) ->
             )
         )
         other.commit()
-        with run_in_thread(sweeping_worker(engine, wf, keep=timedelta(0))):
-            time.sleep(1.5)  # what the worker does meanwhile is under test
+        worker = sweeping_worker(engine, wf, keep=timedelta(0))
+        with run_in_thread(worker):
+            wait_for_passes(worker, 2)  # tries to lead, and finds the lease held
             assert existing(engine, [done]) == {done.id}
             other.execute(sa.update(leader).values(expires_at=sa.func.now()))  # it lapses
             other.commit()

@@ -128,7 +128,8 @@ def test_an_open_signal_tx_stalls_no_worker_and_commits_or_rolls_back_as_sent(
     assert held.result(timeout=30) == "0 paid by committed"
     # The rolled back signal was never sent: its run keeps waiting, and can be sent it.
     assert rolled.status().state == cyclone.RunState.RUNNING
-    assert node_state(engine, rolled.id) == "blocked"
+    # Parked again (a node that met the open transaction looks once more, then parks).
+    wait_until(lambda: node_state(engine, rolled.id) == "blocked", message="not parked again")
     assert wf.signal(engine, "rolled", "paid", "later") is True
     assert rolled.result(timeout=30) == "7 paid by later"
     worker.stop()

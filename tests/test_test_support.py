@@ -147,3 +147,45 @@ def test_a_test_that_breaks_an_invariant_fails(
             "*a terminal run has no job waiting to run (available or blocked)*",
         ]
     )
+
+
+def test_a_connection_dropped_open_fails_the_test_and_says_where_it_was_opened(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    pytester.makeconftest("from tests.conftest import *  # noqa: F403\n")
+    pytester.makepyfile(
+        textwrap.dedent(
+            """
+            import psycopg
+            from tests.conftest import admin_url
+
+            def open_and_forget():
+                url = admin_url().set(drivername="postgresql")
+                psycopg.connect(url.render_as_string(hide_password=False))
+
+            def test_drops_a_connection_open():
+                open_and_forget()
+
+            def test_closes_its_connection():
+                pass
+            """
+        )
+    )
+    result = pytester.runpytest_subprocess(
+        "-p", "no:xdist", "-p", "no:cacheprovider", "-W", "error"
+    )
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "*FAILED*test_drops_a_connection_open*",
+        ]
+    )
+    result.stdout.fnmatch_lines(
+        [
+            "*garbage-collected while still open; it was opened during "
+            "test_a_connection_dropped_open_fails_the_test_and_says_where_it_was_opened.py"
+            "::test_drops_a_connection_open (call), at:*",
+            "*in open_and_forget*",
+        ]
+    )

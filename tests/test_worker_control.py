@@ -6,7 +6,6 @@ import contextlib
 import logging
 import random
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -300,8 +299,7 @@ def test_a_deadline_passing_mid_run_stops_the_steps_not_yet_started(
     @wf.step()
     def first(ctx: cyclone.StepContext, value: Any) -> None:
         seen["deadline"] = ctx.deadline
-        while not ctx.deadline_passed:
-            time.sleep(0.02)  # a poll of the condition awaited
+        wait_until(lambda: ctx.deadline_passed, 30, message="the run's deadline did not pass")
 
     @wf.step(after=[first])
     def second(ctx: cyclone.StepContext, value: Any) -> None:
@@ -327,8 +325,7 @@ def test_run_applies_deadlines_too(engine: sa.Engine, name: str) -> None:
     @wf.step()
     def first(ctx: cyclone.StepContext, value: Any) -> None:
         calls.append("first")
-        while not ctx.deadline_passed:
-            time.sleep(0.02)  # a poll of the condition awaited
+        wait_until(lambda: ctx.deadline_passed, 30, message="the run's deadline did not pass")
 
     @wf.step(after=[first])
     def second(ctx: cyclone.StepContext, value: Any) -> None:

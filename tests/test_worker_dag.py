@@ -14,6 +14,7 @@ import sqlalchemy as sa
 import cyclone
 from cyclone.schema import jobs, runs
 from tests.conftest import wait_until
+from tests.support.counting import Recorder
 from tests.support.workers import Background, job_rows, start_runs
 
 
@@ -405,11 +406,23 @@ def test_names_with_quotes_percent_and_backslash_are_stored_and_run_as_given(
     assert run.status().state == cyclone.RunState.COMPLETED
 
 
+class Claims(Recorder):
+    """Counts the claim statements one thread sends."""
+
+    def __init__(self, thread: str) -> None:
+        self.thread = thread
+        self.count = 0
+
+    def record(self, thread: str, statement: str) -> None:
+        if thread == self.thread and "SKIP LOCKED" in statement:
+            self.count += 1
+
+
 def test_a_join_becomes_available_only_when_its_last_upstream_finishes_seconds_later(
     engine: sa.Engine, name: str
 ) -> None:
-    # The branches' outcomes land in separate statements a second apart: the first
-    # alone must leave the join blocked.
+    # The branches' outcomes land in separate statements, claims apart: the first alone
+    # must leave the join blocked.
     wf = cyclone.Workflow(name)
     release = threading.Event()
     calls: list[str] = []
@@ -433,14 +446,14 @@ def test_a_join_becomes_available_only_when_its_last_upstream_finishes_seconds_l
 
     run = wf.submit(engine, None)
     worker = cyclone.Worker(engine, workflows=[wf], concurrency=2, poll_interval=0.05, sweep=False)
-    serving = Background(worker.run)
+    claims = Claims(f"serving-{name}")
+    serving = Background(worker.run, name=claims.thread)
     try:
         wait_until(lambda: job_rows(engine, run.id)["fast"].state == "completed", timeout=10)
         assert job_rows(engine, run.id)["slow"].state == "running"
-        blocked_at = time.monotonic()
-        while time.monotonic() - blocked_at < 1.5:  # the worker keeps claiming meanwhile
-            assert job_rows(engine, run.id)["join"].state == "blocked"
-            time.sleep(0.05)
+        with claims:  # the worker keeps claiming meanwhile (every poll_interval): ten times
+            wait_until(lambda: claims.count >= 10, timeout=10)
+        assert job_rows(engine, run.id)["join"].state == "blocked"
         assert calls == ["fast"]
         release.set()
         assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED

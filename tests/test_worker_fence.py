@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -126,10 +125,8 @@ def test_a_rescued_jobs_old_executions_see_cancelled_and_their_outcomes_are_refu
         if not first:
             assert rescuer_gone.wait(30)
             return "later"
-        deadline = time.monotonic() + 30
-        while not ctx.cancelled():  # until the job is no longer this execution's
-            assert time.monotonic() < deadline, "ctx.cancelled() never saw the lease move on"
-            time.sleep(0.05)  # a poll of ctx.cancelled(), the condition awaited
+        # Until the job is no longer this execution's.
+        wait_until(ctx.cancelled, 30, 0.05, "ctx.cancelled() never saw the lease move on")
         return "first"
 
     # The rescuer leads maintenance and rescues after 1 s; the worker beats every 20 s,

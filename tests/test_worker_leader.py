@@ -23,12 +23,11 @@ from sqlalchemy.engine import URL
 
 import cyclone
 from cyclone import _leader
-from cyclone._leader import LEADER_INTERVAL
 from cyclone._store import leadership as _leadership
 from cyclone._store.leadership import LEADERSHIP
 from cyclone.schema import leader as leader_table
 from tests.conftest import wait_until
-from tests.support.workers import Background, job_rows, lease, start_runs
+from tests.support.workers import Background, job_rows, lease, start_runs, wait_for_passes
 from tests.test_worker_fence import QUICK
 
 
@@ -52,8 +51,9 @@ def test_of_two_workers_one_leads_and_the_other_takes_the_next_term_when_it_stop
     try:
         holder, term = wait_until(lambda: lease(engine), timeout=10)
         wait_until(lambda: sum(w._leader is not None and w._leader.leading for w in workers))
-        # Both keep trying; still exactly one leads, under the same term.
-        time.sleep(3 * LEADER_INTERVAL)  # the behaviour under test is what happens meanwhile
+        # Both keep trying: three more tries of the other one; still exactly one leads,
+        # under the same term.
+        wait_for_passes(next(w for w in workers if w.id != holder), 3)
         assert lease(engine) == (holder, term)
         assert sum(bool(w._leader and w._leader.leading) for w in workers) == 1
 
@@ -338,7 +338,9 @@ def test_an_app_holding_every_pooled_connection_longer_than_rescue_after_keeps_i
         held = [small.connect() for _ in range(2)]
         for conn in held:
             conn.execute(sa.text("SELECT 1"))
-        time.sleep(3)  # longer than rescue_after: the behaviour under test is meanwhile
+        # Passes of the rescuer that began once a heartbeat held up by the pool would have
+        # been older than rescue_after (and half a second more).
+        wait_for_passes(rescuer, 2, after=time.monotonic() + 1.5)
         assert job_rows(engine, run.id)["long"].state == "running"
         for conn in held:
             conn.close()

@@ -551,9 +551,14 @@ def detached(engine: Engine) -> psycopg.Connection[Any]:
     _deadline.keepalives_for(engine)
     with _deadline.opening():
         fairy = engine.pool.recreate().connect()
-    driver = _psycopg(engine, fairy.driver_connection)
+    raw = fairy.driver_connection
     fairy.detach()
-    driver.autocommit = True
+    try:
+        driver = _psycopg(engine, raw)
+        driver.autocommit = True  # refused if a connect event left a transaction open
+    except BaseException:
+        fairy.close()  # detached: closes the connection, which nothing else would
+        raise
     with _detached_lock:
         _detached.setdefault(engine, weakref.WeakKeyDictionary())[driver] = os.getpid()
     on_dispose(engine, close_detached)

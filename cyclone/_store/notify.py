@@ -102,7 +102,12 @@ class Listener:
         if target is None:
             raise _EngineGone
         driver = detached(target)
-        listen(driver, CHANNELS)
+        try:
+            listen(driver, CHANNELS)
+        except BaseException:
+            with contextlib.suppress(psycopg.Error):
+                driver.close()
+            raise
         return driver
 
     def listening_since(self, moment: float) -> bool:

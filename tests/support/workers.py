@@ -152,6 +152,27 @@ def lease(engine: sa.Engine) -> tuple[str, int] | None:
     return None if row is None else (row.holder, row.term)
 
 
+def wait_for_passes(
+    worker: cyclone.Worker, count: int, *, after: float | None = None, timeout: float = 30.0
+) -> None:
+    """Until ``worker``'s maintenance thread has ended ``count`` passes (taking the lease
+    if free, then maintaining if it leads) that began after ``after`` (monotonic; default
+    now). A pass is known to have ended when the next one begins."""
+    from tests.conftest import wait_until  # conftest imports this module
+
+    since = time.monotonic() if after is None else after
+    began: set[float] = set()
+
+    def ended() -> bool:
+        candidacy = worker._leader
+        passed = None if candidacy is None else candidacy._passed_at
+        if passed is not None and passed > since:
+            began.add(passed)
+        return len(began) > count
+
+    wait_until(ended, timeout, message=f"worker {worker.id} did not end {count} passes")
+
+
 def spawn_worker(
     mode: str, name: str, arg: str, database_url: str | None = None
 ) -> subprocess.Popen[str]:
