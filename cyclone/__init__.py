@@ -23,6 +23,7 @@ from cyclone.errors import (
     TransactionAbortedError,
 )
 from cyclone.jobs import Job, JobStatus
+from cyclone.limits import Concurrency, Rate
 from cyclone.migrations import check_schema, downgrade, upgrade
 from cyclone.runs import ResultRun, Run, RunStatus
 from cyclone.schedules import Schedule, ScheduleStatus
@@ -34,6 +35,7 @@ __version__ = _version("cyclone")
 
 __all__ = [
     "Client",
+    "Concurrency",
     "CycloneError",
     "DefinitionError",
     "DuplicateError",
@@ -45,6 +47,7 @@ __all__ = [
     "JobStatus",
     "NoOutputError",
     "NotFoundError",
+    "Rate",
     "ResultRun",
     "ResultWorkflow",
     "Run",

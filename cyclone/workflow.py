@@ -14,9 +14,10 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
-from cyclone import _graph, _keys, errors, jobs, schedules
+from cyclone import _graph, _keys, errors, jobs, limits, schedules
 from cyclone._store import binds as _binds
 from cyclone._store import fastpath as _fastpath
+from cyclone._store import limits as _limits_store
 from cyclone._store import lookup as _lookup
 from cyclone._store import submission
 from cyclone._store import waits as _waits
@@ -708,9 +709,27 @@ class StandaloneStep(Generic[In, R]):
         max_attempts: int,
         queue: str,
         priority: int,
+        concurrency: limits.Concurrency | None = None,
+        rate: limits.Rate | None = None,
     ) -> None:
         check_name("a step kind", kind)
         _check_options(f"step kind {kind!r}", max_attempts, queue, priority)
+        if concurrency is not None and not isinstance(concurrency, limits.Concurrency):
+            raise errors.DefinitionError(f"step kind {kind!r}: concurrency= takes a Concurrency")
+        if rate is not None and not isinstance(rate, limits.Rate):
+            raise errors.DefinitionError(f"step kind {kind!r}: rate= takes a Rate")
+        if concurrency is not None and rate is not None:
+            raise errors.DefinitionError(
+                f"step kind {kind!r}: give concurrency= or rate=, not both (one limit a kind)"
+            )
+        if concurrency is not None and concurrency.on_limit != "queue":
+            raise errors.DefinitionError(
+                f"step kind {kind!r}: on_limit={concurrency.on_limit!r} is for workflows; "
+                "a step kind's jobs queue"
+            )
+        self.limit: limits.Spec | None = limits.resolve(
+            concurrency or rate, f"kind:{kind}", "attempts"
+        )
         self.kind = kind
         self.fn = fn
         self.max_attempts = max_attempts
@@ -759,7 +778,17 @@ class StandaloneStep(Generic[In, R]):
             priority=self.priority if priority is None else priority,
             max_attempts=self.max_attempts if max_attempts is None else max_attempts,
             output_type=self.output_type,
+            **self._limit_fields(args),
         )
+
+    def _limit_fields(self, args: In) -> dict[str, Any]:
+        spec = self.limit
+        if spec is None:
+            return {}
+        params = _limits_store.spec_params(
+            spec.name, spec.max, spec.per, spec.on_limit, spec.counts
+        )
+        return {"limit": params, "limit_key": spec.key_of(args)}
 
     def enqueue(
         self,
@@ -804,12 +833,27 @@ def step(
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     queue: str = DEFAULT_QUEUE,
     priority: int = 0,
+    concurrency: limits.Concurrency | None = None,
+    rate: limits.Rate | None = None,
 ) -> Callable[[Callable[..., R]], StandaloneStep[Any, R]]:
-    """Decorate ``fn(ctx, args) -> output`` as the standalone step kind ``kind``."""
+    """Decorate ``fn(ctx, args) -> output`` as the standalone step kind ``kind``.
+
+    ``concurrency=`` (a :class:`~cyclone.Concurrency`) bounds its running attempts per
+    key across every worker; ``rate=`` (a :class:`~cyclone.Rate`) its attempt starts per
+    window (see docs/flow-control.md).
+    """
     if callable(kind):
         raise errors.DefinitionError('use @cyclone.step("kind"), with the kind name')
 
     def decorate(fn: Callable[..., R]) -> StandaloneStep[Any, R]:
-        return StandaloneStep(kind, fn, max_attempts=max_attempts, queue=queue, priority=priority)
+        return StandaloneStep(
+            kind,
+            fn,
+            max_attempts=max_attempts,
+            queue=queue,
+            priority=priority,
+            concurrency=concurrency,
+            rate=rate,
+        )
 
     return decorate

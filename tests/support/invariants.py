@@ -130,6 +130,39 @@ INVARIANTS: tuple[Invariant, ...] = (
         """,
         at_rest_only=True,
     ),
+    Invariant(
+        "a limited job's limit and key have their rows",
+        """
+        SELECT j.id AS job_id, j.limit_name, j.limit_key FROM cyclone_jobs j
+        WHERE j.limit_name IS NOT NULL AND NOT EXISTS (
+            SELECT 1 FROM cyclone_limit_keys k
+            WHERE k.name = j.limit_name AND k.key = j.limit_key)
+        """,
+    ),
+    Invariant(
+        "a Concurrency's key runs at most max jobs at once",
+        """
+        SELECT j.limit_name, j.limit_key, l.max, count(*) AS running
+        FROM cyclone_jobs j JOIN cyclone_limits l ON l.name = j.limit_name
+        WHERE j.state = 'running' AND l.per IS NULL
+        GROUP BY j.limit_name, j.limit_key, l.max HAVING count(*) > l.max
+        """,
+    ),
+    Invariant(
+        "a Rate's key started at most max attempts in its current window",
+        """
+        SELECT k.name, k.key, k.window_start, k.window_count, l.max
+        FROM cyclone_limit_keys k JOIN cyclone_limits l ON l.name = k.name
+        WHERE l.per IS NOT NULL AND k.window_count > l.max
+        """,
+    ),
+    Invariant(
+        "a key's version counts at least the claims of its current window",
+        """
+        SELECT k.name, k.key, k.version, k.window_count FROM cyclone_limit_keys k
+        WHERE k.version < k.window_count OR k.window_count < 0
+        """,
+    ),
 )
 """Every invariant; ``at_rest_only`` ones hold once no worker serves the database."""
 
