@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -232,6 +233,4 @@ def test_a_concurrency_refuses_bad_values_at_definition() -> None:
     with pytest.raises(cyclone.DefinitionError, match="on_limit"):
         cyclone.Concurrency(1, on_limit="drop")  # type: ignore[arg-type]
     with pytest.raises(cyclone.DefinitionError, match="per"):
-        from datetime import timedelta
-
         cyclone.Rate(1, timedelta())

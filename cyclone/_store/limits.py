@@ -439,8 +439,8 @@ def list_limits_stmt() -> Any:
 _LIST = list_limits_stmt()
 _SET_LIMIT = (
     update(limits)
-    .where(limits.c.name == bindparam("name", type_=Text))
-    .values(max=bindparam("max", type_=Integer), set_by_operator=true(), updated_at=func.now())
+    .where(limits.c.name == bindparam("b_name", type_=Text))
+    .values(max=bindparam("b_max", type_=Integer), set_by_operator=true(), updated_at=func.now())
     .returning(limits.c.name, func.pg_notify(const(_notify.JOBS_AVAILABLE), const("")))
 )
 
@@ -454,4 +454,4 @@ def list_limits(engine: Engine) -> Sequence[Any]:
 def set_limit(engine: Engine, name: str, max: int) -> bool:
     """Set the limit ``name``'s ``max`` (kept over its definitions' from now on); found?"""
     with _binds.autocommit(engine) as conn:
-        return conn.execute(_SET_LIMIT, {"name": name, "max": max}).first() is not None
+        return conn.execute(_SET_LIMIT, {"b_name": name, "b_max": max}).first() is not None
