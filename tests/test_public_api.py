@@ -12,6 +12,7 @@ import cyclone
 
 EXPECTED = [
     "Client",
+    "Concurrency",
     "CycloneError",
     "DefinitionError",
     "DuplicateError",
@@ -23,6 +24,7 @@ EXPECTED = [
     "JobStatus",
     "NoOutputError",
     "NotFoundError",
+    "Rate",
     "ResultRun",
     "ResultWorkflow",
     "Run",

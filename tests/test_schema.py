@@ -91,6 +91,8 @@ def test_metadata_holds_only_cyclone_tables() -> None:
         "cyclone_schedules",
         "cyclone_signals",
         "cyclone_leader",
+        "cyclone_limits",
+        "cyclone_limit_keys",
     }
     assert metadata.naming_convention == NAMING_CONVENTION
 
@@ -111,7 +113,8 @@ def test_constraint_names_follow_the_naming_convention(conn: sa.Connection) -> N
                 "SELECT conname FROM pg_constraint WHERE conrelid IN "
                 "('cyclone_runs'::regclass, 'cyclone_jobs'::regclass, "
                 "'cyclone_schedules'::regclass, 'cyclone_signals'::regclass, "
-                "'cyclone_leader'::regclass)"
+                "'cyclone_leader'::regclass, 'cyclone_limits'::regclass, "
+                "'cyclone_limit_keys'::regclass)"
             )
         ).scalars()
     )
@@ -137,6 +140,13 @@ def test_constraint_names_follow_the_naming_convention(conn: sa.Connection) -> N
         "ck_cyclone_signals_sent",
         "pk_cyclone_leader",
         "ck_cyclone_leader_term",
+        "pk_cyclone_limits",
+        "ck_cyclone_limits_max",
+        "ck_cyclone_limits_per",
+        "ck_cyclone_limits_on_limit",
+        "ck_cyclone_limits_counts",
+        "pk_cyclone_limit_keys",
+        "fk_cyclone_limit_keys_name_cyclone_limits",
     }
     assert names == metadata_constraint_names()
 

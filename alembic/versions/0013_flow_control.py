@@ -37,16 +37,16 @@ def upgrade() -> None:
         sa.Column(
             "updated_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
         ),
-        sa.CheckConstraint("max >= 0", name="ck_cyclone_limits_max"),
-        sa.CheckConstraint("per IS NULL OR per > interval '0'", name="ck_cyclone_limits_per"),
+        sa.CheckConstraint("max >= 0", name=op.f("ck_cyclone_limits_max")),
+        sa.CheckConstraint("per IS NULL OR per > interval '0'", name=op.f("ck_cyclone_limits_per")),
         sa.CheckConstraint(
             "on_limit IN ('cancel_in_progress', 'cancel_newest', 'queue')",
-            name="ck_cyclone_limits_on_limit",
+            name=op.f("ck_cyclone_limits_on_limit"),
         ),
         sa.CheckConstraint(
-            "counts IN ('attempts', 'runs', 'starts')", name="ck_cyclone_limits_counts"
+            "counts IN ('attempts', 'runs', 'starts')", name=op.f("ck_cyclone_limits_counts")
         ),
-        sa.PrimaryKeyConstraint("name", name="pk_cyclone_limits"),
+        sa.PrimaryKeyConstraint("name", name=op.f("pk_cyclone_limits")),
     )
     op.create_table(
         "cyclone_limit_keys",
@@ -64,10 +64,10 @@ def upgrade() -> None:
         sa.ForeignKeyConstraint(
             ["name"],
             ["cyclone_limits.name"],
-            name="fk_cyclone_limit_keys_name_cyclone_limits",
+            name=op.f("fk_cyclone_limit_keys_name_cyclone_limits"),
             ondelete="CASCADE",
         ),
-        sa.PrimaryKeyConstraint("name", "key", name="pk_cyclone_limit_keys"),
+        sa.PrimaryKeyConstraint("name", "key", name=op.f("pk_cyclone_limit_keys")),
     )
     op.create_index(
         "ix_cyclone_limit_keys_served", "cyclone_limit_keys", ["name", "served_at", "key"]
