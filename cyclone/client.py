@@ -417,9 +417,17 @@ class Client:
         A Rate's ``running`` counts its jobs running now; its window's starts are not shown.
         """
         found: dict[str, LimitStatus] = {}
-        for name, max_, per, counts, on_limit, by_operator, key, running, waiting in (
-            _limits.list_limits(self._engine)
-        ):
+        for (
+            name,
+            max_,
+            per,
+            counts,
+            on_limit,
+            by_operator,
+            key,
+            running,
+            waiting,
+        ) in _limits.list_limits(self._engine):
             status = found.setdefault(
                 name, LimitStatus(name, max_, per, counts, on_limit, by_operator, {})
             )
