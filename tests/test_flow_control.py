@@ -234,3 +234,26 @@ def test_a_concurrency_refuses_bad_values_at_definition() -> None:
         cyclone.Concurrency(1, on_limit="drop")  # type: ignore[arg-type]
     with pytest.raises(cyclone.DefinitionError, match="per"):
         cyclone.Rate(1, timedelta())
+
+
+def test_limits_list_and_set_on_the_command_line(engine: sa.Engine, name: str) -> None:
+    from click.testing import CliRunner
+
+    from cyclone.cli import build_cli
+
+    (step,) = kinds(name, {"limit": "concurrency", "max": 2})
+    step.enqueue(engine, {"k": "a", "ms": 0})
+    url = engine.url.render_as_string(False)
+    listed = CliRunner().invoke(build_cli(), ["limits", "list", "--url", url])
+    assert listed.exit_code == 0, listed.output
+    assert f"kind:{name}: max 2 attempts" in listed.stdout
+    assert "  a: 0 running, 1 waiting" in listed.stdout
+    changed = CliRunner().invoke(build_cli(), ["limits", "set", f"kind:{name}", "5", "--url", url])
+    assert changed.exit_code == 0, changed.output
+    (status,) = [s for s in cyclone.Client(engine).list_limits() if s.name == f"kind:{name}"]
+    assert (status.max, status.set_by_operator, status.keys) == (5, True, {"a": (0, 1)})
+    unknown = CliRunner().invoke(build_cli(), ["limits", "set", "nope", "1", "--url", url])
+    assert unknown.exit_code == 1
+    assert len(unknown.stderr.strip().splitlines()) == 1
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM cyclone_jobs WHERE kind = :k"), {"k": name})
