@@ -320,8 +320,8 @@ class Worker:
             self.steps[st.kind] = st
         self.schedules = schedules.collect(self.workflows.values())
         specs: dict[str, LimitSpec] = {}
-        for st in self.steps.values():
-            spec = st.limit
+        workflow_specs = [wf.limit for wf in self.workflows.values() if wf.limit is not None]
+        for spec in [st.limit for st in self.steps.values()] + workflow_specs:
             if spec is None:
                 continue
             other = specs.setdefault(spec.name, spec)
@@ -330,7 +330,11 @@ class Worker:
                     f"limit {spec.name!r} is defined twice with different values"
                 )
         self._limit_specs = specs
-        self._gated: tuple[str, ...] = tuple(sorted(specs))
+        self._admits: tuple[str, ...] = tuple(sorted({spec.name for spec in workflow_specs}))
+        """The limits of the workflows served: their held runs are admitted by ``admit_runs``."""
+        self._gated: tuple[str, ...] = tuple(
+            sorted(n for n, spec in specs.items() if spec.counts != "runs")
+        )
         """The limits of the step kinds served: their jobs are claimed by ``claim_gated``."""
         self._gated_kinds = frozenset(k for k, st in self.steps.items() if st.limit is not None)
         if not self.workflows and not self.steps:
@@ -795,9 +799,11 @@ class Worker:
         except Exception:
             log.exception("worker %s could not read when the next job is due", self.id)
             return float("inf")
-        if self._gated:
+        if self._gated or self._admits:
             try:
-                gated = _limits_store.seconds_until_gated_due(self._held, self._gated, None)
+                gated = _limits_store.seconds_until_gated_due(
+                    self._held, self._gated, None, self._admits
+                )
             except Exception:
                 log.exception("worker %s could not read when a limited job may start", self.id)
                 gated = None
@@ -901,6 +907,11 @@ class Worker:
                     claimed += got
                     left -= len(got)
             self._delivered = sum(woke)
+            if self._admits:
+                # After the outcomes above are recorded (a run they ended frees its slot).
+                # An admitted run rings NOTIFY: the next claim, here or elsewhere, starts it.
+                # Counted as delivered: the loop claims again at once (a drain too).
+                self._delivered += _limits_store.admit_runs(self.engine, self._admits)
         except Exception as exc:
             self._db_failures += 1
             log.warning(

@@ -152,13 +152,27 @@ class Workflow(Generic[In]):
         name: the workflow name; submit keys are unique per name.
         input: the input type (anything msgspec encodes and decodes).
         queue: the default queue of its steps.
+        concurrency: a :class:`~cyclone.Concurrency` bounding its runs in progress per key,
+            across every worker (see docs/flow-control.md).
     """
 
     _has_result = False
 
-    def __init__(self, name: str, *, input: type[In] | Any = Any, queue: str = DEFAULT_QUEUE):
+    def __init__(
+        self,
+        name: str,
+        *,
+        input: type[In] | Any = Any,
+        queue: str = DEFAULT_QUEUE,
+        concurrency: limits.Concurrency | None = None,
+    ):
         check_name("a workflow name", name)
         _check_options(f"workflow {name!r}", DEFAULT_MAX_ATTEMPTS, queue, 0)
+        if concurrency is not None and not isinstance(concurrency, limits.Concurrency):
+            raise errors.DefinitionError(
+                f"workflow {name!r}: concurrency= takes a cyclone.Concurrency"
+            )
+        self.limit: limits.Spec | None = limits.resolve(concurrency, f"workflow:{name}", "runs")
         self.name = name
         self.input_type: Any = input
         self.queue = queue
@@ -348,8 +362,20 @@ class Workflow(Generic[In]):
     def plan(self) -> submission.Plan:
         """The validated, encoded submit parameters of this workflow (cached)."""
         if self._plan is None:
-            self._plan = submission.Plan.build(self.name, self.graph())
+            spec = self.limit
+            params = (
+                None
+                if spec is None
+                else _limits_store.spec_params(
+                    spec.name, spec.max, spec.per, spec.on_limit, spec.counts
+                )
+            )
+            self._plan = submission.Plan.build(self.name, self.graph(), params)
         return self._plan
+
+    def _limit_key(self, value: In) -> str | None:
+        """The key of ``value`` under this workflow's limit (raises before anything is sent)."""
+        return None if self.limit is None else self.limit.key_of(value)
 
     def _encode_input(self, value: In) -> str:
         from cyclone import _codec
@@ -377,8 +403,9 @@ class Workflow(Generic[In]):
         delay: timedelta | None = None,
     ) -> Run:
         """Make a new run in a transaction of its own. Each call makes a new run."""
+        encoded = self._encode_input(input)
         row = submission.submit(
-            bind, self.plan(), self._encode_input(input), deadline, retention, run_at, delay
+            bind, self.plan(), encoded, deadline, retention, run_at, delay, self._limit_key(input)
         )
         return self._handle(row)
 
@@ -393,8 +420,9 @@ class Workflow(Generic[In]):
         delay: timedelta | None = None,
     ) -> Run:
         """Make a new run inside the caller's transaction; it exists once they commit."""
+        encoded = self._encode_input(input)
         row = submission.submit_tx(
-            conn, self.plan(), self._encode_input(input), deadline, retention, run_at, delay
+            conn, self.plan(), encoded, deadline, retention, run_at, delay, self._limit_key(input)
         )
         return self._handle(row)
 
@@ -416,8 +444,10 @@ class Workflow(Generic[In]):
             InputError: the input cannot be encoded or does not match the input type.
             SubmitConflictError: the key's run has a different input (nothing is inserted).
         """
+        encoded = self._encode_input(input)
+        lk = self._limit_key(input)
         row = submission.submit_once(
-            bind, self.plan(), key, self._encode_input(input), deadline, retention, run_at, delay
+            bind, self.plan(), key, encoded, deadline, retention, run_at, delay, lk
         )
         return self._handle(row), row.created
 
@@ -437,8 +467,10 @@ class Workflow(Generic[In]):
         A concurrent transaction submitting the same key waits until this one ends; a
         conflict raises without aborting the caller's transaction.
         """
+        encoded = self._encode_input(input)
+        lk = self._limit_key(input)
         row = submission.submit_once_tx(
-            conn, self.plan(), key, self._encode_input(input), deadline, retention, run_at, delay
+            conn, self.plan(), key, encoded, deadline, retention, run_at, delay, lk
         )
         return self._handle(row), row.created
 
@@ -459,8 +491,9 @@ class Workflow(Generic[In]):
         rolled back: nothing is inserted.
         """
         encoded = [(key, self._encode_input(value)) for key, value in items]
+        lks = None if self.limit is None else [self.limit.key_of(value) for _, value in items]
         rows = submission.submit_once_many(
-            bind, self.plan(), encoded, deadline, retention, run_at, delay
+            bind, self.plan(), encoded, deadline, retention, run_at, delay, lks
         )
         return [(self._handle(row), row.created) for row in rows]
 
@@ -605,8 +638,9 @@ class ResultWorkflow(Workflow[In], Generic[In, Out]):
         input: type[In] | Any = Any,
         output: type[Out] | Any = Any,
         queue: str = DEFAULT_QUEUE,
+        concurrency: limits.Concurrency | None = None,
     ):
-        super().__init__(name, input=input, queue=queue)
+        super().__init__(name, input=input, queue=queue, concurrency=concurrency)
         self.output_type: Any = output
 
     def result(

@@ -16,23 +16,54 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Engine, bindparam, case, delete, func, null, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Text,
+    bindparam,
+    case,
+    cast,
+    delete,
+    func,
+    null,
+    select,
+    update,
+)
 from sqlalchemy.dialects.postgresql import JSONB
 
 from cyclone import errors
 from cyclone._store import completion as _completion
+from cyclone._store import limits as _limits
+from cyclone._store import notify as _notify
 from cyclone._store.fastpath import const
 from cyclone.schema import jobs, runs, signals
 from cyclone.states import EDGES, TERMINAL_RUN_STATES, JobState, RunState
 
 
 def cancel_run_stmt() -> Any:
-    """Move a running run to cancelled; returns nothing if it was not running."""
+    """Move a running run to cancelled; returns nothing if it was not running.
+
+    ``:error`` (JSON text, or None: SQL NULL) says why, when a limit cancelled it
+    (``on_limit="cancel_newest"`` / ``"cancel_in_progress"``). The ``RETURNING`` rings
+    NOTIFY: a run that ends frees its limit's slot, and a worker admits the next.
+    """
     return (
         update(runs)
         .where(runs.c.id == bindparam("rid"), runs.c.state == const(RunState.RUNNING.value))
-        .values(state=const(RunState.CANCELLED.value), finalized_at=func.now())
-        .returning(runs.c.id)
+        .values(
+            state=const(RunState.CANCELLED.value),
+            finalized_at=func.now(),
+            error=cast(bindparam("error", None, type_=Text), JSONB),
+        )
+        .returning(
+            runs.c.id,
+            case(
+                (
+                    runs.c.limit_name.is_not(None),
+                    func.pg_notify(const(_notify.JOBS_AVAILABLE), const("")),
+                )
+            ),
+        )
     )
 
 
@@ -171,6 +202,15 @@ def cancel(engine: Engine, run_id: uuid.UUID) -> None:
         conn.execute(_completion.CANCEL_UNSTARTED, {"rid": run_id})
 
 
+def cancel_for_limit(conn: Connection, run_id: uuid.UUID, error: str) -> bool:
+    """Cancel the running run ``run_id`` in the caller's transaction, ``error`` (JSON text)
+    naming the limit that cancelled it; False if it was no longer running."""
+    if conn.execute(_CANCEL_RUN, {"rid": run_id, "error": error}).first() is None:
+        return False
+    conn.execute(_completion.CANCEL_UNSTARTED, {"rid": run_id})
+    return True
+
+
 def restart(engine: Engine, run_id: uuid.UUID, *, every_step: bool) -> None:
     """``retry`` (failed and cancelled steps) or ``retry_all`` (every step) of a run.
 
@@ -198,6 +238,7 @@ def restart(engine: Engine, run_id: uuid.UUID, *, every_step: bool) -> None:
                 run_id=run_id,
                 state=f"{state} with steps still running; {operation} once they end",
             )
+        _limits.hold_for_restart(conn, run_id, operation)
         conn.execute(_RESET_ALL if every_step else _RESET_FAILED, {"rid": run_id})
         conn.execute(_CLEAR_UNSENT_SIGNALS, {"rid": run_id})
         conn.execute(_RESTART_ANY if every_step else _RESTART_FAILED, {"rid": run_id})

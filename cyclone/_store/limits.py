@@ -27,6 +27,7 @@ touches no limit row: the count is of the rows, so it cannot drift.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -37,12 +38,14 @@ from sqlalchemy import (
     Integer,
     Interval,
     Text,
+    Uuid,
     and_,
     bindparam,
     case,
     cast,
     exists,
     extract,
+    false,
     func,
     literal_column,
     null,
@@ -51,7 +54,7 @@ from sqlalchemy import (
     true,
     update,
 )
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.dialects.postgresql import ARRAY, insert
 
 from cyclone._store import binds as _binds
 from cyclone._store import fastpath as _fastpath
@@ -60,6 +63,8 @@ from cyclone._store.claim import _CLAIMED_COLUMNS, Claimed, _claimed
 from cyclone._store.fastpath import const
 from cyclone.schema import jobs, limit_keys, limits, runs
 from cyclone.states import JobState, RunState
+
+_INFINITY: Any = literal_column("'infinity'::timestamptz")
 
 # -- a limit's rows ------------------------------------------------------------------------
 
@@ -332,9 +337,12 @@ def claim_gated(
     return [_claimed(row) for row in rows]
 
 
-def next_gated_due_stmt(names: tuple[str, ...], queues: tuple[str, ...] | None) -> Any:
+def next_gated_due_stmt(
+    names: tuple[str, ...], queues: tuple[str, ...] | None, admits: tuple[str, ...] = ()
+) -> Any:
     """Seconds until a limited job of ``names`` may next start, or NULL: a job scheduled
-    later falls due, or the next window of a rate whose current window is full."""
+    later falls due, or the next window of a rate whose current window is full; or a run
+    of the workflow limits ``admits`` held back until a later start falls due."""
     a = jobs.alias("a")
     k, lim = limit_keys, limits
     window = _window(lim.c.per)
@@ -361,21 +369,39 @@ def next_gated_due_stmt(names: tuple[str, ...], queues: tuple[str, ...] | None) 
         )
         .scalar_subquery()
     )
-    return select(extract("epoch", func.least(scheduled, next_window) - func.now()).cast(Float))
+    held = runs.alias("held")
+    later = (
+        select(func.min(held.c.limit_start_at))
+        .where(
+            held.c.limit_name.in_([const(n) for n in admits]) if admits else false(),
+            held.c.state == const(RunState.RUNNING.value),
+            held.c.start_at == _INFINITY,
+            held.c.limit_start_at > func.now(),
+        )
+        .scalar_subquery()
+    )
+    due = func.least(scheduled, next_window, later)
+    return select(extract("epoch", due - func.now()).cast(Float))
 
 
 @functools.lru_cache(maxsize=64)
-def _fast_next_due(names: tuple[str, ...], queues: tuple[str, ...] | None) -> _fastpath.Compiled:
-    return _fastpath.Compiled(next_gated_due_stmt(names, queues))
+def _fast_next_due(
+    names: tuple[str, ...], queues: tuple[str, ...] | None, admits: tuple[str, ...]
+) -> _fastpath.Compiled:
+    return _fastpath.Compiled(next_gated_due_stmt(names, queues, admits))
 
 
 def seconds_until_gated_due(
-    conn: _fastpath.Executor, names: tuple[str, ...], queues: tuple[str, ...] | None
+    conn: _fastpath.Executor,
+    names: tuple[str, ...],
+    queues: tuple[str, ...] | None,
+    admits: tuple[str, ...] = (),
 ) -> float | None:
-    """Seconds until a limited job of ``names`` may start, None when none waits on time."""
-    if not names:
+    """Seconds until a limited job of ``names`` may start, or a held run of ``admits`` is
+    due, None when none waits on time."""
+    if not names and not admits:
         return None
-    rows = conn.execute(_fast_next_due(names, queues), {})
+    rows = conn.execute(_fast_next_due(names, queues, admits), {})
     value = rows[0][0] if rows else None
     return None if value is None else max(0.0, float(value))
 
@@ -455,3 +481,190 @@ def set_limit(engine: Engine, name: str, max: int) -> bool:
     """Set the limit ``name``'s ``max`` (kept over its definitions' from now on); found?"""
     with _binds.autocommit(engine) as conn:
         return conn.execute(_SET_LIMIT, {"b_name": name, "b_max": max}).first() is not None
+
+
+# -- workflow limits: admitting held runs ---------------------------------------------
+
+
+def _in_progress(name: Any, key: Any) -> tuple[Any, ...]:
+    """A run in progress of ``name`` and ``key``: admitted, not ended
+    (``ix_cyclone_runs_limited``)."""
+    return (
+        runs.c.limit_name == name,
+        runs.c.limit_key == key,
+        runs.c.state == const(RunState.RUNNING.value),
+        or_(runs.c.start_at.is_(None), runs.c.start_at < _INFINITY),
+    )
+
+
+def _held_due(table: Any, name: Any, key: Any) -> tuple[Any, ...]:
+    """A run of ``name`` and ``key`` held back whose start has come (``ix_cyclone_runs_held``)."""
+    return (
+        table.c.limit_name == name,
+        table.c.limit_key == key,
+        table.c.state == const(RunState.RUNNING.value),
+        table.c.start_at == _INFINITY,
+        table.c.limit_start_at <= func.now(),
+        or_(table.c.deadline.is_(None), table.c.deadline > func.now()),
+    )
+
+
+def lock_held_keys_stmt(names: tuple[str, ...], batch: int) -> Any:
+    """Lock up to ``batch`` keys of the limits ``names`` with a held run due, least recently
+    served first, skipping locked ones; a ``"queue"`` key only if it looks to have room."""
+    h = runs.alias("h")
+    r = runs.alias("r")
+    running = (
+        select(func.count())
+        .where(
+            r.c.limit_name == limit_keys.c.name,
+            r.c.limit_key == limit_keys.c.key,
+            r.c.state == const(RunState.RUNNING.value),
+            or_(r.c.start_at.is_(None), r.c.start_at < _INFINITY),
+        )
+        .scalar_subquery()
+    )
+    return (
+        select(limit_keys.c.name, limit_keys.c.key, limits.c.max, limits.c.on_limit)
+        .join_from(limit_keys, limits, limits.c.name == limit_keys.c.name)
+        .where(
+            limit_keys.c.name.in_([const(n) for n in names]),
+            exists(select(h.c.id).where(*_held_due(h, limit_keys.c.name, limit_keys.c.key))),
+            or_(limits.c.on_limit != const("queue"), limits.c.max > running),
+        )
+        .order_by(limit_keys.c.served_at, limit_keys.c.name, limit_keys.c.key)
+        .limit(literal_column(str(int(batch))))
+        .with_for_update(of=limit_keys, skip_locked=True)
+    )
+
+
+_NAME, _KEY = bindparam("b_name", type_=Text), bindparam("b_key", type_=Text)
+_IN_PROGRESS = (
+    select(runs.c.id).where(*_in_progress(_NAME, _KEY)).order_by(runs.c.created_at, runs.c.id)
+)
+_HELD = (
+    select(runs.c.id)
+    .where(*_held_due(runs, _NAME, _KEY))
+    .order_by(runs.c.limit_start_at, runs.c.id)
+    .limit(bindparam("b_n", type_=Integer))
+)
+_ADMIT = (
+    update(runs)
+    .where(
+        runs.c.id == func.any(bindparam("b_ids", type_=ARRAY(Uuid))),
+        runs.c.state == const(RunState.RUNNING.value),
+        runs.c.start_at == _INFINITY,
+    )
+    .values(start_at=runs.c.limit_start_at)
+    .returning(runs.c.id, func.pg_notify(const(_notify.JOBS_AVAILABLE), const("")))
+)
+_SERVED = (
+    update(limit_keys)
+    .where(limit_keys.c.name == _NAME, limit_keys.c.key == _KEY)
+    .values(served_at=func.clock_timestamp(), version=limit_keys.c.version + 1)
+)
+_LOCK_KEY = (
+    select(limits.c.max)
+    .join_from(limit_keys, limits, limits.c.name == limit_keys.c.name)
+    .where(limit_keys.c.name == _NAME, limit_keys.c.key == _KEY)
+    .with_for_update(of=limit_keys)
+)
+_RUN_LIMIT = select(runs.c.limit_name, runs.c.limit_key, runs.c.start_at.is_(None)).where(
+    runs.c.id == bindparam("rid")
+)
+_HOLD_AGAIN = (
+    update(runs)
+    .where(runs.c.id == bindparam("b_rid"))
+    .values(start_at=_INFINITY, limit_start_at=func.now())
+)
+ADMIT_BATCH = 32
+"""How many keys one admission serves at most."""
+
+
+def limit_error(name: str, key: str, max: int, on_limit: str) -> str:
+    """The error (JSON text) of a run a limit cancelled: it names the limit."""
+    shown = "(all)" if key == "" else repr(key)
+    return json.dumps(
+        {
+            "type": "ConcurrencyLimit",
+            "message": f"cancelled by limit {name!r} (key {shown}, max {max} in progress, "
+            f"on_limit={on_limit!r})",
+        }
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _lock_held_keys(names: tuple[str, ...], batch: int) -> Any:
+    return lock_held_keys_stmt(names, batch)
+
+
+def admit_runs(engine: Engine, names: tuple[str, ...], batch: int = ADMIT_BATCH) -> int:
+    """Admit the held runs of the workflow limits ``names`` that have room; how many.
+
+    One transaction: lock the keys with a held run due (least recently served first,
+    ``FOR UPDATE SKIP LOCKED``), then, each key locked, count its runs in progress in a
+    new snapshot (every admission of the key committed before the lock was granted, so
+    the count is exact or too high, a run having ended since), and per ``on_limit``:
+    ``"queue"`` admits the oldest held runs up to the room; ``"cancel_newest"`` admits
+    as ``"queue"`` and cancels the held runs left over; ``"cancel_in_progress"`` keeps
+    the newest ``max`` of the key's runs in progress and held, cancelling the others,
+    oldest first, and admits its held runs kept. An admitted run's ``start_at`` is the
+    start it asked for (due), ringing NOTIFY: the next claim starts it.
+    """
+    from cyclone._store import control as _control  # control imports this module
+
+    admitted = 0
+    with engine.begin() as conn:
+        for name, key, max_, on_limit in conn.execute(_lock_held_keys(names, batch)).all():
+            params = {"b_name": name, "b_key": key}
+            in_progress = [row[0] for row in conn.execute(_IN_PROGRESS, params)]
+            room = max(0, max_ - len(in_progress))
+            if on_limit == "queue":
+                held = [r[0] for r in conn.execute(_HELD, {**params, "b_n": room})]
+                cancel: list[Any] = []
+            else:
+                held = [r[0] for r in conn.execute(_HELD, {**params, "b_n": None})]
+                if on_limit == "cancel_newest":
+                    held, cancel = held[:room], held[room:]
+                else:
+                    every = in_progress + held
+                    over = max(0, len(every) - max_)
+                    cancel = every[:over]
+                    held = held[max(0, over - len(in_progress)) :]
+            error = limit_error(name, key, max_, on_limit)
+            for run_id in cancel:
+                _control.cancel_for_limit(conn, run_id, error)
+            if held:
+                admitted += len(conn.execute(_ADMIT, {"b_ids": held}).all())
+            conn.execute(_SERVED, params)
+    return admitted
+
+
+def hold_for_restart(conn: Any, run_id: Any, operation: str) -> None:
+    """Before a limited run restarts (``retry``/``retry_all``): take its key's lock, then
+    check there is room. A run that never started is held again (admitted by a worker as
+    a new one); a run that started (its steps exist) restarts in progress if its key has
+    room, and is refused otherwise. Called under the run's lock; the key's lock is kept
+    until the caller commits. (An admission locks keys, then runs in progress or held,
+    never an ended run such as this one: no cycle of waits.)"""
+    from cyclone import errors
+
+    row = conn.execute(_RUN_LIMIT, {"rid": run_id}).first()
+    if row is None or row[0] is None:
+        return
+    name, key, started = row
+    params = {"b_name": name, "b_key": key}
+    max_ = conn.execute(_LOCK_KEY, params).scalar()
+    if not started:
+        conn.execute(_HOLD_AGAIN, {"b_rid": run_id})
+        conn.execute(_SERVED, params)
+        return
+    in_progress = len(conn.execute(_IN_PROGRESS, params).all())
+    if max_ is not None and in_progress >= max_:
+        raise errors.InvalidStateError(
+            operation=operation,
+            run_id=run_id,
+            state=f"at its limit {name!r}: {in_progress} of {max_} runs in progress for "
+            f"its key; {operation} once one ends",
+        )
+    conn.execute(_SERVED, params)

@@ -2,7 +2,8 @@
 
 ``kinds(NAME, SPEC)`` defines the step kinds of one test by name, so the test process
 enqueues with the same definitions its children serve. SPEC is JSON:
-``{"limit": "concurrency" | "rate" | "shared", "max": N, "per": seconds, "concurrency": C}``.
+``{"limit": "concurrency" | "rate" | "shared" | "workflow", "max": N, "per": seconds,
+"concurrency": C, "on_limit": ...}`` ("workflow": serve :func:`workflow` instead).
 A job's args are ``{"k": key, "ms": how long its step runs, "block": path or null}``: a
 step given ``block`` creates that file and then blocks forever (the test kills it).
 The worker serves until SIGTERM; the database URL comes from ``CYCLONE_TEST_DATABASE_URL``.
@@ -60,13 +61,35 @@ def kinds(name: str, spec: dict[str, Any]) -> list[cyclone.StandaloneStep[Any, A
     raise ValueError(limit)
 
 
+def workflow(name: str, spec: dict[str, Any]) -> cyclone.Workflow[Any]:
+    """The workflow of test ``name``: its runs in progress limited per ``input["k"]`` to
+    ``spec["max"]`` (``on_limit`` from the spec); two steps of ``input["ms"]`` each."""
+    conc = cyclone.Concurrency(spec["max"], key=_key, on_limit=spec.get("on_limit", "queue"))
+    wf: cyclone.Workflow[Any] = cyclone.Workflow(name, concurrency=conc)
+
+    @wf.step()
+    def first(ctx: cyclone.StepContext, value: dict[str, Any]) -> None:
+        _work(ctx, value)
+
+    @wf.step(after=[first])
+    def second(ctx: cyclone.StepContext, value: dict[str, Any]) -> None:
+        time.sleep(value.get("ms", 0) / 1000)
+
+    return wf
+
+
 def main() -> None:
     name, spec_text = sys.argv[1], sys.argv[2]
     spec = json.loads(spec_text)
     engine = sa.create_engine(os.environ["CYCLONE_TEST_DATABASE_URL"], pool_size=4)
+    served: dict[str, Any] = (
+        {"workflows": [workflow(name, spec)]}
+        if spec["limit"] == "workflow"
+        else {"steps": kinds(name, spec)}
+    )
     worker = cyclone.Worker(
         engine,
-        steps=kinds(name, spec),
+        **served,
         concurrency=spec.get("concurrency", 4),
         poll_interval=0.2,
         heartbeat_interval=HEARTBEAT,

@@ -149,6 +149,33 @@ INVARIANTS: tuple[Invariant, ...] = (
         """,
     ),
     Invariant(
+        "a limited run's limit and key have their rows",
+        """
+        SELECT r.id AS run_id, r.limit_name, r.limit_key FROM cyclone_runs r
+        WHERE r.limit_name IS NOT NULL AND NOT EXISTS (
+            SELECT 1 FROM cyclone_limit_keys k
+            WHERE k.name = r.limit_name AND k.key = r.limit_key)
+        """,
+    ),
+    Invariant(
+        "a run held back has a limit, the start it asked for, and no steps",
+        """
+        SELECT r.id AS run_id, r.limit_name, r.limit_start_at FROM cyclone_runs r
+        WHERE r.start_at = 'infinity'
+          AND (r.limit_name IS NULL OR r.limit_start_at IS NULL
+               OR EXISTS (SELECT 1 FROM cyclone_jobs j WHERE j.run_id = r.id))
+        """,
+    ),
+    Invariant(
+        "a workflow limit's key has at most max runs in progress",
+        """
+        SELECT r.limit_name, r.limit_key, l.max, count(*) AS in_progress
+        FROM cyclone_runs r JOIN cyclone_limits l ON l.name = r.limit_name
+        WHERE r.state = 'running' AND (r.start_at IS NULL OR r.start_at < 'infinity')
+        GROUP BY r.limit_name, r.limit_key, l.max HAVING count(*) > l.max
+        """,
+    ),
+    Invariant(
         "a Rate's key started at most max attempts in its current window",
         """
         SELECT k.name, k.key, k.window_start, k.window_count, l.max
