@@ -907,6 +907,10 @@ class Worker:
                     claimed += got
                     left -= len(got)
             self._delivered = sum(woke)
+            if left <= 0 and any(job.kind in self._gated_kinds for job, _ in outcomes):
+                # A limited job left running, and this worker has no room to take its
+                # slot: wake the others now rather than at their next poll.
+                _limits_store.ring(held)
             if self._admits:
                 # After the outcomes above are recorded (a run they ended frees its slot).
                 # An admitted run rings NOTIFY: the next claim, here or elsewhere, starts it.

@@ -406,6 +406,15 @@ def seconds_until_gated_due(
     return None if value is None else max(0.0, float(value))
 
 
+_RING = _fastpath.Compiled(select(func.pg_notify(const(_notify.JOBS_AVAILABLE), const(""))))
+
+
+def ring(conn: _fastpath.Executor) -> None:
+    """NOTIFY the workers: a limited job left running, its slot is free for whoever has
+    room (a worker whose threads are all busy cannot take it itself)."""
+    conn.execute(_RING, {})
+
+
 # -- the operator's reads and writes ---------------------------------------------------
 
 
