@@ -113,7 +113,7 @@ Index(
     postgresql_where=text("start_at IS NOT NULL AND state = 'running'"),
 )
 # The runs held back by a workflow's Concurrency (start_at 'infinity'), and the runs in
-# progress of each limit and key (revision cyclone_0013).
+# progress of each limit and key (revision cyclone_0014).
 Index(
     "ix_cyclone_runs_held",
     runs.c.limit_name,
@@ -195,7 +195,7 @@ Index(
     jobs.c.id,
     postgresql_where=text("state = 'available' AND workflow IS NULL"),
 )
-# The jobs of a Concurrency or Rate: those waiting, and those running (cyclone_0013).
+# The jobs of a Concurrency or Rate: those waiting, and those running (cyclone_0014).
 Index(
     "ix_cyclone_jobs_gated",
     jobs.c.limit_name,
@@ -300,7 +300,7 @@ leader = Table(
 )
 
 
-# -- flow control (revision cyclone_0013) -------------------------------------------------
+# -- flow control (revision cyclone_0014) -------------------------------------------------
 
 ON_LIMIT = ("queue", "cancel_newest", "cancel_in_progress")
 

@@ -1,7 +1,7 @@
 """Flow control: named concurrency and rate limits per key (Concurrency, Rate).
 
-Revision ID: cyclone_0013
-Revises: cyclone_0010
+Revision ID: cyclone_0014
+Revises: cyclone_0013
 Create Date: 2026-12-05
 
 ``cyclone_limits`` holds each named limit (its ``max``, for a rate its ``per``, and what
@@ -19,8 +19,8 @@ import sqlalchemy as sa
 
 from alembic import op
 
-revision = "cyclone_0013"
-down_revision = "cyclone_0010"
+revision = "cyclone_0014"
+down_revision = "cyclone_0013"
 branch_labels = None
 depends_on = None
 

@@ -1,4 +1,4 @@
-"""cyclone's revision ``cyclone_0013``: flow control (named concurrency and rate limits).
+"""cyclone's revision ``cyclone_0014``: flow control (named concurrency and rate limits).
 
 The schema moves on to the new head; no model changes (limits have no model).
 """
@@ -12,8 +12,8 @@ from cyclone.contrib.django._migrate import apply_revisions
 
 class Migration(migrations.Migration):
     atomic = False  # the revisions commit on a connection of their own
-    revision = "cyclone_0013"  # cyclone's head revision when this migration was written
+    revision = "cyclone_0014"  # cyclone's head revision when this migration was written
 
-    dependencies = [("cyclone", "0005_signals_wake_pending")]
+    dependencies = [("cyclone", "0008_listing_state_indexes")]
 
-    operations = [apply_revisions(down_to="cyclone_0010")]
+    operations = [apply_revisions(down_to="cyclone_0013")]
