@@ -23,6 +23,7 @@ from cyclone.errors import (
     TransactionAbortedError,
 )
 from cyclone.jobs import Job, JobStatus
+from cyclone.limits import Concurrency, Rate
 from cyclone.migrations import check_schema, downgrade, upgrade
 from cyclone.runs import ResultRun, Run, RunStatus
 from cyclone.schedules import Schedule, ScheduleStatus
@@ -34,6 +35,7 @@ __version__ = _version("cyclone")
 
 __all__ = [
     "Client",
+    "Concurrency",
     "CycloneError",
     "DefinitionError",
     "DuplicateError",
@@ -46,6 +48,7 @@ __all__ = [
     "NoOutputError",
     "NotFoundError",
     "Parked",
+    "Rate",
     "ResultRun",
     "ResultWorkflow",
     "Run",

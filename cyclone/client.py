@@ -16,10 +16,11 @@ from typing import Any, Protocol
 
 from sqlalchemy import Connection, Engine
 
-from cyclone import _codec, schedules
+from cyclone import _codec, errors, schedules
 from cyclone._store import binds as _binds
 from cyclone._store import control as _control
 from cyclone._store import counts as _counts
+from cyclone._store import limits as _limits
 from cyclone._store import lookup as _lookup
 from cyclone._store import queues as _queues
 from cyclone._store import reads as _reads
@@ -175,6 +176,24 @@ class FinishedMinute:
     minute: datetime
     completed: int
     failed: int
+
+
+@dataclass(frozen=True, slots=True)
+class LimitStatus:
+    """One named limit and, per key with something running or waiting, how many.
+
+    ``per`` is set for a ``Rate`` (``max`` starts per ``per``); ``counts`` says what
+    ``running`` counts: ``"attempts"``, ``"runs"`` or ``"starts"``. ``keys`` maps each key
+    to ``(running, waiting)``; the key of a limit given no ``key=`` is ``""``.
+    """
+
+    name: str
+    max: int
+    per: timedelta | None
+    counts: str
+    on_limit: str
+    set_by_operator: bool
+    keys: dict[str, tuple[int, int]]
 
 
 def _json(text: str | None) -> Any:
@@ -605,6 +624,44 @@ class Client:
                 holds now.
         """
         _standalone.retry_job(self._engine, job_id)
+
+    def list_limits(self) -> list[LimitStatus]:
+        """Every named limit (``Concurrency``, ``Rate``), with per key how many run and wait.
+
+        A Rate's ``running`` counts its jobs running now; its window's starts are not shown.
+        """
+        found: dict[str, LimitStatus] = {}
+        for (
+            name,
+            max_,
+            per,
+            counts,
+            on_limit,
+            by_operator,
+            key,
+            running,
+            waiting,
+        ) in _limits.list_limits(self._engine):
+            status = found.setdefault(
+                name, LimitStatus(name, max_, per, counts, on_limit, by_operator, {})
+            )
+            if key is not None:
+                status.keys[key] = (int(running), int(waiting))
+        return list(found.values())
+
+    def set_limit(self, name: str, max: int) -> None:
+        """Set the named limit's ``max``; workers apply it at their next claim (within a
+        second: the change rings them). It stays over the definitions' own ``max`` from
+        then on.
+
+        Raises:
+            ValueError: ``max`` is not an int >= 0.
+            NotFoundError: no limit has this name (none was used or served yet).
+        """
+        if isinstance(max, bool) or not isinstance(max, int) or max < 0:
+            raise ValueError(f"a limit's max is an int >= 0, not {max!r}")
+        if not _limits.set_limit(self._engine, name, max):
+            raise errors.NotFoundError(f"no limit is named {name!r}")
 
     def get_run_by_key(self, workflow: str | HasName, key: str) -> RunStatus | None:
         """The run of ``key`` of ``workflow`` (a name, or a Workflow), or None; one statement."""

@@ -17,6 +17,7 @@ from sqlalchemy import Engine
 from cyclone import _codec, _observe, errors
 from cyclone._store import binds as _binds
 from cyclone._store import executor as _executor
+from cyclone._store import limits as _limits
 from cyclone._store import reads as _reads
 from cyclone._store import standalone as _standalone
 from cyclone.runs import read_within, wait_until_finished
@@ -40,6 +41,9 @@ class EnqueueRequest:
     priority: int
     max_attempts: int
     output_type: Any
+    limit: dict[str, Any] | None = None
+    """The parameters of the kind's limit's row (:func:`cyclone._store.limits.spec_params`)."""
+    limit_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +162,11 @@ def _enqueue(conn: _executor.Executor, engine: Engine, req: EnqueueRequest) -> J
         "delay": req.delay,
         "trace_context": _observe.trace_context(),
     }
+    if req.limit is not None:
+        assert req.limit_key is not None
+        _limits.ensure_key(conn, req.limit, req.limit_key)
+        params["limit_name"] = req.limit["name"]
+        params["limit_key"] = req.limit_key
     for _ in range(_MAX_RACE_RETRIES):
         job_id = _standalone.insert_job(conn, params)
         if job_id is not None:

@@ -77,6 +77,9 @@ runs = Table(
     Column("trace_context", Text),
     Column("start_at", DateTime(timezone=True)),
     Column("forked_from", Uuid),
+    Column("limit_name", Text),
+    Column("limit_key", Text),
+    Column("limit_start_at", DateTime(timezone=True)),
     CheckConstraint(_in("state", RunState), name="state"),
     CheckConstraint(
         _finalized_iff(TERMINAL_RUN_STATES),
@@ -130,6 +133,25 @@ Index(
     runs.c.id,
     postgresql_where=text("start_at IS NOT NULL AND state = 'running'"),
 )
+# The runs held back by a workflow's Concurrency (start_at 'infinity'), and the runs in
+# progress of each limit and key (revision cyclone_0015).
+Index(
+    "ix_cyclone_runs_held",
+    runs.c.limit_name,
+    runs.c.limit_key,
+    runs.c.limit_start_at,
+    runs.c.id,
+    postgresql_where=text("state = 'running' AND start_at = 'infinity'"),
+)
+Index(
+    "ix_cyclone_runs_limited",
+    runs.c.limit_name,
+    runs.c.limit_key,
+    postgresql_where=text(
+        "state = 'running' AND limit_name IS NOT NULL "
+        "AND (start_at IS NULL OR start_at < 'infinity')"
+    ),
+)
 Index(
     "ix_cyclone_runs_deadline",
     runs.c.deadline,
@@ -164,6 +186,8 @@ jobs = Table(
     Column("heartbeat_at", DateTime(timezone=True)),
     Column("finalized_at", DateTime(timezone=True)),
     Column("trace_context", Text),
+    Column("limit_name", Text),
+    Column("limit_key", Text),
     CheckConstraint(_in("state", JobState), name="state"),
     CheckConstraint(
         _finalized_iff(TERMINAL_JOB_STATES),
@@ -201,6 +225,22 @@ Index(
     jobs.c.kind,
     jobs.c.scheduled_at,
     postgresql_where=text("state = 'available'"),
+)
+# The jobs of a Concurrency or Rate: those waiting, and those running (cyclone_0015).
+Index(
+    "ix_cyclone_jobs_gated",
+    jobs.c.limit_name,
+    jobs.c.limit_key,
+    jobs.c.priority,
+    jobs.c.scheduled_at,
+    jobs.c.id,
+    postgresql_where=text("state = 'available' AND limit_name IS NOT NULL"),
+)
+Index(
+    "ix_cyclone_jobs_gated_running",
+    jobs.c.limit_name,
+    jobs.c.limit_key,
+    postgresql_where=text("state = 'running' AND limit_name IS NOT NULL"),
 )
 Index("ix_cyclone_jobs_run_id_kind", jobs.c.run_id, jobs.c.kind, unique=True)
 Index(
@@ -308,6 +348,48 @@ queues = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     CheckConstraint("paused = (paused_at IS NOT NULL)", name="paused_at"),
 )
+
+# -- flow control (revision cyclone_0015) -------------------------------------------------
+
+ON_LIMIT = ("queue", "cancel_newest", "cancel_in_progress")
+
+limits = Table(
+    "cyclone_limits",
+    metadata,
+    Column("name", Text, primary_key=True),
+    Column("max", Integer, nullable=False),
+    Column("per", Interval),
+    Column("on_limit", Text, nullable=False, server_default="queue"),
+    Column("counts", Text, nullable=False),
+    Column("set_by_operator", Boolean, nullable=False, server_default=text("false")),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    CheckConstraint("max >= 0", name="max"),
+    CheckConstraint("per IS NULL OR per > interval '0'", name="per"),
+    CheckConstraint(_in("on_limit", ON_LIMIT), name="on_limit"),
+    CheckConstraint(_in("counts", ("runs", "attempts", "starts")), name="counts"),
+)
+
+limit_keys = Table(
+    "cyclone_limit_keys",
+    metadata,
+    Column(
+        "name",
+        Text,
+        ForeignKey("cyclone_limits.name", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("key", Text, primary_key=True),
+    Column(
+        "served_at",
+        DateTime(timezone=True),
+        nullable=False,
+        server_default=text("'-infinity'::timestamp with time zone"),
+    ),
+    Column("version", BigInteger, nullable=False, server_default="0"),
+    Column("window_start", DateTime(timezone=True)),
+    Column("window_count", Integer, nullable=False, server_default="0"),
+)
+Index("ix_cyclone_limit_keys_served", limit_keys.c.name, limit_keys.c.served_at, limit_keys.c.key)
 
 
 def include_name(name: str | None, type_: str, parent_names: object) -> bool:

@@ -43,10 +43,12 @@ from cyclone._store import completion as _completion
 from cyclone._store import due as _due
 from cyclone._store import executor as _executor
 from cyclone._store import leadership as _leadership
+from cyclone._store import limits as _limits_store
 from cyclone._store import notify as _notify
 from cyclone._store import rescue as _rescue
 from cyclone._store import sweep as _sweeper
 from cyclone._store import waits as _waits
+from cyclone.limits import Spec as LimitSpec
 from cyclone.workflow import StandaloneStep, Workflow
 
 log = logging.getLogger("cyclone.worker")
@@ -317,6 +319,24 @@ class Worker:
                 raise errors.DefinitionError(f"two step kinds named {st.kind!r} given to a Worker")
             self.steps[st.kind] = st
         self.schedules = schedules.collect(self.workflows.values())
+        specs: dict[str, LimitSpec] = {}
+        workflow_specs = [wf.limit for wf in self.workflows.values() if wf.limit is not None]
+        for spec in [st.limit for st in self.steps.values()] + workflow_specs:
+            if spec is None:
+                continue
+            other = specs.setdefault(spec.name, spec)
+            if (other.max, other.per, other.counts) != (spec.max, spec.per, spec.counts):
+                raise errors.DefinitionError(
+                    f"limit {spec.name!r} is defined twice with different values"
+                )
+        self._limit_specs = specs
+        self._admits: tuple[str, ...] = tuple(sorted({spec.name for spec in workflow_specs}))
+        """The limits of the workflows served: their held runs are admitted by ``admit_runs``."""
+        self._gated: tuple[str, ...] = tuple(
+            sorted(n for n, spec in specs.items() if spec.counts != "runs")
+        )
+        """The limits of the step kinds served: their jobs are claimed by ``claim_gated``."""
+        self._gated_kinds = frozenset(k for k, st in self.steps.items() if st.limit is not None)
         if not self.workflows and not self.steps:
             raise errors.DefinitionError("a Worker needs at least one workflow or step kind")
         if concurrency < 1:
@@ -461,6 +481,7 @@ class Worker:
         with self._lock:
             if not self._schema_checked:
                 migrations.check_schema_at_start(self.engine)  # once: not started without it
+                self._register_limits()
                 self._schema_checked = True
             self.stats = WorkerStats()
             _observe.serving(self)
@@ -534,6 +555,26 @@ class Worker:
                 self._inflight.clear()
                 self._pending.clear()
                 self._busy.clear()
+
+    def _register_limits(self) -> None:
+        """Write the served kinds' limits as defined (an operator's ``max`` is kept).
+
+        Raises:
+            DefinitionError: a stored limit of the same name counts something else.
+        """
+        if not self._limit_specs:
+            return
+        with _executor.connect(self.engine) as conn:
+            for spec in self._limit_specs.values():
+                params = _limits_store.spec_params(
+                    spec.name, spec.max, spec.per, spec.on_limit, spec.counts
+                )
+                counts = _limits_store.register(conn, params)
+                if counts is not None and counts != spec.counts:
+                    raise errors.DefinitionError(
+                        f"limit {spec.name!r} counts {counts} elsewhere, {spec.counts} here: "
+                        "give the definitions different names"
+                    )
 
     def _maintain_once(self) -> None:
         """A drain's deadline and rescue pass, if no other worker leads maintenance.
@@ -619,7 +660,7 @@ class Worker:
             scope = self._scopes[queue] = _claim.Scope(
                 queues=None if queue == "*" else (queue,),
                 workflows=tuple(sorted(self.workflows)),
-                kinds=tuple(sorted(self.steps)),
+                kinds=tuple(sorted(k for k in self.steps if k not in self._gated_kinds)),
             )
         return scope
 
@@ -653,7 +694,8 @@ class Worker:
         """
         poll_due = 0.0
         woken = True
-        merges = self._scope("*").merges
+        # Limited jobs are claimed from keys seen in the claim's snapshot too.
+        merges = self._scope("*").merges or bool(self._gated)
         confirmed = not merges
         while True:
             if self._stopping.is_set() and self._stop_now():
@@ -762,6 +804,16 @@ class Worker:
         except Exception:
             log.exception("worker %s could not read when the next job is due", self.id)
             return float("inf")
+        if self._gated or self._admits:
+            try:
+                gated = _limits_store.seconds_until_gated_due(
+                    self._held, self._gated, None, self._admits
+                )
+            except Exception:
+                log.exception("worker %s could not read when a limited job may start", self.id)
+                gated = None
+            if gated is not None:
+                seconds = gated if seconds is None else min(seconds, gated)
         if seconds is None:
             return float("inf")
         return time.monotonic() + seconds + DUE_SLACK
@@ -848,7 +900,27 @@ class Worker:
                 carrying = []
                 claimed += got
                 left -= len(got)
+                room = min(limit - len(got), left)
+                if self._gated and room > 0:
+                    got = _limits_store.claim_gated(
+                        held,
+                        worker_id=self.id,
+                        names=self._gated,
+                        queues=None if name == "*" else (name,),
+                        limit=room,
+                    )
+                    claimed += got
+                    left -= len(got)
             self._delivered = sum(woke)
+            if left <= 0 and any(job.kind in self._gated_kinds for job, _ in outcomes):
+                # A limited job left running, and this worker has no room to take its
+                # slot: wake the others now rather than at their next poll.
+                _limits_store.ring(held)
+            if self._admits:
+                # After the outcomes above are recorded (a run they ended frees its slot).
+                # An admitted run rings NOTIFY: the next claim, here or elsewhere, starts it.
+                # Counted as delivered: the loop claims again at once (a drain too).
+                self._delivered += _limits_store.admit_runs(self.engine, self._admits)
         except Exception as exc:
             self._db_failures += 1
             log.warning(

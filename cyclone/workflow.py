@@ -14,9 +14,10 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
-from cyclone import _graph, _keys, errors, jobs, schedules
+from cyclone import _graph, _keys, errors, jobs, limits, schedules
 from cyclone._store import binds as _binds
 from cyclone._store import executor as _executor
+from cyclone._store import limits as _limits_store
 from cyclone._store import lookup as _lookup
 from cyclone._store import submission
 from cyclone._store import waits as _waits
@@ -154,13 +155,27 @@ class Workflow(Generic[In]):
         name: the workflow name; submit keys are unique per name.
         input: the input type (anything msgspec encodes and decodes).
         queue: the default queue of its steps.
+        concurrency: a :class:`~cyclone.Concurrency` bounding its runs in progress per key,
+            across every worker (see docs/flow-control.md).
     """
 
     _has_result = False
 
-    def __init__(self, name: str, *, input: type[In] | Any = Any, queue: str = DEFAULT_QUEUE):
+    def __init__(
+        self,
+        name: str,
+        *,
+        input: type[In] | Any = Any,
+        queue: str = DEFAULT_QUEUE,
+        concurrency: limits.Concurrency | None = None,
+    ):
         check_name("a workflow name", name)
         _check_options(f"workflow {name!r}", DEFAULT_MAX_ATTEMPTS, queue, 0)
+        if concurrency is not None and not isinstance(concurrency, limits.Concurrency):
+            raise errors.DefinitionError(
+                f"workflow {name!r}: concurrency= takes a cyclone.Concurrency"
+            )
+        self.limit: limits.Spec | None = limits.resolve(concurrency, f"workflow:{name}", "runs")
         self.name = name
         self.input_type: Any = input
         self.queue = queue
@@ -350,8 +365,20 @@ class Workflow(Generic[In]):
     def plan(self) -> submission.Plan:
         """The validated, encoded submit parameters of this workflow (cached)."""
         if self._plan is None:
-            self._plan = submission.Plan.build(self.name, self.graph())
+            spec = self.limit
+            params = (
+                None
+                if spec is None
+                else _limits_store.spec_params(
+                    spec.name, spec.max, spec.per, spec.on_limit, spec.counts
+                )
+            )
+            self._plan = submission.Plan.build(self.name, self.graph(), params)
         return self._plan
+
+    def _limit_key(self, value: In) -> str | None:
+        """The key of ``value`` under this workflow's limit (raises before anything is sent)."""
+        return None if self.limit is None else self.limit.key_of(value)
 
     def _encode_input(self, value: In) -> str:
         from cyclone import _codec
@@ -384,11 +411,13 @@ class Workflow(Generic[In]):
         delay: timedelta | None = None,
     ) -> Run:
         """Make a new run in a transaction of its own. Each call makes a new run."""
+        encoded = self._encode_input(input)
         row = submission.submit(
             bind,
             self.plan(),
-            self._encode_input(input),
+            encoded,
             submission.Timing(deadline, retention, run_at, delay),
+            self._limit_key(input),
         )
         return self._handle(row)
 
@@ -403,11 +432,13 @@ class Workflow(Generic[In]):
         delay: timedelta | None = None,
     ) -> Run:
         """Make a new run inside the caller's transaction; it exists once they commit."""
+        encoded = self._encode_input(input)
         row = submission.submit_tx(
             conn,
             self.plan(),
-            self._encode_input(input),
+            encoded,
             submission.Timing(deadline, retention, run_at, delay),
+            self._limit_key(input),
         )
         return self._handle(row)
 
@@ -429,12 +460,15 @@ class Workflow(Generic[In]):
             InputError: the input cannot be encoded or does not match the input type.
             SubmitConflictError: the key's run has a different input (nothing is inserted).
         """
+        encoded = self._encode_input(input)
+        lk = self._limit_key(input)
         row = submission.submit_once(
             bind,
             self.plan(),
             key,
-            self._encode_input(input),
+            encoded,
             submission.Timing(deadline, retention, run_at, delay),
+            lk,
         )
         return self._handle(row), row.created
 
@@ -454,12 +488,15 @@ class Workflow(Generic[In]):
         A concurrent transaction submitting the same key waits until this one ends; a
         conflict raises without aborting the caller's transaction.
         """
+        encoded = self._encode_input(input)
+        lk = self._limit_key(input)
         row = submission.submit_once_tx(
             conn,
             self.plan(),
             key,
-            self._encode_input(input),
+            encoded,
             submission.Timing(deadline, retention, run_at, delay),
+            lk,
         )
         return self._handle(row), row.created
 
@@ -480,8 +517,13 @@ class Workflow(Generic[In]):
         rolled back: nothing is inserted.
         """
         encoded = [(key, self._encode_input(value)) for key, value in items]
+        lks = None if self.limit is None else [self.limit.key_of(value) for _, value in items]
         rows = submission.submit_once_many(
-            bind, self.plan(), encoded, submission.Timing(deadline, retention, run_at, delay)
+            bind,
+            self.plan(),
+            encoded,
+            submission.Timing(deadline, retention, run_at, delay),
+            lks,
         )
         return [(self._handle(row), row.created) for row in rows]
 
@@ -626,8 +668,9 @@ class ResultWorkflow(Workflow[In], Generic[In, Out]):
         input: type[In] | Any = Any,
         output: type[Out] | Any = Any,
         queue: str = DEFAULT_QUEUE,
+        concurrency: limits.Concurrency | None = None,
     ):
-        super().__init__(name, input=input, queue=queue)
+        super().__init__(name, input=input, queue=queue, concurrency=concurrency)
         self.output_type: Any = output
 
     def result(
@@ -731,9 +774,27 @@ class StandaloneStep(Generic[In, R]):
         max_attempts: int,
         queue: str,
         priority: int,
+        concurrency: limits.Concurrency | None = None,
+        rate: limits.Rate | None = None,
     ) -> None:
         check_name("a step kind", kind)
         _check_options(f"step kind {kind!r}", max_attempts, queue, priority)
+        if concurrency is not None and not isinstance(concurrency, limits.Concurrency):
+            raise errors.DefinitionError(f"step kind {kind!r}: concurrency= takes a Concurrency")
+        if rate is not None and not isinstance(rate, limits.Rate):
+            raise errors.DefinitionError(f"step kind {kind!r}: rate= takes a Rate")
+        if concurrency is not None and rate is not None:
+            raise errors.DefinitionError(
+                f"step kind {kind!r}: give concurrency= or rate=, not both (one limit a kind)"
+            )
+        if concurrency is not None and concurrency.on_limit != "queue":
+            raise errors.DefinitionError(
+                f"step kind {kind!r}: on_limit={concurrency.on_limit!r} is for workflows; "
+                "a step kind's jobs queue"
+            )
+        self.limit: limits.Spec | None = limits.resolve(
+            concurrency or rate, f"kind:{kind}", "attempts"
+        )
         self.kind = kind
         self.fn = fn
         self.max_attempts = max_attempts
@@ -782,7 +843,17 @@ class StandaloneStep(Generic[In, R]):
             priority=self.priority if priority is None else priority,
             max_attempts=self.max_attempts if max_attempts is None else max_attempts,
             output_type=self.output_type,
+            **self._limit_fields(args),
         )
+
+    def _limit_fields(self, args: In) -> dict[str, Any]:
+        spec = self.limit
+        if spec is None:
+            return {}
+        params = _limits_store.spec_params(
+            spec.name, spec.max, spec.per, spec.on_limit, spec.counts
+        )
+        return {"limit": params, "limit_key": spec.key_of(args)}
 
     def enqueue(
         self,
@@ -827,12 +898,27 @@ def step(
     max_attempts: int = DEFAULT_MAX_ATTEMPTS,
     queue: str = DEFAULT_QUEUE,
     priority: int = 0,
+    concurrency: limits.Concurrency | None = None,
+    rate: limits.Rate | None = None,
 ) -> Callable[[Callable[..., R]], StandaloneStep[Any, R]]:
-    """Decorate ``fn(ctx, args) -> output`` as the standalone step kind ``kind``."""
+    """Decorate ``fn(ctx, args) -> output`` as the standalone step kind ``kind``.
+
+    ``concurrency=`` (a :class:`~cyclone.Concurrency`) bounds its running attempts per
+    key across every worker; ``rate=`` (a :class:`~cyclone.Rate`) its attempt starts per
+    window (see docs/flow-control.md).
+    """
     if callable(kind):
         raise errors.DefinitionError('use @cyclone.step("kind"), with the kind name')
 
     def decorate(fn: Callable[..., R]) -> StandaloneStep[Any, R]:
-        return StandaloneStep(kind, fn, max_attempts=max_attempts, queue=queue, priority=priority)
+        return StandaloneStep(
+            kind,
+            fn,
+            max_attempts=max_attempts,
+            queue=queue,
+            priority=priority,
+            concurrency=concurrency,
+            rate=rate,
+        )
 
     return decorate

@@ -12,6 +12,7 @@ import cyclone
 
 EXPECTED = [
     "Client",
+    "Concurrency",
     "CycloneError",
     "DefinitionError",
     "DuplicateError",
@@ -24,6 +25,7 @@ EXPECTED = [
     "NoOutputError",
     "NotFoundError",
     "Parked",
+    "Rate",
     "ResultRun",
     "ResultWorkflow",
     "Run",

@@ -92,6 +92,8 @@ def test_metadata_holds_only_cyclone_tables() -> None:
         "cyclone_signals",
         "cyclone_leader",
         "cyclone_queues",
+        "cyclone_limits",
+        "cyclone_limit_keys",
     }
     assert metadata.naming_convention == NAMING_CONVENTION
 
@@ -112,7 +114,8 @@ def test_constraint_names_follow_the_naming_convention(conn: sa.Connection) -> N
                 "SELECT conname FROM pg_constraint WHERE conrelid IN "
                 "('cyclone_runs'::regclass, 'cyclone_jobs'::regclass, "
                 "'cyclone_schedules'::regclass, 'cyclone_signals'::regclass, "
-                "'cyclone_leader'::regclass, 'cyclone_queues'::regclass)"
+                "'cyclone_leader'::regclass, 'cyclone_queues'::regclass, "
+                "'cyclone_limits'::regclass, 'cyclone_limit_keys'::regclass)"
             )
         ).scalars()
     )
@@ -140,6 +143,13 @@ def test_constraint_names_follow_the_naming_convention(conn: sa.Connection) -> N
         "ck_cyclone_leader_term",
         "pk_cyclone_queues",
         "ck_cyclone_queues_paused_at",
+        "pk_cyclone_limits",
+        "ck_cyclone_limits_max",
+        "ck_cyclone_limits_per",
+        "ck_cyclone_limits_on_limit",
+        "ck_cyclone_limits_counts",
+        "pk_cyclone_limit_keys",
+        "fk_cyclone_limit_keys_name_cyclone_limits",
     }
     assert names == metadata_constraint_names()
 

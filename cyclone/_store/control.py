@@ -25,9 +25,11 @@ from typing import Any
 from sqlalchemy import (
     Connection,
     Engine,
+    Text,
     Uuid,
     bindparam,
     case,
+    cast,
     delete,
     func,
     null,
@@ -40,6 +42,8 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from cyclone import errors
 from cyclone._store import completion as _completion
 from cyclone._store import executor as _executor
+from cyclone._store import limits as _limits
+from cyclone._store import notify as _notify
 from cyclone._store.executor import const
 from cyclone.schema import jobs, runs, signals
 from cyclone.states import EDGES, TERMINAL_RUN_STATES, JobState, RunState
@@ -51,12 +55,30 @@ def _rids() -> Any:
 
 
 def cancel_run_stmt() -> Any:
-    """Move the running runs of ``:rids`` to cancelled; returns the ids of those it moved."""
+    """Move the running runs of ``:rids`` to cancelled; returns the ids of those it moved.
+
+    ``:error`` (JSON text, or None: SQL NULL) says why, when a limit cancelled it
+    (``on_limit="cancel_newest"`` / ``"cancel_in_progress"``). The ``RETURNING`` rings
+    NOTIFY for a limited run: a run that ends frees its limit's slot, and a worker admits
+    the next.
+    """
     return (
         update(runs)
         .where(runs.c.id == _rids(), runs.c.state == const(RunState.RUNNING.value))
-        .values(state=const(RunState.CANCELLED.value), finalized_at=func.now())
-        .returning(runs.c.id)
+        .values(
+            state=const(RunState.CANCELLED.value),
+            finalized_at=func.now(),
+            error=cast(bindparam("error", None, type_=Text), JSONB),
+        )
+        .returning(
+            runs.c.id,
+            case(
+                (
+                    runs.c.limit_name.is_not(None),
+                    func.pg_notify(const(_notify.JOBS_AVAILABLE), const("")),
+                )
+            ),
+        )
     )
 
 
@@ -223,9 +245,12 @@ def cancel(engine: Engine, run_id: uuid.UUID) -> None:
             raise errors.InvalidStateError(operation="cancel", run_id=run_id, state=RunState(state))
 
 
-def _cancel_locked(conn: Connection, run_ids: list[uuid.UUID]) -> list[uuid.UUID]:
-    """Cancel the running runs of ``run_ids`` (locked, or one run) and their unstarted steps."""
-    cancelled = _executor.column(conn, _CANCEL_RUN, {"rids": run_ids})
+def _cancel_locked(
+    conn: Connection, run_ids: list[uuid.UUID], error: str | None = None
+) -> list[uuid.UUID]:
+    """Cancel the running runs of ``run_ids`` (locked, or one run) and their unstarted steps;
+    ``error`` (JSON text) says why, when a limit cancels them."""
+    cancelled = _executor.column(conn, _CANCEL_RUN, {"rids": run_ids, "error": error})
     for run_id in cancelled:
         _executor.affected(conn, _completion.CANCEL_UNSTARTED, {"rid": run_id})
     return cancelled
@@ -248,6 +273,12 @@ def _restart_locked(conn: Connection, run_ids: list[uuid.UUID], *, every_step: b
     _executor.affected(conn, _CLEAR_UNSENT_SIGNALS, params)
     _executor.affected(conn, _RESTART_ANY if every_step else _RESTART_FAILED, params)
     _executor.affected(conn, _COMPLETE_RESTARTED, params)
+
+
+def cancel_for_limit(conn: Connection, run_id: uuid.UUID, error: str) -> bool:
+    """Cancel the running run ``run_id`` in the caller's transaction, ``error`` (JSON text)
+    naming the limit that cancelled it; False if it was no longer running."""
+    return bool(_cancel_locked(conn, [run_id], error))
 
 
 def restart(engine: Engine, run_id: uuid.UUID, *, every_step: bool) -> None:
@@ -277,6 +308,7 @@ def restart(engine: Engine, run_id: uuid.UUID, *, every_step: bool) -> None:
                 run_id=run_id,
                 state=f"{state} with steps still running; {operation} once they end",
             )
+        _limits.hold_for_restart(conn, run_id, operation)
         _restart_locked(conn, [run_id], every_step=every_step)
 
 
@@ -291,7 +323,13 @@ def restart_many(engine: Engine, run_ids: Sequence[uuid.UUID]) -> int:
         locked = _executor.column(conn, _LOCK_RETRYABLE, {"rids": list(run_ids)})
         if not locked:
             return 0
-        chosen = _executor.column(conn, _RESTARTABLE, {"rids": locked})
+        chosen = []
+        for run_id in _executor.column(conn, _RESTARTABLE, {"rids": locked}):
+            try:
+                _limits.hold_for_restart(conn, run_id, "retry")  # writes nothing if refused
+            except errors.InvalidStateError:
+                continue  # its limit's key has no room: left as retry would leave it
+            chosen.append(run_id)
         if chosen:
             _restart_locked(conn, chosen, every_step=False)
         return len(chosen)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sqlalchemy import Float, and_, extract, false, func, or_, select, true
+from sqlalchemy import Float, and_, extract, false, func, literal_column, or_, select, true
 
 from cyclone._store import executor as _executor
 from cyclone._store.claim import Scope
@@ -54,6 +54,9 @@ def next_due_stmt(scope: Scope) -> Any:
                 runs.c.start_at.is_not(None),
                 runs.c.state == const(RunState.RUNNING.value),
                 runs.c.start_at > func.now(),
+                # A run held by its workflow's limit (docs/flow-control.md) waits for
+                # an admission, not a time.
+                runs.c.start_at < literal_column("'infinity'::timestamptz"),
             )
             .scalar_subquery()
         )

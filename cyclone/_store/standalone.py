@@ -43,6 +43,8 @@ def insert_job_stmt() -> Any:
             max_attempts=bindparam("max_attempts"),
             unique_key=bindparam("unique", type_=Text),
             trace_context=bindparam("trace_context", None, type_=Text),
+            limit_name=bindparam("limit_name", None, type_=Text),
+            limit_key=bindparam("limit_key", None, type_=Text),
             scheduled_at=func.coalesce(
                 bindparam("run_at", type_=jobs.c.scheduled_at.type),
                 func.now()

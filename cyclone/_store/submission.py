@@ -42,6 +42,7 @@ from sqlalchemy.dialects.postgresql import JSONB, insert
 from cyclone import _graph, _keys, _observe, errors
 from cyclone._store import binds as _binds
 from cyclone._store import executor as _executor
+from cyclone._store import limits as _limits
 from cyclone._store import notify as _notify
 from cyclone.schema import runs
 from cyclone.states import RunState
@@ -71,10 +72,20 @@ class Plan:
     fast_insert_run: _executor.Compiled
     fast_insert_run_once: _executor.Compiled
 
+    limit: dict[str, Any] | None = None
+    """The parameters of the workflow's limit's row (:func:`cyclone._store.limits.spec_params`):
+    its runs are submitted held (``start_at = 'infinity'``) and admitted by a worker."""
+
     @classmethod
-    def build(cls, workflow: str, graph: _graph.GraphSnapshot) -> Plan:
+    def build(
+        cls,
+        workflow: str,
+        graph: _graph.GraphSnapshot,
+        limit: dict[str, Any] | None = None,
+    ) -> Plan:
         encoded = msgspec.json.encode(graph).decode()
-        consts = _Consts(workflow, encoded, graph.result, len(graph.steps))
+        limit_name = None if limit is None else str(limit["name"])
+        consts = _Consts(workflow, encoded, graph.result, len(graph.steps), limit_name)
         insert_run = consts.insert_run_stmt()
         insert_run_once = consts.insert_run_once_stmt()
         return cls(
@@ -87,6 +98,7 @@ class Plan:
             insert_runs_once=consts.insert_runs_once_stmt(),
             fast_insert_run=_executor.Compiled(insert_run),
             fast_insert_run_once=_executor.Compiled(insert_run_once),
+            limit=limit,
         )
 
 
@@ -112,6 +124,7 @@ class _Consts:
     graph: str
     result_step: str | None
     step_count: int
+    limit_name: str | None = None
 
     def _run_values(self) -> dict[str, Any]:
         deadline = func.coalesce(
@@ -129,6 +142,20 @@ class _Consts:
             "start_at": _starts_at(),
             "retention": bindparam("retention", type_=Interval),
             "trace_context": bindparam("trace_context", None, type_=Text),
+            **self._limit_values(),
+        }
+
+    def _limit_values(self) -> dict[str, Any]:
+        """A limited workflow's run is held: it waits, ``start_at = 'infinity'``, past every
+        claim's range, with the start it asked for in ``limit_start_at``, until a worker
+        admits it (:func:`cyclone._store.limits.admit_runs`)."""
+        if self.limit_name is None:
+            return {}
+        return {
+            "limit_name": _const(self.limit_name, Text),
+            "limit_key": bindparam("limit_key", type_=Text),
+            "start_at": literal_column("'infinity'::timestamptz"),
+            "limit_start_at": _starts_at(),
         }
 
     def select_run_by_key_stmt(self) -> Select[Any]:
@@ -177,20 +204,27 @@ class _Consts:
         """
         items = (
             func.jsonb_to_recordset(cast(bindparam("items", type_=Text), JSONB))
-            .table_valued(column("i", Integer), column("key", Text), column("input", JSONB))
+            .table_valued(
+                column("i", Integer),
+                column("key", Text),
+                column("input", JSONB),
+                column("lk", Text),
+            )
             .render_derived("it", with_types=True)
         )
-        items_cte = select(items.c.i, items.c.key, items.c.input).cte("items")
+        items_cte = select(items.c.i, items.c.key, items.c.input, items.c.lk).cte("items")
         first_i = (
             select(func.min(items_cte.c.i).label("i")).group_by(items_cte.c.key).subquery("fi")
         )
         first = (
-            select(items_cte.c.i, items_cte.c.key, items_cte.c.input)
+            select(items_cte.c.i, items_cte.c.key, items_cte.c.input, items_cte.c.lk)
             .join_from(items_cte, first_i, first_i.c.i == items_cte.c.i)
             .cte("first")
         )
         values_ = self._run_values()
         del values_["input"]
+        if "limit_key" in values_:
+            values_["limit_key"] = first.c.lk
         inserted = (
             insert(runs)
             .from_select(
@@ -376,51 +410,100 @@ def _insert_once(conn: _executor.Executor, plan: Plan, params: dict[str, Any]) -
 
 
 @_observe.submits
-def submit(bind: _binds.Bind, plan: Plan, input: str, timing: Timing) -> Submitted:
+def submit(
+    bind: _binds.Bind, plan: Plan, input: str, timing: Timing, limit_key: str | None = None
+) -> Submitted:
     params = _params(plan, input, timing)
     engine = _binds.engine_of(bind)
     started = time.monotonic()
-    rows = _executor.pooled_rows(engine, plan.fast_insert_run, params)
+    if plan.limit is None:
+        rows = _executor.pooled_rows(engine, plan.fast_insert_run, params)
+    else:
+        with _executor.connect(engine) as conn:
+            _limited(conn, plan, params, limit_key)
+            rows = conn.rows(plan.fast_insert_run, params)
     return Submitted(engine, rows[0][0], None, True, started)
 
 
 @_observe.submits
-def submit_tx(conn: _binds.Conn, plan: Plan, input: str, timing: Timing) -> Submitted:
+def submit_tx(
+    conn: _binds.Conn, plan: Plan, input: str, timing: Timing, limit_key: str | None = None
+) -> Submitted:
     params = _params(plan, input, timing)
     executor, engine = _binds.joined(conn)
+    _limited(executor, plan, params, limit_key)
     rows = executor.rows(plan.fast_insert_run, params)
     return Submitted(engine, rows[0][0], None, True)
 
 
 @_observe.submits
-def submit_once(bind: _binds.Bind, plan: Plan, key: str, input: str, timing: Timing) -> Submitted:
+def submit_once(
+    bind: _binds.Bind,
+    plan: Plan,
+    key: str,
+    input: str,
+    timing: Timing,
+    limit_key: str | None = None,
+) -> Submitted:
     params = _once_params(plan, key, input, timing)
     engine = _binds.engine_of(bind)
     started = time.monotonic()
     with _executor.connect(engine) as conn:
+        _limited(conn, plan, params, limit_key)
         run_id, created = _insert_once(conn, plan, params)
     return Submitted(engine, run_id, key, created, started if created else None)
 
 
 @_observe.submits
 def submit_once_tx(
-    conn: _binds.Conn, plan: Plan, key: str, input: str, timing: Timing
+    conn: _binds.Conn,
+    plan: Plan,
+    key: str,
+    input: str,
+    timing: Timing,
+    limit_key: str | None = None,
 ) -> Submitted:
     params = _once_params(plan, key, input, timing)
     executor, engine = _binds.joined(conn)
+    _limited(executor, plan, params, limit_key)
     run_id, created = _insert_once(executor, plan, params)
     return Submitted(engine, run_id, key, created)
 
 
-def _items_payload(items: Sequence[tuple[str, str]], indexes: Sequence[int]) -> str:
-    """The jsonb array ``[{i, key, input}, ...]`` of the chosen items (inputs pre-encoded)."""
-    payload = [{"i": i, "key": items[i][0], "input": msgspec.Raw(items[i][1])} for i in indexes]
+def _limited(
+    conn: _executor.Executor, plan: Plan, params: dict[str, Any], limit_key: str | None
+) -> None:
+    """For a limited workflow: its limit's and key's rows exist, and the run keeps its key."""
+    if plan.limit is None:
+        return
+    assert limit_key is not None
+    _limits.ensure_key(conn, plan.limit, limit_key)
+    params["limit_key"] = limit_key
+
+
+def _items_payload(
+    items: Sequence[tuple[str, str]], indexes: Sequence[int], limit_keys: Sequence[str] | None
+) -> str:
+    """The jsonb array ``[{i, key, input, lk}, ...]`` of the chosen items (inputs pre-encoded)."""
+    payload = [
+        {
+            "i": i,
+            "key": items[i][0],
+            "input": msgspec.Raw(items[i][1]),
+            "lk": None if limit_keys is None else limit_keys[i],
+        }
+        for i in indexes
+    ]
     return msgspec.json.encode(payload).decode()
 
 
 @_observe.submits
 def submit_once_many(
-    bind: _binds.Bind, plan: Plan, items: Sequence[tuple[str, str]], timing: Timing
+    bind: _binds.Bind,
+    plan: Plan,
+    items: Sequence[tuple[str, str]],
+    timing: Timing,
+    limit_keys: Sequence[str] | None = None,
 ) -> list[Submitted]:
     for key, _input in items:
         _keys.check_key(key)
@@ -431,8 +514,12 @@ def submit_once_many(
     results: dict[int, Submitted] = {}
     missing: list[int] = list(range(len(items)))
     with _binds.transaction(bind) as conn:
+        if plan.limit is not None:
+            assert limit_keys is not None
+            for lk in sorted(set(limit_keys)):
+                _limits.ensure_key(_executor.executor_of(conn), plan.limit, lk)
         for _ in range(_MAX_RACE_RETRIES):
-            payload = _items_payload(items, missing)
+            payload = _items_payload(items, missing, limit_keys)
             rows = _executor.rows(conn, plan.insert_runs_once, {**params, "items": payload})
             for i, run_id, created, same_input in sorted(rows, key=lambda r: r[0]):
                 key = items[i][0]

@@ -719,6 +719,45 @@ def _add_commands(group: click.Group) -> None:
         changed = _invocation().client().resume_queue(name)
         click.echo(f"resumed queue {name}" if changed else f"queue {name} was not paused")
 
+    limits_group = click.Group(
+        "limits", help="List the named limits (Concurrency, Rate) per key; set their max."
+    )
+    group.add_command(limits_group)
+
+    @_command(limits_group, "list")
+    @_json_option
+    def limits_list(as_json: bool) -> None:
+        """List every limit with, per key, how many run and how many wait."""
+        for limit in _invocation().client().list_limits():
+            per = None if limit.per is None else limit.per.total_seconds()
+            if as_json:
+                _output.json_line(
+                    {
+                        "name": limit.name,
+                        "max": limit.max,
+                        "per_seconds": per,
+                        "counts": limit.counts,
+                        "set_by_operator": limit.set_by_operator,
+                        "keys": {
+                            k: {"running": r, "waiting": w} for k, (r, w) in limit.keys.items()
+                        },
+                    }
+                )
+                continue
+            what = f"max {limit.max}" + ("" if per is None else f" per {per:g}s")
+            set_by = " (set by an operator)" if limit.set_by_operator else ""
+            click.echo(f"{limit.name}: {what} {limit.counts}{set_by}")
+            for key, (running, waiting) in sorted(limit.keys.items()):
+                click.echo(f"  {key or '(all)'}: {running} running, {waiting} waiting")
+
+    @_command(limits_group, "set")
+    @click.argument("name", metavar="NAME")
+    @click.argument("maximum", metavar="MAX", type=click.IntRange(0))
+    def limits_set(name: str, maximum: int) -> None:
+        """Set limit NAME's max; workers apply it within a second, over the definitions'."""
+        _invocation().client().set_limit(name, maximum)
+        click.echo(f"limit {name}: max {maximum}")
+
     @_command(group, "dashboard")
     @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
     @click.option("--port", type=click.IntRange(0, 65535), default=8421, show_default=True)

@@ -99,6 +99,7 @@ _URLS = Map(
         ),
         Rule("/queues", endpoint="queues"),
         Rule("/queues/<any(pause, resume):action>", endpoint="queue_action", methods=["POST"]),
+        Rule("/limits", endpoint="limits"),
         Rule("/static/<name>", endpoint="static"),
     ],
     strict_slashes=False,
@@ -462,6 +463,10 @@ class Dashboard:
             notice=notice,
             problem=problem,
         )
+
+    def _page_limits(self, request: Request, csrf: str) -> Response:
+        """Every limit and, per key with something running or waiting, how many."""
+        return self._render(request, "limits.html", csrf, limits=self.client.list_limits())
 
     def _page_schedule_action(self, request: Request, csrf: str, action: str) -> Response:
         name = request.form.get("schedule")

@@ -164,6 +164,66 @@ INVARIANTS: tuple[Invariant, ...] = (
         """,
         at_rest_only=True,
     ),
+    Invariant(
+        "a limited job's limit and key have their rows",
+        """
+        SELECT j.id AS job_id, j.limit_name, j.limit_key FROM cyclone_jobs j
+        WHERE j.limit_name IS NOT NULL AND NOT EXISTS (
+            SELECT 1 FROM cyclone_limit_keys k
+            WHERE k.name = j.limit_name AND k.key = j.limit_key)
+        """,
+    ),
+    Invariant(
+        "a Concurrency's key runs at most max jobs at once",
+        """
+        SELECT j.limit_name, j.limit_key, l.max, count(*) AS running
+        FROM cyclone_jobs j JOIN cyclone_limits l ON l.name = j.limit_name
+        WHERE j.state = 'running' AND l.per IS NULL
+        GROUP BY j.limit_name, j.limit_key, l.max HAVING count(*) > l.max
+        """,
+    ),
+    Invariant(
+        "a limited run's limit and key have their rows",
+        """
+        SELECT r.id AS run_id, r.limit_name, r.limit_key FROM cyclone_runs r
+        WHERE r.limit_name IS NOT NULL AND NOT EXISTS (
+            SELECT 1 FROM cyclone_limit_keys k
+            WHERE k.name = r.limit_name AND k.key = r.limit_key)
+        """,
+    ),
+    Invariant(
+        "a run held back has a limit, the start it asked for, and no steps",
+        """
+        SELECT r.id AS run_id, r.limit_name, r.limit_start_at FROM cyclone_runs r
+        WHERE r.start_at = 'infinity'
+          AND (r.limit_name IS NULL OR r.limit_start_at IS NULL
+               OR EXISTS (SELECT 1 FROM cyclone_jobs j WHERE j.run_id = r.id))
+        """,
+    ),
+    Invariant(
+        "a workflow limit's key has at most max runs in progress",
+        """
+        SELECT r.limit_name, r.limit_key, l.max, count(*) AS in_progress
+        FROM cyclone_runs r JOIN cyclone_limits l ON l.name = r.limit_name
+        WHERE r.state = 'running' AND (r.start_at IS NULL OR r.start_at < 'infinity')
+        GROUP BY r.limit_name, r.limit_key, l.max HAVING count(*) > l.max
+        """,
+    ),
+    Invariant(
+        "a Rate's key started at most max attempts in its current window",
+        """
+        SELECT k.name, k.key, k.window_start, k.window_count, l.max
+        FROM cyclone_limit_keys k JOIN cyclone_limits l ON l.name = k.name
+        WHERE l.per IS NOT NULL AND k.window_count > l.max
+        """,
+    ),
+    Invariant(
+        "a key's version counts at least the claims of its current window",
+        """
+        SELECT k.name, k.key, k.version, k.window_count FROM cyclone_limit_keys k
+        WHERE k.version < k.window_count OR k.window_count < 0
+        """,
+    ),
 )
 """Every invariant; ``at_rest_only`` ones hold once no worker serves the database."""
 

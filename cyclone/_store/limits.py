@@ -1,0 +1,679 @@
+"""Flow control's statements: a limit's rows, the claim of limited jobs, and their reads.
+
+A limited job keeps its limit's name and key (``limit_name``, ``limit_key``); the
+claim indexes never see it, since a worker leaves the kinds it serves with a limit out
+of its ordinary claim, and claims them here instead, one statement per claim:
+
+1. **Lock the keys.** Among the keys of the served limits that have a due job, take
+   those with room, least recently served first (``served_at``: fairness across keys),
+   ``FOR UPDATE SKIP LOCKED``: two claims never hold one key at once.
+2. **Check the count is current.** A Concurrency's room is ``max`` minus the key's
+   running jobs, counted in the statement's snapshot. Every claim of a key bumps the
+   key row's ``version`` under its lock, and a locked row is read at its newest
+   version: a key whose locked version differs from the one in the snapshot was
+   claimed from by a transaction the snapshot does not see, so its count may be short,
+   and it is skipped this time (the next claim serves it). Otherwise every claim of the
+   key is in the snapshot and the count is exact or higher (a job ended since): never
+   too low. A Rate's room is ``max`` minus the starts in the key's current window, kept
+   on the locked row itself.
+3. **Claim** up to the room of each key, the oldest due jobs first, one job per key
+   before a second of any key, and bump each key served: ``served_at``, ``version``,
+   and for a Rate its window's count.
+
+A job leaving ``running`` (done, failed, retried, rescued, handed back, cancelled)
+touches no limit row: the count is of the rows, so it cannot drift.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import (
+    Engine,
+    Float,
+    Integer,
+    Interval,
+    Text,
+    Uuid,
+    and_,
+    bindparam,
+    case,
+    cast,
+    exists,
+    extract,
+    false,
+    func,
+    literal_column,
+    null,
+    or_,
+    select,
+    true,
+    update,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, insert
+
+from cyclone._store import binds as _binds
+from cyclone._store import executor as _executor
+from cyclone._store import notify as _notify
+from cyclone._store.claim import _CLAIMED_COLUMNS, Claimed, _claimed
+from cyclone._store.executor import const
+from cyclone.schema import jobs, limit_keys, limits, runs
+from cyclone.states import JobState, RunState
+
+_INFINITY: Any = literal_column("'infinity'::timestamptz")
+
+# -- a limit's rows ------------------------------------------------------------------------
+
+
+def _limit_values() -> dict[str, Any]:
+    return {
+        "name": bindparam("name", type_=Text),
+        "max": bindparam("max", type_=Integer),
+        "per": bindparam("per", type_=Interval),
+        "on_limit": bindparam("on_limit", type_=Text),
+        "counts": bindparam("counts", type_=Text),
+    }
+
+
+def ensure_key_stmt() -> Any:
+    """Create the limit ``:name`` (as defined, unless it exists) and its key ``:key``.
+
+    Both inserts do nothing on a conflict, so an enqueue of a key that exists takes no
+    lock on either row.
+    """
+    made = (
+        insert(limits)
+        .values(**_limit_values())
+        .on_conflict_do_nothing(index_elements=[limits.c.name])
+        .returning(limits.c.name)
+        .cte("made")
+    )
+    return (
+        insert(limit_keys)
+        .values(name=bindparam("name", type_=Text), key=bindparam("key", type_=Text))
+        .on_conflict_do_nothing(index_elements=[limit_keys.c.name, limit_keys.c.key])
+        .returning(limit_keys.c.name)
+        .add_cte(made)
+    )
+
+
+def register_stmt() -> Any:
+    """Create or update the limit ``:name`` as a definition gives it (a worker's start).
+
+    A limit an operator set (``set_limit``) keeps its ``max``. Returns what it counts,
+    so a definition counting something else under the same name is refused.
+    """
+    stmt = insert(limits).values(**_limit_values())
+    return stmt.on_conflict_do_update(
+        index_elements=[limits.c.name],
+        set_={
+            "max": case((limits.c.set_by_operator, limits.c.max), else_=stmt.excluded.max),
+            "per": stmt.excluded.per,
+            "on_limit": stmt.excluded.on_limit,
+            "updated_at": func.now(),
+        },
+        where=and_(
+            limits.c.counts == stmt.excluded.counts,
+            or_(
+                and_(~limits.c.set_by_operator, limits.c.max != stmt.excluded.max),
+                limits.c.per.is_distinct_from(stmt.excluded.per),
+                limits.c.on_limit != stmt.excluded.on_limit,
+            ),
+        ),
+    ).returning(limits.c.counts)
+
+
+_ENSURE_KEY = _executor.Compiled(ensure_key_stmt())
+_REGISTER = _executor.Compiled(register_stmt())
+_COUNTS_OF = _executor.Compiled(
+    select(limits.c.counts).where(limits.c.name == bindparam("name", type_=Text))
+)
+
+
+def spec_params(
+    name: str, max: int, per: timedelta | None, on_limit: str, counts: str
+) -> dict[str, Any]:
+    return {"name": name, "max": max, "per": per, "on_limit": on_limit, "counts": counts}
+
+
+def ensure_key(conn: _executor.Executor, params: dict[str, Any], key: str) -> None:
+    """Make sure the limit of ``params`` and its ``key`` have their rows (an enqueue's first)."""
+    conn.rows(_ENSURE_KEY, {**params, "key": key})
+
+
+def register(conn: _executor.Executor, params: dict[str, Any]) -> str | None:
+    """Write the limit of ``params`` as defined; what the stored limit counts."""
+    rows = conn.rows(_REGISTER, params)
+    if rows:
+        return str(rows[0][0])
+    found = conn.rows(_COUNTS_OF, params)
+    return str(found[0][0]) if found else None
+
+
+# -- the claim of limited jobs ---------------------------------------------------------
+
+
+def _window(per: Any) -> Any:
+    """The start of the current window of a rate ``per``: a multiple of it since the epoch."""
+    seconds = extract("epoch", per)
+    return func.to_timestamp(func.floor(extract("epoch", func.now()) / seconds) * seconds)
+
+
+def _due(table: Any, name: Any, key: Any, queues: tuple[str, ...] | None) -> tuple[Any, ...]:
+    """An available job of the limit ``name`` and ``key``, due, of ``queues`` (None: any)."""
+    return (
+        table.c.limit_name == name,
+        table.c.limit_key == key,
+        table.c.state == const(JobState.AVAILABLE.value),
+        table.c.scheduled_at <= func.now(),
+        or_(table.c.deadline.is_(None), table.c.deadline > func.now()),
+        true() if queues is None else table.c.queue.in_([const(q) for q in queues]),
+    )
+
+
+def _running_of(name: Any, key: Any) -> Any:
+    """Running jobs of ``name`` and ``key`` in the snapshot (``ix_cyclone_jobs_gated_running``)."""
+    r = jobs.alias("r")
+    return (
+        select(func.count())
+        .where(
+            r.c.limit_name == name,
+            r.c.limit_key == key,
+            r.c.state == const(JobState.RUNNING.value),
+        )
+        .scalar_subquery()
+    )
+
+
+def claim_gated_stmt(names: tuple[str, ...], queues: tuple[str, ...] | None, limit: int) -> Any:
+    """Claim up to ``limit`` due jobs of the limits ``names`` for ``:me`` (see the module)."""
+    top: Any = literal_column(str(int(limit)))
+    k, lim = limit_keys, limits
+    window = _window(lim.c.per)
+    used = case(
+        (lim.c.per.is_(None), _running_of(k.c.name, k.c.key)),
+        (k.c.window_start == window, k.c.window_count),
+        else_=const(0, Integer),
+    )
+    a = jobs.alias("a")
+    locked = (
+        select(
+            k.c.name,
+            k.c.key,
+            k.c.version,
+            k.c.served_at,
+            (lim.c.max - used).label("room"),
+            case((lim.c.per.is_not(None), window)).label("win"),
+        )
+        .join_from(k, lim, lim.c.name == k.c.name)
+        .where(
+            k.c.name.in_([const(n) for n in names]),
+            lim.c.max - used > const(0, Integer),
+            exists(select(a.c.id).where(*_due(a, k.c.name, k.c.key, queues))),
+        )
+        .order_by(k.c.served_at, k.c.name, k.c.key)
+        .limit(top)
+        .with_for_update(of=k, skip_locked=True)
+        .cte("locked")
+    )
+    snap = limit_keys.alias("snap")
+    in_snapshot = (
+        select(snap.c.version)
+        .where(snap.c.name == locked.c.name, snap.c.key == locked.c.key)
+        .scalar_subquery()
+    )
+    c = jobs.alias("c")
+    cand = (
+        select(c.c.id, c.c.priority, c.c.scheduled_at)
+        .where(*_due(c, locked.c.name, locked.c.key, queues))
+        .order_by(c.c.priority, c.c.scheduled_at, c.c.id)
+        .limit(func.least(locked.c.room, top))
+        .with_for_update(skip_locked=True)
+        .lateral("cand")
+    )
+    rank = func.row_number().over(
+        partition_by=(locked.c.name, locked.c.key),
+        order_by=(cand.c.priority, cand.c.scheduled_at, cand.c.id),
+    )
+    ranked = (
+        select(cand.c.id, rank.label("rk"), locked.c.served_at, cand.c.priority)
+        .select_from(locked)
+        .join(cand, true())
+        .where(locked.c.version == in_snapshot)
+        .subquery("ranked")
+    )
+    chosen = (
+        select(ranked.c.id)
+        .order_by(ranked.c.rk, ranked.c.served_at, ranked.c.priority, ranked.c.id)
+        .limit(top)
+        .cte("chosen")
+    )
+    claimed = (
+        update(jobs)
+        .where(jobs.c.id.in_(select(chosen.c.id).scalar_subquery()))
+        .values(
+            state=const(JobState.RUNNING.value),
+            attempt=jobs.c.attempt + 1,
+            lease=jobs.c.lease + 1,
+            worker_id=bindparam("me", type_=Text),
+            attempted_at=func.now(),
+            heartbeat_at=func.now(),
+        )
+        .returning(*_CLAIMED_COLUMNS, jobs.c.limit_name, jobs.c.limit_key)
+        .cte("claimed")
+    )
+    per_key = (
+        select(claimed.c.limit_name, claimed.c.limit_key, func.count().label("n"))
+        .group_by(claimed.c.limit_name, claimed.c.limit_key)
+        .subquery("per_key")
+    )
+    served = (
+        update(limit_keys)
+        .where(
+            limit_keys.c.name == per_key.c.limit_name,
+            limit_keys.c.key == per_key.c.limit_key,
+            locked.c.name == per_key.c.limit_name,
+            locked.c.key == per_key.c.limit_key,
+        )
+        .values(
+            served_at=func.clock_timestamp(),
+            version=limit_keys.c.version + 1,
+            window_start=locked.c.win,
+            window_count=case(
+                (locked.c.win.is_(None), const(0, Integer)),
+                (
+                    limit_keys.c.window_start == locked.c.win,
+                    limit_keys.c.window_count + per_key.c.n,
+                ),
+                else_=per_key.c.n,
+            ),
+        )
+        .returning(limit_keys.c.name)
+        .cte("served")
+    )
+    stmt = select(
+        cast(null(), Integer),
+        claimed.c.id,
+        claimed.c.run_id,
+        claimed.c.workflow,
+        claimed.c.kind,
+        claimed.c.queue,
+        claimed.c.attempt,
+        claimed.c.lease,
+        claimed.c.max_attempts,
+        claimed.c.deadline,
+        cast(claimed.c.args, Text),
+        cast(null(), Text),
+        claimed.c.unique_key,
+        claimed.c.trace_context,
+        select(func.count()).select_from(served).scalar_subquery(),
+    ).order_by(claimed.c.priority, claimed.c.scheduled_at, claimed.c.id)
+    return stmt
+
+
+@functools.lru_cache(maxsize=256)
+def _fast_claim_gated(
+    names: tuple[str, ...], queues: tuple[str, ...] | None, limit: int
+) -> _executor.Compiled:
+    return _executor.Compiled(claim_gated_stmt(names, queues, limit))
+
+
+def claim_gated(
+    conn: _executor.Executor,
+    *,
+    worker_id: str,
+    names: tuple[str, ...],
+    queues: tuple[str, ...] | None,
+    limit: int,
+) -> list[Claimed]:
+    """Claim up to ``limit`` due jobs of the limits ``names`` in one autocommit statement."""
+    if limit <= 0 or not names:
+        return []
+    rows = conn.rows(_fast_claim_gated(names, queues, limit), {"me": worker_id})
+    return [_claimed(row) for row in rows]
+
+
+def next_gated_due_stmt(
+    names: tuple[str, ...], queues: tuple[str, ...] | None, admits: tuple[str, ...] = ()
+) -> Any:
+    """Seconds until a limited job of ``names`` may next start, or NULL: a job scheduled
+    later falls due, or the next window of a rate whose current window is full; or a run
+    of the workflow limits ``admits`` held back until a later start falls due."""
+    a = jobs.alias("a")
+    k, lim = limit_keys, limits
+    window = _window(lim.c.per)
+    scheduled = (
+        select(func.min(a.c.scheduled_at))
+        .where(
+            a.c.limit_name.in_([const(n) for n in names]),
+            a.c.state == const(JobState.AVAILABLE.value),
+            a.c.scheduled_at > func.now(),
+            true() if queues is None else a.c.queue.in_([const(q) for q in queues]),
+        )
+        .scalar_subquery()
+    )
+    b = jobs.alias("b")
+    next_window = (
+        select(func.min(window + lim.c.per))
+        .join_from(k, lim, lim.c.name == k.c.name)
+        .where(
+            k.c.name.in_([const(n) for n in names]),
+            lim.c.per.is_not(None),
+            k.c.window_start == window,
+            k.c.window_count >= lim.c.max,
+            exists(select(b.c.id).where(*_due(b, k.c.name, k.c.key, queues))),
+        )
+        .scalar_subquery()
+    )
+    held = runs.alias("held")
+    later = (
+        select(func.min(held.c.limit_start_at))
+        .where(
+            held.c.limit_name.in_([const(n) for n in admits]) if admits else false(),
+            held.c.state == const(RunState.RUNNING.value),
+            held.c.start_at == _INFINITY,
+            held.c.limit_start_at > func.now(),
+        )
+        .scalar_subquery()
+    )
+    due = func.least(scheduled, next_window, later)
+    return select(extract("epoch", due - func.now()).cast(Float))
+
+
+@functools.lru_cache(maxsize=64)
+def _fast_next_due(
+    names: tuple[str, ...], queues: tuple[str, ...] | None, admits: tuple[str, ...]
+) -> _executor.Compiled:
+    return _executor.Compiled(next_gated_due_stmt(names, queues, admits))
+
+
+def seconds_until_gated_due(
+    conn: _executor.Executor,
+    names: tuple[str, ...],
+    queues: tuple[str, ...] | None,
+    admits: tuple[str, ...] = (),
+) -> float | None:
+    """Seconds until a limited job of ``names`` may start, or a held run of ``admits`` is
+    due, None when none waits on time."""
+    if not names and not admits:
+        return None
+    rows = conn.rows(_fast_next_due(names, queues, admits), {})
+    value = rows[0][0] if rows else None
+    return None if value is None else max(0.0, float(value))
+
+
+_RING = _executor.Compiled(select(func.pg_notify(const(_notify.JOBS_AVAILABLE), const(""))))
+
+
+def ring(conn: _executor.Executor) -> None:
+    """NOTIFY the workers: a limited job left running, its slot is free for whoever has
+    room (a worker whose threads are all busy cannot take it itself)."""
+    conn.rows(_RING, {})
+
+
+# -- the operator's reads and writes ---------------------------------------------------
+
+
+def _job_counts() -> Any:
+    """Per limit and key: jobs running and jobs waiting (available: due or not)."""
+    return (
+        select(
+            jobs.c.limit_name.label("name"),
+            jobs.c.limit_key.label("key"),
+            func.count().filter(jobs.c.state == const(JobState.RUNNING.value)).label("running"),
+            func.count().filter(jobs.c.state == const(JobState.AVAILABLE.value)).label("waiting"),
+        )
+        .where(
+            jobs.c.limit_name.is_not(None),
+            jobs.c.state.in_([const(JobState.RUNNING.value), const(JobState.AVAILABLE.value)]),
+        )
+        .group_by(jobs.c.limit_name, jobs.c.limit_key)
+    )
+
+
+def _run_counts() -> Any:
+    """Per limit and key: runs in progress, and runs held back."""
+    held = runs.c.start_at == literal_column("'infinity'::timestamptz")
+    return (
+        select(
+            runs.c.limit_name.label("name"),
+            runs.c.limit_key.label("key"),
+            func.count().filter(~held).label("running"),
+            func.count().filter(held).label("waiting"),
+        )
+        .where(runs.c.limit_name.is_not(None), runs.c.state == const(RunState.RUNNING.value))
+        .group_by(runs.c.limit_name, runs.c.limit_key)
+    )
+
+
+def list_limits_stmt() -> Any:
+    """Every limit with each key that has something running or waiting."""
+    counted = _job_counts().union_all(_run_counts()).subquery("counted")
+    return (
+        select(
+            limits.c.name,
+            limits.c.max,
+            limits.c.per,
+            limits.c.counts,
+            limits.c.on_limit,
+            limits.c.set_by_operator,
+            counted.c.key,
+            func.coalesce(counted.c.running, 0),
+            func.coalesce(counted.c.waiting, 0),
+        )
+        .select_from(limits)
+        .outerjoin(counted, counted.c.name == limits.c.name)
+        .order_by(limits.c.name, counted.c.key)
+    )
+
+
+_LIST = list_limits_stmt()
+_SET_LIMIT = (
+    update(limits)
+    .where(limits.c.name == bindparam("b_name", type_=Text))
+    .values(max=bindparam("b_max", type_=Integer), set_by_operator=true(), updated_at=func.now())
+    .returning(limits.c.name, func.pg_notify(const(_notify.JOBS_AVAILABLE), const("")))
+)
+
+
+def list_limits(engine: Engine) -> Sequence[Any]:
+    """Rows ``(name, max, per, counts, on_limit, set_by_operator, key, running, waiting)``."""
+    with _binds.autocommit(engine) as conn:
+        return _executor.rows(conn, _LIST)
+
+
+def set_limit(engine: Engine, name: str, max: int) -> bool:
+    """Set the limit ``name``'s ``max`` (kept over its definitions' from now on); found?"""
+    with _binds.autocommit(engine) as conn:
+        return _executor.first(conn, _SET_LIMIT, {"b_name": name, "b_max": max}) is not None
+
+
+# -- workflow limits: admitting held runs ---------------------------------------------
+
+
+def _in_progress(name: Any, key: Any) -> tuple[Any, ...]:
+    """A run in progress of ``name`` and ``key``: admitted, not ended
+    (``ix_cyclone_runs_limited``)."""
+    return (
+        runs.c.limit_name == name,
+        runs.c.limit_key == key,
+        runs.c.state == const(RunState.RUNNING.value),
+        or_(runs.c.start_at.is_(None), runs.c.start_at < _INFINITY),
+    )
+
+
+def _held_due(table: Any, name: Any, key: Any) -> tuple[Any, ...]:
+    """A run of ``name`` and ``key`` held back whose start has come (``ix_cyclone_runs_held``)."""
+    return (
+        table.c.limit_name == name,
+        table.c.limit_key == key,
+        table.c.state == const(RunState.RUNNING.value),
+        table.c.start_at == _INFINITY,
+        table.c.limit_start_at <= func.now(),
+        or_(table.c.deadline.is_(None), table.c.deadline > func.now()),
+    )
+
+
+def lock_held_keys_stmt(names: tuple[str, ...], batch: int) -> Any:
+    """Lock up to ``batch`` keys of the limits ``names`` with a held run due, least recently
+    served first, skipping locked ones; a ``"queue"`` key only if it looks to have room."""
+    h = runs.alias("h")
+    r = runs.alias("r")
+    running = (
+        select(func.count())
+        .where(
+            r.c.limit_name == limit_keys.c.name,
+            r.c.limit_key == limit_keys.c.key,
+            r.c.state == const(RunState.RUNNING.value),
+            or_(r.c.start_at.is_(None), r.c.start_at < _INFINITY),
+        )
+        .scalar_subquery()
+    )
+    return (
+        select(limit_keys.c.name, limit_keys.c.key, limits.c.max, limits.c.on_limit)
+        .join_from(limit_keys, limits, limits.c.name == limit_keys.c.name)
+        .where(
+            limit_keys.c.name.in_([const(n) for n in names]),
+            exists(select(h.c.id).where(*_held_due(h, limit_keys.c.name, limit_keys.c.key))),
+            or_(limits.c.on_limit != const("queue"), limits.c.max > running),
+        )
+        .order_by(limit_keys.c.served_at, limit_keys.c.name, limit_keys.c.key)
+        .limit(literal_column(str(int(batch))))
+        .with_for_update(of=limit_keys, skip_locked=True)
+    )
+
+
+_NAME, _KEY = bindparam("b_name", type_=Text), bindparam("b_key", type_=Text)
+_IN_PROGRESS = (
+    select(runs.c.id).where(*_in_progress(_NAME, _KEY)).order_by(runs.c.created_at, runs.c.id)
+)
+_HELD = (
+    select(runs.c.id)
+    .where(*_held_due(runs, _NAME, _KEY))
+    .order_by(runs.c.limit_start_at, runs.c.id)
+    .limit(bindparam("b_n", type_=Integer))
+)
+_ADMIT = (
+    update(runs)
+    .where(
+        runs.c.id == func.any(bindparam("b_ids", type_=ARRAY(Uuid))),
+        runs.c.state == const(RunState.RUNNING.value),
+        runs.c.start_at == _INFINITY,
+    )
+    .values(start_at=runs.c.limit_start_at)
+    .returning(runs.c.id, func.pg_notify(const(_notify.JOBS_AVAILABLE), const("")))
+)
+_SERVED = (
+    update(limit_keys)
+    .where(limit_keys.c.name == _NAME, limit_keys.c.key == _KEY)
+    .values(served_at=func.clock_timestamp(), version=limit_keys.c.version + 1)
+)
+_LOCK_KEY = (
+    select(limits.c.max)
+    .join_from(limit_keys, limits, limits.c.name == limit_keys.c.name)
+    .where(limit_keys.c.name == _NAME, limit_keys.c.key == _KEY)
+    .with_for_update(of=limit_keys)
+)
+_RUN_LIMIT = select(runs.c.limit_name, runs.c.limit_key, runs.c.start_at.is_(None)).where(
+    runs.c.id == bindparam("rid")
+)
+_HOLD_AGAIN = (
+    update(runs)
+    .where(runs.c.id == bindparam("b_rid"))
+    .values(start_at=_INFINITY, limit_start_at=func.now())
+)
+ADMIT_BATCH = 32
+"""How many keys one admission serves at most."""
+
+
+def limit_error(name: str, key: str, max: int, on_limit: str) -> str:
+    """The error (JSON text) of a run a limit cancelled: it names the limit."""
+    shown = "(all)" if key == "" else repr(key)
+    return json.dumps(
+        {
+            "type": "ConcurrencyLimit",
+            "message": f"cancelled by limit {name!r} (key {shown}, max {max} in progress, "
+            f"on_limit={on_limit!r})",
+        }
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _lock_held_keys(names: tuple[str, ...], batch: int) -> Any:
+    return lock_held_keys_stmt(names, batch)
+
+
+def admit_runs(engine: Engine, names: tuple[str, ...], batch: int = ADMIT_BATCH) -> int:
+    """Admit the held runs of the workflow limits ``names`` that have room; how many.
+
+    One transaction: lock the keys with a held run due (least recently served first,
+    ``FOR UPDATE SKIP LOCKED``), then, each key locked, count its runs in progress in a
+    new snapshot (every admission of the key committed before the lock was granted, so
+    the count is exact or too high, a run having ended since), and per ``on_limit``:
+    ``"queue"`` admits the oldest held runs up to the room; ``"cancel_newest"`` admits
+    as ``"queue"`` and cancels the held runs left over; ``"cancel_in_progress"`` keeps
+    the newest ``max`` of the key's runs in progress and held, cancelling the others,
+    oldest first, and admits its held runs kept. An admitted run's ``start_at`` is the
+    start it asked for (due), ringing NOTIFY: the next claim starts it.
+    """
+    from cyclone._store import control as _control  # control imports this module
+
+    admitted = 0
+    with engine.begin() as conn:
+        for name, key, max_, on_limit in _executor.rows(conn, _lock_held_keys(names, batch)):
+            params = {"b_name": name, "b_key": key}
+            in_progress = _executor.column(conn, _IN_PROGRESS, params)
+            room = max(0, max_ - len(in_progress))
+            if on_limit == "queue":
+                held = _executor.column(conn, _HELD, {**params, "b_n": room})
+                cancel: list[Any] = []
+            else:
+                held = _executor.column(conn, _HELD, {**params, "b_n": None})
+                if on_limit == "cancel_newest":
+                    held, cancel = held[:room], held[room:]
+                else:
+                    every = in_progress + held
+                    over = max(0, len(every) - max_)
+                    cancel = every[:over]
+                    held = held[max(0, over - len(in_progress)) :]
+            error = limit_error(name, key, max_, on_limit)
+            for run_id in cancel:
+                _control.cancel_for_limit(conn, run_id, error)
+            if held:
+                admitted += len(_executor.rows(conn, _ADMIT, {"b_ids": held}))
+            _executor.affected(conn, _SERVED, params)
+    return admitted
+
+
+def hold_for_restart(conn: Any, run_id: Any, operation: str) -> None:
+    """Before a limited run restarts (``retry``/``retry_all``): take its key's lock, then
+    check there is room. A run that never started is held again (admitted by a worker as
+    a new one); a run that started (its steps exist) restarts in progress if its key has
+    room, and is refused otherwise. Called under the run's lock; the key's lock is kept
+    until the caller commits. (An admission locks keys, then runs in progress or held,
+    never an ended run such as this one: no cycle of waits.)"""
+    from cyclone import errors
+
+    row = _executor.first(conn, _RUN_LIMIT, {"rid": run_id})
+    if row is None or row[0] is None:
+        return
+    name, key, started = row
+    params = {"b_name": name, "b_key": key}
+    max_ = _executor.value(conn, _LOCK_KEY, params)
+    if not started:
+        _executor.affected(conn, _HOLD_AGAIN, {"b_rid": run_id})
+        _executor.affected(conn, _SERVED, params)
+        return
+    in_progress = len(_executor.rows(conn, _IN_PROGRESS, params))
+    if max_ is not None and in_progress >= max_:
+        raise errors.InvalidStateError(
+            operation=operation,
+            run_id=run_id,
+            state=f"at its limit {name!r}: {in_progress} of {max_} runs in progress for "
+            f"its key; {operation} once one ends",
+        )
+    _executor.affected(conn, _SERVED, params)

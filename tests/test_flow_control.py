@@ -1,0 +1,259 @@
+"""Flow control with several worker processes: Concurrency per key, fairness, rescue, Rate.
+
+The workers are processes of their own (tests/support/flow_proc.py); the number running
+per key is sampled from the database while they run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import cyclone
+from tests.conftest import wait_until
+from tests.support import processes
+from tests.support.flow_proc import kinds
+from tests.support.workers import REPO
+
+pytestmark = pytest.mark.processes
+
+
+def spawn(name: str, spec: dict[str, Any]) -> subprocess.Popen[str]:
+    env = dict(os.environ)
+    assert "CYCLONE_TEST_DATABASE_URL" in env, "the database_url fixture sets it"
+    proc = processes.popen(
+        [sys.executable, "-m", "tests.support.flow_proc", name, json.dumps(spec)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    return proc
+
+
+def stop(procs: list[subprocess.Popen[str]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate(timeout=10)
+
+
+def running_per_key(engine: sa.Engine, prefix: str) -> Counter[str]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT limit_key, count(*) FROM cyclone_jobs "
+                "WHERE state = 'running' AND kind LIKE :p GROUP BY limit_key"
+            ),
+            {"p": prefix + "%"},
+        ).all()
+    return Counter({key: n for key, n in rows})
+
+
+def left(engine: sa.Engine, prefix: str) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM cyclone_jobs WHERE kind LIKE :p AND state <> 'completed'"
+                ),
+                {"p": prefix + "%"},
+            ).scalar_one()
+        )
+
+
+def sample_until_done(engine: sa.Engine, prefix: str, timeout: float = 60.0) -> Counter[str]:
+    """The most seen running at once per key, sampled until every job completed."""
+    most: Counter[str] = Counter()
+    deadline = time.monotonic() + timeout
+    while left(engine, prefix):
+        for key, n in running_per_key(engine, prefix).items():
+            most[key] = max(most[key], n)
+        assert time.monotonic() < deadline, f"jobs left: {left(engine, prefix)}"
+    return most
+
+
+def enqueue_many(engine: sa.Engine, step: Any, items: list[dict[str, Any]]) -> None:
+    for args in items:
+        step.enqueue(engine, args)
+
+
+def test_the_jobs_running_per_key_never_exceed_max_across_worker_processes(
+    engine: sa.Engine, name: str
+) -> None:
+    spec = {"limit": "concurrency", "max": 2, "concurrency": 4}
+    (step,) = kinds(name, spec)
+    enqueue_many(engine, step, [{"k": k, "ms": 20} for k in "abc" for _ in range(15)])
+    procs = [spawn(name, spec) for _ in range(3)]
+    try:
+        most = sample_until_done(engine, name)
+    finally:
+        stop(procs)
+    assert set(most) <= {"a", "b", "c"}
+    assert max(most.values()) == 2, most
+
+
+def test_a_killed_workers_slot_comes_back_when_its_job_is_rescued(
+    engine: sa.Engine, name: str, tmp_path: Path
+) -> None:
+    spec = {"limit": "concurrency", "max": 1, "concurrency": 4}
+    (step,) = kinds(name, spec)
+    flag = tmp_path / "blocked"
+    step.enqueue(engine, {"k": "x", "ms": 0, "block": str(flag)})
+    first = spawn(name, spec)
+    wait_until(flag.exists, timeout=30)
+    enqueue_many(engine, step, [{"k": "x", "ms": 10} for _ in range(5)])
+    other = spawn(name, spec)
+    try:
+        # While the killed worker's job holds the only slot, nothing else of "x" starts.
+        first.kill()
+        first.communicate(timeout=10)
+        most = sample_until_done(engine, name)
+    finally:
+        stop([first, other])
+    assert most["x"] == 1
+    with engine.connect() as conn:
+        lost = conn.execute(
+            sa.text("SELECT lost FROM cyclone_jobs WHERE kind = :k AND args ? 'block'"),
+            {"k": name},
+        ).scalar_one()
+    assert lost == 1
+
+
+@pytest.mark.parametrize("limit", ["concurrency", "shared"])
+def test_a_key_with_few_jobs_is_served_before_a_key_with_many_has_run_twenty(
+    engine: sa.Engine, name: str, limit: str
+) -> None:
+    spec = {"limit": limit, "max": 1 if limit == "concurrency" else 2, "concurrency": 2}
+    steps = kinds(name, spec)
+    big, small = steps[0], steps[-1]
+    with engine.begin() as conn:
+        for _ in range(1000):
+            big.enqueue_tx(conn, {"k": "big", "ms": 5})
+        for _ in range(10):
+            small.enqueue_tx(conn, {"k": "small", "ms": 5})
+    procs = [spawn(name, spec) for _ in range(2)]
+    try:
+
+        def small_done() -> bool:
+            with engine.connect() as conn:
+                return not conn.execute(
+                    sa.text(
+                        "SELECT count(*) FROM cyclone_jobs WHERE kind LIKE :p "
+                        "AND limit_key = 'small' AND state <> 'completed'"
+                    ),
+                    {"p": name + "%"},
+                ).scalar_one()
+
+        wait_until(small_done, timeout=60)
+    finally:
+        stop(procs)
+    with engine.connect() as conn:
+        starts = (
+            conn.execute(
+                sa.text(
+                    "SELECT limit_key FROM cyclone_jobs WHERE kind LIKE :p "
+                    "AND attempted_at IS NOT NULL ORDER BY attempted_at, id"
+                ),
+                {"p": name + "%"},
+            )
+            .scalars()
+            .all()
+        )
+    big_starts = [i for i, key in enumerate(starts) if key == "big"]
+    last_small = max(i for i, key in enumerate(starts) if key == "small")
+    assert len(big_starts) < 20 or last_small < big_starts[19], starts[:40]
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text("DELETE FROM cyclone_jobs WHERE kind LIKE :p AND state <> 'running'"),
+            {"p": name + "%"},
+        )
+
+
+def test_a_rate_starts_at_most_limit_attempts_per_window(engine: sa.Engine, name: str) -> None:
+    spec = {"limit": "rate", "max": 3, "per": 1, "concurrency": 4}
+    (step,) = kinds(name, spec)
+    enqueue_many(engine, step, [{"k": "r", "ms": 0} for _ in range(10)])
+    procs = [spawn(name, spec) for _ in range(2)]
+    try:
+        sample_until_done(engine, name, timeout=30)
+    finally:
+        stop(procs)
+    with engine.connect() as conn:
+        windows = conn.execute(
+            sa.text(
+                "SELECT floor(extract(epoch FROM attempted_at)), count(*) FROM cyclone_jobs "
+                "WHERE kind = :k GROUP BY 1 ORDER BY 1"
+            ),
+            {"k": name},
+        ).all()
+    assert all(n <= 3 for _, n in windows), windows
+    assert len(windows) >= 4, windows
+
+
+def test_a_limit_set_at_run_time_takes_effect(engine: sa.Engine, name: str) -> None:
+    spec = {"limit": "concurrency", "max": 1, "concurrency": 8}
+    (step,) = kinds(name, spec)
+    enqueue_many(engine, step, [{"k": "x", "ms": 300} for _ in range(12)])
+    procs = [spawn(name, spec)]
+    client = cyclone.Client(engine)
+    try:
+        wait_until(lambda: running_per_key(engine, name)["x"] == 1, timeout=30)
+        client.set_limit(f"kind:{name}", 3)
+        wait_until(lambda: running_per_key(engine, name)["x"] == 3, timeout=5)
+        (status,) = [s for s in client.list_limits() if s.name == f"kind:{name}"]
+        assert status.max == 3
+        assert status.set_by_operator
+        most = sample_until_done(engine, name)
+    finally:
+        stop(procs)
+    assert most["x"] == 3
+
+
+def test_a_concurrency_refuses_bad_values_at_definition() -> None:
+    with pytest.raises(cyclone.DefinitionError, match="max"):
+        cyclone.Concurrency(0)
+    with pytest.raises(cyclone.DefinitionError, match="on_limit"):
+        cyclone.Concurrency(1, on_limit="drop")  # type: ignore[arg-type]
+    with pytest.raises(cyclone.DefinitionError, match="per"):
+        cyclone.Rate(1, timedelta())
+
+
+def test_limits_list_and_set_on_the_command_line(engine: sa.Engine, name: str) -> None:
+    from click.testing import CliRunner
+
+    from cyclone.cli import build_cli
+
+    (step,) = kinds(name, {"limit": "concurrency", "max": 2})
+    step.enqueue(engine, {"k": "a", "ms": 0})
+    url = engine.url.render_as_string(False)
+    listed = CliRunner().invoke(build_cli(), ["limits", "list", "--url", url])
+    assert listed.exit_code == 0, listed.output
+    assert f"kind:{name}: max 2 attempts" in listed.stdout
+    assert "  a: 0 running, 1 waiting" in listed.stdout
+    changed = CliRunner().invoke(build_cli(), ["limits", "set", f"kind:{name}", "5", "--url", url])
+    assert changed.exit_code == 0, changed.output
+    (status,) = [s for s in cyclone.Client(engine).list_limits() if s.name == f"kind:{name}"]
+    assert (status.max, status.set_by_operator, status.keys) == (5, True, {"a": (0, 1)})
+    unknown = CliRunner().invoke(build_cli(), ["limits", "set", "nope", "1", "--url", url])
+    assert unknown.exit_code == 1
+    assert len(unknown.stderr.strip().splitlines()) == 1
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM cyclone_jobs WHERE kind = :k"), {"k": name})

@@ -1,0 +1,237 @@
+"""Workflow limits: ``Workflow(..., concurrency=)`` bounds the runs in progress per key.
+
+A run in progress is admitted and not ended; a held run waits with no steps. The
+multi-process test samples the runs in progress per key from the database while
+several worker processes serve; the others run a worker in this process.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import cyclone
+from tests.conftest import wait_until
+from tests.support.flow_proc import workflow
+from tests.test_flow_control import spawn, stop
+
+IN_PROGRESS = (
+    "SELECT limit_key, count(*) FROM cyclone_runs WHERE workflow = :w AND state = 'running' "
+    "AND (start_at IS NULL OR start_at < 'infinity') GROUP BY limit_key"
+)
+
+
+def in_progress(engine: sa.Engine, wf: str) -> Counter[str]:
+    with engine.connect() as conn:
+        return Counter(dict(conn.execute(sa.text(IN_PROGRESS), {"w": wf}).all()))
+
+
+def states(engine: sa.Engine, wf: str) -> Counter[str]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text("SELECT state, count(*) FROM cyclone_runs WHERE workflow = :w GROUP BY state"),
+            {"w": wf},
+        )
+        return Counter(dict(rows.all()))
+
+
+def test_the_runs_in_progress_per_key_never_exceed_max_across_worker_processes(
+    engine: sa.Engine, name: str
+) -> None:
+    spec = {"limit": "workflow", "max": 1, "concurrency": 4}
+    wf = workflow(name, spec)
+    for k in "abc":
+        for _ in range(6):
+            wf.submit(engine, {"k": k, "ms": 15})
+    procs = [spawn(name, spec) for _ in range(3)]
+    most: Counter[str] = Counter()
+    try:
+
+        def done() -> bool:
+            for key, n in in_progress(engine, name).items():
+                most[key] = max(most[key], n)
+            return states(engine, name) == Counter({"completed": 18})
+
+        wait_until(done, timeout=90, interval=0.005)
+    finally:
+        stop(procs)
+    assert set(most) == {"a", "b", "c"}
+    assert max(most.values()) == 1, most
+
+
+def started(engine: sa.Engine, run: Any) -> bool:
+    """Whether a step of ``run`` is running."""
+    with engine.connect() as conn:
+        return bool(
+            conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM cyclone_jobs WHERE run_id = :r AND state = 'running'"
+                ),
+                {"r": run.id},
+            ).scalar_one()
+        )
+
+
+def jobs_of(engine: sa.Engine, run: Any) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text("SELECT count(*) FROM cyclone_jobs WHERE run_id = :r"), {"r": run.id}
+            ).scalar_one()
+        )
+
+
+def blocking_workflow(name: str, **limit: Any) -> tuple[cyclone.Workflow[Any], threading.Event]:
+    """A limited workflow whose one step blocks until the event is set."""
+    release = threading.Event()
+    wf: cyclone.Workflow[Any] = cyclone.Workflow(
+        name, concurrency=cyclone.Concurrency(1, key=lambda v: v["k"], **limit)
+    )
+
+    @wf.step()
+    def only(ctx: cyclone.StepContext, value: dict[str, Any]) -> str:
+        assert release.wait(30)
+        return str(value["n"])
+
+    return wf, release
+
+
+def test_a_held_run_waits_without_steps_and_starts_when_its_keys_run_ends(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    wf, release = blocking_workflow(name)
+    first = wf.submit(engine, {"k": "a", "n": 1})
+    second = wf.submit(engine, {"k": "a", "n": 2})
+    other = wf.submit(engine, {"k": "b", "n": 3})
+    serving(cyclone.Worker(engine, workflows=[wf], concurrency=4, poll_interval=30))
+    wait_until(lambda: in_progress(engine, name) == Counter({"a": 1, "b": 1}))
+    assert second.status().state == "running"
+    assert jobs_of(engine, second) == 0  # held: no steps yet
+    (limit,) = [s for s in cyclone.Client(engine).list_limits() if s.name == f"workflow:{name}"]
+    assert limit.counts == "runs"
+    assert limit.max == 1
+    assert dict(limit.keys)["a"] == (1, 1)
+    release.set()
+    for run in (first, second, other):
+        wait_until(lambda run=run: run.status().state == "completed", timeout=20)
+
+
+def test_submit_once_duplicates_take_no_second_slot(engine: sa.Engine, name: str) -> None:
+    wf, _ = blocking_workflow(name)
+    one, created = wf.submit_once(engine, "order:1", {"k": "a", "n": 1})
+    two, again = wf.submit_once(engine, "order:1", {"k": "a", "n": 1})
+    assert created
+    assert not again
+    assert one.id == two.id
+    with engine.connect() as conn:
+        held = conn.execute(
+            sa.text("SELECT count(*) FROM cyclone_runs WHERE workflow = :w"), {"w": name}
+        ).scalar_one()
+    assert held == 1
+
+
+def test_cancel_newest_cancels_the_new_run_naming_the_limit(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    wf, release = blocking_workflow(name, on_limit="cancel_newest")
+    first = wf.submit(engine, {"k": "a", "n": 1})
+    serving(cyclone.Worker(engine, workflows=[wf], concurrency=2, poll_interval=30))
+    wait_until(lambda: started(engine, first))
+    newest = wf.submit(engine, {"k": "a", "n": 2})
+    wait_until(lambda: newest.status().state == "cancelled")
+    error = newest.status().error
+    assert error is not None
+    assert f"workflow:{name}" in error["message"]
+    assert "cancel_newest" in error["message"]
+    release.set()
+    wait_until(lambda: first.status().state == "completed", timeout=20)
+
+
+def test_cancel_in_progress_cancels_the_oldest_run_and_admits_the_new_one(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    wf, release = blocking_workflow(name, on_limit="cancel_in_progress")
+    oldest = wf.submit(engine, {"k": "a", "n": 1})
+    serving(cyclone.Worker(engine, workflows=[wf], concurrency=2, poll_interval=30))
+    wait_until(lambda: started(engine, oldest))
+    new = wf.submit(engine, {"k": "a", "n": 2})
+    wait_until(lambda: oldest.status().state == "cancelled")
+    error = oldest.status().error
+    assert error is not None
+    assert "cancel_in_progress" in error["message"]
+    release.set()
+    wait_until(lambda: new.status().state == "completed", timeout=20)
+
+
+def test_retry_of_an_ended_run_respects_the_limit(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    wf, release = blocking_workflow(name)
+    done = wf.submit(engine, {"k": "a", "n": 1})
+    release.set()
+    worker = cyclone.Worker(engine, workflows=[wf], concurrency=2)
+    worker.drain()
+    assert done.status().state == "completed"
+    release.clear()
+    busy = wf.submit(engine, {"k": "a", "n": 2})
+    waiting = wf.submit(engine, {"k": "a", "n": 3})
+    serving(cyclone.Worker(engine, workflows=[wf], concurrency=2, poll_interval=30))
+    wait_until(lambda: started(engine, busy))
+    waiting.cancel()  # held: it never started
+    with pytest.raises(cyclone.InvalidStateError, match="at its limit"):
+        done.retry_all()  # started before: refused while the key is full
+    waiting.retry()  # held again, not in progress
+    assert in_progress(engine, name) == Counter({"a": 1})
+    release.set()
+    wait_until(lambda: waiting.status().state == "completed", timeout=20)
+    done.retry_all()
+    wait_until(lambda: done.status().state == "completed", timeout=20)
+
+
+def test_a_workflows_limit_key_that_raises_refuses_the_submit(engine: sa.Engine, name: str) -> None:
+    wf: cyclone.Workflow[Any] = cyclone.Workflow(
+        name, concurrency=cyclone.Concurrency(1, key=lambda v: v["missing"])
+    )
+
+    @wf.step()
+    def only(ctx: cyclone.StepContext, value: Any) -> None: ...
+
+    with pytest.raises(cyclone.InputError, match="KeyError"):
+        wf.submit(engine, {"k": "a"})
+    assert states(engine, name) == Counter()
+
+
+def test_a_key_with_few_runs_held_is_not_starved_by_a_key_with_many(
+    engine: sa.Engine, name: str
+) -> None:
+    wf: cyclone.Workflow[Any] = cyclone.Workflow(
+        name, concurrency=cyclone.Concurrency(1, key=lambda v: v["k"])
+    )
+
+    @wf.step()
+    def only(ctx: cyclone.StepContext, value: dict[str, Any]) -> None: ...
+
+    wf.submit_once_many(engine, [(f"big:{i}", {"k": "big", "i": i}) for i in range(40)])
+    small = [wf.submit(engine, {"k": "small", "i": i}) for i in range(5)]
+    cyclone.Worker(engine, workflows=[wf], concurrency=1).drain()
+    with engine.connect() as conn:
+        order = (
+            conn.execute(
+                sa.text(
+                    "SELECT r.limit_key FROM cyclone_runs r JOIN cyclone_jobs j ON j.run_id = r.id "
+                    "WHERE r.workflow = :w ORDER BY j.attempted_at, j.id"
+                ),
+                {"w": name},
+            )
+            .scalars()
+            .all()
+        )
+    assert all(run.status().state == "completed" for run in small)
+    assert len(order) == 45
+    tenth_big = [i for i, key in enumerate(order) if key == "big"][9]
+    assert order.index("small") < tenth_big
+    assert max(i for i, key in enumerate(order) if key == "small") < tenth_big, order
