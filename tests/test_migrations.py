@@ -117,6 +117,8 @@ def test_upgrade_on_a_fresh_database_creates_the_schema(fresh_engine: sa.Engine)
         "cyclone_signals",
         "cyclone_leader",
         "cyclone_queues",
+        "cyclone_limits",
+        "cyclone_limit_keys",
         "cyclone_alembic_version",
     }
     assert objects["functions"] == {
