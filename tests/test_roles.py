@@ -215,3 +215,31 @@ def test_an_application_role_with_the_documented_grants_pauses_queues_and_acts_i
     assert {r.status().state for r in more} == {cyclone.RunState.CANCELLED}
     cyclone.close(engine)
     engine.dispose()
+
+
+def test_an_application_role_with_the_documented_grants_runs_limited_work_and_sets_limits(
+    app_url: URL, name: str
+) -> None:
+    engine = sa.create_engine(app_url)
+    client = cyclone.Client(engine)
+    wf = cyclone.Workflow(name, concurrency=cyclone.Concurrency(1, key=lambda value: "all"))
+
+    @wf.step()
+    def charge(ctx: cyclone.StepContext, value: int) -> int:
+        return value
+
+    @cyclone.step(f"{name}_kind", concurrency=cyclone.Concurrency(2, name=f"{name}_limit"))
+    def kind(ctx: cyclone.StepContext, args: int) -> int:
+        return args
+
+    runs = [wf.submit(engine, i) for i in range(2)]
+    jobs = [kind.enqueue(engine, i) for i in range(3)]
+    worker = cyclone.Worker(engine, workflows=[wf], steps=[kind])
+    worker.drain()
+    worker.drain()
+    assert {r.status().state for r in runs} == {cyclone.RunState.COMPLETED}
+    assert {j.status().state for j in jobs} == {cyclone.JobState.COMPLETED}
+    client.set_limit(f"{name}_limit", 3)
+    assert {limit.name: limit.max for limit in client.list_limits()}[f"{name}_limit"] == 3
+    cyclone.close(engine)
+    engine.dispose()
