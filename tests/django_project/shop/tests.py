@@ -52,7 +52,7 @@ class DiscoveryTests(SimpleTestCase):
             {wf.name for wf in workflows},
             {"shop.fulfil", "shop.restock", "shop.reconnect", "shop.payment"},
         )
-        self.assertEqual({step.kind for step in steps}, {"shop.receipt"})
+        self.assertEqual({step.kind for step in steps}, {"shop.receipt", "shop.refund"})
 
     @override_settings(CYCLONE_WORKFLOW_MODULES=["shop.workflows"])
     def test_listed_modules_replace_discovery(self) -> None:
