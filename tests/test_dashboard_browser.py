@@ -10,70 +10,31 @@ page also replaces ``docs/dashboard.png``, the README's picture.
 
 from __future__ import annotations
 
-import os
-import shutil
-import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
-from playwright.sync_api import expect, sync_playwright
-from werkzeug.serving import make_server
+from playwright.sync_api import expect
 
 import cyclone
 from cyclone.dashboard import create_app
+from tests.support.browser import chromium, doc_shot, serve, shot
 from tests.support.dashboard import Order, shop
-
-CHROMIUM = "/usr/bin/chromium"
-ROOT = Path(__file__).resolve().parent.parent
-ARTIFACTS = ROOT / "tests" / ".artifacts"
 
 
 @pytest.fixture
 def live_url(engine: sa.Engine) -> Iterator[str]:
     """The dashboard served over HTTP on a free port, actions allowed."""
-    server = make_server(
-        "127.0.0.1", 0, create_app(engine, authorize=lambda e: True), threaded=True
-    )
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    thread.join(timeout=10)
+    with serve(create_app(engine, authorize=lambda e: True)) as url:
+        yield url
 
 
 @pytest.fixture
 def live_js_url(engine: sa.Engine) -> Iterator[str]:
     """The dashboard over HTTP, its pages refreshing themselves every 0.2 s."""
-    server = make_server(
-        "127.0.0.1", 0, create_app(engine, authorize=lambda e: True, refresh=0.2), threaded=True
-    )
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-    thread.join(timeout=10)
-
-
-@contextmanager
-def chromium(javascript: bool) -> Iterator[Any]:
-    assert os.path.exists(CHROMIUM), f"{CHROMIUM} is missing: apt-get install chromium"
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=["--no-sandbox", "--disable-dev-shm-usage"],
-        )
-        context = browser.new_context(
-            viewport={"width": 1280, "height": 900}, java_script_enabled=javascript
-        )
-        yield context.new_page()
-        context.close()
-        browser.close()
+    with serve(create_app(engine, authorize=lambda e: True, refresh=0.2)) as url:
+        yield url
 
 
 @pytest.fixture
@@ -86,12 +47,6 @@ def page(live_url: str) -> Iterator[Any]:
 def js_page(live_js_url: str) -> Iterator[Any]:
     with chromium(javascript=True) as found:
         yield found
-
-
-def shot(page: Any, name: str) -> Path:
-    path = ARTIFACTS / f"dashboard-{name}.png"
-    page.screenshot(path=str(path), full_page=True)
-    return path
 
 
 def test_operator_follows_a_failed_run_to_its_dag_retries_it_and_sees_it_complete(
@@ -127,10 +82,7 @@ def test_operator_follows_a_failed_run_to_its_dag_retries_it_and_sees_it_complet
     assert "raise CardDeclined(message)" in target.locator("pre.traceback").first.inner_text()
     shot(page, "3-failed-step")
     page.goto(f"{live_url}/runs/{run.id}")
-    top = ARTIFACTS / "dashboard-run.png"
-    page.screenshot(path=str(top))
-    if os.environ.get("CYCLONE_UPDATE_SCREENSHOT") == "1":
-        shutil.copyfile(top, ROOT / "docs" / "dashboard.png")
+    doc_shot(page, "dashboard.png")
 
     page.click("button.button-retry")
     assert page.locator("p.notice").inner_text().startswith("Retry requested")

@@ -51,7 +51,9 @@ def test_every_block_of_the_page_is_a_named_snippet_a_test_runs() -> None:
     assert fenced_blocks(DOC) == len(EXECUTED)
     assert set(snippets("README.md")) >= {"readme-dashboard"}
     assert fenced_blocks("README.md", start="## Dashboard", end="\n## ") == 1
-    assert (ROOT / "docs" / "dashboard.png").stat().st_size > 10_000
+    for picture in ("dashboard", "dashboard-parked", "dashboard-bulk", "dashboard-queues"):
+        assert (ROOT / "docs" / f"{picture}.png").stat().st_size > 10_000
+        assert f"]({picture}.png)" in (ROOT / DOC).read_text()
 
 
 def test_authorize_snippet_allows_actions_only_to_the_named_users(

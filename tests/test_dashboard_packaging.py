@@ -35,7 +35,8 @@ def test_wheel_ships_every_template_and_static_file(wheel: Path) -> None:
     } <= assets
     assert assets <= names
     assert "cyclone/contrib/django/dashboard.py" in names
-    assert "cyclone/contrib/django/templates/cyclone/admin/run_change_form.html" in names
+    for page in ("run_change_form", "job_change_form"):
+        assert f"cyclone/contrib/django/templates/cyclone/admin/{page}.html" in names
 
 
 def test_the_dashboard_extra_brings_the_production_server(wheel: Path) -> None:

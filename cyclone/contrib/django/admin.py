@@ -24,6 +24,7 @@ from django.http import HttpRequest
 from cyclone.client import Client, StepStatus
 from cyclone.contrib.django._discovery import definitions
 from cyclone.contrib.django._engines import engine
+from cyclone.contrib.django._job_page import job_args, job_errors, job_output
 from cyclone.contrib.django._run_page import RunPage
 from cyclone.contrib.django.models import Job, Queue, Run
 from cyclone.errors import CycloneError
@@ -148,11 +149,11 @@ JOB_FIELDS = (
     "queue",
     "priority",
     "state",
-    "args",
-    "output",
+    job_args,
+    job_output,
     "attempt",
     "max_attempts",
-    "errors",
+    job_errors,
     "unique_key",
     "worker_id",
     "scheduled_at",
@@ -161,7 +162,8 @@ JOB_FIELDS = (
     "heartbeat_at",
     finished_at,
 )
-"""A job's page: every column, ``attempted_at`` and ``finalized_at`` under their public words."""
+"""A job's page: every column, ``attempted_at`` and ``finalized_at`` under their public words,
+the JSON columns ``args``, ``output`` and ``errors`` drawn readably (:mod:`._job_page`)."""
 
 
 class WorkflowFilter(admin.SimpleListFilter):
@@ -281,6 +283,7 @@ class JobAdmin(ReadOnlyAdmin):
         "created_at",
         finished_at,
     )
+    change_form_template = "cyclone/admin/job_change_form.html"
     fields = JOB_FIELDS
     readonly_fields = JOB_FIELDS
     list_filter = ("state", WorkflowFilter)

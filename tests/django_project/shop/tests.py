@@ -30,7 +30,17 @@ import cyclone
 from cyclone.contrib.django import definitions, engine, worker
 from cyclone.contrib.django.models import Job, Queue, Run
 from shop.models import Order, Shipment
-from shop.workflows import OrderPlaced, Probe, fulfil, payment, reconnect, restock, send_receipt
+from shop.workflows import (
+    OrderPlaced,
+    Probe,
+    Refund,
+    fulfil,
+    payment,
+    reconnect,
+    refund,
+    restock,
+    send_receipt,
+)
 
 
 class DiscoveryTests(SimpleTestCase):
@@ -42,7 +52,7 @@ class DiscoveryTests(SimpleTestCase):
             {wf.name for wf in workflows},
             {"shop.fulfil", "shop.restock", "shop.reconnect", "shop.payment"},
         )
-        self.assertEqual({step.kind for step in steps}, {"shop.receipt"})
+        self.assertEqual({step.kind for step in steps}, {"shop.receipt", "shop.refund"})
 
     @override_settings(CYCLONE_WORKFLOW_MODULES=["shop.workflows"])
     def test_listed_modules_replace_discovery(self) -> None:
@@ -430,6 +440,53 @@ class AdminTests(EmptiesCycloneTables):
         step = Job.objects.get(run_id=self.failed.id)
         page = self.client.get(f"/admin/cyclone/job/{step.id}/change/")
         self.assertContains(page, "supplier has no tea")
+
+    def test_job_page_shows_args_output_and_errors_readably_not_as_raw_json(self) -> None:
+        failed = refund.enqueue(engine(), Refund(order_id=9, cents=1250, reason="closed"))
+        done = send_receipt.enqueue(engine(), 9)
+        with worker(backoff=lambda attempt: 0.0) as w:
+            w.drain()
+        self.assertEqual(failed.status().state, cyclone.JobState.FAILED)
+        page = self.client.get(f"/admin/cyclone/job/{failed.id}/change/")
+        self.assertEqual(page.status_code, 200)
+        html = page.content.decode()
+        # The arguments: indented JSON in a <pre>, escaped (in jsonb's order of keys).
+        shown = re.search(
+            r'<div class="readonly"><pre class="cyclone-json">(.*?)</pre>', html, re.S
+        )
+        assert shown is not None
+        self.assertEqual(
+            sorted(shown.group(1).splitlines()),
+            [
+                "  &quot;cents&quot;: 1250,",
+                "  &quot;order_id&quot;: 9",
+                "  &quot;reason&quot;: &quot;closed&quot;,",
+                "{",
+                "}",
+            ],
+        )
+        # Each attempt's error: its type and message, then its traceback in a <pre>.
+        for attempt in (1, 2):
+            self.assertIn(
+                f"<p>attempt {attempt} · <strong>RuntimeError</strong>: the provider refused "
+                "refund 9: &lt;b&gt;closed&lt;/b&gt; <span",
+                html,
+            )
+        self.assertEqual(html.count('<pre class="cyclone-traceback">Traceback (most recent'), 2)
+        self.assertIn("raise RuntimeError(", html)
+        self.assertNotIn("<b>closed</b>", html)
+        # ... not the raw JSON the columns hold.
+        self.assertNotIn("[{&quot;", html)
+        self.assertNotIn("&quot;traceback&quot;:", html)
+        self.assertNotIn("{&quot;order_id&quot;: 9", html)
+        self.assertIn('<div class="readonly">-</div>', html)  # no output: it failed
+
+        page = self.client.get(f"/admin/cyclone/job/{done.id}/change/")
+        self.assertContains(
+            page, '<pre class="cyclone-json">&quot;receipt for order 9&quot;</pre>', count=1
+        )
+        self.assertContains(page, '<pre class="cyclone-json">9</pre>', count=1)
+        self.assertNotContains(page, 'class="cyclone-error"')
 
     def test_admin_pages_say_started_and_finished_as_the_api_does_not_the_column_names(
         self,

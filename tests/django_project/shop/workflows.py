@@ -81,3 +81,15 @@ def second(ctx: cyclone.StepContext, probe: Probe) -> int:
 def send_receipt(ctx: cyclone.StepContext, order_id: int) -> str:
     """A standalone step kind: a job enqueued on its own, outside any run."""
     return f"receipt for order {order_id}"
+
+
+class Refund(msgspec.Struct):
+    order_id: int
+    cents: int
+    reason: str
+
+
+@cyclone.step("shop.refund", max_attempts=2)
+def refund(ctx: cyclone.StepContext, request: Refund) -> str:
+    """A standalone step whose payment provider refuses: a failed job, for the admin's pages."""
+    raise RuntimeError(f"the provider refused refund {request.order_id}: <b>{request.reason}</b>")
