@@ -249,7 +249,7 @@ def list_runs(
     """
     states = None if state is None else (state,)
     stmt = _listed(
-        select(*STATUS_COLUMNS),
+        select(*_STATUS_OF_TABLE),
         workflow=workflow,
         states=states,
         key=key,
@@ -260,7 +260,24 @@ def list_runs(
     if after is not None:
         stmt = stmt.where(tuple_(runs.c.created_at, runs.c.id) < after)
     stmt = stmt.order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit)
-    return [run_status_fields(row) for row in _executor.rows(conn, stmt)]
+    return [run_status_fields(row) for row in _executor.rows(conn, _statuses_of(stmt))]
+
+
+def _statuses_of(page: Select[Any]) -> Select[Any]:
+    """The statuses of the runs ``page`` selects (the columns of :data:`_STATUS_OF_TABLE`,
+    newest first, limited), why each is parked read after the limit, by its id.
+
+    Read under the limit, ``parked``'s subqueries would be planned for every run the scan
+    may pass, and PostgreSQL hashes every busy job of the table once instead of probing
+    the page's few runs by id (hundreds of milliseconds at a million runs).
+    """
+    rows = page.subquery("page")
+    of_page = runs.alias("of_page")
+    parked = select(_parked.run_parked(of_page)).where(of_page.c.id == rows.c.id)
+    return select(
+        *(cast(c, Text) if c.name == "error" else c for c in rows.c),
+        parked.scalar_subquery().label("parked"),
+    ).order_by(rows.c.created_at.desc(), rows.c.id.desc())
 
 
 def listed_run_ids(
@@ -381,26 +398,21 @@ def page_runs(
             found.append(c.submit_key.startswith(key[:-1], autoescape=True))
         return found
 
-    status = stmt.with_only_columns(*STATUS_COLUMNS)
     if not unindexed(runs.c) or exact_key:
-        page = status.where(*unindexed(runs.c)).order_by(*newest_first).limit(limit + 1)
-        return [run_status_fields(r) for r in _executor.rows(conn, page)], None
+        page = stmt.where(*unindexed(runs.c)).order_by(*newest_first).limit(limit + 1)
+        return [run_status_fields(r) for r in _executor.rows(conn, _statuses_of(page))], None
     window = stmt.order_by(*newest_first).limit(scan).subquery()
-    # Why each run of the page is parked, read by its id (the window keeps the table's columns).
-    of_page = runs.alias("of_page")
-    parked_of_page = (
-        select(_parked.run_parked(of_page)).where(of_page.c.id == window.c.id).scalar_subquery()
-    )
     page = (
-        select(*(cast(c, Text) if c.name == "error" else c for c in window.c), parked_of_page)
+        select(*window.c)
         .where(*unindexed(window.c))
         .order_by(window.c.created_at.desc(), window.c.id.desc())
         .limit(limit + 1)
     )
-    found = [run_status_fields(r) for r in _executor.rows(conn, page)]
+    found = [run_status_fields(r) for r in _executor.rows(conn, _statuses_of(page))]
     if len(found) > limit:
         return found, None
-    edge = _executor.first(conn, status.order_by(*newest_first).offset(scan - 1).limit(1))
+    edge_page = stmt.order_by(*newest_first).offset(scan - 1).limit(1)
+    edge = _executor.first(conn, _statuses_of(edge_page))
     return found, None if edge is None else run_status_fields(edge)
 
 
