@@ -73,7 +73,10 @@ _cy_setup_venv() {
     if [[ ! -e "$CYCLONE_VENV/.installed" || "$CYCLONE_ROOT/pyproject.toml" -nt "$CYCLONE_VENV/.installed" ]]; then
         [[ -f "$CYCLONE_ROOT/pyproject.toml" ]] || _cy_die "no pyproject.toml in $CYCLONE_ROOT"
         _cy_log "installing cyclone[dev] into .venv"
-        "$py" -m pip install -q --upgrade pip || _cy_die "could not upgrade pip in .venv"
+        # pip >= 21.3 installs a pyproject.toml project editable (PEP 660): upgrade only an
+        # older one (asking the index for the newest pip costs a fresh clone seconds).
+        "$py" -c 'import sys, pip; sys.exit(tuple(map(int, pip.__version__.split(".")[:2])) < (21, 3))' 2>/dev/null \
+            || "$py" -m pip install -q --upgrade pip || _cy_die "could not upgrade pip in .venv"
         (cd "$CYCLONE_ROOT" && "$py" -m pip install -q -e '.[dev]') \
             || _cy_die "pip install -e '.[dev]' failed"
         touch "$CYCLONE_VENV/.installed"

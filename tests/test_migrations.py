@@ -93,13 +93,31 @@ def alembic_cli(*args: str, url: URL) -> subprocess.CompletedProcess[str]:
 
 
 def test_revisions_have_a_single_head() -> None:
+    """One head, one base; and the head and revisions that cyclone reads from the files
+    without alembic (to check a schema) are alembic's."""
     config = Config()
     config.set_main_option("script_location", migrations.script_location())
     script = ScriptDirectory.from_config(config)
     assert len(script.get_heads()) == 1
     assert script.get_current_head() == migrations.head_revision()
+    assert {rev.revision for rev in script.walk_revisions()} == migrations.revision_ids()
     bases = script.get_bases()
     assert len(bases) == 1
+
+
+def test_revision_files_that_do_not_read_simply_leave_the_lineage_to_alembic(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    versions = tmp_path / "versions"
+    versions.mkdir()
+    (versions / "a.py").write_text('revision = "a"\ndown_revision = None\n')
+    (versions / "b.py").write_text('revision: str = "b"\ndown_revision = "a"\n')
+    monkeypatch.setattr(migrations, "script_location", lambda: str(tmp_path))
+    assert migrations._read_lineage() == ("b", frozenset({"a", "b"}))
+    (versions / "c.py").write_text('revision = "c"\ndown_revision = "a"\n')  # two heads
+    assert migrations._read_lineage() is None
+    (versions / "c.py").write_text('revision = "c"\ndown_revision = ("a", "b")\n')  # a merge
+    assert migrations._read_lineage() is None
 
 
 def test_upgrade_on_a_fresh_database_creates_the_schema(fresh_engine: sa.Engine) -> None:

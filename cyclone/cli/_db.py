@@ -13,7 +13,6 @@ from typing import IO, Any
 
 import click
 import psycopg
-from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, NoSuchModuleError
@@ -141,8 +140,7 @@ def unreachable(engine: Engine, exc: BaseException) -> CommandError:
 
 def known_revisions() -> frozenset[str]:
     """Every revision this version of cyclone ships."""
-    script = ScriptDirectory.from_config(migrations.alembic_config())
-    return frozenset(rev.revision for rev in script.walk_revisions())
+    return migrations.revision_ids()
 
 
 def require_schema(engine: Engine, command_path: str, *, allow_newer: bool = False) -> None:
