@@ -158,6 +158,7 @@ class Exec:
     n: int
     pid: int
     attempt: int
+    lease: int
 
 
 @dataclass
@@ -170,16 +171,24 @@ class Snapshot:
     max_n: dict[tuple[str, str], int]
 
     def current(self, tag: str, step: str) -> Exec | None:
-        """The execution that holds the job of ``step``, if it is running at its gate."""
+        """The execution that holds the job of ``step``, if it is running at its gate.
+
+        Told by the lease the job was claimed under, not by the attempt: a rescue does
+        not count the attempt, so a worker frozen (its job rescued) and thawed can claim
+        the job again under the same attempt while its older execution still waits at
+        its gate, and that one must not pass for the new one (which may not have reached
+        its gate yet).
+        """
         job = self.jobs.get((tag, step))
         if job is None or job["state"] != "running":
             return None
         mine = [
             e
             for e in self.waiting
-            if (e.tag, e.step, e.pid, e.attempt) == (tag, step, job["pid"], job["attempt"])
+            if (e.tag, e.step, e.pid, e.lease) == (tag, step, job["pid"], job["lease"])
         ]
-        return max(mine, key=lambda e: e.n) if mine else None
+        assert len(mine) <= 1, f"two executions at their gate hold one claim: {mine}"
+        return mine[0] if mine else None
 
     def observed(self, tag: str) -> dict[str, str] | None:
         run = self.runs.get(tag)
@@ -373,13 +382,13 @@ class Harness:
             rows = conn.execute(
                 sa.text(
                     "SELECT r.input->>'tag', r.state, r.steps_remaining, r.deadline <= now(), "
-                    "r.start_at, j.kind, j.state, j.pending_deps, j.worker_id, j.attempt, "
+                    "r.start_at, j.kind, j.state, j.pending_deps, j.worker_id, j.attempt, j.lease, "
                     "j.scheduled_at <= now(), j.scheduled_at > now() + interval '1 hour' "
                     "FROM cyclone_runs r LEFT JOIN cyclone_jobs j ON j.run_id = r.id"
                 )
             ).all()
             execs = conn.execute(
-                sa.text("SELECT tag, step, n, pid, attempt, verdict FROM model_exec")
+                sa.text("SELECT tag, step, n, pid, attempt, lease, verdict FROM model_exec")
             ).all()
         runs: dict[str, dict[str, Any]] = {}
         jobs: dict[tuple[str, str], dict[str, Any]] = {}
@@ -394,6 +403,7 @@ class Harness:
             pending,
             wid,
             att,
+            lease,
             due,
             later,
         ) in rows:
@@ -409,12 +419,13 @@ class Harness:
                     "pending": pending,
                     "pid": int(wid.split(":")[1]) if wid else None,
                     "attempt": att,
+                    "lease": lease,
                     "due": due,
                     "later": later,
                 }
-        waiting = [Exec(t, s, n, p, a) for t, s, n, p, a, v in execs if v is None]
+        waiting = [Exec(t, s, n, p, a, le) for t, s, n, p, a, le, v in execs if v is None]
         max_n: dict[tuple[str, str], int] = {}
-        for t, s, n, _p, _a, _v in execs:
+        for t, s, n, _p, _a, _le, _v in execs:
             max_n[t, s] = max(n, max_n.get((t, s), 0))
         return Snapshot(runs, jobs, waiting, max_n)
 
