@@ -1123,3 +1123,62 @@ def test_the_model_catches_each_known_defect_until_it_is_fixed(
     else:
         with pytest.raises(AssertionError, match=SEEN_AS[defect]):
             replay()
+
+
+# -- the test of the test: the harness's own rules ----------------------------------------
+
+
+def test_an_older_execution_on_the_same_worker_does_not_pass_for_the_one_holding_the_job() -> None:
+    """A worker frozen past ``rescue_after`` and thawed, given its job again: same worker,
+    same attempt (a rescue does not count it), a newer lease. Until the new execution
+    reaches its gate, the job is held by no execution at a gate: the settle must wait."""
+    old = Exec("m1", "a", 1, pid=100, attempt=1, lease=1)
+    other = Exec("m1", "a", 2, pid=200, attempt=1, lease=3)
+    job = {"state": "running", "pid": 100, "attempt": 1, "lease": 5}
+    snap = Snapshot(
+        runs={"m1": {"state": "running"}},
+        jobs={("m1", "a"): job},
+        waiting=[old, other],
+        max_n={("m1", "a"): 2},
+    )
+    assert snap.current("m1", "a") is None
+    new = Exec("m1", "a", 3, pid=100, attempt=1, lease=5)
+    snap.waiting.append(new)
+    assert snap.current("m1", "a") == new
+
+
+@pytest.mark.processes
+def test_a_job_claimed_again_by_its_thawed_worker_finishes_as_modelled(harness: Harness) -> None:
+    """Freeze the worker holding a step (rescued, the other worker claims it), thaw it,
+    freeze the other: the thawed worker claims the step again, under the attempt of its
+    first execution, still waiting at its gate. Finishing the step must finish the new
+    execution, and the model must see it completed (the replay of a random-mode failure:
+    the older execution was taken for the new one, and its outcome refused)."""
+    ModelMachine.harness = harness
+    machine = ModelMachine()
+
+    def holder() -> int:
+        assert machine.snap is not None
+        e = machine.snap.current("m1", "a")
+        assert e is not None
+        return next(i for i, w in enumerate(machine.h.live()) if w.pid == e.pid)
+
+    try:
+        machine.start(runs=[(False, False, False)])
+        machine.settled_and_as_modelled()
+        first = machine.h.live()[holder()]
+        machine.freeze_worker(pick=holder())
+        machine.settled_and_as_modelled()
+        machine.thaw_worker(pick=0)
+        machine.settled_and_as_modelled()
+        machine.freeze_worker(pick=holder())
+        machine.settled_and_as_modelled()
+        assert machine.snap is not None
+        e = machine.snap.current("m1", "a")
+        assert e is not None
+        assert (e.pid, e.n) == (first.pid, 3), machine.snap.waiting
+        machine.finish(pick=0)
+        machine.settled_and_as_modelled()
+        assert machine.model_of("m1").steps["a"].state == "completed"
+    finally:
+        machine.teardown()
