@@ -12,9 +12,10 @@ stopped with a hand-back of their jobs. Steps wait at gates the test holds
 (advisory locks, see :mod:`tests.support.model_proc`), so nothing here sleeps to
 synchronise: after every rule the test *settles* (waits until the database shows that
 every worker did all it can: each runnable step claimed and waiting at its gate, each
-outcome released recorded, each job of a dead or frozen worker rescued, each run past
-its deadline failed), then checks cyclone's invariants and compares every run and step
-with the reference model (:mod:`tests.support.run_model`). At the end of each example
+outcome released recorded, each job of a dead or frozen worker rescued, each signal
+sent to a parked wait node delivered, each run past its deadline failed), then checks
+cyclone's invariants and compares every run and step with the reference model
+(:mod:`tests.support.run_model`). At the end of each example
 every gate is released, the workers are stopped, and the at-rest invariants hold: every
 run has ended, or waits for its signal.
 
@@ -383,8 +384,10 @@ class Harness:
                 sa.text(
                     "SELECT r.input->>'tag', r.state, r.steps_remaining, r.deadline <= now(), "
                     "r.start_at, j.kind, j.state, j.pending_deps, j.worker_id, j.attempt, j.lease, "
-                    "j.scheduled_at <= now(), j.scheduled_at > now() + interval '1 hour' "
-                    "FROM cyclone_runs r LEFT JOIN cyclone_jobs j ON j.run_id = r.id"
+                    "j.scheduled_at <= now(), j.scheduled_at > now() + interval '1 hour', "
+                    "s.payload IS NOT NULL "
+                    "FROM cyclone_runs r LEFT JOIN cyclone_jobs j ON j.run_id = r.id "
+                    "LEFT JOIN cyclone_signals s ON s.run_id = r.id AND s.name = 'go'"
                 )
             ).all()
             execs = conn.execute(
@@ -406,12 +409,14 @@ class Harness:
             lease,
             due,
             later,
+            signalled,
         ) in rows:
             runs[tag] = {
                 "state": rstate,
                 "remaining": remaining,
                 "past_deadline": bool(past),
                 "unstarted": start_at is not None,
+                "signalled": bool(signalled),
             }
             if kind is not None:
                 jobs[tag, kind] = {
@@ -448,6 +453,13 @@ class Harness:
                 todo.append(f"{tag}:{step} available, not claimed")
             elif job["state"] == "available" and not job["later"] and running and tag != cycling:
                 todo.append(f"{tag}:{step} available soon, not claimed")
+            # A signal sent to a parked wait node is delivered by a worker's next claim
+            # (woken by its NOTIFY): until then the node is still parked.
+            parked = (job["state"] == "available" and job["later"]) or (
+                job["state"] == "blocked" and job["pending"] == 0
+            )
+            if step == "w" and parked and running and snap.runs[tag]["signalled"]:
+                todo.append(f"{tag}:w parked, its signal stored, not delivered")
             if job["state"] != "running":
                 continue
             if job["pid"] not in live:
@@ -1180,5 +1192,47 @@ def test_a_job_claimed_again_by_its_thawed_worker_finishes_as_modelled(harness: 
         machine.finish(pick=0)
         machine.settled_and_as_modelled()
         assert machine.model_of("m1").steps["a"].state == "completed"
+    finally:
+        machine.teardown()
+
+
+def test_a_parked_wait_node_whose_signal_is_stored_is_not_settled() -> None:
+    """A signal sent to a parked wait node is delivered by a worker's next claim: until
+    then the node is parked with its signal stored, and the settle must wait for it."""
+    harness = Harness.__new__(Harness)  # no database: unsettled() reads the snapshot only
+    harness.workers = []
+    parked = {"state": "available", "pending": 0, "pid": None, "attempt": 0, "lease": 2}
+    snap = Snapshot(
+        runs={
+            "m1": {"state": "running", "unstarted": False, "past_deadline": False},
+        },
+        jobs={
+            ("m1", "a"): {"state": "completed", "pending": 0, "due": False, "later": False},
+            ("m1", "w"): {**parked, "due": False, "later": True},
+            ("m1", "b"): {"state": "blocked", "pending": 1, "due": False, "later": False},
+        },
+        waiting=[],
+        max_n={("m1", "a"): 1},
+    )
+    snap.runs["m1"]["signalled"] = False
+    assert harness.unsettled(snap) == []
+    snap.runs["m1"]["signalled"] = True
+    assert harness.unsettled(snap) == ["m1:w parked, its signal stored, not delivered"]
+
+
+@pytest.mark.processes
+def test_a_signal_to_a_parked_wait_node_is_compared_once_delivered(harness: Harness) -> None:
+    """Finish ``a`` (``w`` parks), signal the run: the checks wait until a worker has
+    delivered the signal (the replay of a derandomized failure: they compared at once)."""
+    ModelMachine.harness = harness
+    machine = ModelMachine()
+    try:
+        machine.start(runs=[(False, False, False)])
+        machine.settled_and_as_modelled()
+        machine.finish(pick=0)
+        machine.settled_and_as_modelled()
+        machine.signal(pick=0, how="run", payload=1)
+        machine.settled_and_as_modelled()
+        assert machine.model_of("m1").summary()["b"] == "active"
     finally:
         machine.teardown()
