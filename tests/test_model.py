@@ -12,9 +12,10 @@ stopped with a hand-back of their jobs. Steps wait at gates the test holds
 (advisory locks, see :mod:`tests.support.model_proc`), so nothing here sleeps to
 synchronise: after every rule the test *settles* (waits until the database shows that
 every worker did all it can: each runnable step claimed and waiting at its gate, each
-outcome released recorded, each job of a dead or frozen worker rescued, each run past
-its deadline failed), then checks cyclone's invariants and compares every run and step
-with the reference model (:mod:`tests.support.run_model`). At the end of each example
+outcome released recorded, each job of a dead or frozen worker rescued, each signal
+sent to a parked wait node delivered, each run past its deadline failed), then checks
+cyclone's invariants and compares every run and step with the reference model
+(:mod:`tests.support.run_model`). At the end of each example
 every gate is released, the workers are stopped, and the at-rest invariants hold: every
 run has ended, or waits for its signal.
 
@@ -158,6 +159,7 @@ class Exec:
     n: int
     pid: int
     attempt: int
+    lease: int
 
 
 @dataclass
@@ -170,16 +172,24 @@ class Snapshot:
     max_n: dict[tuple[str, str], int]
 
     def current(self, tag: str, step: str) -> Exec | None:
-        """The execution that holds the job of ``step``, if it is running at its gate."""
+        """The execution that holds the job of ``step``, if it is running at its gate.
+
+        Told by the lease the job was claimed under, not by the attempt: a rescue does
+        not count the attempt, so a worker frozen (its job rescued) and thawed can claim
+        the job again under the same attempt while its older execution still waits at
+        its gate, and that one must not pass for the new one (which may not have reached
+        its gate yet).
+        """
         job = self.jobs.get((tag, step))
         if job is None or job["state"] != "running":
             return None
         mine = [
             e
             for e in self.waiting
-            if (e.tag, e.step, e.pid, e.attempt) == (tag, step, job["pid"], job["attempt"])
+            if (e.tag, e.step, e.pid, e.lease) == (tag, step, job["pid"], job["lease"])
         ]
-        return max(mine, key=lambda e: e.n) if mine else None
+        assert len(mine) <= 1, f"two executions at their gate hold one claim: {mine}"
+        return mine[0] if mine else None
 
     def observed(self, tag: str) -> dict[str, str] | None:
         run = self.runs.get(tag)
@@ -373,13 +383,15 @@ class Harness:
             rows = conn.execute(
                 sa.text(
                     "SELECT r.input->>'tag', r.state, r.steps_remaining, r.deadline <= now(), "
-                    "r.start_at, j.kind, j.state, j.pending_deps, j.worker_id, j.attempt, "
-                    "j.scheduled_at <= now(), j.scheduled_at > now() + interval '1 hour' "
-                    "FROM cyclone_runs r LEFT JOIN cyclone_jobs j ON j.run_id = r.id"
+                    "r.start_at, j.kind, j.state, j.pending_deps, j.worker_id, j.attempt, j.lease, "
+                    "j.scheduled_at <= now(), j.scheduled_at > now() + interval '1 hour', "
+                    "s.payload IS NOT NULL "
+                    "FROM cyclone_runs r LEFT JOIN cyclone_jobs j ON j.run_id = r.id "
+                    "LEFT JOIN cyclone_signals s ON s.run_id = r.id AND s.name = 'go'"
                 )
             ).all()
             execs = conn.execute(
-                sa.text("SELECT tag, step, n, pid, attempt, verdict FROM model_exec")
+                sa.text("SELECT tag, step, n, pid, attempt, lease, verdict FROM model_exec")
             ).all()
         runs: dict[str, dict[str, Any]] = {}
         jobs: dict[tuple[str, str], dict[str, Any]] = {}
@@ -394,14 +406,17 @@ class Harness:
             pending,
             wid,
             att,
+            lease,
             due,
             later,
+            signalled,
         ) in rows:
             runs[tag] = {
                 "state": rstate,
                 "remaining": remaining,
                 "past_deadline": bool(past),
                 "unstarted": start_at is not None,
+                "signalled": bool(signalled),
             }
             if kind is not None:
                 jobs[tag, kind] = {
@@ -409,12 +424,13 @@ class Harness:
                     "pending": pending,
                     "pid": int(wid.split(":")[1]) if wid else None,
                     "attempt": att,
+                    "lease": lease,
                     "due": due,
                     "later": later,
                 }
-        waiting = [Exec(t, s, n, p, a) for t, s, n, p, a, v in execs if v is None]
+        waiting = [Exec(t, s, n, p, a, le) for t, s, n, p, a, le, v in execs if v is None]
         max_n: dict[tuple[str, str], int] = {}
-        for t, s, n, _p, _a, _v in execs:
+        for t, s, n, _p, _a, _le, _v in execs:
             max_n[t, s] = max(n, max_n.get((t, s), 0))
         return Snapshot(runs, jobs, waiting, max_n)
 
@@ -437,6 +453,13 @@ class Harness:
                 todo.append(f"{tag}:{step} available, not claimed")
             elif job["state"] == "available" and not job["later"] and running and tag != cycling:
                 todo.append(f"{tag}:{step} available soon, not claimed")
+            # A signal sent to a parked wait node is delivered by a worker's next claim
+            # (woken by its NOTIFY): until then the node is still parked.
+            parked = (job["state"] == "available" and job["later"]) or (
+                job["state"] == "blocked" and job["pending"] == 0
+            )
+            if step == "w" and parked and running and snap.runs[tag]["signalled"]:
+                todo.append(f"{tag}:w parked, its signal stored, not delivered")
             if job["state"] != "running":
                 continue
             if job["pid"] not in live:
@@ -1112,3 +1135,104 @@ def test_the_model_catches_each_known_defect_until_it_is_fixed(
     else:
         with pytest.raises(AssertionError, match=SEEN_AS[defect]):
             replay()
+
+
+# -- the test of the test: the harness's own rules ----------------------------------------
+
+
+def test_an_older_execution_on_the_same_worker_does_not_pass_for_the_one_holding_the_job() -> None:
+    """A worker frozen past ``rescue_after`` and thawed, given its job again: same worker,
+    same attempt (a rescue does not count it), a newer lease. Until the new execution
+    reaches its gate, the job is held by no execution at a gate: the settle must wait."""
+    old = Exec("m1", "a", 1, pid=100, attempt=1, lease=1)
+    other = Exec("m1", "a", 2, pid=200, attempt=1, lease=3)
+    job = {"state": "running", "pid": 100, "attempt": 1, "lease": 5}
+    snap = Snapshot(
+        runs={"m1": {"state": "running"}},
+        jobs={("m1", "a"): job},
+        waiting=[old, other],
+        max_n={("m1", "a"): 2},
+    )
+    assert snap.current("m1", "a") is None
+    new = Exec("m1", "a", 3, pid=100, attempt=1, lease=5)
+    snap.waiting.append(new)
+    assert snap.current("m1", "a") == new
+
+
+@pytest.mark.processes
+def test_a_job_claimed_again_by_its_thawed_worker_finishes_as_modelled(harness: Harness) -> None:
+    """Freeze the worker holding a step (rescued, the other worker claims it), thaw it,
+    freeze the other: the thawed worker claims the step again, under the attempt of its
+    first execution, still waiting at its gate. Finishing the step must finish the new
+    execution, and the model must see it completed (the replay of a random-mode failure:
+    the older execution was taken for the new one, and its outcome refused)."""
+    ModelMachine.harness = harness
+    machine = ModelMachine()
+
+    def holder() -> int:
+        assert machine.snap is not None
+        e = machine.snap.current("m1", "a")
+        assert e is not None
+        return next(i for i, w in enumerate(machine.h.live()) if w.pid == e.pid)
+
+    try:
+        machine.start(runs=[(False, False, False)])
+        machine.settled_and_as_modelled()
+        first = machine.h.live()[holder()]
+        machine.freeze_worker(pick=holder())
+        machine.settled_and_as_modelled()
+        machine.thaw_worker(pick=0)
+        machine.settled_and_as_modelled()
+        machine.freeze_worker(pick=holder())
+        machine.settled_and_as_modelled()
+        assert machine.snap is not None
+        e = machine.snap.current("m1", "a")
+        assert e is not None
+        assert (e.pid, e.n) == (first.pid, 3), machine.snap.waiting
+        machine.finish(pick=0)
+        machine.settled_and_as_modelled()
+        assert machine.model_of("m1").steps["a"].state == "completed"
+    finally:
+        machine.teardown()
+
+
+def test_a_parked_wait_node_whose_signal_is_stored_is_not_settled() -> None:
+    """A signal sent to a parked wait node is delivered by a worker's next claim: until
+    then the node is parked with its signal stored, and the settle must wait for it."""
+    harness = Harness.__new__(Harness)  # no database: unsettled() reads the snapshot only
+    harness.workers = []
+    parked = {"state": "available", "pending": 0, "pid": None, "attempt": 0, "lease": 2}
+    snap = Snapshot(
+        runs={
+            "m1": {"state": "running", "unstarted": False, "past_deadline": False},
+        },
+        jobs={
+            ("m1", "a"): {"state": "completed", "pending": 0, "due": False, "later": False},
+            ("m1", "w"): {**parked, "due": False, "later": True},
+            ("m1", "b"): {"state": "blocked", "pending": 1, "due": False, "later": False},
+        },
+        waiting=[],
+        max_n={("m1", "a"): 1},
+    )
+    snap.runs["m1"]["signalled"] = False
+    assert harness.unsettled(snap) == []
+    snap.runs["m1"]["signalled"] = True
+    assert harness.unsettled(snap) == ["m1:w parked, its signal stored, not delivered"]
+
+
+@pytest.mark.processes
+def test_a_signal_to_a_parked_wait_node_is_compared_once_delivered(harness: Harness) -> None:
+    """Finish ``a`` (``w`` parks), signal the run: the checks wait until a worker has
+    delivered the signal (the replay of a derandomized failure: they compared at once)."""
+    ModelMachine.harness = harness
+    machine = ModelMachine()
+    try:
+        machine.start(runs=[(False, False, False)])
+        machine.settled_and_as_modelled()
+        machine.finish(pick=0)
+        machine.settled_and_as_modelled()
+        machine.signal(pick=0, how="run", payload=1)
+        machine.settled_and_as_modelled()
+        assert machine.model_of("m1").summary()["b"] == "active"
+    finally:
+        machine.teardown()

@@ -37,9 +37,14 @@ GATE_CLASS = 0x6D6F
 STEP_NUMBER = {"a": 1, "b": 2}
 EXEC_DDL = (
     "CREATE TABLE IF NOT EXISTS model_exec (tag text NOT NULL, step text NOT NULL, "
-    "n integer NOT NULL, pid integer NOT NULL, attempt integer NOT NULL, verdict text, "
-    "PRIMARY KEY (tag, step, n))"
+    "n integer NOT NULL, pid integer NOT NULL, attempt integer NOT NULL, "
+    "lease bigint NOT NULL, verdict text, PRIMARY KEY (tag, step, n))"
 )
+"""``model_exec``: one row per execution of a gated step, with the worker's pid and the
+lease the job was claimed under. The lease, not the attempt, tells the execution that
+holds the job from an older one of the same job on the same worker: a rescue does not
+count the attempt, so a worker frozen, rescued and thawed can claim its job again under
+the same attempt while its first execution still waits at its gate."""
 
 
 class Item(msgspec.Struct):
@@ -66,8 +71,8 @@ def engine() -> sa.Engine:
 
 
 _INSERT = sa.text(
-    "INSERT INTO model_exec (tag, step, n, pid, attempt) "
-    "SELECT :tag, :step, coalesce(max(n), 0) + 1, :pid, :attempt FROM model_exec "
+    "INSERT INTO model_exec (tag, step, n, pid, attempt, lease) "
+    "SELECT :tag, :step, coalesce(max(n), 0) + 1, :pid, :attempt, :lease FROM model_exec "
     "WHERE tag = :tag AND step = :step RETURNING n"
 )
 
@@ -76,7 +81,15 @@ def gated(ctx: cyclone.StepContext, item: Item, step: str) -> int:
     """Note this execution, wait at its gate, then do what the test decided."""
     with engine().connect() as conn:
         conn = conn.execution_options(isolation_level="AUTOCOMMIT")
-        params = {"tag": item.tag, "step": step, "pid": os.getpid(), "attempt": ctx.attempt}
+        params = {
+            "tag": item.tag,
+            "step": step,
+            "pid": os.getpid(),
+            "attempt": ctx.attempt,
+            # The claim's lease (private: the test needs to tell this execution from an
+            # older one of the same job, see EXEC_DDL).
+            "lease": ctx._lease,
+        }
         while True:
             try:
                 n = int(conn.execute(_INSERT, params).scalar_one())
