@@ -235,3 +235,16 @@ def test_a_key_with_few_runs_held_is_not_starved_by_a_key_with_many(
     tenth_big = [i for i, key in enumerate(order) if key == "big"][9]
     assert order.index("small") < tenth_big
     assert max(i for i, key in enumerate(order) if key == "small") < tenth_big, order
+
+
+def test_list_limits_counts_a_started_run_as_in_progress(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    wf, release = blocking_workflow(name)
+    first = wf.submit(engine, {"k": "a", "n": 1})
+    serving(cyclone.Worker(engine, workflows=[wf], concurrency=2, poll_interval=30))
+    wait_until(lambda: started(engine, first) and jobs_of(engine, first) > 0)
+    (limit,) = [s for s in cyclone.Client(engine).list_limits() if s.name == f"workflow:{name}"]
+    assert dict(limit.keys)["a"] == (1, 0)
+    release.set()
+    wait_until(lambda: first.status().state == "completed", timeout=20)

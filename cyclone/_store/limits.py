@@ -437,7 +437,8 @@ def _job_counts() -> Any:
 
 def _run_counts() -> Any:
     """Per limit and key: runs in progress, and runs held back."""
-    held = runs.c.start_at == literal_column("'infinity'::timestamptz")
+    # IS NOT DISTINCT FROM: a started run's start_at is NULL, and it is in progress.
+    held = runs.c.start_at.is_not_distinct_from(literal_column("'infinity'::timestamptz"))
     return (
         select(
             runs.c.limit_name.label("name"),
