@@ -91,6 +91,23 @@ class Scope:
         return len(self.workflows) + len(self.kinds) > 1
 
 
+def claimed_job_columns(claimed: Any) -> tuple[Any, ...]:
+    """The columns of a claimed job's row that every claim returns, in :class:`Claimed`'s
+    order (its id, run, workflow, kind, queue, attempt, lease, max attempts, deadline)."""
+    c = claimed.c
+    return (
+        c.id,
+        c.run_id,
+        c.workflow,
+        c.kind,
+        c.queue,
+        c.attempt,
+        c.lease,
+        c.max_attempts,
+        c.deadline,
+    )
+
+
 def _one_of(column: Any, values: Sequence[str]) -> Any:
     return column.in_([const(v) for v in values]) if values else false()
 
@@ -533,15 +550,7 @@ def claim_jobs_stmt(
         delivered_ctes = (delivered,)
     stmt = select(
         recorded,
-        claimed.c.id,
-        claimed.c.run_id,
-        claimed.c.workflow,
-        claimed.c.kind,
-        claimed.c.queue,
-        claimed.c.attempt,
-        claimed.c.lease,
-        claimed.c.max_attempts,
-        claimed.c.deadline,
+        *claimed_job_columns(claimed),
         cast(func.coalesce(runs.c.input, claimed.c.args), Text),
         outputs,
         func.coalesce(runs.c.submit_key, claimed.c.unique_key),

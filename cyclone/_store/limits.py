@@ -59,7 +59,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, insert
 from cyclone._store import binds as _binds
 from cyclone._store import executor as _executor
 from cyclone._store import notify as _notify
-from cyclone._store.claim import _CLAIMED_COLUMNS, Claimed, _claimed
+from cyclone._store.claim import _CLAIMED_COLUMNS, Claimed, _claimed, claimed_job_columns
 from cyclone._store.executor import const
 from cyclone.schema import jobs, limit_keys, limits, runs
 from cyclone.states import JobState, RunState
@@ -297,15 +297,7 @@ def claim_gated_stmt(names: tuple[str, ...], queues: tuple[str, ...] | None, lim
     )
     stmt = select(
         cast(null(), Integer),
-        claimed.c.id,
-        claimed.c.run_id,
-        claimed.c.workflow,
-        claimed.c.kind,
-        claimed.c.queue,
-        claimed.c.attempt,
-        claimed.c.lease,
-        claimed.c.max_attempts,
-        claimed.c.deadline,
+        *claimed_job_columns(claimed),
         cast(claimed.c.args, Text),
         cast(null(), Text),
         claimed.c.unique_key,
