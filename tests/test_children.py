@@ -3,6 +3,7 @@ run, waits for it holding no worker, and completes with its result or fails nami
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -12,11 +13,14 @@ from datetime import timedelta
 from typing import Any
 
 import sqlalchemy as sa
+from werkzeug.test import Client as WebClient
 
 import cyclone
+from cyclone.dashboard import create_app
 from tests.conftest import wait_until
 from tests.support import child_proc, processes
 from tests.support.child_defs import Order, Shipment, shop
+from tests.support.dashboard import text_of
 from tests.support.workers import REPO, Background, job_rows, rescue_lost_jobs
 
 
@@ -301,3 +305,53 @@ def test_a_worker_killed_while_submitting_a_child_leaves_one_child_after_rescue(
     (child,) = children_of(engine, run.id)
     assert child.submit_key == key
     assert job_rows(engine, run.id)["done"].output == 4
+
+
+def test_runs_show_names_the_parent_and_the_children(
+    engine: sa.Engine, database_url: sa.URL, name: str
+) -> None:
+    s = shop(name)
+    run = s.checkout.submit(engine, Order(lines=[1]))
+    drain(engine, *s.workflows)
+    (child,) = run.children()
+    url = database_url.render_as_string(hide_password=False)
+    shown = processes.run(
+        [sys.executable, "-m", "cyclone", "--url", url, "runs", "show", str(run.id)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert f"{child.id} {s.shipping.name} completed (node ship)" in shown.stdout
+    as_json = processes.run(
+        [sys.executable, "-m", "cyclone", "--url", url, "runs", "show", str(child.id), "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert as_json.returncode == 0, as_json.stderr
+    record = json.loads(as_json.stdout)
+    assert record["parent_id"] == str(run.id)
+    assert record["parent_node"] == "ship"
+    assert record["children"] == []
+
+
+def test_the_run_page_links_parent_and_children_in_the_dashboard_and_the_admin(
+    engine: sa.Engine, name: str
+) -> None:
+    s = shop(name)
+    run = s.checkout.submit(engine, Order(lines=[1]))
+    drain(engine, *s.workflows)
+    (child,) = run.children()
+    web = WebClient(create_app(engine))
+    parent_page = web.get(f"/runs/{run.id}").get_data(as_text=True)
+    assert f'child <a href="/runs/{child.id}">' in parent_page
+    child_page = web.get(f"/runs/{child.id}").get_data(as_text=True)
+    assert f'parent <a href="/runs/{run.id}">' in child_page
+    assert "child node ship" in text_of(child_page)
+    # The Django admin's run page draws the same sections, linking the admin's pages.
+    embedded = create_app(engine).render_run_sections(child.id)
+    assert embedded is not None
+    assert f'parent <a href="../../{run.id}/change/">' in embedded

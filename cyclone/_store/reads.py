@@ -553,6 +553,18 @@ def run_detail(
     return row, _executor.rows(conn, _STEPS, {"id": run_id})
 
 
+_CHILD_STATUSES = (
+    select(*STATUS_COLUMNS)
+    .where(runs.c.parent_id == bindparam("id"))
+    .order_by(runs.c.created_at, runs.c.id)
+)
+
+
+def child_statuses(conn: Connection, run_id: uuid.UUID) -> list[RunStatusFields]:
+    """The statuses of run ``run_id``'s child runs (``@wf.child``), oldest first."""
+    return [run_status_fields(row) for row in _executor.rows(conn, _CHILD_STATUSES, {"id": run_id})]
+
+
 _JOB_DETAIL = select(
     *JOB_STATUS_COLUMNS,
     cast(jobs.c.args, Text),
