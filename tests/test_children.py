@@ -12,14 +12,16 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from werkzeug.test import Client as WebClient
 
 import cyclone
 from cyclone.dashboard import create_app
 from tests.conftest import wait_until
-from tests.support import child_proc, processes
+from tests.support import child_proc, docs, processes
 from tests.support.child_defs import Order, Shipment, shop
+from tests.support.counting import Recorder
 from tests.support.dashboard import text_of
 from tests.support.workers import REPO, Background, job_rows, rescue_lost_jobs
 
@@ -355,3 +357,45 @@ def test_the_run_page_links_parent_and_children_in_the_dashboard_and_the_admin(
     embedded = create_app(engine).render_run_sections(child.id)
     assert embedded is not None
     assert f'parent <a href="../../{run.id}/change/">' in embedded
+
+
+class StepThreadStatements(Recorder):
+    """The statements sent from the worker's step threads: a child node's own, since the
+    other steps of these workflows send none (their outcomes are recorded by the loop)."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def record(self, thread: str, statement: str) -> None:
+        if thread.startswith("cyclone-step"):
+            self.sent.append(statement)
+
+
+def test_a_child_node_costs_seven_statements_to_submit_and_park_and_six_to_complete(
+    engine: sa.Engine, name: str
+) -> None:
+    s = shop(name)
+    run = s.checkout.submit(engine, Order(lines=[1]))
+    with StepThreadStatements() as recorder:
+        drain(engine, *s.workflows)
+    assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    sql = [q for q in recorder.sent if q.split()[0].upper() not in ("BEGIN", "COMMIT")]
+    # Submit and park: read the key; lock the run, the job; submit; adopt; wait; park.
+    # Woken: read the key; lock the run, the job; find the child; adopt; stop waiting.
+    assert len(sql) == 13, "\n\n".join(sql)
+
+
+def test_the_children_page_blocks_run_in_order(
+    database_url: sa.URL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CYCLONE_DATABASE_URL", database_url.render_as_string(False))
+    namespace: dict[str, Any] = {"__name__": "docs_children"}
+    blocks = docs.all_blocks("docs/children.md")
+    assert len(blocks) == docs.fenced_blocks("docs/children.md")
+    try:
+        for i, block in enumerate(blocks):
+            exec(compile(block, f"docs/children.md block {i + 1}", "exec"), namespace)
+    finally:
+        engine = namespace.get("engine")
+        if isinstance(engine, sa.Engine):
+            engine.dispose()
