@@ -164,9 +164,8 @@ _FORGET = forget_stmt()
 
 def deliver(engine: Engine) -> int:
     """Wake the child nodes whose children ended; how many it woke (each rings NOTIFY)."""
-    with engine.begin() as conn:
+    with engine.begin() as conn:  # neither statement waits for a lock: both skip them
         woken = len(_executor.rows(conn, _WAKE))
-    with engine.begin() as conn:
         _executor.rows(conn, _FORGET)
     return woken
 
