@@ -399,3 +399,38 @@ def test_the_children_page_blocks_run_in_order(
         engine = namespace.get("engine")
         if isinstance(engine, sa.Engine):
             engine.dispose()
+
+
+def test_a_parent_past_its_deadline_fails_and_leaves_its_child_running(
+    engine: sa.Engine, name: str
+) -> None:
+    s = shop(name, hold=True)
+    run = s.checkout.submit(engine, Order(lines=[1]), deadline=timedelta(seconds=1))
+    drain(engine, *s.workflows)
+    (child,) = run.children()
+    assert child.status().deadline is None  # a child inherits no deadline
+    worker = cyclone.Worker(engine, workflows=s.workflows, sweep=False)
+    wait_until(lambda: worker.drain() >= 0 and run.status().done, 30)
+    assert run.status().state == cyclone.RunState.FAILED
+    assert child.status().state == cyclone.RunState.RUNNING
+    assert job_rows(engine, run.id)["ship"].state == "cancelled"
+    child.signal("go", 1)
+    worker.drain()
+    assert child.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    assert run.status().state == cyclone.RunState.FAILED
+
+
+def test_retry_all_of_a_parent_reads_its_completed_child_and_makes_no_second_one(
+    engine: sa.Engine, name: str
+) -> None:
+    s = shop(name)
+    run = s.checkout.submit(engine, Order(lines=[1, 2]))
+    drain(engine, *s.workflows)
+    assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    run.retry_all()
+    drain(engine, *s.workflows)
+    assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    assert len(children_of(engine, run.id)) == 1
+    assert s.outcome.calls == [4]  # the child ran once
+    assert s.outcome.inputs == [2]  # the node's function too
+    assert job_rows(engine, run.id)["done"].output == 4
