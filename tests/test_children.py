@@ -434,3 +434,35 @@ def test_retry_all_of_a_parent_reads_its_completed_child_and_makes_no_second_one
     assert s.outcome.calls == [4]  # the child ran once
     assert s.outcome.inputs == [2]  # the node's function too
     assert job_rows(engine, run.id)["done"].output == 4
+
+
+def test_a_child_workflows_concurrency_holds_children_as_any_runs(
+    engine: sa.Engine, name: str
+) -> None:
+    leaf: cyclone.ResultWorkflow[int, int] = cyclone.ResultWorkflow(
+        f"{name}-leaf",
+        input=int,
+        output=int,
+        concurrency=cyclone.Concurrency(1, key=lambda n: "one"),
+    )
+
+    @leaf.result()
+    def double(ctx: cyclone.StepContext, n: int) -> int:
+        return 2 * n
+
+    top: cyclone.Workflow[int] = cyclone.Workflow(f"{name}-top", input=int)
+
+    @top.child(leaf)
+    def twice(ctx: cyclone.StepContext, n: int) -> int:
+        return n
+
+    @top.step(after=[twice])
+    def read(ctx: cyclone.StepContext, n: int) -> int:
+        value: int = ctx.output(twice)
+        return value
+
+    submitted = [top.submit(engine, n) for n in (1, 2, 3)]
+    drain(engine, top, leaf)
+    for n, run in zip((1, 2, 3), submitted, strict=True):
+        assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED
+        assert job_rows(engine, run.id)["read"].output == 2 * n

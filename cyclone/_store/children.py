@@ -207,13 +207,24 @@ def execute(
     except Exception as exc:
         return _hand_back(worker_id, job, exc)
     input_: str | None = None
+    limit_key: str | None = None
     if found is None:
         made = run(job)
         if isinstance(made, Failure):
             return made
         input_ = made.output
+        try:
+            limit_key = child.limit_key(input_)
+        except Exception as exc:  # the child workflow's key function: the node's error
+            return _child_failed(
+                job,
+                None,
+                child.plan.workflow,
+                f"not submitted: its limit key failed: {exc!r}",
+                backoff,
+            )
     try:
-        return _decide(engine, worker_id, job, child, key, input_, backoff)
+        return _decide(engine, worker_id, job, child, key, input_, limit_key, backoff)
     except Exception as exc:
         return _hand_back(worker_id, job, exc)
 
@@ -233,10 +244,11 @@ def _hand_back(worker_id: str, job: Claimed, exc: Exception) -> _waits.HandBack:
 def _child_failed(
     job: Claimed, cid: Any, workflow: str, why: str, backoff: Callable[[int], float]
 ) -> Failure:
+    run = "the child run" if cid is None else f"child run {cid}"
     error = {
         "type": "ChildRunFailed",
-        "message": f"child run {cid} of workflow {workflow!r} {why}",
-        "child_run_id": str(cid),
+        "message": f"{run} of workflow {workflow!r} {why}",
+        "child_run_id": None if cid is None else str(cid),
         "attempt": job.attempt,
         "step": job.kind,
         "at": datetime.now(UTC).isoformat(),
@@ -252,6 +264,7 @@ def _decide(
     child: Child,
     key: str,
     input_: str | None,
+    limit_key: str | None,
     backoff: Callable[[int], float],
 ) -> _waits.Outcome:
     guard = {"job_id": job.id, "lease": job.lease, "attempt_no": job.attempt, "me": worker_id}
@@ -270,7 +283,7 @@ def _decide(
         else:
             try:
                 submitted = _submission.submit_once_tx(
-                    conn, child.plan, key, input_, _submission.Timing(), child.limit_key(input_)
+                    conn, child.plan, key, input_, _submission.Timing(), limit_key
                 )
                 cid = submitted.run_id
             except errors.SubmitConflictError as exc:
