@@ -18,7 +18,7 @@ from werkzeug.test import Client as WebClient
 
 import cyclone
 from cyclone.dashboard import create_app
-from tests.conftest import wait_until
+from tests.conftest import StatementCounter, wait_until
 from tests.support import child_proc, docs, processes
 from tests.support.child_defs import Order, Shipment, shop
 from tests.support.counting import Recorder
@@ -466,3 +466,16 @@ def test_a_child_workflows_concurrency_holds_children_as_any_runs(
     for n, run in zip((1, 2, 3), submitted, strict=True):
         assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED
         assert job_rows(engine, run.id)["read"].output == 2 * n
+
+
+def test_listing_a_runs_children_costs_one_statement(
+    engine: sa.Engine, name: str, statements: StatementCounter
+) -> None:
+    s = shop(name)
+    run = s.checkout.submit(engine, Order(lines=[1]))
+    drain(engine, *s.workflows)
+    statements.reset()
+    assert len(run.children()) == 1
+    sql = [q for q in statements.statements if q.split()[0].upper() not in ("BEGIN", "COMMIT")]
+    assert len(sql) == 1, sql
+    assert "parent_id" in sql[0]
