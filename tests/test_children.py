@@ -102,6 +102,8 @@ def test_a_parked_child_node_holds_no_worker_and_a_serving_worker_wakes_it(
         # The parent's node is parked (blocked, no owner) while its child waits for "go".
         wait_until(lambda: job_rows(engine, run.id)["ship"].state == "blocked", 20)
         assert job_rows(engine, run.id)["ship"].worker_id is None
+        page = WebClient(create_app(engine)).get(f"/runs/{run.id}").get_data(as_text=True)
+        assert "the step waits for it" in text_of(page)
         child.signal("go", 1)
         assert run.wait(timeout=20).state == cyclone.RunState.COMPLETED
     finally:
@@ -350,6 +352,7 @@ def test_the_run_page_links_parent_and_children_in_the_dashboard_and_the_admin(
     web = WebClient(create_app(engine))
     parent_page = web.get(f"/runs/{run.id}").get_data(as_text=True)
     assert f'child <a href="/runs/{child.id}">' in parent_page
+    assert f'<dd class="step-child"><a href="/runs/{child.id}">' in parent_page  # ship's card
     child_page = web.get(f"/runs/{child.id}").get_data(as_text=True)
     assert f'parent <a href="/runs/{run.id}">' in child_page
     assert "child node ship" in text_of(child_page)
