@@ -156,7 +156,7 @@ Index(
     ),
 )
 # A parent's children, and the ended children whose parent's node still waits for them
-# (revision cyclone_0016): the workers' delivery reads the second, which holds only the
+# (revision cyclone_0016_child_runs): the workers' delivery reads the second, which holds only the
 # children that ended since their parent's node last looked.
 Index(
     "ix_cyclone_runs_parent",

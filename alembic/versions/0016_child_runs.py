@@ -1,6 +1,6 @@
 """Child runs: a run records the parent run and node that submitted it (``@wf.child``).
 
-Revision ID: cyclone_0016
+Revision ID: cyclone_0016_child_runs
 Revises: cyclone_0015
 Create Date: 2026-12-05
 
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 
 from alembic import op
 
-revision = "cyclone_0016"
+revision = "cyclone_0016_child_runs"
 down_revision = "cyclone_0015"
 branch_labels = None
 depends_on = None

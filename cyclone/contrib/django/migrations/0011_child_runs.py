@@ -1,4 +1,4 @@
-"""cyclone's revision ``cyclone_0016``: a run records the parent run and node that made it.
+"""cyclone's revision ``cyclone_0016_child_runs``: a run records its parent run and node.
 
 The schema moves on to the new head; the unmanaged ``Run`` model gains ``parent_id`` and
 ``parent_node``.
@@ -13,7 +13,7 @@ from cyclone.contrib.django._migrate import apply_revisions
 
 class Migration(migrations.Migration):
     atomic = False  # the revisions commit on a connection of their own
-    revision = "cyclone_0016"  # cyclone's head revision when this migration was written
+    revision = "cyclone_0016_child_runs"  # cyclone's head revision when this was written
 
     dependencies = [("cyclone", "0010_flow_control")]
 
