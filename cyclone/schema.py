@@ -80,6 +80,9 @@ runs = Table(
     Column("limit_name", Text),
     Column("limit_key", Text),
     Column("limit_start_at", DateTime(timezone=True)),
+    Column("parent_id", Uuid, ForeignKey("cyclone_runs.id", ondelete="CASCADE")),
+    Column("parent_node", Text),
+    Column("parent_waits", Boolean, nullable=False, server_default=text("false")),
     CheckConstraint(_in("state", RunState), name="state"),
     CheckConstraint(
         _finalized_iff(TERMINAL_RUN_STATES),
@@ -151,6 +154,20 @@ Index(
         "state = 'running' AND limit_name IS NOT NULL "
         "AND (start_at IS NULL OR start_at < 'infinity')"
     ),
+)
+# A parent's children, and the ended children whose parent's node still waits for them
+# (revision cyclone_0016_child_runs): the workers' delivery reads the second, which holds only the
+# children that ended since their parent's node last looked.
+Index(
+    "ix_cyclone_runs_parent",
+    runs.c.parent_id,
+    runs.c.parent_node,
+    postgresql_where=text("parent_id IS NOT NULL"),
+)
+Index(
+    "ix_cyclone_runs_child_ended",
+    runs.c.id,
+    postgresql_where=text("parent_waits AND state <> 'running'"),
 )
 Index(
     "ix_cyclone_runs_deadline",
