@@ -42,6 +42,7 @@ from cyclone._store import claim as _claim
 from cyclone._store import completion as _completion
 from cyclone._store import due as _due
 from cyclone._store import executor as _executor
+from cyclone._store import fanout as _fanout
 from cyclone._store import leadership as _leadership
 from cyclone._store import limits as _limits_store
 from cyclone._store import notify as _notify
@@ -309,8 +310,11 @@ class Worker:
                 raise errors.DefinitionError(f"two workflows named {wf.name!r} given to a Worker")
             wf.plan()
             self.workflows[wf.name] = wf
+        # The steps whose success may unblock another: upstreams, and the items of a map
+        # node (the last one makes the node available to collect them).
         self._upstream: dict[str, frozenset[str]] = {
             name: frozenset(dep for node in wf.graph().steps for dep in node.after)
+            | {node.name for node in wf.graph().steps if node.over is not None}
             for name, wf in self.workflows.items()
         }
         self.steps: dict[str, StandaloneStep[Any, Any]] = {}
@@ -1014,8 +1018,11 @@ class Worker:
         started = time.perf_counter()
         try:
             node = _waits.node_of(self.workflows, job)
+            mapped = _fanout.node_of(self.workflows, job)
             outcome: Outcome
-            if node is None:
+            if mapped is not None:  # a map node: expanded, parked or collected, never called
+                outcome = _fanout.execute(self.engine, self.id, job, mapped)
+            elif node is None:
                 outcome = self._run_step(job)
             else:  # a wait or sleep node: it runs, or is parked until its signal or time
                 outcome = _waits.execute(

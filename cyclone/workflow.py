@@ -111,6 +111,7 @@ class Step(Generic[R]):
         timeout: timedelta | None = None,
         sleep: timedelta | None = None,
         output: Any = None,
+        over: str | None = None,
     ) -> None:
         self.workflow = workflow
         self.fn = fn
@@ -127,6 +128,13 @@ class Step(Generic[R]):
         self.sleep = sleep
         """How long a sleep node waits after its upstreams (``@wf.sleep``); None otherwise."""
         self.payload_type: Any = _arg_type(fn) if signal is not None else Any
+        self.over = over
+        """The node a map node (``@wf.map``) maps over; None for other steps."""
+        self.item_type: Any = _arg_type(fn) if over is not None else Any
+        self.item_output_type: Any = self.output_type
+        """What each item of a map node returns; the node's own output is a list of them."""
+        if over is not None:
+            self.output_type = list[self.item_output_type]
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -145,6 +153,7 @@ class Step(Generic[R]):
             priority=self.priority,
             signal=self.signal,
             sleep=self.sleep,
+            over=self.over,
         )
 
 
@@ -263,6 +272,42 @@ class Workflow(Generic[In]):
             )
         return self._decorator(
             name, after, max_attempts, queue, priority, is_result=False, sleep=duration
+        )
+
+    def map(
+        self,
+        over: Step[Any] | str,
+        *,
+        after: Iterable[Step[Any] | str] = (),
+        name: str | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        queue: str | None = None,
+        priority: int = 0,
+    ) -> Callable[[Callable[..., R]], Step[R]]:
+        """Decorate ``fn(ctx, item) -> output`` as a map node: once ``over`` completed with a
+        list, it runs once per item, each item a job of its own (its own attempts, claimed
+        in parallel by every worker), the item decoded to ``fn``'s annotation.
+
+        Its output, ``ctx.output(node)`` downstream, is the list of the items' outputs in
+        the list's order; an empty list completes it at once. An item that fails after its
+        attempts fails the node and the run; ``run.retry()`` re-runs only the failed items.
+        The options apply to each item's job (see docs/map.md).
+        """
+        over_name = self._dep_name(over)
+        deps = tuple(self._dep_name(dep) for dep in after)
+        if over_name in deps:
+            raise errors.DefinitionError(
+                f"map node of workflow {self.name!r}: {over_name!r} is given as over= "
+                "and in after=; over= is an upstream already"
+            )
+        return self._decorator(
+            name,
+            (*deps, over_name),
+            max_attempts,
+            queue,
+            priority,
+            is_result=False,
+            over=over_name,
         )
 
     def _decorator(

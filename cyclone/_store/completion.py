@@ -29,6 +29,7 @@ from sqlalchemy import (
     func,
     or_,
     select,
+    union_all,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
@@ -105,23 +106,45 @@ def complete_jobs_ctes(runs_locked: Any) -> tuple[Any, Any, Any]:
             finalized_at=func.now(),
             heartbeat_at=None,
         )
-        .returning(jobs.c.id, jobs.c.run_id, jobs.c.kind)
+        .returning(jobs.c.id, jobs.c.run_id, jobs.c.kind, jobs.c.item)
         .cte("done")
     )
     dependent = jobs.alias("dependent")
-    unblocked_counts = (
-        select(dependent.c.id, func.count().label("n"))
+    # A step's dependents are the steps that come after it; a map item's is its map node,
+    # parked blocked until its items complete (cyclone._store.fanout), read by its index.
+    after_step = (
+        select(dependent.c.id)
         .select_from(
             dependent.join(
                 done,
                 and_(
-                    dependent.c.run_id == done.c.run_id, done.c.kind == func.any(dependent.c.deps)
+                    dependent.c.run_id == done.c.run_id,
+                    done.c.kind == func.any(dependent.c.deps),
+                    done.c.item.is_(None),
                 ),
             )
         )
-        .where(dependent.c.state == const(JobState.BLOCKED.value))
-        .group_by(dependent.c.id)
-        .subquery("c")
+        .where(dependent.c.state == const(JobState.BLOCKED.value), dependent.c.item.is_(None))
+    )
+    map_node = jobs.alias("map_node")
+    after_item = (
+        select(map_node.c.id)
+        .select_from(
+            map_node.join(
+                done,
+                and_(
+                    map_node.c.run_id == done.c.run_id,
+                    map_node.c.kind == done.c.kind,
+                    map_node.c.item.is_(None),
+                    done.c.item.is_not(None),
+                ),
+            )
+        )
+        .where(map_node.c.state == const(JobState.BLOCKED.value))
+    )
+    unblocking = union_all(after_step, after_item).subquery("unblocking")
+    unblocked_counts = (
+        select(unblocking.c.id, func.count().label("n")).group_by(unblocking.c.id).subquery("c")
     )
     left = jobs.c.pending_deps - unblocked_counts.c.n
     advanced = (
