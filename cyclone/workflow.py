@@ -131,10 +131,11 @@ class Step(Generic[R]):
         self.over = over
         """The node a map node (``@wf.map``) maps over; None for other steps."""
         self.item_type: Any = _arg_type(fn) if over is not None else Any
-        self.item_output_type: Any = self.output_type
+        item_output: Any = self.output_type
+        self.item_output_type: Any = item_output
         """What each item of a map node returns; the node's own output is a list of them."""
         if over is not None:
-            self.output_type = list[self.item_output_type]
+            self.output_type = list[item_output]
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
