@@ -144,7 +144,7 @@ def expand_stmt() -> Any:
             rows,
         )
         .returning(jobs.c.id)
-        .cte("items")
+        .cte("map_items")
     )
     made = select(func.count()).select_from(items).scalar_subquery()
     counted = (
@@ -152,7 +152,7 @@ def expand_stmt() -> Any:
         .where(runs.c.id == bindparam("rid", type_=Uuid))
         .values(steps_remaining=runs.c.steps_remaining + made)
         .returning(runs.c.id)
-        .cte("counted")
+        .cte("map_counted")
     )
     return select(
         select(func.count()).select_from(items).scalar_subquery(),
