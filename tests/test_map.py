@@ -4,7 +4,9 @@ list of the items' outputs in order."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import threading
 from collections import Counter
@@ -13,12 +15,16 @@ from typing import Any
 import msgspec
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.engine import URL
+from werkzeug.test import Client
 
 import cyclone
+from cyclone.dashboard import create_app
 from cyclone.schema import jobs
 from tests.conftest import StatementCounter, wait_until
 from tests.support import worker_proc
 from tests.support.workers import Background, spawn_worker, stop_all
+from tests.test_cli_parked import cli
 
 
 class Line(msgspec.Struct):
@@ -353,3 +359,49 @@ def test_a_worker_killed_while_map_items_run_loses_no_item_and_no_output(
     assert [row.item for row in items] == list(range(n))  # none made twice
     assert {row.state for row in items} == {"completed"}
     # The invariants, checked after the test, hold the node's output to its items' outputs.
+
+
+def half_done(engine: sa.Engine, name: str) -> cyclone.ResultRun[list[int]]:
+    """A run whose map node ``double`` has 2 of its 4 items completed and 1 failed."""
+    runs: Counter[int] = Counter()
+    wf = failing_map(name, {2}, runs)
+    run = wf.submit(engine, 4)
+    worker = cyclone.Worker(engine, workflows=[wf], concurrency=1, backoff=lambda n: 0.0)
+    wait_until(lambda: worker.drain() >= 0 and run.status().done, timeout=20, interval=0.05)
+    return run
+
+
+def test_runs_show_lists_the_map_node_once_with_its_items_done_of_total(
+    engine: sa.Engine, database_url: URL, name: str
+) -> None:
+    run = half_done(engine, name)
+    detail = cyclone.Client(engine).get_run_detail(run.id)
+    assert detail is not None
+    assert [s.name for s in detail.steps] == ["numbers", "double", "doubled"]
+    double = detail.steps[1]
+    assert double.items_total == 4
+    assert double.items_done is not None and double.items_done < 4
+    assert detail.steps[0].items_total is None
+
+    shown = cli(database_url, "runs", "show", str(run.id))
+    assert shown.returncode == 0, shown.stderr
+    row = next(line for line in shown.stdout.splitlines() if line.startswith("double "))
+    assert f"({double.items_done}/4 items)" in row
+    assert re.search(r"^error +step double item 2: ", shown.stdout, re.M), shown.stdout
+    record = json.loads(cli(database_url, "runs", "show", str(run.id), "--json").stdout)
+    step = next(s for s in record["steps"] if s["name"] == "double")
+    assert (step["items_done"], step["items_total"]) == (double.items_done, 4)
+
+
+def test_the_dashboard_run_page_shows_the_map_nodes_items_done_of_total(
+    engine: sa.Engine, name: str
+) -> None:
+    run = half_done(engine, name)
+    detail = cyclone.Client(engine).get_run_detail(run.id)
+    assert detail is not None
+    done = detail.steps[1].items_done
+    page = Client(create_app(engine)).get(f"/runs/{run.id}")
+    assert page.status_code == 200
+    html = page.get_data(as_text=True)
+    assert f"{done}/4 items" in html
+    assert f'<dd class="items">{done} of 4 done</dd>' in html
