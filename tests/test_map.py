@@ -380,7 +380,8 @@ def test_runs_show_lists_the_map_node_once_with_its_items_done_of_total(
     assert [s.name for s in detail.steps] == ["numbers", "double", "doubled"]
     double = detail.steps[1]
     assert double.items_total == 4
-    assert double.items_done is not None and double.items_done < 4
+    assert double.items_done is not None
+    assert double.items_done < 4
     assert detail.steps[0].items_total is None
 
     shown = cli(database_url, "runs", "show", str(run.id))
