@@ -22,7 +22,7 @@ import cyclone
 from cyclone.dashboard import create_app
 from cyclone.schema import jobs
 from tests.conftest import StatementCounter, wait_until
-from tests.support import worker_proc
+from tests.support import docs, worker_proc
 from tests.support.workers import Background, spawn_worker, stop_all
 from tests.test_cli_parked import cli
 
@@ -406,3 +406,19 @@ def test_the_dashboard_run_page_shows_the_map_nodes_items_done_of_total(
     html = page.get_data(as_text=True)
     assert f"{done}/4 items" in html
     assert f'<dd class="items">{done} of 4 done</dd>' in html
+
+
+def test_the_map_page_blocks_run_in_order(
+    database_url: URL, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CYCLONE_DATABASE_URL", database_url.render_as_string(False))
+    namespace: dict[str, Any] = {"__name__": "docs_map"}
+    blocks = docs.all_blocks("docs/map.md")
+    assert len(blocks) == docs.fenced_blocks("docs/map.md")
+    try:
+        for i, block in enumerate(blocks):
+            exec(compile(block, f"docs/map.md block {i + 1}", "exec"), namespace)
+    finally:
+        engine = namespace.get("engine")
+        if isinstance(engine, sa.Engine):
+            engine.dispose()

@@ -98,7 +98,12 @@ INVARIANTS: tuple[Invariant, ...] = (
         f"""
         SELECT * FROM (
             SELECT j.id AS job_id, j.run_id, j.kind, j.state, j.pending_deps,
-                   CASE WHEN j.state = 'blocked' AND j.item IS NULL AND EXISTS (
+                   CASE WHEN j.state = 'running' AND j.item IS NULL AND EXISTS (
+                            SELECT 1 FROM cyclone_jobs i
+                            WHERE i.run_id = j.run_id AND i.kind = j.kind
+                              AND i.item IS NOT NULL)
+                        THEN j.pending_deps  -- being decided: the decision counts anew
+                        WHEN j.state = 'blocked' AND j.item IS NULL AND EXISTS (
                             SELECT 1 FROM cyclone_jobs i
                             WHERE i.run_id = j.run_id AND i.kind = j.kind
                               AND i.item IS NOT NULL)
