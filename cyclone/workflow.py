@@ -12,7 +12,7 @@ import typing
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast
 
 from cyclone import _graph, _keys, errors, jobs, limits, schedules
 from cyclone._store import binds as _binds
@@ -284,7 +284,7 @@ class Workflow(Generic[In]):
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         queue: str | None = None,
         priority: int = 0,
-    ) -> Callable[[Callable[..., R]], Step[R]]:
+    ) -> Callable[[Callable[..., R]], Step[list[R]]]:
         """Decorate ``fn(ctx, item) -> output`` as a map node: once ``over`` completed with a
         list, it runs once per item, each item a job of its own (its own attempts, claimed
         in parallel by every worker), the item decoded to ``fn``'s annotation.
@@ -301,7 +301,7 @@ class Workflow(Generic[In]):
                 f"map node of workflow {self.name!r}: {over_name!r} is given as over= "
                 "and in after=; over= is an upstream already"
             )
-        return self._decorator(
+        decorate = self._decorator(
             name,
             (*deps, over_name),
             max_attempts,
@@ -310,6 +310,8 @@ class Workflow(Generic[In]):
             is_result=False,
             over=over_name,
         )
+        # Its output (``ctx.output(node)``) is the list of the items' outputs.
+        return cast("Callable[[Callable[..., R]], Step[list[R]]]", decorate)
 
     def _decorator(
         self,
