@@ -6,9 +6,10 @@ the job (the lock order of :mod:`cyclone.states`), as for a wait node:
 
 - no items yet: it *expands*. One ``INSERT ... SELECT FROM jsonb_array_elements(...) WITH
   ORDINALITY`` creates every item's job, available, with the node's queue, priority,
-  attempts, deadline and upstreams (an item reads them with ``ctx.output``) and its index
-  in ``item``; the same statement adds their number to the run's ``steps_remaining``
-  and rings NOTIFY once. The node is then parked blocked (``job.fan_out``) with
+  attempts, deadline and upstreams but ``over`` (an item reads them with ``ctx.output``;
+  the list itself, read with each item's claim, would make a map's cost quadratic in its
+  length) and its index in ``item``; the same statement adds their number to the run's
+  ``steps_remaining`` and rings NOTIFY once. The node is then parked blocked (``job.fan_out``) with
   ``pending_deps`` the number of items: each item's completion counts it down (the
   record-and-claim statement, :func:`cyclone._store.completion.complete_jobs_ctes`), and
   the last one makes it available again. An empty list completes the node at once with
@@ -94,8 +95,8 @@ def fan_out_stmt() -> Any:
 
 def expand_stmt() -> Any:
     """Insert one available job per element of ``:list`` (a JSON array) for the map node
-    ``:job_id`` of run ``:rid``, add their number to the run's steps, ring NOTIFY; returns
-    the number inserted."""
+    ``:job_id`` of run ``:rid`` (upstreams: the node's but ``:over``), add their number to
+    the run's steps, ring NOTIFY; returns the number inserted."""
     node = jobs.alias("node")
     elements = (
         func.jsonb_array_elements(cast(bindparam("list", type_=Text), JSONB))
@@ -110,7 +111,7 @@ def expand_stmt() -> Any:
             node.c.queue,
             node.c.priority,
             const(JobState.AVAILABLE.value),
-            node.c.deps,
+            func.array_remove(node.c.deps, bindparam("over", type_=Text)),
             const(0, Integer),
             node.c.max_attempts,
             node.c.deadline,
@@ -262,7 +263,9 @@ def _expand(
     if not elements:
         return Success(job.id, job.lease, "[]")
     made, _counted, _rang = _executor.one(
-        conn, _EXPAND, {"list": raw.decode(), "job_id": job.id, "rid": job.run_id}
+        conn,
+        _EXPAND,
+        {"list": raw.decode(), "job_id": job.id, "rid": job.run_id, "over": node.over},
     )
     _executor.affected(conn, _FAN_OUT, {**guard, "items": made})
     return _waits.Parked(job.id)

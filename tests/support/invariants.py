@@ -121,13 +121,13 @@ INVARIANTS: tuple[Invariant, ...] = (
         """,
     ),
     Invariant(
-        "a map item belongs to a map node of its run, its deps the node's",
+        "a map item belongs to a map node of its run, its deps among the node's",
         """
         SELECT i.id AS job_id, i.run_id, i.kind, i.item FROM cyclone_jobs i
         WHERE i.item IS NOT NULL AND (i.item < 0 OR NOT EXISTS (
             SELECT 1 FROM cyclone_jobs n
             WHERE n.run_id = i.run_id AND n.kind = i.kind AND n.item IS NULL
-              AND n.deps = i.deps))
+              AND i.deps <@ n.deps))
         """,
     ),
     Invariant(
