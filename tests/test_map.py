@@ -423,3 +423,53 @@ def test_the_map_page_blocks_run_in_order(
         engine = namespace.get("engine")
         if isinstance(engine, sa.Engine):
             engine.dispose()
+
+
+def test_a_map_can_map_over_another_maps_output(engine: sa.Engine, name: str) -> None:
+    wf: cyclone.ResultWorkflow[int, list[str]] = cyclone.ResultWorkflow(
+        name, input=int, output=list[str]
+    )
+
+    @wf.step()
+    def numbers(ctx: cyclone.StepContext, n: int) -> list[int]:
+        return list(range(n))
+
+    @wf.map(over=numbers)
+    def squared(ctx: cyclone.StepContext, i: int) -> int:
+        return i * i
+
+    @wf.map(over=squared)
+    def shown(ctx: cyclone.StepContext, sq: int) -> str:
+        return f"<{sq}>"
+
+    @wf.result(after=[shown])
+    def out(ctx: cyclone.StepContext, n: int) -> list[str]:
+        return ctx.output(shown)
+
+    run = wf.submit(engine, 5)
+    cyclone.Worker(engine, workflows=[wf], concurrency=4).drain()
+    assert run.result(timeout=10) == ["<0>", "<1>", "<4>", "<9>", "<16>"]
+
+
+def test_an_item_that_does_not_decode_to_the_annotation_fails_the_run_at_once(
+    engine: sa.Engine, name: str
+) -> None:
+    wf: cyclone.Workflow[int] = cyclone.Workflow(name, input=int)
+
+    @wf.step()
+    def mixed(ctx: cyclone.StepContext, n: int) -> list[Any]:
+        return [1, 2, "three", 4]
+
+    @wf.map(over=mixed, max_attempts=5)
+    def plus_one(ctx: cyclone.StepContext, i: int) -> int:
+        return i + 1
+
+    run = wf.submit(engine, 0)
+    cyclone.Worker(engine, workflows=[wf], concurrency=1).drain()
+    status = run.wait(timeout=10)
+    assert status.state == cyclone.RunState.FAILED
+    assert status.error is not None
+    assert (status.error["step"], status.error["item"]) == ("plus_one", 2)
+    assert status.error["type"] == "InputNotDecodable"
+    three = next(row for row in items_of(engine, run.id) if row.item == 2)
+    assert three.attempt == 1  # not retried: the item will not change
