@@ -473,3 +473,43 @@ def test_an_item_that_does_not_decode_to_the_annotation_fails_the_run_at_once(
     assert status.error["type"] == "InputNotDecodable"
     three = next(row for row in items_of(engine, run.id) if row.item == 2)
     assert three.attempt == 1  # not retried: the item will not change
+
+
+def test_items_completing_while_their_retried_map_nodes_are_decided_are_all_counted(
+    engine: sa.Engine, name: str
+) -> None:
+    """Many retried runs at once: each map node is claimed again beside its failed items,
+    so items complete while their node decides how many it still waits for."""
+    broken = threading.Event()
+    broken.set()
+    wf: cyclone.ResultWorkflow[int, list[int]] = cyclone.ResultWorkflow(
+        name, input=int, output=list[int]
+    )
+
+    @wf.step()
+    def numbers(ctx: cyclone.StepContext, n: int) -> list[int]:
+        return list(range(n))
+
+    @wf.map(over=numbers, max_attempts=1)
+    def flaky(ctx: cyclone.StepContext, i: int) -> int:
+        if i % 3 == 0 and broken.is_set():
+            raise ValueError("broken for now")
+        return i
+
+    @wf.result(after=[flaky])
+    def out(ctx: cyclone.StepContext, n: int) -> list[int]:
+        return ctx.output(flaky)
+
+    handles = [wf.submit(engine, 12) for _ in range(20)]
+    workers = [cyclone.Worker(engine, workflows=[wf], concurrency=8) for _ in range(2)]
+    for run in handles:
+        wait_until(lambda run=run: workers[0].drain() >= 0 and run.status().done, timeout=30)
+    assert {run.status().state for run in handles} == {cyclone.RunState.FAILED}
+    broken.clear()
+    assert cyclone.Client(engine).retry_runs(workflow=name) == 20
+    draining = [Background(w.drain) for w in workers]
+    for d in draining:
+        d.join(60)
+    for run in handles:
+        wait_until(lambda run=run: workers[1].drain() >= 0 and run.status().done, timeout=30)
+        assert run.result(timeout=5) == list(range(12))
