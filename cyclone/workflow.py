@@ -284,6 +284,7 @@ class Workflow(Generic[In]):
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         queue: str | None = None,
         priority: int = 0,
+        result: bool = False,
     ) -> Callable[[Callable[..., R]], Step[list[R]]]:
         """Decorate ``fn(ctx, item) -> output`` as a map node: once ``over`` completed with a
         list, it runs once per item, each item a job of its own (its own attempts, claimed
@@ -292,8 +293,13 @@ class Workflow(Generic[In]):
         Its output, ``ctx.output(node)`` downstream, is the list of the items' outputs in
         the list's order; an empty list completes it at once. An item that fails after its
         attempts fails the node and the run; ``run.retry()`` re-runs only the failed items.
-        The options apply to each item's job (see docs/map.md).
+        The options apply to each item's job (see docs/map.md). ``result=True`` makes it a
+        ``ResultWorkflow``'s result node: the run's result is the list.
         """
+        if result and not self._has_result:
+            raise errors.DefinitionError(
+                f"map node of workflow {self.name!r}: result=True needs a ResultWorkflow"
+            )
         over_name = self._dep_name(over)
         deps = tuple(self._dep_name(dep) for dep in after)
         if over_name in deps:
@@ -307,7 +313,7 @@ class Workflow(Generic[In]):
             max_attempts,
             queue,
             priority,
-            is_result=False,
+            is_result=result,
             over=over_name,
         )
         # Its output (``ctx.output(node)``) is the list of the items' outputs.

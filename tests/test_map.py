@@ -513,3 +513,31 @@ def test_items_completing_while_their_retried_map_nodes_are_decided_are_all_coun
     for run in handles:
         wait_until(lambda run=run: workers[1].drain() >= 0 and run.status().done, timeout=30)
         assert run.result(timeout=5) == list(range(12))
+
+
+def test_a_map_node_can_be_the_result_node_and_the_run_result_is_its_list(
+    engine: sa.Engine, name: str
+) -> None:
+    wf: cyclone.ResultWorkflow[int, list[int]] = cyclone.ResultWorkflow(
+        name, input=int, output=list[int]
+    )
+
+    @wf.step()
+    def numbers(ctx: cyclone.StepContext, n: int) -> list[int]:
+        return list(range(n))
+
+    @wf.map(over=numbers, result=True)
+    def cubes(ctx: cyclone.StepContext, i: int) -> int:
+        return i**3
+
+    run = wf.submit(engine, 4)
+    cyclone.Worker(engine, workflows=[wf], concurrency=2).drain()
+    assert run.result(timeout=10) == [0, 1, 8, 27]
+    detail = cyclone.Client(engine).get_run_detail(run.id)
+    assert detail is not None
+    assert detail.result == [0, 1, 8, 27]
+
+    plain: cyclone.Workflow[int] = cyclone.Workflow(f"{name}-plain", input=int)
+    plain.step()(numbers.fn)
+    with pytest.raises(cyclone.DefinitionError, match="needs a ResultWorkflow"):
+        plain.map(over="numbers", result=True)(cubes.fn)

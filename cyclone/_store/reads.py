@@ -132,7 +132,12 @@ def select_result_stmt() -> Select[Any]:
         select(runs.c.state, runs.c.result_step, cast(jobs.c.output, Text))
         .select_from(
             runs.outerjoin(
-                jobs, and_(jobs.c.run_id == runs.c.id, jobs.c.kind == runs.c.result_step)
+                jobs,
+                and_(
+                    jobs.c.run_id == runs.c.id,
+                    jobs.c.kind == runs.c.result_step,
+                    jobs.c.item.is_(None),  # a map node's own job, not its items
+                ),
             )
         )
         .where(runs.c.id == bindparam("rid"))
