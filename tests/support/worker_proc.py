@@ -171,7 +171,7 @@ def mapped(name: str) -> cyclone.ResultWorkflow[Item, list[int]]:
                 sa.text(f'INSERT INTO "{map_results_table(name)}" (item, pid) VALUES (:n, :pid)'),
                 {"n": n, "pid": os.getpid()},
             )
-        threading.Event().wait(0.01)
+        threading.Event().wait(0.05)  # long enough to be running when a worker is killed
         return n * n
 
     @wf.result(after=[square])
