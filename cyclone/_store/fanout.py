@@ -21,8 +21,9 @@ the job (the lock order of :mod:`cyclone.states`), as for a wait node:
   every recording of an outcome takes first.
 
 Whatever the list's length, an expansion costs the same five statements, a collection
-four (then the node's success, recorded as any step's). The upstream's output is read from the claim (its ``upstream`` outputs), so the
-expansion is generic over whatever node produced the list.
+four (then the node's success, recorded as any step's). The upstream's output is read
+from the claim (its ``upstream`` outputs), so the expansion is generic over whatever node
+produced the list.
 """
 
 from __future__ import annotations
