@@ -12,7 +12,8 @@ from cyclone import errors
 
 class NodeSnapshot(msgspec.Struct, frozen=True, omit_defaults=True):
     """One step as the run was submitted with it (``signal``: the signal a wait node awaits;
-    ``sleep``: how long a sleep node waits)."""
+    ``sleep``: how long a sleep node waits; ``over``: the node a map node maps over, also
+    one of its ``after``)."""
 
     name: str
     after: tuple[str, ...]
@@ -21,6 +22,7 @@ class NodeSnapshot(msgspec.Struct, frozen=True, omit_defaults=True):
     priority: int
     signal: str | None = None
     sleep: timedelta | None = None
+    over: str | None = None
 
 
 class GraphSnapshot(msgspec.Struct, frozen=True):

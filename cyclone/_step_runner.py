@@ -49,6 +49,7 @@ def _error_record(exc: BaseException, job: Claimed) -> dict[str, Any]:
         "attempt": job.attempt,
         "step": job.kind,
         "at": datetime.now(UTC).isoformat(),
+        **({} if job.item is None else {"item": job.item}),
     }
 
 
@@ -158,6 +159,8 @@ def _fields(job: Claimed) -> dict[str, Any]:
 
 def describe(job: Claimed) -> str:
     """How log lines name a job: its workflow, step and run, or its kind and id."""
+    if job.workflow is not None and job.item is not None:
+        return f"workflow {job.workflow} step {job.kind} item {job.item} run {job.run_id}"
     if job.workflow is not None:
         return f"workflow {job.workflow} step {job.kind} run {job.run_id}"
     return f"job {job.kind} #{job.id}"
@@ -178,6 +181,8 @@ def _resolve(
             )
         # A wait node is called with its signal's payload instead of the run's input.
         input_type = workflow.input_type if node.signal is None else node.payload_type
+        if job.item is not None:  # a map item is called with its item, returns one output
+            return node.fn, node.item_type, node.item_output_type
         # A child node's function returns its child's input.
         return node.fn, input_type, node.produces
     standalone = steps.get(job.kind)

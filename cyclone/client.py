@@ -73,6 +73,11 @@ class StepStatus:
     parked: Parked | None = None
     """``WAITING`` (see ``waiting_for``), ``SLEEPING`` (a sleep node until ``wakes_at``),
     ``DELAYED`` (a first step of a run that starts at ``wakes_at``), else None."""
+    items_done: int | None = None
+    """A map node's items completed, once it has made them; None for any other step."""
+    items_total: int | None = None
+    """A map node's items (one per element of the list it maps over), once it has made
+    them; None for any other step."""
 
     @property
     def duration(self) -> timedelta | None:
@@ -574,6 +579,8 @@ class Client:
                 waiting_for=row[12],
                 wakes_at=row[13],
                 parked=None if row[14] is None else Parked(row[14]),
+                items_done=row[15],
+                items_total=row[16],
             )
             for row in step_rows
         ]

@@ -205,6 +205,7 @@ jobs = Table(
     Column("trace_context", Text),
     Column("limit_name", Text),
     Column("limit_key", Text),
+    Column("item", Integer),
     CheckConstraint(_in("state", JobState), name="state"),
     CheckConstraint(
         _finalized_iff(TERMINAL_JOB_STATES),
@@ -259,7 +260,23 @@ Index(
     jobs.c.limit_key,
     postgresql_where=text("state = 'running' AND limit_name IS NOT NULL"),
 )
-Index("ix_cyclone_jobs_run_id_kind", jobs.c.run_id, jobs.c.kind, unique=True)
+# One job per step of a run; a map node's items are jobs of its kind with their index in
+# ``item``, one per index (revision cyclone_0017_map_items).
+Index(
+    "ix_cyclone_jobs_run_id_kind",
+    jobs.c.run_id,
+    jobs.c.kind,
+    unique=True,
+    postgresql_where=text("item IS NULL"),
+)
+Index(
+    "ix_cyclone_jobs_run_id_kind_item",
+    jobs.c.run_id,
+    jobs.c.kind,
+    jobs.c.item,
+    unique=True,
+    postgresql_where=text("item IS NOT NULL"),
+)
 Index(
     "ix_cyclone_jobs_unique_key",
     jobs.c.kind,

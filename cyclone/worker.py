@@ -43,6 +43,7 @@ from cyclone._store import claim as _claim
 from cyclone._store import completion as _completion
 from cyclone._store import due as _due
 from cyclone._store import executor as _executor
+from cyclone._store import fanout as _fanout
 from cyclone._store import leadership as _leadership
 from cyclone._store import limits as _limits_store
 from cyclone._store import notify as _notify
@@ -310,8 +311,11 @@ class Worker:
                 raise errors.DefinitionError(f"two workflows named {wf.name!r} given to a Worker")
             wf.plan()
             self.workflows[wf.name] = wf
+        # The steps whose success may unblock another: upstreams, and the items of a map
+        # node (the last one makes the node available to collect them).
         self._upstream: dict[str, frozenset[str]] = {
             name: frozenset(dep for node in wf.graph().steps for dep in node.after)
+            | {node.name for node in wf.graph().steps if node.over is not None}
             for name, wf in self.workflows.items()
         }
         self._child_nodes = any(
@@ -1036,9 +1040,12 @@ class Worker:
         started = time.perf_counter()
         try:
             node = _waits.node_of(self.workflows, job)
+            mapped = _fanout.node_of(self.workflows, job)
             parent = _children.node_of(self.workflows, job)
             outcome: Outcome
-            if parent is not None:  # a child node: submits its child run, or reads its end
+            if mapped is not None:  # a map node: expanded, parked or collected, never called
+                outcome = _fanout.execute(self.engine, self.id, job, mapped)
+            elif parent is not None:  # a child node: submits its child run, or reads its end
                 outcome = _children.execute(
                     self.engine, self.id, job, parent.child_spec(), self.backoff, self._run_step
                 )

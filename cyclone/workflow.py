@@ -12,7 +12,7 @@ import typing
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast
 
 from cyclone import _graph, _keys, errors, jobs, limits, schedules
 from cyclone._store import binds as _binds
@@ -113,6 +113,7 @@ class Step(Generic[R]):
         sleep: timedelta | None = None,
         output: Any = None,
         child: Workflow[Any] | None = None,
+        over: str | None = None,
     ) -> None:
         self.workflow = workflow
         self.fn = fn
@@ -137,6 +138,14 @@ class Step(Generic[R]):
             self.produces = child.input_type
             self.output_type = getattr(child, "output_type", type(None))
         self._child_spec: _children.Child | None = None
+        self.over = over
+        """The node a map node (``@wf.map``) maps over; None for other steps."""
+        self.item_type: Any = _arg_type(fn) if over is not None else Any
+        item_output: Any = self.output_type
+        self.item_output_type: Any = item_output
+        """What each item of a map node returns; the node's own output is a list of them."""
+        if over is not None:
+            self.output_type = list[item_output]
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -171,6 +180,7 @@ class Step(Generic[R]):
             priority=self.priority,
             signal=self.signal,
             sleep=self.sleep,
+            over=self.over,
         )
 
 
@@ -323,6 +333,50 @@ class Workflow(Generic[In]):
         return self._decorator(
             name, after, max_attempts, queue, priority, is_result=False, child=workflow
         )
+
+    def map(
+        self,
+        over: Step[Any] | str,
+        *,
+        after: Iterable[Step[Any] | str] = (),
+        name: str | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        queue: str | None = None,
+        priority: int = 0,
+        result: bool = False,
+    ) -> Callable[[Callable[..., R]], Step[list[R]]]:
+        """Decorate ``fn(ctx, item) -> output`` as a map node: once ``over`` completed with a
+        list, it runs once per item, each item a job of its own (its own attempts, claimed
+        in parallel by every worker), the item decoded to ``fn``'s annotation.
+
+        Its output, ``ctx.output(node)`` downstream, is the list of the items' outputs in
+        the list's order; an empty list completes it at once. An item that fails after its
+        attempts fails the node and the run; ``run.retry()`` re-runs only the failed items.
+        The options apply to each item's job (see docs/map.md). ``result=True`` makes it a
+        ``ResultWorkflow``'s result node: the run's result is the list.
+        """
+        if result and not self._has_result:
+            raise errors.DefinitionError(
+                f"map node of workflow {self.name!r}: result=True needs a ResultWorkflow"
+            )
+        over_name = self._dep_name(over)
+        deps = tuple(self._dep_name(dep) for dep in after)
+        if over_name in deps:
+            raise errors.DefinitionError(
+                f"map node of workflow {self.name!r}: {over_name!r} is given as over= "
+                "and in after=; over= is an upstream already"
+            )
+        decorate = self._decorator(
+            name,
+            (*deps, over_name),
+            max_attempts,
+            queue,
+            priority,
+            is_result=result,
+            over=over_name,
+        )
+        # Its output (``ctx.output(node)``) is the list of the items' outputs.
+        return cast("Callable[[Callable[..., R]], Step[list[R]]]", decorate)
 
     def _decorator(
         self,

@@ -69,6 +69,8 @@ class Claimed:
     upstream: dict[str, msgspec.Raw]
     key: str | None = None
     trace_context: str | None = None
+    item: int | None = None
+    """A map item's index in the list its map node maps over (its ``input`` is the item)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -386,6 +388,7 @@ _CLAIMED_COLUMNS = (
     jobs.c.scheduled_at,
     jobs.c.unique_key,
     jobs.c.trace_context,
+    jobs.c.item,
 )
 
 
@@ -415,6 +418,7 @@ def deliver_signals_ctes() -> tuple[Any, Any]:
                 node.c.run_id == signals.c.run_id,
                 node.c.args
                 == cast(func.jsonb_build_object(const("signal"), signals.c.name), JSONB),
+                node.c.item.is_(None),
             ),
         )
         .where(signals.c.wake_pending)
@@ -533,6 +537,7 @@ def claim_jobs_stmt(
         .where(
             upstream.c.run_id == claimed.c.run_id,
             upstream.c.kind == func.any(claimed.c.deps),
+            upstream.c.item.is_(None),
         )
         .scalar_subquery()
     )
@@ -551,13 +556,21 @@ def claim_jobs_stmt(
     stmt = select(
         recorded,
         *claimed_job_columns(claimed),
-        cast(func.coalesce(runs.c.input, claimed.c.args), Text),
+        # A map item runs with its item (its args), any other step with its run's input.
+        cast(
+            case(
+                (claimed.c.item.is_not(None), claimed.c.args),
+                else_=func.coalesce(runs.c.input, claimed.c.args),
+            ),
+            Text,
+        ),
         outputs,
         func.coalesce(runs.c.submit_key, claimed.c.unique_key),
         func.coalesce(runs.c.trace_context, claimed.c.trace_context),
         const(0, Integer)
         if woken is None
         else select(func.count()).select_from(woken).scalar_subquery(),
+        claimed.c.item,
     )
     claimed_runs = claimed.outerjoin(runs, runs.c.id == claimed.c.run_id)
     if done is None and woken is None:
@@ -624,6 +637,7 @@ def _claimed(row: Sequence[Any]) -> Claimed:
         upstream={} if row[11] is None else _upstream_decoder.decode(row[11]),
         key=row[12],
         trace_context=row[13],
+        item=row[15],
     )
 
 

@@ -83,8 +83,9 @@ def runs_locked_first() -> Any:
     return select(func.count()).select_from(locked).scalar_subquery() >= const(0, Integer)
 
 
-def complete_jobs_ctes(runs_locked: Any) -> tuple[Any, Any, Any]:
-    """The CTEs that complete ``:items`` and advance the DAG: ``(done, advanced, finished)``.
+def complete_jobs_ctes(runs_locked: Any) -> tuple[Any, ...]:
+    """The CTEs that complete ``:items`` and advance the DAG: ``(done, advanced, counted,
+    finished)`` (``counted``: the map nodes their items count down).
 
     They change rows when a statement carries them, whether or not it reads them, so the
     worker's claim statement carries them too: one statement records and claims.
@@ -105,7 +106,7 @@ def complete_jobs_ctes(runs_locked: Any) -> tuple[Any, Any, Any]:
             finalized_at=func.now(),
             heartbeat_at=None,
         )
-        .returning(jobs.c.id, jobs.c.run_id, jobs.c.kind)
+        .returning(jobs.c.id, jobs.c.run_id, jobs.c.kind, jobs.c.item)
         .cte("done")
     )
     dependent = jobs.alias("dependent")
@@ -115,11 +116,13 @@ def complete_jobs_ctes(runs_locked: Any) -> tuple[Any, Any, Any]:
             dependent.join(
                 done,
                 and_(
-                    dependent.c.run_id == done.c.run_id, done.c.kind == func.any(dependent.c.deps)
+                    dependent.c.run_id == done.c.run_id,
+                    done.c.kind == func.any(dependent.c.deps),
+                    done.c.item.is_(None),
                 ),
             )
         )
-        .where(dependent.c.state == const(JobState.BLOCKED.value))
+        .where(dependent.c.state == const(JobState.BLOCKED.value), dependent.c.item.is_(None))
         .group_by(dependent.c.id)
         .subquery("c")
     )
@@ -137,6 +140,7 @@ def complete_jobs_ctes(runs_locked: Any) -> tuple[Any, Any, Any]:
         .returning(jobs.c.id)
         .cte("advanced")
     )
+    counted = _count_items_down(done)
     per_run = (
         select(done.c.run_id, func.count().label("n"))
         .where(done.c.run_id.is_not(None))
@@ -160,7 +164,58 @@ def complete_jobs_ctes(runs_locked: Any) -> tuple[Any, Any, Any]:
         .returning(runs.c.id)
         .cte("finished")
     )
-    return done, advanced, finished
+    return done, advanced, counted, finished
+
+
+def _count_items_down(done: Any) -> Any:
+    """The CTE that counts a map node down by its items in ``done``, making it available
+    when the last completes (:mod:`cyclone._store.fanout`).
+
+    The map node is found by its index whatever its state in this statement's snapshot,
+    which may predate the run's lock this statement waits for: a worker deciding about
+    the node meanwhile (holding the lock) may have parked it, having counted these items
+    as not completed. Its state is read in ``SET``, on the row as it is once the lock is
+    granted: a parked (blocked) node, or one being decided (running, whose decision sets
+    the count anew), is counted down; a node in any other state is left as it is.
+    """
+    node = jobs.alias("map_node")
+    per_node = (
+        select(node.c.id, func.count().label("n"))
+        .select_from(
+            node.join(
+                done,
+                and_(
+                    node.c.run_id == done.c.run_id,
+                    node.c.kind == done.c.kind,
+                    node.c.item.is_(None),
+                    done.c.item.is_not(None),
+                ),
+            )
+        )
+        .group_by(node.c.id)
+        .subquery("m")
+    )
+    left = jobs.c.pending_deps - per_node.c.n
+    counting = jobs.c.state.in_([const(JobState.BLOCKED.value), const(JobState.RUNNING.value)])
+    return (
+        update(jobs)
+        .where(jobs.c.id == per_node.c.id)
+        .values(
+            pending_deps=case((counting, left), else_=jobs.c.pending_deps),
+            state=case(
+                (
+                    and_(
+                        jobs.c.state == const(JobState.BLOCKED.value),
+                        left == const(0, Integer),
+                    ),
+                    const(JobState.AVAILABLE.value),
+                ),
+                else_=jobs.c.state,
+            ),
+        )
+        .returning(jobs.c.id)
+        .cte("items_counted")
+    )
 
 
 def run_over() -> Any:

@@ -42,6 +42,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from cyclone import errors
 from cyclone._store import completion as _completion
 from cyclone._store import executor as _executor
+from cyclone._store import fanout as _fanout
 from cyclone._store import limits as _limits
 from cyclone._store import notify as _notify
 from cyclone._store.executor import const
@@ -91,6 +92,7 @@ def reset_jobs_stmt(*, every_step: bool) -> Any:
         .where(
             upstream.c.run_id == jobs.c.run_id,
             upstream.c.kind == func.any(jobs.c.deps),
+            upstream.c.item.is_(None),
             upstream.c.state != const(JobState.COMPLETED.value),
         )
         .scalar_subquery()
@@ -316,6 +318,8 @@ def cancel_many(engine: Engine, run_ids: Sequence[uuid.UUID]) -> int:
 def _restart_locked(conn: Connection, run_ids: list[uuid.UUID], *, every_step: bool) -> None:
     """Restart the runs ``run_ids``, locked and checked: their steps, signals and state."""
     params = {"rids": run_ids}
+    if every_step:
+        _fanout.forget_items(conn, run_ids)
     _executor.affected(conn, _RESET_ALL if every_step else _RESET_FAILED, params)
     _executor.affected(conn, _CLEAR_UNSENT_SIGNALS, params)
     _executor.affected(conn, _RESTART_ANY if every_step else _RESTART_FAILED, params)

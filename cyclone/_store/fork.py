@@ -154,6 +154,7 @@ def insert_fork_stmt() -> Any:
                 step.c.kept,
                 kept_job.c.run_id == source_id,
                 kept_job.c.kind == step.c.name,
+                kept_job.c.item.is_(None),
                 kept_job.c.state == const(JobState.COMPLETED.value),
             ),
         )

@@ -303,6 +303,7 @@ def claim_gated_stmt(names: tuple[str, ...], queues: tuple[str, ...] | None, lim
         claimed.c.unique_key,
         claimed.c.trace_context,
         select(func.count()).select_from(served).scalar_subquery(),
+        claimed.c.item,
     ).order_by(claimed.c.priority, claimed.c.scheduled_at, claimed.c.id)
     return stmt
 

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Connection,
     Engine,
     Select,
@@ -26,6 +27,7 @@ from sqlalchemy import (
     literal_column,
     null,
     select,
+    true,
     tuple_,
     union_all,
 )
@@ -35,6 +37,7 @@ from cyclone._store import binds as _binds
 from cyclone._store import executor as _executor
 from cyclone._store import parked as _parked
 from cyclone._store import unstarted as _unstarted
+from cyclone._store.executor import const
 from cyclone.schema import LISTED_SINCE, jobs, runs
 from cyclone.states import JobState, Parked, RunState
 
@@ -136,7 +139,12 @@ def select_result_stmt() -> Select[Any]:
         select(runs.c.state, runs.c.result_step, cast(jobs.c.output, Text))
         .select_from(
             runs.outerjoin(
-                jobs, and_(jobs.c.run_id == runs.c.id, jobs.c.kind == runs.c.result_step)
+                jobs,
+                and_(
+                    jobs.c.run_id == runs.c.id,
+                    jobs.c.kind == runs.c.result_step,
+                    jobs.c.item.is_(None),  # a map node's own job, not its items
+                ),
             )
         )
         .where(runs.c.id == bindparam("rid"))
@@ -513,13 +521,32 @@ _STEP_COLUMNS = (
 )
 _PARKED_COLUMNS = ("waiting_for", "wakes_at", "parked")
 """Why a step waits, after :data:`_STEP_COLUMNS`: its signal, when it wakes, how it is parked."""
-_STEPS_CREATED = select(
-    *(jobs.c[n] for n in _STEP_COLUMNS),
-    case((_parked.waiting_step(jobs), _parked.signal_of(jobs))).label("waiting_for"),
-    _parked.wakes_at(jobs).label("wakes_at"),
-    _parked.step_parked(jobs).label("parked"),
-    jobs.c.id.label("ord"),
-).where(jobs.c.run_id == bindparam("id"))
+_ITEMS_COLUMNS = ("items_done", "items_total")
+"""A map node's items completed and all its items (NULL for other steps), after
+:data:`_PARKED_COLUMNS`."""
+_item = jobs.alias("item")
+_ITEMS = (
+    select(
+        func.count().filter(_item.c.state == const(JobState.COMPLETED.value)),
+        func.count(),
+    )
+    .where(_item.c.run_id == jobs.c.run_id, _item.c.kind == jobs.c.kind, _item.c.item.is_not(None))
+    .subquery("items")
+    .lateral()
+)
+_STEPS_CREATED = (
+    select(
+        *(jobs.c[n] for n in _STEP_COLUMNS),
+        case((_parked.waiting_step(jobs), _parked.signal_of(jobs))).label("waiting_for"),
+        _parked.wakes_at(jobs).label("wakes_at"),
+        _parked.step_parked(jobs).label("parked"),
+        jobs.c.id.label("ord"),
+        case((_ITEMS.c[1] > 0, _ITEMS.c[0])).label("items_done"),
+        case((_ITEMS.c[1] > 0, _ITEMS.c[1])).label("items_total"),
+    )
+    .select_from(jobs.join(_ITEMS, true()))
+    .where(jobs.c.run_id == bindparam("id"), jobs.c.item.is_(None))
+)
 _UNSTARTED = _unstarted.steps_of(bindparam("id")).subquery("unstarted")
 _STEPS_ALL = union_all(
     _STEPS_CREATED,
@@ -529,12 +556,14 @@ _STEPS_ALL = union_all(
         _parked.wakes_at(_UNSTARTED),
         _parked.unstarted_step_parked(_UNSTARTED),
         _UNSTARTED.c.ord,
+        cast(null(), BigInteger),
+        cast(null(), BigInteger),
     ),
 ).subquery("steps")
 _STEPS = select(
     *(
         cast(_STEPS_ALL.c[n], Text) if n in ("errors", "output") else _STEPS_ALL.c[n]
-        for n in (*_STEP_COLUMNS, *_PARKED_COLUMNS)
+        for n in (*_STEP_COLUMNS, *_PARKED_COLUMNS, *_ITEMS_COLUMNS)
     )
 ).order_by(_STEPS_ALL.c.ord)
 """A run's steps in order: its jobs, or, for a run not started yet, its graph's steps."""
@@ -545,7 +574,8 @@ def run_detail(
 ) -> tuple[Sequence[Any], list[_executor.Row]] | None:
     """Run ``run_id``'s row (its status, then input, result step, graph as JSON text, steps
     remaining and the database's clock) and its steps' rows (:data:`_STEP_COLUMNS` with JSON
-    as text, then :data:`_PARKED_COLUMNS`), or None. Send it in one snapshot, so that the
+    as text, then :data:`_PARKED_COLUMNS` and :data:`_ITEMS_COLUMNS`; a map node's items are
+    counted, not listed), or None. Send it in one snapshot, so that the
     steps match the run."""
     row = _executor.first(conn, _RUN_DETAIL, {"id": run_id})
     if row is None:

@@ -191,7 +191,7 @@ def rescue_jobs_stmt() -> Any:
         give_up=gives_up,
         lost=jobs.c.lost + 1,
         errors=jobs.c.errors.op("||")(record),
-    ).returning(jobs.c.id, jobs.c.run_id, jobs.c.kind, jobs.c.state)
+    ).returning(jobs.c.id, jobs.c.run_id, jobs.c.kind, jobs.c.state, jobs.c.item)
 
 
 def expire_runs_stmt() -> Any:
@@ -278,12 +278,14 @@ def rescue(conn: Connection, rescue_after: timedelta) -> list[int]:
     params = {"rescue_after": rescue_after}
     rids = _executor.column(conn, _LOCK_STALE_RUNS, params)
     rows = _executor.rows(conn, _RESCUE, {**params, "rids": rids})
-    for _job_id, run_id, kind, state in rows:
+    for _job_id, run_id, kind, state, item in rows:
         if state == JobState.FAILED.value and run_id is not None:
+            what = f"step {kind!r}" if item is None else f"item {item} of step {kind!r}"
             error = {
                 "type": "WorkerLost",
-                "message": f"step {kind!r} was lost with its worker too many times "
+                "message": f"{what} was lost with its worker too many times "
                 "(max(max_attempts, 3)); it may be killing its worker",
+                **({} if item is None else {"item": item}),
             }
             _completion.fail_run(conn, run_id, kind, error)
     return [row[0] for row in rows]

@@ -20,7 +20,13 @@ them are in tests/support/invariants.py):
 - A running, started run's ``steps_remaining`` counts its jobs not completed: counted
   down by ``job.complete`` in the statement that completes the run at zero
   (``run.complete``), and set again by the resets of a retry (``job.reset*``); a retry
-  that leaves nothing to run completes the run at once (``run.complete_restarted``).
+  that leaves nothing to run completes the run at once (``run.complete_restarted``). A
+  map node's expansion adds its items to the count in the statement that inserts them
+  (:mod:`cyclone._store.fanout`); each item is then counted down as any job.
+- A map node parked by ``job.fan_out`` (blocked) has ``pending_deps`` equal to its items
+  not completed: counted under the run's lock when it parks, then down by each item's
+  ``job.complete``; a completed map node has exactly one completed item per element of
+  its output.
 - A running job has an owner and a lease: ``job.claim`` sets them; the releases
   (``job.hand_back``, ``job.rescue``, ``job.park``, ``job.park_blocked``,
   ``job.cancel_ended``, ``job.cancel_ended_park``) clear the owner and move the lease on,
@@ -32,7 +38,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from cyclone._store import children, claim, completion, control, rescue, standalone, waits
+from cyclone._store import (
+    children,
+    claim,
+    completion,
+    control,
+    fanout,
+    rescue,
+    standalone,
+    waits,
+)
 from cyclone.schema import jobs
 from cyclone.states import TERMINAL_RUN_STATES, RunState
 
@@ -85,6 +100,7 @@ BUILDERS: dict[str, Callable[[], Any]] = {
     "job.park": waits.park_stmt,
     "job.park_blocked": waits.park_stmt,
     "job.wake_parent": children.wake_stmt,
+    "job.fan_out": fanout.fan_out_stmt,
     "job.cancel_ended_park": waits.end_parked_stmt,
     "job.cancel": standalone.cancel_job_stmt,
     "job.retry": standalone.retry_standalone_job_stmt,
@@ -97,5 +113,5 @@ BUILDERS: dict[str, Callable[[], Any]] = {
 }
 """For each edge of :data:`cyclone.states.EDGES` by key, the builder of its statement."""
 
-OWNERS = (children, claim, completion, control, rescue, standalone, waits)
+OWNERS = (children, claim, completion, control, fanout, rescue, standalone, waits)
 """The store's modules whose statements change a run's or a job's state."""

@@ -225,6 +225,9 @@ def end_parked_stmt() -> Any:
 
 _PARK = park_stmt()
 _END = end_parked_stmt()
+GUARD, LOCK_RUN, LOCK_JOB, END = _GUARD, _LOCK_RUN, _LOCK_JOB, _END
+"""The guard of a claimed node's job, and the statements that lock its run, then the job,
+and end it in a run that has ended: shared with map nodes (:mod:`cyclone._store.fanout`)."""
 _upstream = jobs.alias("upstream")
 _SLEEP_DUE = select(
     func.coalesce(

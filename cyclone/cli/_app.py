@@ -1004,6 +1004,8 @@ def _step_record(step: StepStatus) -> dict[str, Any]:
         "waiting_for": step.waiting_for,
         "wakes_at": step.wakes_at,
         "parked": None if step.parked is None else step.parked.value,
+        "items_done": step.items_done,
+        "items_total": step.items_total,
     }
 
 
@@ -1050,7 +1052,8 @@ def _print_run_detail(detail: RunDetail) -> None:
             ("child", f"{child.id} {child.workflow} {child.state.value} (node {child.parent_node})")
         )
     if run.error:
-        where = f"step {run.failed_step}: " if run.failed_step else ""
+        item = f" item {run.error['item']}" if "item" in run.error else ""
+        where = f"step {run.failed_step}{item}: " if run.failed_step else ""
         pairs.append(("error", f"{where}{_error_summary(run.error, width=200)}"))
     _output.fields(pairs)
     _output.heading("input")
@@ -1062,6 +1065,13 @@ def _print_run_detail(detail: RunDetail) -> None:
     _output.table(_STEP_COLUMNS, detail.steps)
     for step in detail.steps:
         _print_errors(step.errors, f"step {step.name}")
+
+
+def _step_state(step: StepStatus) -> str:
+    """A step's state; for a map node that made its items, how many of them completed."""
+    if step.items_total is None:
+        return step.state.value
+    return f"{step.state.value} ({step.items_done}/{step.items_total} items)"
 
 
 def _step_waits(step: StepStatus) -> str:
@@ -1156,7 +1166,7 @@ _RUN_COLUMNS: list[_output.Column] = [
 
 _STEP_COLUMNS: list[_output.Column] = [
     ("STEP", lambda s: s.name),
-    ("STATE", lambda s: s.state.value),
+    ("STATE", lambda s: _step_state(s)),
     ("ATTEMPTS", lambda s: f"{s.attempt}/{s.max_attempts}"),
     ("QUEUE", lambda s: s.queue),
     ("STARTED (UTC)", lambda s: _output.when(s.started_at)),

@@ -234,6 +234,11 @@ EXECUTED = (
         "docs/keys.md", None, "tests/test_docs_keys_and_time.py::test_doc_page_blocks_run_in_order"
     ),
     Executed(
+        "docs/map.md",
+        None,
+        "tests/test_map.py::test_the_map_page_blocks_run_in_order",
+    ),
+    Executed(
         "docs/migrations.md",
         None,
         "tests/test_alembic_wheel.py::test_every_block_of_the_doc_is_a_snippet_these_tests_run",

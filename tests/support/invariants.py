@@ -60,11 +60,12 @@ INVARIANTS: tuple[Invariant, ...] = (
         "a running, started run has a job for every step of its graph",
         """
         SELECT r.id AS run_id, jsonb_array_length(r.graph -> 'steps') AS steps,
-               (SELECT count(*) FROM cyclone_jobs j WHERE j.run_id = r.id) AS jobs
+               (SELECT count(*) FROM cyclone_jobs j
+                WHERE j.run_id = r.id AND j.item IS NULL) AS jobs
         FROM cyclone_runs r
         WHERE r.state = 'running' AND r.start_at IS NULL
           AND jsonb_array_length(r.graph -> 'steps')
-              <> (SELECT count(*) FROM cyclone_jobs j WHERE j.run_id = r.id)
+              <> (SELECT count(*) FROM cyclone_jobs j WHERE j.run_id = r.id AND j.item IS NULL)
         """,
     ),
     Invariant(
@@ -92,17 +93,58 @@ INVARIANTS: tuple[Invariant, ...] = (
         """,
     ),
     Invariant(
-        "a step's pending_deps counts its upstream steps not completed (unless it ended)",
+        "a step's pending_deps counts its upstream steps not completed, a map node parked "
+        "for its items its items not completed (unless it ended)",
         f"""
-        SELECT j.id AS job_id, j.run_id, j.kind, j.state, j.pending_deps,
-               (SELECT count(*) FROM cyclone_jobs u
-                WHERE u.run_id = j.run_id AND u.kind = ANY (j.deps)
-                  AND u.state <> 'completed') AS upstream_not_completed
-        FROM cyclone_jobs j JOIN cyclone_runs r ON r.id = j.run_id
-        WHERE r.state = 'running' AND j.state IN {ACTIVE_JOBS}
-          AND j.pending_deps <> (SELECT count(*) FROM cyclone_jobs u
-                                 WHERE u.run_id = j.run_id AND u.kind = ANY (j.deps)
-                                   AND u.state <> 'completed')
+        SELECT * FROM (
+            SELECT j.id AS job_id, j.run_id, j.kind, j.state, j.pending_deps,
+                   CASE WHEN j.state = 'running' AND j.item IS NULL AND EXISTS (
+                            SELECT 1 FROM cyclone_jobs i
+                            WHERE i.run_id = j.run_id AND i.kind = j.kind
+                              AND i.item IS NOT NULL)
+                        THEN j.pending_deps  -- being decided: the decision counts anew
+                        WHEN j.state = 'blocked' AND j.item IS NULL AND EXISTS (
+                            SELECT 1 FROM cyclone_jobs i
+                            WHERE i.run_id = j.run_id AND i.kind = j.kind
+                              AND i.item IS NOT NULL)
+                        THEN (SELECT count(*) FROM cyclone_jobs i
+                              WHERE i.run_id = j.run_id AND i.kind = j.kind
+                                AND i.item IS NOT NULL AND i.state <> 'completed')
+                        ELSE (SELECT count(*) FROM cyclone_jobs u
+                              WHERE u.run_id = j.run_id AND u.kind = ANY (j.deps)
+                                AND u.item IS NULL AND u.state <> 'completed')
+                   END AS expected
+            FROM cyclone_jobs j JOIN cyclone_runs r ON r.id = j.run_id
+            WHERE r.state = 'running' AND j.state IN {ACTIVE_JOBS}
+        ) counted
+        WHERE pending_deps <> expected
+        """,
+    ),
+    Invariant(
+        "a map item belongs to a map node of its run, its deps among the node's",
+        """
+        SELECT i.id AS job_id, i.run_id, i.kind, i.item FROM cyclone_jobs i
+        WHERE i.item IS NOT NULL AND (i.item < 0 OR NOT EXISTS (
+            SELECT 1 FROM cyclone_jobs n
+            WHERE n.run_id = i.run_id AND n.kind = i.kind AND n.item IS NULL
+              AND i.deps <@ n.deps))
+        """,
+    ),
+    Invariant(
+        "a completed map node has one completed item per element of its output, whose "
+        "outputs it is, in order",
+        """
+        SELECT n.id AS job_id, n.run_id, n.kind, jsonb_array_length(n.output) AS elements,
+               count(*) AS items, count(*) FILTER (WHERE i.state = 'completed') AS completed
+        FROM cyclone_jobs n
+        JOIN cyclone_jobs i ON i.run_id = n.run_id AND i.kind = n.kind AND i.item IS NOT NULL
+        WHERE n.item IS NULL AND n.state = 'completed'
+        GROUP BY n.id
+        HAVING jsonb_typeof(n.output) <> 'array'
+            OR count(*) <> jsonb_array_length(n.output)
+            OR count(*) FILTER (WHERE i.state = 'completed') <> count(*)
+            OR max(i.item) <> count(*) - 1
+            OR jsonb_agg(i.output ORDER BY i.item) <> n.output
         """,
     ),
     Invariant(

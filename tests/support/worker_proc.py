@@ -15,6 +15,8 @@ Modes:
 - ``grace NAME LOCK,GRACE``: as ``serve``, with ``Worker.run(grace=GRACE)``; prints
   ``{"pid", "handed_back"}``.
 - ``ops NAME -``: ``Worker.run()`` on :func:`pipeline` with INFO logging on stderr.
+- ``map NAME -``: ``Worker.run()`` on :func:`mapped` with concurrency 4, until killed: its
+  items record each execution in the map results table.
 - ``lead NAME FLAG``: ``Worker.run()`` on :func:`crashy` with ``rescue_after`` of
   :data:`LEAD_RESCUE_AFTER` and INFO logging on stderr, until SIGTERM: the test freezes it
   (SIGSTOP) while it leads maintenance and runs the blocked step.
@@ -136,6 +138,49 @@ def gated(name: str, lock: int) -> cyclone.Workflow[Item]:
     return wf
 
 
+def map_results_table(name: str) -> str:
+    """The table where the items of :func:`mapped` record each execution (one row each)."""
+    return f"{name}_items"
+
+
+def create_map_results_table(bind: sa.Engine, name: str) -> None:
+    with bind.begin() as conn:
+        conn.execute(
+            sa.text(
+                f'CREATE TABLE IF NOT EXISTS "{map_results_table(name)}" '
+                "(id bigserial PRIMARY KEY, item integer NOT NULL, pid integer NOT NULL)"
+            )
+        )
+
+
+def mapped(name: str) -> cyclone.ResultWorkflow[Item, list[int]]:
+    """``numbers`` returns ``range(n)``; the map node ``square`` squares each, recording
+    every execution; the result is the list of squares."""
+    wf: cyclone.ResultWorkflow[Item, list[int]] = cyclone.ResultWorkflow(
+        name, input=Item, output=list[int]
+    )
+
+    @wf.step()
+    def numbers(ctx: cyclone.StepContext, item: Item) -> list[int]:
+        return list(range(item.n))
+
+    @wf.map(over=numbers, max_attempts=3)
+    def square(ctx: cyclone.StepContext, n: int) -> int:
+        with engine().begin() as conn:
+            conn.execute(
+                sa.text(f'INSERT INTO "{map_results_table(name)}" (item, pid) VALUES (:n, :pid)'),
+                {"n": n, "pid": os.getpid()},
+            )
+        threading.Event().wait(0.05)  # long enough to be running when a worker is killed
+        return n * n
+
+    @wf.result(after=[square])
+    def squares(ctx: cyclone.StepContext, item: Item) -> list[int]:
+        return ctx.output(square)
+
+    return wf
+
+
 def main(argv: list[str]) -> int:
     mode, name, arg = argv
     bind = engine()
@@ -179,6 +224,16 @@ def main(argv: list[str]) -> int:
         cyclone.Worker(
             bind, workflows=[pipeline(name)], heartbeat_interval=HEARTBEAT, poll_interval=0.2
         ).run(grace=5)
+    elif mode == "map":
+        cyclone.Worker(
+            bind,
+            workflows=[mapped(name)],
+            concurrency=4,
+            heartbeat_interval=HEARTBEAT,
+            rescue_after=LEAD_RESCUE_AFTER,
+            poll_interval=0.2,
+            sweep=False,
+        ).run()
     elif mode == "lead":
         logging.basicConfig(
             level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s"

@@ -81,6 +81,10 @@ class Job(models.Model):
     attempted_at = models.DateTimeField("attempted", null=True)
     heartbeat_at = models.DateTimeField("heartbeat", null=True)
     finalized_at = models.DateTimeField("finished", null=True)
+    item = models.IntegerField(
+        null=True,
+        help_text="A map item's index in the list its map node maps over, else empty.",
+    )
 
     class Meta:
         managed = False
