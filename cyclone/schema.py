@@ -80,6 +80,7 @@ runs = Table(
     Column("limit_name", Text),
     Column("limit_key", Text),
     Column("limit_start_at", DateTime(timezone=True)),
+    Column("step_limits", JSONB),
     CheckConstraint(_in("state", RunState), name="state"),
     CheckConstraint(
         _finalized_iff(TERMINAL_RUN_STATES),
@@ -199,14 +200,15 @@ jobs = Table(
     CheckConstraint("(run_id IS NULL) = (workflow IS NULL)", name="run_or_standalone"),
 )
 # The claim indexes, one range per workflow and per standalone kind, so that a claim reads
-# only the jobs its worker serves: see revision cyclone_0003.
+# only the jobs its worker serves: see revision cyclone_0003. A limited step is left out
+# of its workflow's range and claimed through ix_cyclone_jobs_gated (cyclone_0016).
 Index(
     "ix_cyclone_jobs_claim_workflow",
     jobs.c.workflow,
     jobs.c.priority,
     jobs.c.scheduled_at,
     jobs.c.id,
-    postgresql_where=text("state = 'available' AND workflow IS NOT NULL"),
+    postgresql_where=text("state = 'available' AND workflow IS NOT NULL AND limit_name IS NULL"),
 )
 Index(
     "ix_cyclone_jobs_claim_kind",

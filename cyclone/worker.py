@@ -321,7 +321,10 @@ class Worker:
         self.schedules = schedules.collect(self.workflows.values())
         specs: dict[str, LimitSpec] = {}
         workflow_specs = [wf.limit for wf in self.workflows.values() if wf.limit is not None]
-        for spec in [st.limit for st in self.steps.values()] + workflow_specs:
+        step_specs = [
+            spec for wf in self.workflows.values() for spec in wf._limited_steps().values()
+        ]
+        for spec in [st.limit for st in self.steps.values()] + workflow_specs + step_specs:
             if spec is None:
                 continue
             other = specs.setdefault(spec.name, spec)
@@ -336,7 +339,13 @@ class Worker:
             sorted(n for n, spec in specs.items() if spec.counts != "runs")
         )
         """The limits of the step kinds served: their jobs are claimed by ``claim_gated``."""
-        self._gated_kinds = frozenset(k for k, st in self.steps.items() if st.limit is not None)
+        self._gated_kinds = frozenset(
+            [(None, k) for k, st in self.steps.items() if st.limit is not None]
+            + [(wf.name, step) for wf in self.workflows.values() for step in wf._limited_steps()]
+        )
+        """The (workflow, kind) of the limited jobs served: one leaving running frees a slot."""
+        self._gated_steps = bool(step_specs)
+        """Whether a served limit is a workflow step's: the limited claim reads runs too."""
         if not self.workflows and not self.steps:
             raise errors.DefinitionError("a Worker needs at least one workflow or step kind")
         if concurrency < 1:
@@ -660,7 +669,7 @@ class Worker:
             scope = self._scopes[queue] = _claim.Scope(
                 queues=None if queue == "*" else (queue,),
                 workflows=tuple(sorted(self.workflows)),
-                kinds=tuple(sorted(k for k in self.steps if k not in self._gated_kinds)),
+                kinds=tuple(sorted(k for k in self.steps if (None, k) not in self._gated_kinds)),
             )
         return scope
 
@@ -908,11 +917,14 @@ class Worker:
                         names=self._gated,
                         queues=None if name == "*" else (name,),
                         limit=room,
+                        steps=self._gated_steps,
                     )
                     claimed += got
                     left -= len(got)
             self._delivered = sum(woke)
-            if left <= 0 and any(job.kind in self._gated_kinds for job, _ in outcomes):
+            if left <= 0 and any(
+                (job.workflow, job.kind) in self._gated_kinds for job, _ in outcomes
+            ):
                 # A limited job left running, and this worker has no room to take its
                 # slot: wake the others now rather than at their next poll.
                 _limits_store.ring(held)

@@ -59,6 +59,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, insert
 from cyclone._store import binds as _binds
 from cyclone._store import executor as _executor
 from cyclone._store import notify as _notify
+from cyclone._store import queues as _queues
 from cyclone._store.claim import _CLAIMED_COLUMNS, Claimed, _claimed, claimed_job_columns
 from cyclone._store.executor import const
 from cyclone.schema import jobs, limit_keys, limits, runs
@@ -163,8 +164,16 @@ def _window(per: Any) -> Any:
     return func.to_timestamp(func.floor(extract("epoch", func.now()) / seconds) * seconds)
 
 
-def _due(table: Any, name: Any, key: Any, queues: tuple[str, ...] | None) -> tuple[Any, ...]:
-    """An available job of the limit ``name`` and ``key``, due, of ``queues`` (None: any)."""
+def _due(
+    table: Any, name: Any, key: Any, queues: tuple[str, ...] | None, steps: bool = False
+) -> tuple[Any, ...]:
+    """An available job of the limit ``name`` and ``key``, due, of ``queues`` (None: any),
+    in a queue not paused; with ``steps`` (workflow steps are served), of no run or of a
+    running run (its state read by a probe of its primary key, as the ordinary claim does)."""
+    run_check: Any = true()
+    if steps:
+        run_state = select(runs.c.state).where(runs.c.id == table.c.run_id).scalar_subquery()
+        run_check = or_(table.c.run_id.is_(None), run_state == const(RunState.RUNNING.value))
     return (
         table.c.limit_name == name,
         table.c.limit_key == key,
@@ -172,6 +181,8 @@ def _due(table: Any, name: Any, key: Any, queues: tuple[str, ...] | None) -> tup
         table.c.scheduled_at <= func.now(),
         or_(table.c.deadline.is_(None), table.c.deadline > func.now()),
         true() if queues is None else table.c.queue.in_([const(q) for q in queues]),
+        _queues.served(table.c.queue),
+        run_check,
     )
 
 
@@ -189,8 +200,13 @@ def _running_of(name: Any, key: Any) -> Any:
     )
 
 
-def claim_gated_stmt(names: tuple[str, ...], queues: tuple[str, ...] | None, limit: int) -> Any:
-    """Claim up to ``limit`` due jobs of the limits ``names`` for ``:me`` (see the module)."""
+def claim_gated_stmt(
+    names: tuple[str, ...], queues: tuple[str, ...] | None, limit: int, steps: bool = False
+) -> Any:
+    """Claim up to ``limit`` due jobs of the limits ``names`` for ``:me`` (see the module).
+
+    With ``steps`` (a limit of ``names`` is a workflow step's), a claimed step returns its
+    run's input and its upstream outputs, as the ordinary claim does."""
     top: Any = literal_column(str(int(limit)))
     k, lim = limit_keys, limits
     window = _window(lim.c.per)
@@ -213,7 +229,7 @@ def claim_gated_stmt(names: tuple[str, ...], queues: tuple[str, ...] | None, lim
         .where(
             k.c.name.in_([const(n) for n in names]),
             lim.c.max - used > const(0, Integer),
-            exists(select(a.c.id).where(*_due(a, k.c.name, k.c.key, queues))),
+            exists(select(a.c.id).where(*_due(a, k.c.name, k.c.key, queues, steps))),
         )
         .order_by(k.c.served_at, k.c.name, k.c.key)
         .limit(top)
@@ -229,7 +245,7 @@ def claim_gated_stmt(names: tuple[str, ...], queues: tuple[str, ...] | None, lim
     c = jobs.alias("c")
     cand = (
         select(c.c.id, c.c.priority, c.c.scheduled_at)
-        .where(*_due(c, locked.c.name, locked.c.key, queues))
+        .where(*_due(c, locked.c.name, locked.c.key, queues, steps))
         .order_by(c.c.priority, c.c.scheduled_at, c.c.id)
         .limit(func.least(locked.c.room, top))
         .with_for_update(skip_locked=True)
@@ -295,23 +311,46 @@ def claim_gated_stmt(names: tuple[str, ...], queues: tuple[str, ...] | None, lim
         .returning(limit_keys.c.name)
         .cte("served")
     )
-    stmt = select(
-        cast(null(), Integer),
-        *claimed_job_columns(claimed),
-        cast(claimed.c.args, Text),
-        cast(null(), Text),
-        claimed.c.unique_key,
-        claimed.c.trace_context,
-        select(func.count()).select_from(served).scalar_subquery(),
-    ).order_by(claimed.c.priority, claimed.c.scheduled_at, claimed.c.id)
-    return stmt
+    served_count = select(func.count()).select_from(served).scalar_subquery()
+    if not steps:
+        return select(
+            cast(null(), Integer),
+            *claimed_job_columns(claimed),
+            cast(claimed.c.args, Text),
+            cast(null(), Text),
+            claimed.c.unique_key,
+            claimed.c.trace_context,
+            served_count,
+        ).order_by(claimed.c.priority, claimed.c.scheduled_at, claimed.c.id)
+    upstream = jobs.alias("upstream")
+    outputs = (
+        select(cast(func.jsonb_object_agg(upstream.c.kind, upstream.c.output), Text))
+        .where(
+            upstream.c.run_id == claimed.c.run_id,
+            upstream.c.kind == func.any(claimed.c.deps),
+        )
+        .scalar_subquery()
+    )
+    return (
+        select(
+            cast(null(), Integer),
+            *claimed_job_columns(claimed),
+            cast(func.coalesce(runs.c.input, claimed.c.args), Text),
+            outputs,
+            func.coalesce(runs.c.submit_key, claimed.c.unique_key),
+            func.coalesce(runs.c.trace_context, claimed.c.trace_context),
+            served_count,
+        )
+        .select_from(claimed.outerjoin(runs, runs.c.id == claimed.c.run_id))
+        .order_by(claimed.c.priority, claimed.c.scheduled_at, claimed.c.id)
+    )
 
 
 @functools.lru_cache(maxsize=256)
 def _fast_claim_gated(
-    names: tuple[str, ...], queues: tuple[str, ...] | None, limit: int
+    names: tuple[str, ...], queues: tuple[str, ...] | None, limit: int, steps: bool
 ) -> _executor.Compiled:
-    return _executor.Compiled(claim_gated_stmt(names, queues, limit))
+    return _executor.Compiled(claim_gated_stmt(names, queues, limit, steps))
 
 
 def claim_gated(
@@ -321,11 +360,13 @@ def claim_gated(
     names: tuple[str, ...],
     queues: tuple[str, ...] | None,
     limit: int,
+    steps: bool = False,
 ) -> list[Claimed]:
-    """Claim up to ``limit`` due jobs of the limits ``names`` in one autocommit statement."""
+    """Claim up to ``limit`` due jobs of the limits ``names`` in one autocommit statement
+    (``steps``: some are workflow steps)."""
     if limit <= 0 or not names:
         return []
-    rows = conn.rows(_fast_claim_gated(names, queues, limit), {"me": worker_id})
+    rows = conn.rows(_fast_claim_gated(names, queues, limit, steps), {"me": worker_id})
     return [_claimed(row) for row in rows]
 
 
