@@ -892,14 +892,36 @@ class Worker:
             self._claim_turn += 1
             start = self._claim_turn % len(turns) if turns else 0
             carrying = successes
+            gated_ended = any((job.workflow, job.kind) in self._gated_kinds for job, _ in outcomes)
+            rang = False
             for name, limit in turns[start:] + turns[:start] or [("*", 0)]:
                 if left <= 0 and not carrying:
                     break
+                scope = self._scope(name)
+                if self._gated and not (scope.workflows or scope.kinds):
+                    # Nothing but limited jobs to claim: one statement records and claims.
+                    recorded, got = _limits_store.record_and_claim_gated(
+                        held,
+                        worker_id=self.id,
+                        successes=carrying,
+                        names=self._gated,
+                        queues=scope.queues,
+                        limit=min(limit, left),
+                        steps=self._gated_steps,
+                        ring=gated_ended and not rang,
+                    )
+                    rang = rang or gated_ended
+                    if carrying:
+                        self._settle(carrying, recorded)
+                    carrying = []
+                    claimed += got
+                    left -= len(got)
+                    continue
                 recorded, got = _claim.record_and_claim(
                     held,
                     worker_id=self.id,
                     successes=carrying,
-                    scope=self._scope(name),
+                    scope=scope,
                     limit=max(0, min(limit, left)),
                     woke=woke,
                     deliver=deliver and not woke,
@@ -922,9 +944,7 @@ class Worker:
                     claimed += got
                     left -= len(got)
             self._delivered = sum(woke)
-            if left <= 0 and any(
-                (job.workflow, job.kind) in self._gated_kinds for job, _ in outcomes
-            ):
+            if left <= 0 and gated_ended and not rang:
                 # A limited job left running, and this worker has no room to take its
                 # slot: wake the others now rather than at their next poll.
                 _limits_store.ring(held)

@@ -257,3 +257,21 @@ def test_limits_list_and_set_on_the_command_line(engine: sa.Engine, name: str) -
     assert len(unknown.stderr.strip().splitlines()) == 1
     with engine.begin() as conn:
         conn.execute(sa.text("DELETE FROM cyclone_jobs WHERE kind = :k"), {"k": name})
+
+
+def test_a_worker_serving_only_limited_kinds_records_and_claims_in_one_statement(
+    engine: sa.Engine, name: str, statements: Any
+) -> None:
+    (step,) = kinds(name, {"limit": "concurrency", "max": 100})
+    with engine.begin() as conn:
+        for _ in range(40):
+            step.enqueue_tx(conn, {"k": "a", "ms": 0})
+    with cyclone.Worker(engine, steps=[step], concurrency=1, sweep=False) as worker:
+        statements.reset()
+        worker.drain()
+    # One job at a time: each statement records the last job and claims the next. No
+    # statement claims nothing but limited jobs apart, and none only rings NOTIFY.
+    assert not [s for s in statements.statements if s.lstrip().startswith("SELECT pg_notify")]
+    claims = [s for s in statements.statements if "FROM cyclone_limit_keys" in s]
+    assert len(claims) <= 40 + 2, len(claims)
+    assert len(statements.statements) <= 40 + 10, len(statements.statements)

@@ -33,6 +33,8 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
+    Boolean,
     Engine,
     Float,
     Integer,
@@ -56,7 +58,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, insert
 
+from cyclone import _observe
 from cyclone._store import binds as _binds
+from cyclone._store import completion as _completion
 from cyclone._store import executor as _executor
 from cyclone._store import notify as _notify
 from cyclone._store import queues as _queues
@@ -201,12 +205,23 @@ def _running_of(name: Any, key: Any) -> Any:
 
 
 def claim_gated_stmt(
-    names: tuple[str, ...], queues: tuple[str, ...] | None, limit: int, steps: bool = False
+    names: tuple[str, ...],
+    queues: tuple[str, ...] | None,
+    limit: int,
+    steps: bool = False,
+    completing: bool = False,
 ) -> Any:
     """Claim up to ``limit`` due jobs of the limits ``names`` for ``:me`` (see the module).
 
     With ``steps`` (a limit of ``names`` is a workflow step's), a claimed step returns its
-    run's input and its upstream outputs, as the ordinary claim does."""
+    run's input and its upstream outputs, as the ordinary claim does. ``completing`` first
+    records the successes in ``:items``, as the ordinary claim does (their runs locked
+    first), for a worker with nothing but limited jobs to claim: one statement a loop.
+    The statement then returns at least one row, whose first column holds the ids of the
+    jobs recorded. A job completed here is still running in the statement's snapshot, so
+    the count of its key is too high this time, never too low.
+    """
+    runs_locked = _completion.runs_locked_first() if completing else true()
     top: Any = literal_column(str(int(limit)))
     k, lim = limit_keys, limits
     window = _window(lim.c.per)
@@ -227,6 +242,7 @@ def claim_gated_stmt(
         )
         .join_from(k, lim, lim.c.name == k.c.name)
         .where(
+            runs_locked,
             k.c.name.in_([const(n) for n in names]),
             lim.c.max - used > const(0, Integer),
             exists(select(a.c.id).where(*_due(a, k.c.name, k.c.key, queues, steps))),
@@ -312,28 +328,35 @@ def claim_gated_stmt(
         .cte("served")
     )
     served_count = select(func.count()).select_from(served).scalar_subquery()
+    recorded: Any = cast(null(), ARRAY(BigInteger))
+    extra: tuple[Any, ...] = ()
+    if completing:
+        done, *rest = _completion.complete_jobs_ctes(runs_locked)
+        extra = tuple(rest)
+        recorded = select(func.array_agg(done.c.id)).scalar_subquery()
     if not steps:
-        return select(
-            cast(null(), Integer),
+        stmt = select(
+            recorded,
             *claimed_job_columns(claimed),
             cast(claimed.c.args, Text),
             cast(null(), Text),
             claimed.c.unique_key,
             claimed.c.trace_context,
             served_count,
-        ).order_by(claimed.c.priority, claimed.c.scheduled_at, claimed.c.id)
-    upstream = jobs.alias("upstream")
-    outputs = (
-        select(cast(func.jsonb_object_agg(upstream.c.kind, upstream.c.output), Text))
-        .where(
-            upstream.c.run_id == claimed.c.run_id,
-            upstream.c.kind == func.any(claimed.c.deps),
         )
-        .scalar_subquery()
-    )
-    return (
-        select(
-            cast(null(), Integer),
+        source: Any = claimed
+    else:
+        upstream = jobs.alias("upstream")
+        outputs = (
+            select(cast(func.jsonb_object_agg(upstream.c.kind, upstream.c.output), Text))
+            .where(
+                upstream.c.run_id == claimed.c.run_id,
+                upstream.c.kind == func.any(claimed.c.deps),
+            )
+            .scalar_subquery()
+        )
+        stmt = select(
+            recorded,
             *claimed_job_columns(claimed),
             cast(func.coalesce(runs.c.input, claimed.c.args), Text),
             outputs,
@@ -341,18 +364,34 @@ def claim_gated_stmt(
             func.coalesce(runs.c.trace_context, claimed.c.trace_context),
             served_count,
         )
-        .select_from(claimed.outerjoin(runs, runs.c.id == claimed.c.run_id))
-        .order_by(claimed.c.priority, claimed.c.scheduled_at, claimed.c.id)
+        source = claimed.outerjoin(runs, runs.c.id == claimed.c.run_id)
+    if completing:
+        # A limited job recorded here freed a slot: when this claim fills the worker
+        # (took all it asked for), ring the others to take it, in this statement.
+        full = select(func.count()).select_from(claimed).scalar_subquery() >= top
+        ring = case((and_(bindparam("ring", type_=Boolean), full), _notify_workers()))
+        stmt = stmt.add_columns(ring)
+        one = select(const(1, Integer).label("one")).subquery("one")
+        source = one.outerjoin(source, true())
+        for cte in extra:
+            stmt = stmt.add_cte(cte)
+    return stmt.select_from(source).order_by(
+        claimed.c.priority, claimed.c.scheduled_at, claimed.c.id
     )
 
 
 @functools.lru_cache(maxsize=256)
 def _fast_claim_gated(
-    names: tuple[str, ...], queues: tuple[str, ...] | None, limit: int, steps: bool
+    names: tuple[str, ...],
+    queues: tuple[str, ...] | None,
+    limit: int,
+    steps: bool,
+    completing: bool,
 ) -> _executor.Compiled:
-    return _executor.Compiled(claim_gated_stmt(names, queues, limit, steps))
+    return _executor.Compiled(claim_gated_stmt(names, queues, limit, steps, completing))
 
 
+@_observe.claims
 def claim_gated(
     conn: _executor.Executor,
     *,
@@ -366,8 +405,32 @@ def claim_gated(
     (``steps``: some are workflow steps)."""
     if limit <= 0 or not names:
         return []
-    rows = conn.rows(_fast_claim_gated(names, queues, limit, steps), {"me": worker_id})
+    rows = conn.rows(_fast_claim_gated(names, queues, limit, steps, False), {"me": worker_id})
     return [_claimed(row) for row in rows]
+
+
+@_observe.claims
+def record_and_claim_gated(
+    conn: _executor.Executor,
+    *,
+    worker_id: str,
+    successes: Sequence[_completion.Success],
+    names: tuple[str, ...],
+    queues: tuple[str, ...] | None,
+    limit: int,
+    steps: bool = False,
+    ring: bool = False,
+) -> tuple[set[int], list[Claimed]]:
+    """Record ``successes`` and claim up to ``limit`` limited jobs in one autocommit
+    statement: the ids of the successes recorded (the others were refused), the jobs.
+    With ``ring`` (a limited job among ``successes``), a claim that takes all it asked
+    for rings NOTIFY: the slots freed are for the other workers."""
+    rows = conn.rows(
+        _fast_claim_gated(names, queues, max(0, limit), steps, True),
+        {"me": worker_id, "items": _completion.items_payload(successes), "ring": ring},
+    )
+    recorded: set[int] = set(rows[0][0] or ()) if rows else set()
+    return recorded, [_claimed(row) for row in rows if row[1] is not None]
 
 
 def next_gated_due_stmt(
@@ -439,7 +502,11 @@ def seconds_until_gated_due(
     return None if value is None else max(0.0, float(value))
 
 
-_RING = _executor.Compiled(select(func.pg_notify(const(_notify.JOBS_AVAILABLE), const(""))))
+def _notify_workers() -> Any:
+    return func.pg_notify(const(_notify.JOBS_AVAILABLE), const(""))
+
+
+_RING = _executor.Compiled(select(_notify_workers()))
 
 
 def ring(conn: _executor.Executor) -> None:
