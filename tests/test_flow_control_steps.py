@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -335,3 +335,112 @@ def test_a_rate_on_a_step_starts_at_most_limit_attempts_per_window(
         ).all()
     assert all(n <= 3 for _, n in windows), windows
     assert len(windows) >= 3, windows
+
+
+def test_retry_all_runs_a_limited_step_again_within_its_limit(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    failing = threading.Event()
+    failing.set()
+    wf: cyclone.Workflow[Any] = cyclone.Workflow(name)
+
+    @wf.step(concurrency=cyclone.Concurrency(1, key=lambda v: v["k"]), max_attempts=1)
+    def gate(ctx: cyclone.StepContext, value: dict[str, Any]) -> None:
+        if failing.is_set():
+            raise RuntimeError("down")
+        threading.Event().wait(0.02)
+
+    runs = [wf.submit(engine, {"k": "a", "n": n}) for n in range(4)]
+    serving(cyclone.Worker(engine, workflows=[wf], concurrency=4, poll_interval=0.2))
+    for run in runs:
+        wait_until(lambda run=run: run.status().state == "failed", timeout=20)
+    failing.clear()
+    for run in runs:
+        run.retry_all()
+    most: Counter[str] = Counter()
+
+    def done() -> bool:
+        for key, n in running(engine, f"step:{name}.gate").items():
+            most[key] = max(most[key], n)
+        return all(run.status().state == "completed" for run in runs)
+
+    wait_until(done, timeout=30, interval=0.005)
+    assert most == Counter({"a": 1}), most
+    assert {job_of(engine, run, "gate")["limit_key"] for run in runs} == {"a"}
+
+
+def test_a_delayed_run_holds_no_slot_of_its_workflows_or_steps_limit_until_due(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    wf: cyclone.Workflow[Any] = cyclone.Workflow(
+        name, concurrency=cyclone.Concurrency(1, key=lambda v: v["k"])
+    )
+
+    @wf.step(concurrency=cyclone.Concurrency(1, key=lambda v: v["k"]))
+    def gate(ctx: cyclone.StepContext, value: dict[str, Any]) -> int:
+        return int(value["n"])
+
+    later = wf.submit(engine, {"k": "a", "n": 1}, delay=timedelta(hours=1))
+    at = wf.submit(engine, {"k": "a", "n": 2}, run_at=datetime.now(UTC) + timedelta(hours=1))
+    now = wf.submit(engine, {"k": "a", "n": 3})
+    serving(cyclone.Worker(engine, workflows=[wf], concurrency=4, poll_interval=0.2))
+    wait_until(lambda: now.status().state == "completed", timeout=20)
+    assert [run.status().state for run in (later, at)] == ["running", "running"]
+    assert state_of(engine, later, "gate") is None  # not started: no step, no slot
+    limits = {s.name: s for s in cyclone.Client(engine).list_limits()}
+    assert dict(limits[f"workflow:{name}"].keys)["a"] == (0, 2)
+    assert dict(limits[f"step:{name}.gate"].keys).get("a", (0, 0)) == (0, 0)
+
+
+def test_a_run_parked_at_a_wait_or_a_sleep_holds_no_step_slot(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    wf: cyclone.Workflow[Any] = cyclone.Workflow(name)
+
+    @wf.step(concurrency=cyclone.Concurrency(1))
+    def gate(ctx: cyclone.StepContext, value: int) -> int:
+        return value
+
+    @wf.wait("approve", after=[gate])
+    def approved(ctx: cyclone.StepContext, payload: int) -> int:
+        return payload
+
+    @wf.sleep(timedelta(hours=1), after=[gate])
+    def nap(ctx: cyclone.StepContext, value: int) -> None: ...
+
+    first = wf.submit(engine, 1)
+    serving(cyclone.Worker(engine, workflows=[wf], concurrency=2, poll_interval=0.2))
+    wait_until(lambda: state_of(engine, first, "gate") == "completed", timeout=20)
+    second = wf.submit(engine, 2)
+    # The first run is parked at its wait and its sleep: the second's gate still runs.
+    wait_until(lambda: state_of(engine, second, "gate") == "completed", timeout=20)
+    assert first.status().state == "running"
+    assert running(engine, f"step:{name}.gate") == Counter()
+    first.cancel()
+    second.cancel()
+
+
+def test_submit_once_duplicates_of_a_step_limited_workflow_take_no_second_slot(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    wf, release = blocking_steps(name)
+    one, created = wf.submit_once(engine, "order:1", {"k": "a", "n": 1})
+    (two, again), (three, _) = wf.submit_once_many(
+        engine, [("order:1", {"k": "a", "n": 1}), ("order:2", {"k": "a", "n": 2})]
+    )
+    assert (created, again, one.id == two.id) == (True, False, True)
+    serving(cyclone.Worker(engine, workflows=[wf], concurrency=4, poll_interval=0.2))
+    wait_until(
+        lambda: {state_of(engine, run, "gate") for run in (one, three)} == {"running", "available"},
+        timeout=20,
+    )
+    assert running(engine, f"step:{name}.gate") == Counter({"a": 1})
+    release.set()
+    for run in (one, three):
+        wait_until(lambda run=run: run.status().state == "completed", timeout=20)
+    with engine.connect() as conn:
+        gates = conn.execute(
+            sa.text("SELECT count(*) FROM cyclone_jobs WHERE workflow = :w AND kind = 'gate'"),
+            {"w": name},
+        ).scalar_one()
+    assert gates == 2
