@@ -275,3 +275,20 @@ def test_a_worker_serving_only_limited_kinds_records_and_claims_in_one_statement
     claims = [s for s in statements.statements if "FROM cyclone_limit_keys" in s]
     assert len(claims) <= 40 + 2, len(claims)
     assert len(statements.statements) <= 40 + 10, len(statements.statements)
+
+
+def test_a_paused_queues_limited_jobs_are_not_claimed_until_it_resumes(
+    engine: sa.Engine, name: str
+) -> None:
+    step = cyclone.step(name, queue=name, concurrency=cyclone.Concurrency(2))(
+        lambda ctx, args: None
+    )
+    jobs = [step.enqueue(engine, {"n": n}) for n in range(3)]
+    client = cyclone.Client(engine)
+    client.pause_queue(name)
+    with cyclone.Worker(engine, steps=[step], sweep=False) as worker:
+        worker.drain()
+        assert {job.status().state for job in jobs} == {"available"}
+        client.resume_queue(name)
+        worker.drain()
+    assert {job.status().state for job in jobs} == {"completed"}

@@ -286,7 +286,7 @@ def claim_gated_stmt(
     )
     claimed = (
         update(jobs)
-        .where(jobs.c.id.in_(select(chosen.c.id).scalar_subquery()))
+        .where(jobs.c.id == chosen.c.id)
         .values(
             state=const(JobState.RUNNING.value),
             attempt=jobs.c.attempt + 1,
