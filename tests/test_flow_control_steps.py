@@ -444,3 +444,18 @@ def test_submit_once_duplicates_of_a_step_limited_workflow_take_no_second_slot(
             {"w": name},
         ).scalar_one()
     assert gates == 2
+
+
+def test_a_forked_runs_limited_steps_keep_the_source_runs_limits_and_keys(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    wf, release = blocking_steps(name)
+    release.set()
+    source = wf.submit(engine, {"k": "a", "n": 1})
+    serving(cyclone.Worker(engine, workflows=[wf], concurrency=2, poll_interval=0.2))
+    wait_until(lambda: source.status().state == "completed", timeout=20)
+    forked, created = source.fork("fork:1", rerun=["gate"])
+    assert created
+    wait_until(lambda: forked.status().state == "completed", timeout=20)
+    job = job_of(engine, forked, "gate")
+    assert (job["limit_name"], job["limit_key"], job["attempt"]) == (f"step:{name}.gate", "a", 1)

@@ -183,6 +183,25 @@ INVARIANTS: tuple[Invariant, ...] = (
         """,
     ),
     Invariant(
+        "a step has the limit and key its run keeps for it (none when it keeps none)",
+        """
+        SELECT j.id AS job_id, j.kind, j.limit_name, j.limit_key, r.step_limits
+        FROM cyclone_jobs j JOIN cyclone_runs r ON r.id = j.run_id
+        WHERE (r.step_limits -> j.kind ->> 'n') IS DISTINCT FROM j.limit_name
+           OR (r.step_limits -> j.kind ->> 'k') IS DISTINCT FROM j.limit_key
+        """,
+    ),
+    Invariant(
+        "a run's step limits and keys have their rows",
+        """
+        SELECT r.id AS run_id, s.key AS step, s.value AS step_limit
+        FROM cyclone_runs r, jsonb_each(r.step_limits) s
+        WHERE r.step_limits IS NOT NULL AND NOT EXISTS (
+            SELECT 1 FROM cyclone_limit_keys k
+            WHERE k.name = s.value ->> 'n' AND k.key = s.value ->> 'k')
+        """,
+    ),
+    Invariant(
         "a limited run's limit and key have their rows",
         """
         SELECT r.id AS run_id, r.limit_name, r.limit_key FROM cyclone_runs r
