@@ -189,6 +189,8 @@ jobs = Table(
     Column("trace_context", Text),
     Column("limit_name", Text),
     Column("limit_key", Text),
+    Column("rate_name", Text),
+    Column("rate_key", Text),
     CheckConstraint(_in("state", JobState), name="state"),
     CheckConstraint(
         _finalized_iff(TERMINAL_JOB_STATES),

@@ -324,9 +324,13 @@ class Worker:
         step_specs = [
             spec for wf in self.workflows.values() for spec in wf._limited_steps().values()
         ]
-        for spec in [st.limit for st in self.steps.values()] + workflow_specs + step_specs:
-            if spec is None:
-                continue
+        primary = [
+            spec
+            for spec in [st.limit for st in self.steps.values()] + workflow_specs + step_specs
+            if spec is not None
+        ]
+        paired = [spec.rate for spec in primary if spec.rate is not None]
+        for spec in primary + paired:
             other = specs.setdefault(spec.name, spec)
             if (other.max, other.per, other.counts) != (spec.max, spec.per, spec.counts):
                 raise errors.DefinitionError(
@@ -336,9 +340,10 @@ class Worker:
         self._admits: tuple[str, ...] = tuple(sorted({spec.name for spec in workflow_specs}))
         """The limits of the workflows served: their held runs are admitted by ``admit_runs``."""
         self._gated: tuple[str, ...] = tuple(
-            sorted(n for n, spec in specs.items() if spec.counts != "runs")
+            sorted({spec.name for spec in primary if spec.counts != "runs"})
         )
-        """The limits of the step kinds served: their jobs are claimed by ``claim_gated``."""
+        """The limits of the step kinds and workflow steps served: their jobs are claimed by
+        ``claim_gated``."""
         self._gated_kinds = frozenset(
             [(None, k) for k, st in self.steps.items() if st.limit is not None]
             + [(wf.name, step) for wf in self.workflows.values() for step in wf._limited_steps()]
@@ -346,6 +351,12 @@ class Worker:
         """The (workflow, kind) of the limited jobs served: one leaving running frees a slot."""
         self._gated_steps = bool(step_specs)
         """Whether a served limit is a workflow step's: the limited claim reads runs too."""
+        self._paired = bool(paired)
+        self._paired_rates = tuple(sorted({spec.name for spec in paired}))
+        self._rated = bool(paired) or any(spec.per is not None for spec in primary)
+        """Whether a served definition has a Rate, whose windows open without a NOTIFY."""
+        """Whether a served definition has a Rate with its Concurrency: the limited claim
+        checks and counts the jobs' second limit too."""
         if not self.workflows and not self.steps:
             raise errors.DefinitionError("a Worker needs at least one workflow or step kind")
         if concurrency < 1:
@@ -746,7 +757,15 @@ class Worker:
                 self._recheck_due = False
                 claimed, failed = self._record_and_claim(outcomes, free, deliver=recheck_due)
                 poll_due = time.monotonic() + self.poll_interval
-                if free and not claimed and not failed and recheck_due and not until_idle:
+                # A full rate window opens without a NOTIFY: after an empty claim, a
+                # worker serving a Rate reads when it opens even if nothing rang.
+                if (
+                    free
+                    and not claimed
+                    and not failed
+                    and (recheck_due or self._rated)
+                    and not until_idle
+                ):
                     poll_due = min(poll_due, self._next_due())
             for job in claimed:
                 self._start(job)
@@ -816,7 +835,7 @@ class Worker:
         if self._gated or self._admits:
             try:
                 gated = _limits_store.seconds_until_gated_due(
-                    self._held, self._gated, None, self._admits
+                    self._held, self._gated, None, self._admits, self._paired_rates
                 )
             except Exception:
                 log.exception("worker %s could not read when a limited job may start", self.id)
@@ -908,6 +927,7 @@ class Worker:
                         queues=scope.queues,
                         limit=min(limit, left),
                         steps=self._gated_steps,
+                        paired=self._paired,
                         ring=gated_ended and not rang,
                     )
                     rang = rang or gated_ended
@@ -940,6 +960,7 @@ class Worker:
                         queues=None if name == "*" else (name,),
                         limit=room,
                         steps=self._gated_steps,
+                        paired=self._paired,
                     )
                     claimed += got
                     left -= len(got)

@@ -211,16 +211,15 @@ class Workflow(Generic[In]):
         function of the run's input (the step's input), evaluated at submit time and kept
         with the run (see docs/flow-control.md).
         """
-        given = concurrency or rate
-        if given is None:
+        if concurrency is None and rate is None:
             return self._decorator(name, after, max_attempts, queue, priority, is_result=False)
         where = f"a step of workflow {self.name!r}"
-        limit = _step_limit(where, concurrency, rate)
+        _check_step_limits(where, concurrency, rate)
 
         def decorate(fn: Callable[..., R]) -> Step[R]:
             step_name = fn.__name__ if name is None else name
             default = f"step:{self.name}.{step_name}"
-            spec = limits.resolve(limit, default, "attempts")
+            spec = limits.resolve_pair(concurrency, rate, default)
             return self._decorator(
                 name, after, max_attempts, queue, priority, is_result=False, limit=spec
             )(fn)
@@ -401,7 +400,14 @@ class Workflow(Generic[In]):
                 for name, step in self.steps.items()
                 if step.limit is not None
             }
-            self._plan = submission.Plan.build(self.name, self.graph(), params, step_params)
+            step_rates = {
+                name: _spec_params(step.limit.rate)
+                for name, step in self.steps.items()
+                if step.limit is not None and step.limit.rate is not None
+            }
+            self._plan = submission.Plan.build(
+                self.name, self.graph(), params, step_params, step_rates
+            )
         return self._plan
 
     def _limited_steps(self) -> dict[str, limits.Spec]:
@@ -417,6 +423,11 @@ class Workflow(Generic[In]):
         return submission.LimitKeys(
             None if self.limit is None else self.limit.key_of(value),
             {name: spec.key_of(value) for name, spec in steps.items()},
+            {
+                name: spec.rate.key_of(value)
+                for name, spec in steps.items()
+                if spec.rate is not None
+            },
         )
 
     def _encode_input(self, value: In) -> str:
@@ -803,21 +814,25 @@ class ResultWorkflow(Workflow[In], Generic[In, Out]):
         def run(self, bind: Bind, run_id: uuid.UUID | str) -> ResultRun[Out]: ...
 
 
-def _step_limit(
+def _check_step_limits(
     where: str, concurrency: limits.Concurrency | None, rate: limits.Rate | None
-) -> limits.Concurrency | limits.Rate | None:
-    """The one limit of a step or step kind, checked: its attempts queue at the limit."""
+) -> None:
+    """Check the limits of a step or step kind: its attempts queue at the limit."""
     if concurrency is not None and not isinstance(concurrency, limits.Concurrency):
         raise errors.DefinitionError(f"{where}: concurrency= takes a Concurrency")
     if rate is not None and not isinstance(rate, limits.Rate):
         raise errors.DefinitionError(f"{where}: rate= takes a Rate")
-    if concurrency is not None and rate is not None:
-        raise errors.DefinitionError(f"{where}: give concurrency= or rate=, not both (one limit)")
     if concurrency is not None and concurrency.on_limit != "queue":
         raise errors.DefinitionError(
             f"{where}: on_limit={concurrency.on_limit!r} is for workflows; a step's attempts queue"
         )
-    return concurrency or rate
+    if (
+        concurrency is not None
+        and rate is not None
+        and concurrency.name is not None
+        and concurrency.name == rate.name
+    ):
+        raise errors.DefinitionError(f"{where}: its Concurrency and Rate need different names")
 
 
 def _spec_params(spec: limits.Spec) -> dict[str, Any]:
@@ -840,9 +855,8 @@ class StandaloneStep(Generic[In, R]):
     ) -> None:
         check_name("a step kind", kind)
         _check_options(f"step kind {kind!r}", max_attempts, queue, priority)
-        self.limit: limits.Spec | None = limits.resolve(
-            _step_limit(f"step kind {kind!r}", concurrency, rate), f"kind:{kind}", "attempts"
-        )
+        _check_step_limits(f"step kind {kind!r}", concurrency, rate)
+        self.limit: limits.Spec | None = limits.resolve_pair(concurrency, rate, f"kind:{kind}")
         self.kind = kind
         self.fn = fn
         self.max_attempts = max_attempts
@@ -898,10 +912,11 @@ class StandaloneStep(Generic[In, R]):
         spec = self.limit
         if spec is None:
             return {}
-        params = _limits_store.spec_params(
-            spec.name, spec.max, spec.per, spec.on_limit, spec.counts
-        )
-        return {"limit": params, "limit_key": spec.key_of(args)}
+        fields: dict[str, Any] = {"limit": _spec_params(spec), "limit_key": spec.key_of(args)}
+        if spec.rate is not None:
+            fields["rate"] = _spec_params(spec.rate)
+            fields["rate_key"] = spec.rate.key_of(args)
+        return fields
 
     def enqueue(
         self,

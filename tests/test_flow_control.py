@@ -292,3 +292,48 @@ def test_a_paused_queues_limited_jobs_are_not_claimed_until_it_resumes(
         client.resume_queue(name)
         worker.drain()
     assert {job.status().state for job in jobs} == {"completed"}
+
+
+def test_a_concurrency_and_a_rate_together_both_hold_and_a_shared_rate_counts_every_start(
+    engine: sa.Engine, name: str
+) -> None:
+    spec = {"limit": "paired", "max": 2, "rate": 4, "per": 1, "concurrency": 4}
+    paired, alone = kinds(name, spec)
+    with engine.begin() as conn:
+        for i in range(10):
+            paired.enqueue_tx(conn, {"k": "ab"[i % 2], "ms": 300})
+            alone.enqueue_tx(conn, {"k": "c", "ms": 0})
+    procs = [spawn(name, spec) for _ in range(2)]
+    try:
+        most = sample_until_done(engine, name, timeout=60)
+    finally:
+        stop(procs)
+    with engine.connect() as conn:
+        windows = conn.execute(
+            sa.text(
+                "SELECT floor(extract(epoch FROM attempted_at)), count(*) FROM cyclone_jobs "
+                "WHERE kind LIKE :p GROUP BY 1 ORDER BY 1"
+            ),
+            {"p": name + "%"},
+        ).all()
+        rate_keys = conn.execute(
+            sa.text("SELECT DISTINCT rate_name, rate_key FROM cyclone_jobs WHERE kind = :k"),
+            {"k": f"{name}.paired"},
+        ).all()
+    assert rate_keys == [(f"{name}-rate", "")]
+    assert all(n <= 4 for _, n in windows), windows
+    assert len(windows) >= 5, windows
+    assert max(most["a"], most["b"]) <= 2, most
+
+
+def test_a_worker_waiting_on_a_full_rate_window_wakes_when_it_opens_not_at_its_poll(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    rate = cyclone.Rate(2, timedelta(seconds=1), name=f"{name}-rate")  # given with a Concurrency
+    paired = cyclone.step(name, concurrency=cyclone.Concurrency(5), rate=rate)(
+        lambda ctx, args: None
+    )
+    jobs = [paired.enqueue(engine, {"n": n}) for n in range(6)]
+    serving(cyclone.Worker(engine, steps=[paired], concurrency=4, poll_interval=600))
+    for job in jobs:
+        wait_until(lambda job=job: job.status().state == "completed", timeout=30)

@@ -459,3 +459,41 @@ def test_a_forked_runs_limited_steps_keep_the_source_runs_limits_and_keys(
     wait_until(lambda: forked.status().state == "completed", timeout=20)
     job = job_of(engine, forked, "gate")
     assert (job["limit_name"], job["limit_key"], job["attempt"]) == (f"step:{name}.gate", "a", 1)
+
+
+def test_a_step_given_a_concurrency_and_a_rate_keeps_both_keys_and_lists_both(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    release = threading.Event()
+    wf: cyclone.Workflow[Any] = cyclone.Workflow(name)
+
+    @wf.step(
+        concurrency=cyclone.Concurrency(1, key=lambda v: v["k"]),
+        rate=cyclone.Rate(100, timedelta(days=1), key=lambda v: f"r-{v['k']}"),
+    )
+    def gate(ctx: cyclone.StepContext, value: dict[str, Any]) -> None:
+        assert release.wait(30)
+
+    runs = [wf.submit(engine, {"k": "a", "n": n}) for n in range(2)]
+    serving(cyclone.Worker(engine, workflows=[wf], concurrency=4, poll_interval=0.2))
+    wait_until(
+        lambda: {state_of(engine, run, "gate") for run in runs} == {"running", "available"},
+        timeout=20,
+    )
+    limits = {s.name: s for s in cyclone.Client(engine).list_limits()}
+    assert dict(limits[f"step:{name}.gate"].keys) == {"a": (1, 1)}
+    assert dict(limits[f"step:{name}.gate.rate"].keys) == {"r-a": (1, 1)}
+    assert limits[f"step:{name}.gate.rate"].counts == "starts"
+    release.set()
+    for run in runs:
+        wait_until(lambda run=run: run.status().state == "completed", timeout=20)
+    with engine.connect() as conn:
+        counted, started = conn.execute(
+            sa.text(
+                "SELECT k.window_count, (SELECT count(*) FROM cyclone_jobs j "
+                "WHERE j.workflow = :w AND j.attempted_at >= k.window_start) "
+                "FROM cyclone_limit_keys k WHERE k.name = :n AND k.key = 'r-a'"
+            ),
+            {"n": f"step:{name}.gate.rate", "w": name},
+        ).one()
+    assert counted == started >= 1

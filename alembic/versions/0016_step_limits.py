@@ -9,7 +9,8 @@ A run keeps, in ``step_limits``, the limit name and key of each of its limited s
 claim that starts the run copies them onto the steps' jobs, so a redeploy cannot change
 a run's groups. A limited step is claimed through ``ix_cyclone_jobs_gated``: the
 workflow claim index leaves it out (``limit_name IS NULL``). Existing rows have no step
-limits: the new column is NULL, which rewrites no rows.
+limits: the new columns are NULL, which rewrites no rows. A step or step kind given both
+a Concurrency and a Rate keeps the Rate's name and key in ``rate_name``, ``rate_key``.
 """
 
 import sqlalchemy as sa
@@ -28,6 +29,8 @@ def upgrade() -> None:
         "cyclone_runs",
         sa.Column("step_limits", postgresql.JSONB(astext_type=sa.Text()), nullable=True),
     )
+    op.add_column("cyclone_jobs", sa.Column("rate_name", sa.Text(), nullable=True))
+    op.add_column("cyclone_jobs", sa.Column("rate_key", sa.Text(), nullable=True))
     op.drop_index("ix_cyclone_jobs_claim_workflow", table_name="cyclone_jobs")
     op.create_index(
         "ix_cyclone_jobs_claim_workflow",
@@ -52,4 +55,6 @@ def downgrade() -> None:
         ["workflow", "priority", "scheduled_at", "id"],
         postgresql_where=sa.text("state = 'available' AND workflow IS NOT NULL"),
     )
+    op.drop_column("cyclone_jobs", "rate_key")
+    op.drop_column("cyclone_jobs", "rate_name")
     op.drop_column("cyclone_runs", "step_limits")

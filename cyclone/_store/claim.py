@@ -309,6 +309,8 @@ def _start_runs(scope: Scope, limit: int, chosen: Any, claimed: Any) -> Any:
             step.c.signal,
             limit_name.label("limit_name"),
             step_limit.op("->>", return_type=Text)(const("k")).label("limit_key"),
+            step_limit.op("->>", return_type=Text)(const("rn")).label("rate_name"),
+            step_limit.op("->>", return_type=Text)(const("rk")).label("rate_key"),
             root.label("root"),
             and_(eligible, rank <= room).label("mine"),
         )
@@ -348,6 +350,8 @@ def _start_runs(scope: Scope, limit: int, chosen: Any, claimed: Any) -> Any:
         case((mine, func.now())),
         born.c.limit_name,
         born.c.limit_key,
+        born.c.rate_name,
+        born.c.rate_key,
     ).order_by(born.c.run_id, born.c.ord)
     return (
         insert(jobs)
@@ -373,6 +377,8 @@ def _start_runs(scope: Scope, limit: int, chosen: Any, claimed: Any) -> Any:
                 jobs.c.heartbeat_at,
                 jobs.c.limit_name,
                 jobs.c.limit_key,
+                jobs.c.rate_name,
+                jobs.c.rate_key,
             ],
             rows,
         )

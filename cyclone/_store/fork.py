@@ -151,6 +151,8 @@ def insert_fork_stmt() -> Any:
             kept_job.c.finalized_at,
             step_limit.op("->>", return_type=Text)(const("n")),
             step_limit.op("->>", return_type=Text)(const("k")),
+            step_limit.op("->>", return_type=Text)(const("rn")),
+            step_limit.op("->>", return_type=Text)(const("rk")),
         )
         .select_from(inserted)
         .join(step, true())
@@ -184,6 +186,8 @@ def insert_fork_stmt() -> Any:
                 jobs.c.finalized_at,
                 jobs.c.limit_name,
                 jobs.c.limit_key,
+                jobs.c.rate_name,
+                jobs.c.rate_key,
             ],
             rows,
         )

@@ -54,6 +54,8 @@ from sqlalchemy import (
     or_,
     select,
     true,
+    tuple_,
+    union_all,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, insert
@@ -210,8 +212,15 @@ def claim_gated_stmt(
     limit: int,
     steps: bool = False,
     completing: bool = False,
+    paired: bool = False,
 ) -> Any:
     """Claim up to ``limit`` due jobs of the limits ``names`` for ``:me`` (see the module).
+
+    With ``paired`` (a served definition has a Rate with its Concurrency), each candidate
+    also passes its Rate (``rate_name``, ``rate_key``; for a job of a Rate alone, its own
+    limit): the rate keys are locked too, ``SKIP LOCKED`` (a candidate whose rate key is
+    held elsewhere waits for the next claim), at most their window's room of candidates
+    pass per rate key, and one update bumps every key served, each once.
 
     With ``steps`` (a limit of ``names`` is a workflow step's), a claimed step returns its
     run's input and its upstream outputs, as the ordinary claim does. ``completing`` first
@@ -260,7 +269,7 @@ def claim_gated_stmt(
     )
     c = jobs.alias("c")
     cand = (
-        select(c.c.id, c.c.priority, c.c.scheduled_at)
+        select(c.c.id, c.c.priority, c.c.scheduled_at, c.c.rate_name, c.c.rate_key)
         .where(*_due(c, locked.c.name, locked.c.key, queues, steps))
         .order_by(c.c.priority, c.c.scheduled_at, c.c.id)
         .limit(func.least(locked.c.room, top))
@@ -278,6 +287,8 @@ def claim_gated_stmt(
         .where(locked.c.version == in_snapshot)
         .subquery("ranked")
     )
+    if paired:
+        ranked = _rate_gated(locked, cand, rank, in_snapshot)
     chosen = (
         select(ranked.c.id)
         .order_by(ranked.c.rk, ranked.c.served_at, ranked.c.priority, ranked.c.id)
@@ -295,9 +306,121 @@ def claim_gated_stmt(
             attempted_at=func.now(),
             heartbeat_at=func.now(),
         )
-        .returning(*_CLAIMED_COLUMNS, jobs.c.limit_name, jobs.c.limit_key)
+        .returning(*_CLAIMED_COLUMNS, jobs.c.limit_name, jobs.c.limit_key, *_rate_columns(paired))
         .cte("claimed")
     )
+    served = _served_paired(claimed) if paired else _served(claimed, locked)
+    served_count = select(func.count()).select_from(served).scalar_subquery()
+    return _gated_result(claimed, served_count, steps, completing, runs_locked, top)
+
+
+def _rate_columns(paired: bool) -> tuple[Any, ...]:
+    return (jobs.c.rate_name, jobs.c.rate_key) if paired else ()
+
+
+def _rate_gated(locked: Any, cand: Any, rank: Any, in_snapshot: Any) -> Any:
+    """The candidates of ``locked`` keys that their Rate lets start: per rate key (the
+    job's ``rate_name``, ``rate_key``, or its own key for a Rate alone), locked ``FOR
+    UPDATE SKIP LOCKED`` and read at its newest version, at most its window's room."""
+    is_rate = locked.c.win.is_not(None)
+    ranked_all = (
+        select(
+            cand.c.id,
+            rank.label("rk"),
+            locked.c.served_at,
+            cand.c.priority,
+            func.coalesce(cand.c.rate_name, case((is_rate, locked.c.name))).label("gn"),
+            func.coalesce(cand.c.rate_key, case((is_rate, locked.c.key))).label("gk"),
+        )
+        .select_from(locked)
+        .join(cand, true())
+        .where(locked.c.version == in_snapshot)
+        .cte("ranked_all")
+    )
+    k2, lim2 = limit_keys.alias("gate_key"), limits.alias("gate_limit")
+    window2 = _window(lim2.c.per)
+    gates = (
+        select(
+            k2.c.name,
+            k2.c.key,
+            (
+                lim2.c.max
+                - case((k2.c.window_start == window2, k2.c.window_count), else_=const(0, Integer))
+            ).label("room"),
+        )
+        .join_from(k2, lim2, lim2.c.name == k2.c.name)
+        .where(
+            tuple_(k2.c.name, k2.c.key).in_(
+                select(ranked_all.c.gn, ranked_all.c.gk).where(ranked_all.c.gn.is_not(None))
+            )
+        )
+        .with_for_update(of=k2, skip_locked=True)
+        .cte("gates")
+    )
+    rank2 = func.row_number().over(
+        partition_by=(ranked_all.c.gn, ranked_all.c.gk),
+        order_by=(ranked_all.c.rk, ranked_all.c.served_at, ranked_all.c.priority, ranked_all.c.id),
+    )
+    gated = (
+        select(
+            ranked_all.c.id,
+            ranked_all.c.rk,
+            ranked_all.c.served_at,
+            ranked_all.c.priority,
+            ranked_all.c.gn,
+            rank2.label("rk2"),
+            gates.c.room,
+        )
+        .select_from(
+            ranked_all.outerjoin(
+                gates, and_(gates.c.name == ranked_all.c.gn, gates.c.key == ranked_all.c.gk)
+            )
+        )
+        .subquery("gated")
+    )
+    return (
+        select(gated.c.id, gated.c.rk, gated.c.served_at, gated.c.priority)
+        .where(or_(gated.c.gn.is_(None), gated.c.rk2 <= gated.c.room))
+        .subquery("ranked")
+    )
+
+
+def _served_paired(claimed: Any) -> Any:
+    """Bump every key the claim took from, each once: a job's own key and its Rate's."""
+    both = union_all(
+        select(claimed.c.limit_name.label("name"), claimed.c.limit_key.label("key")),
+        select(claimed.c.rate_name, claimed.c.rate_key).where(claimed.c.rate_name.is_not(None)),
+    ).subquery("both_keys")
+    per_key = (
+        select(both.c.name, both.c.key, func.count().label("n"))
+        .group_by(both.c.name, both.c.key)
+        .subquery("per_key")
+    )
+    win = case((limits.c.per.is_not(None), _window(limits.c.per)))
+    return (
+        update(limit_keys)
+        .where(
+            limit_keys.c.name == per_key.c.name,
+            limit_keys.c.key == per_key.c.key,
+            limits.c.name == limit_keys.c.name,
+        )
+        .values(
+            served_at=func.clock_timestamp(),
+            version=limit_keys.c.version + 1,
+            window_start=win,
+            window_count=case(
+                (limits.c.per.is_(None), const(0, Integer)),
+                (limit_keys.c.window_start == win, limit_keys.c.window_count + per_key.c.n),
+                else_=per_key.c.n,
+            ),
+        )
+        .returning(limit_keys.c.name)
+        .cte("served")
+    )
+
+
+def _served(claimed: Any, locked: Any) -> Any:
+    """Bump each key the claim took from: ``served_at``, ``version``, a rate's window."""
     per_key = (
         select(claimed.c.limit_name, claimed.c.limit_key, func.count().label("n"))
         .group_by(claimed.c.limit_name, claimed.c.limit_key)
@@ -327,7 +450,13 @@ def claim_gated_stmt(
         .returning(limit_keys.c.name)
         .cte("served")
     )
-    served_count = select(func.count()).select_from(served).scalar_subquery()
+    return served
+
+
+def _gated_result(
+    claimed: Any, served_count: Any, steps: bool, completing: bool, runs_locked: Any, top: Any
+) -> Any:
+    """The limited claim's rows, as the ordinary claim returns them (see claim_gated_stmt)."""
     recorded: Any = cast(null(), ARRAY(BigInteger))
     extra: tuple[Any, ...] = ()
     if completing:
@@ -387,8 +516,9 @@ def _fast_claim_gated(
     limit: int,
     steps: bool,
     completing: bool,
+    paired: bool,
 ) -> _executor.Compiled:
-    return _executor.Compiled(claim_gated_stmt(names, queues, limit, steps, completing))
+    return _executor.Compiled(claim_gated_stmt(names, queues, limit, steps, completing, paired))
 
 
 @_observe.claims
@@ -400,12 +530,15 @@ def claim_gated(
     queues: tuple[str, ...] | None,
     limit: int,
     steps: bool = False,
+    paired: bool = False,
 ) -> list[Claimed]:
     """Claim up to ``limit`` due jobs of the limits ``names`` in one autocommit statement
     (``steps``: some are workflow steps)."""
     if limit <= 0 or not names:
         return []
-    rows = conn.rows(_fast_claim_gated(names, queues, limit, steps, False), {"me": worker_id})
+    rows = conn.rows(
+        _fast_claim_gated(names, queues, limit, steps, False, paired), {"me": worker_id}
+    )
     return [_claimed(row) for row in rows]
 
 
@@ -420,13 +553,14 @@ def record_and_claim_gated(
     limit: int,
     steps: bool = False,
     ring: bool = False,
+    paired: bool = False,
 ) -> tuple[set[int], list[Claimed]]:
     """Record ``successes`` and claim up to ``limit`` limited jobs in one autocommit
     statement: the ids of the successes recorded (the others were refused), the jobs.
     With ``ring`` (a limited job among ``successes``), a claim that takes all it asked
     for rings NOTIFY: the slots freed are for the other workers."""
     rows = conn.rows(
-        _fast_claim_gated(names, queues, max(0, limit), steps, True),
+        _fast_claim_gated(names, queues, max(0, limit), steps, True, paired),
         {"me": worker_id, "items": _completion.items_payload(successes), "ring": ring},
     )
     recorded: set[int] = set(rows[0][0] or ()) if rows else set()
@@ -434,10 +568,14 @@ def record_and_claim_gated(
 
 
 def next_gated_due_stmt(
-    names: tuple[str, ...], queues: tuple[str, ...] | None, admits: tuple[str, ...] = ()
+    names: tuple[str, ...],
+    queues: tuple[str, ...] | None,
+    admits: tuple[str, ...] = (),
+    rates: tuple[str, ...] = (),
 ) -> Any:
     """Seconds until a limited job of ``names`` may next start, or NULL: a job scheduled
-    later falls due, or the next window of a rate whose current window is full; or a run
+    later falls due, or the next window of a rate whose current window is full (its own
+    limit, or one of the Rates ``rates`` given with a Concurrency of ``names``); or a run
     of the workflow limits ``admits`` held back until a later start falls due."""
     a = jobs.alias("a")
     k, lim = limit_keys, limits
@@ -476,15 +614,43 @@ def next_gated_due_stmt(
         )
         .scalar_subquery()
     )
-    due = func.least(scheduled, next_window, later)
+    paired_window: Any = null()
+    if rates:
+        k2, lim2, d = limit_keys.alias("rk2"), limits.alias("rl2"), jobs.alias("d")
+        window2 = _window(lim2.c.per)
+        waiting = (
+            select(d.c.id)
+            .where(
+                *_due(d, d.c.limit_name, d.c.limit_key, queues),
+                d.c.limit_name.in_([const(n) for n in names]),
+                d.c.rate_name == k2.c.name,
+                d.c.rate_key == k2.c.key,
+            )
+            .limit(1)
+        )
+        paired_window = (
+            select(func.min(window2 + lim2.c.per))
+            .join_from(k2, lim2, lim2.c.name == k2.c.name)
+            .where(
+                k2.c.name.in_([const(n) for n in rates]),
+                k2.c.window_start == window2,
+                k2.c.window_count >= lim2.c.max,
+                exists(waiting),
+            )
+            .scalar_subquery()
+        )
+    due = func.least(scheduled, next_window, later, paired_window)
     return select(extract("epoch", due - func.now()).cast(Float))
 
 
 @functools.lru_cache(maxsize=64)
 def _fast_next_due(
-    names: tuple[str, ...], queues: tuple[str, ...] | None, admits: tuple[str, ...]
+    names: tuple[str, ...],
+    queues: tuple[str, ...] | None,
+    admits: tuple[str, ...],
+    rates: tuple[str, ...],
 ) -> _executor.Compiled:
-    return _executor.Compiled(next_gated_due_stmt(names, queues, admits))
+    return _executor.Compiled(next_gated_due_stmt(names, queues, admits, rates))
 
 
 def seconds_until_gated_due(
@@ -492,12 +658,13 @@ def seconds_until_gated_due(
     names: tuple[str, ...],
     queues: tuple[str, ...] | None,
     admits: tuple[str, ...] = (),
+    rates: tuple[str, ...] = (),
 ) -> float | None:
-    """Seconds until a limited job of ``names`` may start, or a held run of ``admits`` is
-    due, None when none waits on time."""
+    """Seconds until a limited job of ``names`` may start (its Rate of ``rates`` too), or
+    a held run of ``admits`` is due, None when none waits on time."""
     if not names and not admits:
         return None
-    rows = conn.rows(_fast_next_due(names, queues, admits), {})
+    rows = conn.rows(_fast_next_due(names, queues, admits, rates), {})
     value = rows[0][0] if rows else None
     return None if value is None else max(0.0, float(value))
 
@@ -518,20 +685,21 @@ def ring(conn: _executor.Executor) -> None:
 # -- the operator's reads and writes ---------------------------------------------------
 
 
-def _job_counts() -> Any:
-    """Per limit and key: jobs running and jobs waiting (available: due or not)."""
+def _job_counts(name: Any, key: Any) -> Any:
+    """Per limit and key: jobs running and jobs waiting (available: due or not), of the
+    jobs whose ``name``, ``key`` columns name it (their own limit, or their Rate's)."""
     return (
         select(
-            jobs.c.limit_name.label("name"),
-            jobs.c.limit_key.label("key"),
+            name.label("name"),
+            key.label("key"),
             func.count().filter(jobs.c.state == const(JobState.RUNNING.value)).label("running"),
             func.count().filter(jobs.c.state == const(JobState.AVAILABLE.value)).label("waiting"),
         )
         .where(
-            jobs.c.limit_name.is_not(None),
+            name.is_not(None),
             jobs.c.state.in_([const(JobState.RUNNING.value), const(JobState.AVAILABLE.value)]),
         )
-        .group_by(jobs.c.limit_name, jobs.c.limit_key)
+        .group_by(name, key)
     )
 
 
@@ -553,7 +721,11 @@ def _run_counts() -> Any:
 
 def list_limits_stmt() -> Any:
     """Every limit with each key that has something running or waiting."""
-    counted = _job_counts().union_all(_run_counts()).subquery("counted")
+    counted = union_all(
+        _job_counts(jobs.c.limit_name, jobs.c.limit_key),
+        _job_counts(jobs.c.rate_name, jobs.c.rate_key),
+        _run_counts(),
+    ).subquery("counted")
     return (
         select(
             limits.c.name,

@@ -78,6 +78,8 @@ class Plan:
     step_limits: dict[str, dict[str, Any]] | None = None
     """The parameters of each limited step's limit row, by step name: a run keeps their
     keys in ``step_limits``, and its jobs get them when it starts."""
+    step_rates: dict[str, dict[str, Any]] | None = None
+    """The parameters of the Rate a limited step has besides its Concurrency, by step name."""
 
     @property
     def limited(self) -> bool:
@@ -91,6 +93,7 @@ class Plan:
         graph: _graph.GraphSnapshot,
         limit: dict[str, Any] | None = None,
         step_limits: dict[str, dict[str, Any]] | None = None,
+        step_rates: dict[str, dict[str, Any]] | None = None,
     ) -> Plan:
         encoded = msgspec.json.encode(graph).decode()
         limit_name = None if limit is None else str(limit["name"])
@@ -111,6 +114,7 @@ class Plan:
             fast_insert_run_once=_executor.Compiled(insert_run_once),
             limit=limit,
             step_limits=step_limits or None,
+            step_rates=step_rates or None,
         )
 
 
@@ -500,16 +504,21 @@ class LimitKeys(NamedTuple):
 
     run: str | None
     steps: dict[str, str]
+    rates: dict[str, str]
+    """The key of each step's Rate given with its Concurrency."""
 
 
 def _step_limits(plan: Plan, keys: LimitKeys) -> str | None:
-    """The run's ``step_limits``: ``{step: {"n": limit name, "k": key}}`` as JSON text."""
+    """The run's ``step_limits``: ``{step: {"n": limit name, "k": key}}`` as JSON text,
+    with ``"rn"``, ``"rk"`` for the Rate of a step given both."""
     if not plan.step_limits:
         return None
-    encoded = {
-        step: {"n": params["name"], "k": keys.steps[step]}
-        for step, params in plan.step_limits.items()
-    }
+    rates = plan.step_rates or {}
+    encoded: dict[str, dict[str, str]] = {}
+    for step, params in plan.step_limits.items():
+        encoded[step] = {"n": params["name"], "k": keys.steps[step]}
+        if step in rates:
+            encoded[step].update(rn=rates[step]["name"], rk=keys.rates[step])
     return msgspec.json.encode(encoded).decode()
 
 
@@ -522,6 +531,8 @@ def _ensure_keys(conn: _executor.Executor, plan: Plan, many: Sequence[LimitKeys]
             wanted[(plan.limit["name"], keys.run)] = plan.limit
         for step, params in (plan.step_limits or {}).items():
             wanted[(params["name"], keys.steps[step])] = params
+        for step, params in (plan.step_rates or {}).items():
+            wanted[(params["name"], keys.rates[step])] = params
     for (_name, key), params in sorted(wanted.items(), key=lambda item: item[0]):
         _limits.ensure_key(conn, params, key)
 

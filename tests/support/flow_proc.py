@@ -2,7 +2,8 @@
 
 ``kinds(NAME, SPEC)`` defines the step kinds of one test by name, so the test process
 enqueues with the same definitions its children serve. SPEC is JSON:
-``{"limit": "concurrency" | "rate" | "shared" | "workflow" | "steps", "max": N,
+``{"limit": "concurrency" | "rate" | "shared" | "paired" | "workflow" | "steps", "max": N,
+"rate": N,
 "per": seconds, "concurrency": C, "on_limit": ..., "name": limit name}`` ("workflow":
 serve :func:`workflow` instead; "steps": serve :func:`step_workflows`).
 A job's args are ``{"k": key, "ms": how long its step runs, "block": path or null}``: a
@@ -58,6 +59,14 @@ def kinds(name: str, spec: dict[str, Any]) -> list[cyclone.StandaloneStep[Any, A
                 concurrency=cyclone.Concurrency(spec["max"], key=_key, name=shared),
             )(_work)
             for part in ("a", "b")
+        ]
+    if limit == "paired":
+        # A kind with a Concurrency and a Rate, and a kind sharing that Rate alone.
+        rate = cyclone.Rate(spec["rate"], timedelta(seconds=spec["per"]), name=f"{name}-rate")
+        conc = cyclone.Concurrency(spec["max"], key=_key)
+        return [
+            cyclone.step(f"{name}.paired", concurrency=conc, rate=rate)(_work),
+            cyclone.step(f"{name}.alone", rate=rate)(_work),
         ]
     raise ValueError(limit)
 

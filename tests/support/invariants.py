@@ -174,6 +174,16 @@ INVARIANTS: tuple[Invariant, ...] = (
         """,
     ),
     Invariant(
+        "a job's Rate given with its Concurrency has its rows, and only then",
+        """
+        SELECT j.id AS job_id, j.rate_name, j.rate_key FROM cyclone_jobs j
+        WHERE (j.rate_name IS NOT NULL AND (j.limit_name IS NULL OR NOT EXISTS (
+                  SELECT 1 FROM cyclone_limit_keys k
+                  WHERE k.name = j.rate_name AND k.key = j.rate_key)))
+           OR (j.rate_name IS NULL) <> (j.rate_key IS NULL)
+        """,
+    ),
+    Invariant(
         "a Concurrency's key runs at most max jobs at once",
         """
         SELECT j.limit_name, j.limit_key, l.max, count(*) AS running
