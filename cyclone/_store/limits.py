@@ -17,8 +17,9 @@ of its ordinary claim, and claims them here instead, one statement per claim:
    too low. A Rate's room is ``max`` minus the starts in the key's current window, kept
    on the locked row itself.
 3. **Claim** up to the room of each key, the oldest due jobs first, one job per key
-   before a second of any key, and bump each key served: ``served_at``, ``version``,
-   and for a Rate its window's count.
+   before a second of any key, and bump each key served: ``served_at``, ``version``
+   (by the jobs claimed from it, so it counts at least a Rate window's starts), and for a
+   Rate its window's count.
 
 A job leaving ``running`` (done, failed, retried, rescued, handed back, cancelled)
 touches no limit row: the count is of the rows, so it cannot drift.
@@ -406,7 +407,7 @@ def _served_paired(claimed: Any) -> Any:
         )
         .values(
             served_at=func.clock_timestamp(),
-            version=limit_keys.c.version + 1,
+            version=limit_keys.c.version + per_key.c.n,
             window_start=win,
             window_count=case(
                 (limits.c.per.is_(None), const(0, Integer)),
@@ -436,7 +437,7 @@ def _served(claimed: Any, locked: Any) -> Any:
         )
         .values(
             served_at=func.clock_timestamp(),
-            version=limit_keys.c.version + 1,
+            version=limit_keys.c.version + per_key.c.n,
             window_start=locked.c.win,
             window_count=case(
                 (locked.c.win.is_(None), const(0, Integer)),
