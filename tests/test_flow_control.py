@@ -337,3 +337,17 @@ def test_a_worker_waiting_on_a_full_rate_window_wakes_when_it_opens_not_at_its_p
     serving(cyclone.Worker(engine, steps=[paired], concurrency=4, poll_interval=600))
     for job in jobs:
         wait_until(lambda job=job: job.status().state == "completed", timeout=30)
+
+
+def test_list_limits_counts_a_shared_rates_jobs_alone_and_beside_a_concurrency_together(
+    engine: sa.Engine, name: str
+) -> None:
+    paired, alone = kinds(name, {"limit": "paired", "max": 2, "rate": 4, "per": 1})
+    paired.enqueue(engine, {"k": "a", "ms": 0})
+    alone.enqueue(engine, {"k": "a", "ms": 0})
+    alone.enqueue(engine, {"k": "a", "ms": 0})
+    limits = {s.name: s for s in cyclone.Client(engine).list_limits()}
+    assert dict(limits[f"{name}-rate"].keys) == {"": (0, 3)}
+    assert dict(limits[f"kind:{name}.paired"].keys) == {"a": (0, 1)}
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM cyclone_jobs WHERE kind LIKE :p"), {"p": name + "%"})

@@ -722,11 +722,22 @@ def _run_counts() -> Any:
 
 def list_limits_stmt() -> Any:
     """Every limit with each key that has something running or waiting."""
-    counted = union_all(
+    # A Rate's key counts the jobs of its own limit and those it gates beside a Concurrency.
+    every = union_all(
         _job_counts(jobs.c.limit_name, jobs.c.limit_key),
         _job_counts(jobs.c.rate_name, jobs.c.rate_key),
         _run_counts(),
-    ).subquery("counted")
+    ).subquery("every")
+    counted = (
+        select(
+            every.c.name,
+            every.c.key,
+            func.sum(every.c.running).label("running"),
+            func.sum(every.c.waiting).label("waiting"),
+        )
+        .group_by(every.c.name, every.c.key)
+        .subquery("counted")
+    )
     return (
         select(
             limits.c.name,
