@@ -44,6 +44,9 @@ class EnqueueRequest:
     limit: dict[str, Any] | None = None
     """The parameters of the kind's limit's row (:func:`cyclone._store.limits.spec_params`)."""
     limit_key: str | None = None
+    rate: dict[str, Any] | None = None
+    """The parameters of the Rate given with the kind's Concurrency, and its key."""
+    rate_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +170,11 @@ def _enqueue(conn: _executor.Executor, engine: Engine, req: EnqueueRequest) -> J
         _limits.ensure_key(conn, req.limit, req.limit_key)
         params["limit_name"] = req.limit["name"]
         params["limit_key"] = req.limit_key
+    if req.rate is not None:
+        assert req.rate_key is not None
+        _limits.ensure_key(conn, req.rate, req.rate_key)
+        params["rate_name"] = req.rate["name"]
+        params["rate_key"] = req.rate_key
     for _ in range(_MAX_RACE_RETRIES):
         job_id = _standalone.insert_job(conn, params)
         if job_id is not None:

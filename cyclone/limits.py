@@ -120,6 +120,9 @@ class Spec:
     counts: str
     """``"attempts"`` (a kind's Concurrency), ``"runs"`` (a workflow's), ``"starts"`` (a Rate)."""
     key_fn: Callable[[Any], str] | None
+    rate: Spec | None = None
+    """A step's or step kind's Rate given with its Concurrency: it gates the same attempts,
+    and the job keeps its name and key too (``rate_name``, ``rate_key``)."""
 
     def key_of(self, value: Any) -> str:
         """The key of ``value`` (the decoded input), checked: raises before anything is written."""
@@ -134,6 +137,27 @@ class Spec:
             ) from exc
         _keys.check_key(key)
         return key
+
+
+def resolve_pair(
+    concurrency: Concurrency | None, rate: Rate | None, default_name: str
+) -> Spec | None:
+    """The :class:`Spec` of a step's or step kind's limits: its Concurrency carrying its
+    Rate when both are given (the Rate named ``<default>.rate`` unless named)."""
+    if concurrency is None or rate is None:
+        return resolve(concurrency or rate, default_name, "attempts")
+    paired = resolve(rate, f"{default_name}.rate", "starts")
+    primary = resolve(concurrency, default_name, "attempts")
+    assert primary is not None
+    return Spec(
+        name=primary.name,
+        max=primary.max,
+        per=None,
+        on_limit=primary.on_limit,
+        counts=primary.counts,
+        key_fn=primary.key_fn,
+        rate=paired,
+    )
 
 
 def resolve(

@@ -83,6 +83,7 @@ runs = Table(
     Column("parent_id", Uuid, ForeignKey("cyclone_runs.id", ondelete="CASCADE")),
     Column("parent_node", Text),
     Column("parent_waits", Boolean, nullable=False, server_default=text("false")),
+    Column("step_limits", JSONB),
     CheckConstraint(_in("state", RunState), name="state"),
     CheckConstraint(
         _finalized_iff(TERMINAL_RUN_STATES),
@@ -206,6 +207,8 @@ jobs = Table(
     Column("limit_name", Text),
     Column("limit_key", Text),
     Column("item", Integer),
+    Column("rate_name", Text),
+    Column("rate_key", Text),
     CheckConstraint(_in("state", JobState), name="state"),
     CheckConstraint(
         _finalized_iff(TERMINAL_JOB_STATES),
@@ -217,14 +220,15 @@ jobs = Table(
     CheckConstraint("(run_id IS NULL) = (workflow IS NULL)", name="run_or_standalone"),
 )
 # The claim indexes, one range per workflow and per standalone kind, so that a claim reads
-# only the jobs its worker serves: see revision cyclone_0003.
+# only the jobs its worker serves: see revision cyclone_0003. A limited step is left out
+# of its workflow's range and claimed through ix_cyclone_jobs_gated (cyclone_0018_step_limits).
 Index(
     "ix_cyclone_jobs_claim_workflow",
     jobs.c.workflow,
     jobs.c.priority,
     jobs.c.scheduled_at,
     jobs.c.id,
-    postgresql_where=text("state = 'available' AND workflow IS NOT NULL"),
+    postgresql_where=text("state = 'available' AND workflow IS NOT NULL AND limit_name IS NULL"),
 )
 Index(
     "ix_cyclone_jobs_claim_kind",

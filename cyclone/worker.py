@@ -332,9 +332,16 @@ class Worker:
         self.schedules = schedules.collect(self.workflows.values())
         specs: dict[str, LimitSpec] = {}
         workflow_specs = [wf.limit for wf in self.workflows.values() if wf.limit is not None]
-        for spec in [st.limit for st in self.steps.values()] + workflow_specs:
-            if spec is None:
-                continue
+        step_specs = [
+            spec for wf in self.workflows.values() for spec in wf._limited_steps().values()
+        ]
+        primary = [
+            spec
+            for spec in [st.limit for st in self.steps.values()] + workflow_specs + step_specs
+            if spec is not None
+        ]
+        paired = [spec.rate for spec in primary if spec.rate is not None]
+        for spec in primary + paired:
             other = specs.setdefault(spec.name, spec)
             if (other.max, other.per, other.counts) != (spec.max, spec.per, spec.counts):
                 raise errors.DefinitionError(
@@ -344,10 +351,23 @@ class Worker:
         self._admits: tuple[str, ...] = tuple(sorted({spec.name for spec in workflow_specs}))
         """The limits of the workflows served: their held runs are admitted by ``admit_runs``."""
         self._gated: tuple[str, ...] = tuple(
-            sorted(n for n, spec in specs.items() if spec.counts != "runs")
+            sorted({spec.name for spec in primary if spec.counts != "runs"})
         )
-        """The limits of the step kinds served: their jobs are claimed by ``claim_gated``."""
-        self._gated_kinds = frozenset(k for k, st in self.steps.items() if st.limit is not None)
+        """The limits of the step kinds and workflow steps served: their jobs are claimed by
+        ``claim_gated``."""
+        self._gated_kinds = frozenset(
+            [(None, k) for k, st in self.steps.items() if st.limit is not None]
+            + [(wf.name, step) for wf in self.workflows.values() for step in wf._limited_steps()]
+        )
+        """The (workflow, kind) of the limited jobs served: one leaving running frees a slot."""
+        self._gated_steps = bool(step_specs)
+        """Whether a served limit is a workflow step's: the limited claim reads runs too."""
+        self._paired = bool(paired)
+        self._paired_rates = tuple(sorted({spec.name for spec in paired}))
+        self._rated = bool(paired) or any(spec.per is not None for spec in primary)
+        """Whether a served definition has a Rate, whose windows open without a NOTIFY."""
+        """Whether a served definition has a Rate with its Concurrency: the limited claim
+        checks and counts the jobs' second limit too."""
         if not self.workflows and not self.steps:
             raise errors.DefinitionError("a Worker needs at least one workflow or step kind")
         if concurrency < 1:
@@ -683,7 +703,7 @@ class Worker:
             scope = self._scopes[queue] = _claim.Scope(
                 queues=None if queue == "*" else (queue,),
                 workflows=tuple(sorted(self.workflows)),
-                kinds=tuple(sorted(k for k in self.steps if k not in self._gated_kinds)),
+                kinds=tuple(sorted(k for k in self.steps if (None, k) not in self._gated_kinds)),
             )
         return scope
 
@@ -760,7 +780,15 @@ class Worker:
                 self._recheck_due = False
                 claimed, failed = self._record_and_claim(outcomes, free, deliver=recheck_due)
                 poll_due = time.monotonic() + self.poll_interval
-                if free and not claimed and not failed and recheck_due and not until_idle:
+                # A full rate window opens without a NOTIFY: after an empty claim, a
+                # worker serving a Rate reads when it opens even if nothing rang.
+                if (
+                    free
+                    and not claimed
+                    and not failed
+                    and (recheck_due or self._rated)
+                    and not until_idle
+                ):
                     poll_due = min(poll_due, self._next_due())
             for job in claimed:
                 self._start(job)
@@ -830,7 +858,7 @@ class Worker:
         if self._gated or self._admits:
             try:
                 gated = _limits_store.seconds_until_gated_due(
-                    self._held, self._gated, None, self._admits
+                    self._held, self._gated, None, self._admits, self._paired_rates
                 )
             except Exception:
                 log.exception("worker %s could not read when a limited job may start", self.id)
@@ -906,14 +934,37 @@ class Worker:
             self._claim_turn += 1
             start = self._claim_turn % len(turns) if turns else 0
             carrying = successes
+            gated_ended = any((job.workflow, job.kind) in self._gated_kinds for job, _ in outcomes)
+            rang = False
             for name, limit in turns[start:] + turns[:start] or [("*", 0)]:
                 if left <= 0 and not carrying:
                     break
+                scope = self._scope(name)
+                if self._gated and not (scope.workflows or scope.kinds):
+                    # Nothing but limited jobs to claim: one statement records and claims.
+                    recorded, got = _limits_store.record_and_claim_gated(
+                        held,
+                        worker_id=self.id,
+                        successes=carrying,
+                        names=self._gated,
+                        queues=scope.queues,
+                        limit=min(limit, left),
+                        steps=self._gated_steps,
+                        paired=self._paired,
+                        ring=gated_ended and not rang,
+                    )
+                    rang = rang or gated_ended
+                    if carrying:
+                        self._settle(carrying, recorded)
+                    carrying = []
+                    claimed += got
+                    left -= len(got)
+                    continue
                 recorded, got = _claim.record_and_claim(
                     held,
                     worker_id=self.id,
                     successes=carrying,
-                    scope=self._scope(name),
+                    scope=scope,
                     limit=max(0, min(limit, left)),
                     woke=woke,
                     deliver=deliver and not woke,
@@ -931,6 +982,8 @@ class Worker:
                         names=self._gated,
                         queues=None if name == "*" else (name,),
                         limit=room,
+                        steps=self._gated_steps,
+                        paired=self._paired,
                     )
                     claimed += got
                     left -= len(got)
@@ -938,7 +991,7 @@ class Worker:
             if self._child_nodes and (deliver or self._draining):
                 # Wake the child nodes whose child runs ended (a run's end rang, or a poll).
                 self._delivered += _children.deliver(self.engine)
-            if left <= 0 and any(job.kind in self._gated_kinds for job, _ in outcomes):
+            if left <= 0 and gated_ended and not rang:
                 # A limited job left running, and this worker has no room to take its
                 # slot: wake the others now rather than at their next poll.
                 _limits_store.ring(held)

@@ -114,6 +114,7 @@ class Step(Generic[R]):
         output: Any = None,
         child: Workflow[Any] | None = None,
         over: str | None = None,
+        limit: limits.Spec | None = None,
     ) -> None:
         self.workflow = workflow
         self.fn = fn
@@ -146,6 +147,9 @@ class Step(Generic[R]):
         """What each item of a map node returns; the node's own output is a list of them."""
         if over is not None:
             self.output_type = list[item_output]
+        self.limit = limit
+        """The step's Concurrency or Rate (``@wf.step(concurrency=|rate=)``), its key a
+        function of the run's input; None: unlimited."""
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -161,12 +165,12 @@ class Step(Generic[R]):
         if self._child_spec is None:
             wf = self.child
 
-            def limit_key(encoded: str) -> str | None:
-                if wf.limit is None:
+            def limit_key(encoded: str) -> submission.LimitKeys | None:
+                if wf.limit is None and not wf._limited_steps():
                     return None
                 from cyclone import _codec
 
-                return wf.limit.key_of(_codec.decode(encoded, wf.input_type))
+                return wf._limit_key(_codec.decode(encoded, wf.input_type))
 
             self._child_spec = _children.Child(wf.plan(), limit_key)
         return self._child_spec
@@ -232,13 +236,31 @@ class Workflow(Generic[In]):
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         queue: str | None = None,
         priority: int = 0,
+        concurrency: limits.Concurrency | None = None,
+        rate: limits.Rate | None = None,
     ) -> Callable[[Callable[..., R]], Step[R]]:
         """Decorate ``fn(ctx, input) -> output`` as a step that runs after the steps in ``after``.
 
         ``max_attempts`` bounds the tries of a step that raises; ``queue`` and ``priority``
-        (lower runs first) place its jobs.
+        (lower runs first) place its jobs. ``concurrency`` bounds its running attempts,
+        ``rate`` its attempt starts, per key across every worker; their ``key`` is a
+        function of the run's input (the step's input), evaluated at submit time and kept
+        with the run (see docs/flow-control.md).
         """
-        return self._decorator(name, after, max_attempts, queue, priority, is_result=False)
+        if concurrency is None and rate is None:
+            return self._decorator(name, after, max_attempts, queue, priority, is_result=False)
+        where = f"a step of workflow {self.name!r}"
+        _check_step_limits(where, concurrency, rate)
+
+        def decorate(fn: Callable[..., R]) -> Step[R]:
+            step_name = fn.__name__ if name is None else name
+            default = f"step:{self.name}.{step_name}"
+            spec = limits.resolve_pair(concurrency, rate, default)
+            return self._decorator(
+                name, after, max_attempts, queue, priority, is_result=False, limit=spec
+            )(fn)
+
+        return decorate
 
     def wait(
         self,
@@ -486,12 +508,40 @@ class Workflow(Generic[In]):
                     spec.name, spec.max, spec.per, spec.on_limit, spec.counts
                 )
             )
-            self._plan = submission.Plan.build(self.name, self.graph(), params)
+            step_params = {
+                name: _spec_params(step.limit)
+                for name, step in self.steps.items()
+                if step.limit is not None
+            }
+            step_rates = {
+                name: _spec_params(step.limit.rate)
+                for name, step in self.steps.items()
+                if step.limit is not None and step.limit.rate is not None
+            }
+            self._plan = submission.Plan.build(
+                self.name, self.graph(), params, step_params, step_rates
+            )
         return self._plan
 
-    def _limit_key(self, value: In) -> str | None:
-        """The key of ``value`` under this workflow's limit (raises before anything is sent)."""
-        return None if self.limit is None else self.limit.key_of(value)
+    def _limited_steps(self) -> dict[str, limits.Spec]:
+        """The limit of each limited step, by step name."""
+        return {name: st.limit for name, st in self.steps.items() if st.limit is not None}
+
+    def _limit_key(self, value: In) -> submission.LimitKeys | None:
+        """The keys of ``value`` under this workflow's limit and its steps' (raises before
+        anything is sent); None when nothing is limited."""
+        steps = self._limited_steps()
+        if self.limit is None and not steps:
+            return None
+        return submission.LimitKeys(
+            None if self.limit is None else self.limit.key_of(value),
+            {name: spec.key_of(value) for name, spec in steps.items()},
+            {
+                name: spec.rate.key_of(value)
+                for name, spec in steps.items()
+                if spec.rate is not None
+            },
+        )
 
     def _encode_input(self, value: In) -> str:
         from cyclone import _codec
@@ -630,7 +680,8 @@ class Workflow(Generic[In]):
         rolled back: nothing is inserted.
         """
         encoded = [(key, self._encode_input(value)) for key, value in items]
-        lks = None if self.limit is None else [self.limit.key_of(value) for _, value in items]
+        keys = [self._limit_key(value) for _, value in items]
+        lks = None if keys and keys[0] is None else [k for k in keys if k is not None]
         rows = submission.submit_once_many(
             bind,
             self.plan(),
@@ -876,6 +927,31 @@ class ResultWorkflow(Workflow[In], Generic[In, Out]):
         def run(self, bind: Bind, run_id: uuid.UUID | str) -> ResultRun[Out]: ...
 
 
+def _check_step_limits(
+    where: str, concurrency: limits.Concurrency | None, rate: limits.Rate | None
+) -> None:
+    """Check the limits of a step or step kind: its attempts queue at the limit."""
+    if concurrency is not None and not isinstance(concurrency, limits.Concurrency):
+        raise errors.DefinitionError(f"{where}: concurrency= takes a Concurrency")
+    if rate is not None and not isinstance(rate, limits.Rate):
+        raise errors.DefinitionError(f"{where}: rate= takes a Rate")
+    if concurrency is not None and concurrency.on_limit != "queue":
+        raise errors.DefinitionError(
+            f"{where}: on_limit={concurrency.on_limit!r} is for workflows; a step's attempts queue"
+        )
+    if (
+        concurrency is not None
+        and rate is not None
+        and concurrency.name is not None
+        and concurrency.name == rate.name
+    ):
+        raise errors.DefinitionError(f"{where}: its Concurrency and Rate need different names")
+
+
+def _spec_params(spec: limits.Spec) -> dict[str, Any]:
+    return _limits_store.spec_params(spec.name, spec.max, spec.per, spec.on_limit, spec.counts)
+
+
 class StandaloneStep(Generic[In, R]):
     """A step kind that runs as a standalone job, enqueued with :meth:`enqueue`."""
 
@@ -892,22 +968,8 @@ class StandaloneStep(Generic[In, R]):
     ) -> None:
         check_name("a step kind", kind)
         _check_options(f"step kind {kind!r}", max_attempts, queue, priority)
-        if concurrency is not None and not isinstance(concurrency, limits.Concurrency):
-            raise errors.DefinitionError(f"step kind {kind!r}: concurrency= takes a Concurrency")
-        if rate is not None and not isinstance(rate, limits.Rate):
-            raise errors.DefinitionError(f"step kind {kind!r}: rate= takes a Rate")
-        if concurrency is not None and rate is not None:
-            raise errors.DefinitionError(
-                f"step kind {kind!r}: give concurrency= or rate=, not both (one limit a kind)"
-            )
-        if concurrency is not None and concurrency.on_limit != "queue":
-            raise errors.DefinitionError(
-                f"step kind {kind!r}: on_limit={concurrency.on_limit!r} is for workflows; "
-                "a step kind's jobs queue"
-            )
-        self.limit: limits.Spec | None = limits.resolve(
-            concurrency or rate, f"kind:{kind}", "attempts"
-        )
+        _check_step_limits(f"step kind {kind!r}", concurrency, rate)
+        self.limit: limits.Spec | None = limits.resolve_pair(concurrency, rate, f"kind:{kind}")
         self.kind = kind
         self.fn = fn
         self.max_attempts = max_attempts
@@ -963,10 +1025,11 @@ class StandaloneStep(Generic[In, R]):
         spec = self.limit
         if spec is None:
             return {}
-        params = _limits_store.spec_params(
-            spec.name, spec.max, spec.per, spec.on_limit, spec.counts
-        )
-        return {"limit": params, "limit_key": spec.key_of(args)}
+        fields: dict[str, Any] = {"limit": _spec_params(spec), "limit_key": spec.key_of(args)}
+        if spec.rate is not None:
+            fields["rate"] = _spec_params(spec.rate)
+            fields["rate_key"] = spec.rate.key_of(args)
+        return fields
 
     def enqueue(
         self,

@@ -257,3 +257,97 @@ def test_limits_list_and_set_on_the_command_line(engine: sa.Engine, name: str) -
     assert len(unknown.stderr.strip().splitlines()) == 1
     with engine.begin() as conn:
         conn.execute(sa.text("DELETE FROM cyclone_jobs WHERE kind = :k"), {"k": name})
+
+
+def test_a_worker_serving_only_limited_kinds_records_and_claims_in_one_statement(
+    engine: sa.Engine, name: str, statements: Any
+) -> None:
+    (step,) = kinds(name, {"limit": "concurrency", "max": 100})
+    with engine.begin() as conn:
+        for _ in range(40):
+            step.enqueue_tx(conn, {"k": "a", "ms": 0})
+    with cyclone.Worker(engine, steps=[step], concurrency=1, sweep=False) as worker:
+        statements.reset()
+        worker.drain()
+    # One job at a time: each statement records the last job and claims the next. No
+    # statement claims nothing but limited jobs apart, and none only rings NOTIFY.
+    assert not [s for s in statements.statements if s.lstrip().startswith("SELECT pg_notify")]
+    claims = [s for s in statements.statements if "FROM cyclone_limit_keys" in s]
+    assert len(claims) <= 40 + 2, len(claims)
+    assert len(statements.statements) <= 40 + 10, len(statements.statements)
+
+
+def test_a_paused_queues_limited_jobs_are_not_claimed_until_it_resumes(
+    engine: sa.Engine, name: str
+) -> None:
+    step = cyclone.step(name, queue=name, concurrency=cyclone.Concurrency(2))(
+        lambda ctx, args: None
+    )
+    jobs = [step.enqueue(engine, {"n": n}) for n in range(3)]
+    client = cyclone.Client(engine)
+    client.pause_queue(name)
+    with cyclone.Worker(engine, steps=[step], sweep=False) as worker:
+        worker.drain()
+        assert {job.status().state for job in jobs} == {"available"}
+        client.resume_queue(name)
+        worker.drain()
+    assert {job.status().state for job in jobs} == {"completed"}
+
+
+def test_a_concurrency_and_a_rate_together_both_hold_and_a_shared_rate_counts_every_start(
+    engine: sa.Engine, name: str
+) -> None:
+    spec = {"limit": "paired", "max": 2, "rate": 4, "per": 1, "concurrency": 4}
+    paired, alone = kinds(name, spec)
+    with engine.begin() as conn:
+        for i in range(10):
+            paired.enqueue_tx(conn, {"k": "ab"[i % 2], "ms": 300})
+            alone.enqueue_tx(conn, {"k": "c", "ms": 0})
+    procs = [spawn(name, spec) for _ in range(2)]
+    try:
+        most = sample_until_done(engine, name, timeout=60)
+    finally:
+        stop(procs)
+    with engine.connect() as conn:
+        windows = conn.execute(
+            sa.text(
+                "SELECT floor(extract(epoch FROM attempted_at)), count(*) FROM cyclone_jobs "
+                "WHERE kind LIKE :p GROUP BY 1 ORDER BY 1"
+            ),
+            {"p": name + "%"},
+        ).all()
+        rate_keys = conn.execute(
+            sa.text("SELECT DISTINCT rate_name, rate_key FROM cyclone_jobs WHERE kind = :k"),
+            {"k": f"{name}.paired"},
+        ).all()
+    assert rate_keys == [(f"{name}-rate", "")]
+    assert all(n <= 4 for _, n in windows), windows
+    assert len(windows) >= 5, windows
+    assert max(most["a"], most["b"]) <= 2, most
+
+
+def test_a_worker_waiting_on_a_full_rate_window_wakes_when_it_opens_not_at_its_poll(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    rate = cyclone.Rate(2, timedelta(seconds=1), name=f"{name}-rate")  # given with a Concurrency
+    paired = cyclone.step(name, concurrency=cyclone.Concurrency(5), rate=rate)(
+        lambda ctx, args: None
+    )
+    jobs = [paired.enqueue(engine, {"n": n}) for n in range(6)]
+    serving(cyclone.Worker(engine, steps=[paired], concurrency=4, poll_interval=600))
+    for job in jobs:
+        wait_until(lambda job=job: job.status().state == "completed", timeout=30)
+
+
+def test_list_limits_counts_a_shared_rates_jobs_alone_and_beside_a_concurrency_together(
+    engine: sa.Engine, name: str
+) -> None:
+    paired, alone = kinds(name, {"limit": "paired", "max": 2, "rate": 4, "per": 1})
+    paired.enqueue(engine, {"k": "a", "ms": 0})
+    alone.enqueue(engine, {"k": "a", "ms": 0})
+    alone.enqueue(engine, {"k": "a", "ms": 0})
+    limits = {s.name: s for s in cyclone.Client(engine).list_limits()}
+    assert dict(limits[f"{name}-rate"].keys) == {"": (0, 3)}
+    assert dict(limits[f"kind:{name}.paired"].keys) == {"a": (0, 1)}
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM cyclone_jobs WHERE kind LIKE :p"), {"p": name + "%"})

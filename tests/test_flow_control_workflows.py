@@ -248,3 +248,56 @@ def test_list_limits_counts_a_started_run_as_in_progress(
     assert dict(limit.keys)["a"] == (1, 0)
     release.set()
     wait_until(lambda: first.status().state == "completed", timeout=20)
+
+
+def test_a_named_limit_shared_by_two_workflows_counts_the_runs_of_both(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    shared = f"{name}-shared"
+    release = threading.Event()
+    made = []
+    for wf_name in (name, f"{name}b"):
+        wf: cyclone.Workflow[Any] = cyclone.Workflow(
+            wf_name, concurrency=cyclone.Concurrency(1, key=lambda v: v["k"], name=shared)
+        )
+
+        @wf.step()
+        def only(ctx: cyclone.StepContext, value: dict[str, Any]) -> None:
+            assert release.wait(30)
+
+        made.append(wf)
+    one, two = made
+    first = one.submit(engine, {"k": "a", "n": 1})
+    second = two.submit(engine, {"k": "a", "n": 2})
+    serving(cyclone.Worker(engine, workflows=[one, two], concurrency=4, poll_interval=30))
+    wait_until(lambda: started(engine, first) or started(engine, second))
+    (limit,) = [s for s in cyclone.Client(engine).list_limits() if s.name == shared]
+    assert dict(limit.keys)["a"] == (1, 1)
+    assert not (started(engine, first) and started(engine, second))
+    release.set()
+    for run in (first, second):
+        wait_until(lambda run=run: run.status().state == "completed", timeout=20)
+
+
+def test_a_run_parked_at_a_wait_keeps_its_workflow_slot_as_documented(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    wf: cyclone.Workflow[Any] = cyclone.Workflow(
+        name, concurrency=cyclone.Concurrency(1, key=lambda v: v["k"])
+    )
+
+    @wf.wait("go")
+    def go(ctx: cyclone.StepContext, payload: int) -> int:
+        return payload
+
+    first = wf.submit(engine, {"k": "a"})
+    second = wf.submit(engine, {"k": "a"})
+    serving(cyclone.Worker(engine, workflows=[wf], concurrency=2, poll_interval=0.2))
+    wait_until(lambda: jobs_of(engine, first) == 1)
+    # The first run is parked at its wait, holding no worker, but it is in progress.
+    assert in_progress(engine, name) == Counter({"a": 1})
+    assert jobs_of(engine, second) == 0
+    first.signal("go", 1)
+    wait_until(lambda: first.status().state == "completed", timeout=20)
+    wait_until(lambda: jobs_of(engine, second) == 1, timeout=20)
+    second.cancel()

@@ -123,6 +123,7 @@ def test_constraint_names_follow_the_naming_convention(conn: sa.Connection) -> N
         "pk_cyclone_runs",
         "pk_cyclone_jobs",
         "fk_cyclone_jobs_run_id_cyclone_runs",
+        "fk_cyclone_runs_parent_id_cyclone_runs",
         "ck_cyclone_runs_state",
         "ck_cyclone_runs_finalized_at",
         "ck_cyclone_runs_steps_remaining",

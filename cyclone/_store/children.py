@@ -179,7 +179,7 @@ class Child:
     to tell the input's limit key (for a limited child workflow)."""
 
     plan: _submission.Plan
-    limit_key: Callable[[str], str | None]
+    limit_key: Callable[[str], _submission.LimitKeys | None]
 
 
 def execute(
@@ -207,7 +207,7 @@ def execute(
     except Exception as exc:
         return _hand_back(worker_id, job, exc)
     input_: str | None = None
-    limit_key: str | None = None
+    limit_key: _submission.LimitKeys | None = None
     if found is None:
         made = run(job)
         if isinstance(made, Failure):
@@ -264,7 +264,7 @@ def _decide(
     child: Child,
     key: str,
     input_: str | None,
-    limit_key: str | None,
+    limit_key: _submission.LimitKeys | None,
     backoff: Callable[[int], float],
 ) -> _waits.Outcome:
     guard = {"job_id": job.id, "lease": job.lease, "attempt_no": job.attempt, "me": worker_id}

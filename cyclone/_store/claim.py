@@ -124,11 +124,12 @@ def _serves(table: Any, key: tuple[str, str]) -> Any:
 
     Each is a range of its own claim index (``ix_cyclone_jobs_claim_workflow`` or
     ``ix_cyclone_jobs_claim_kind``), so a claim never reads the available jobs of
-    workflows and kinds its worker does not serve.
+    workflows and kinds its worker does not serve. A workflow's limited steps are not in
+    its range: the limited claim takes them (:mod:`cyclone._store.limits`).
     """
     what, name = key
     if what == "workflow":
-        return table.c.workflow == const(name)
+        return and_(table.c.workflow == const(name), table.c.limit_name.is_(None))
     return and_(table.c.workflow.is_(None), table.c.kind == const(name))
 
 
@@ -275,14 +276,18 @@ def _start_runs(scope: Scope, limit: int, chosen: Any, claimed: Any) -> Any:
             runs.c.graph,
             runs.c.deadline,
             runs.c.created_at,
+            runs.c.step_limits,
             chosen.c.t.label("starts"),
         )
         .cte("started")
     )
     elements, step = _unstarted.graph_steps(started.c.graph)
     root = _unstarted.is_root(step)
+    step_limit = started.c.step_limits.op("->", return_type=JSONB)(step.c.name)
+    limit_name = step_limit.op("->>", return_type=Text)(const("n"))
     eligible = and_(
         root,
+        limit_name.is_(None),
         true() if scope.queues is None else _one_of(step.c.queue, scope.queues),
         _queues.served(step.c.queue),
     )
@@ -304,6 +309,10 @@ def _start_runs(scope: Scope, limit: int, chosen: Any, claimed: Any) -> Any:
             step.c.queue,
             step.c.priority,
             step.c.signal,
+            limit_name.label("limit_name"),
+            step_limit.op("->>", return_type=Text)(const("k")).label("limit_key"),
+            step_limit.op("->>", return_type=Text)(const("rn")).label("rate_name"),
+            step_limit.op("->>", return_type=Text)(const("rk")).label("rate_key"),
             root.label("root"),
             and_(eligible, rank <= room).label("mine"),
         )
@@ -341,6 +350,10 @@ def _start_runs(scope: Scope, limit: int, chosen: Any, claimed: Any) -> Any:
         case((mine, bindparam("me", type_=Text))),
         case((mine, func.now())),
         case((mine, func.now())),
+        born.c.limit_name,
+        born.c.limit_key,
+        born.c.rate_name,
+        born.c.rate_key,
     ).order_by(born.c.run_id, born.c.ord)
     return (
         insert(jobs)
@@ -364,6 +377,10 @@ def _start_runs(scope: Scope, limit: int, chosen: Any, claimed: Any) -> Any:
                 jobs.c.worker_id,
                 jobs.c.attempted_at,
                 jobs.c.heartbeat_at,
+                jobs.c.limit_name,
+                jobs.c.limit_key,
+                jobs.c.rate_name,
+                jobs.c.rate_key,
             ],
             rows,
         )

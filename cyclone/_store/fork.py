@@ -103,6 +103,7 @@ def insert_fork_stmt() -> Any:
         "trace_context": bindparam("trace_context", type_=Text),
         "forked_from": source.c.id,
         "finalized_at": case((done, func.now()), else_=null()),
+        "step_limits": source.c.step_limits,
     }
     inserted = (
         insert(runs)
@@ -120,6 +121,9 @@ def insert_fork_stmt() -> Any:
         .render_derived("s", with_types=True)
     )
     kept_job = jobs.alias("kept_job")
+    # The source run's limited steps keep their limits and keys (evaluated on the same input).
+    step_limits = select(runs.c.step_limits).where(runs.c.id == source_id).scalar_subquery()
+    step_limit = step_limits.op("->", return_type=JSONB)(step.c.name)
     state = case(
         (step.c.kept, const(JobState.COMPLETED.value)),
         (step.c.pending == const(0, Integer), const(JobState.AVAILABLE.value)),
@@ -145,6 +149,10 @@ def insert_fork_stmt() -> Any:
             kept_job.c.output,
             kept_job.c.attempted_at,
             kept_job.c.finalized_at,
+            step_limit.op("->>", return_type=Text)(const("n")),
+            step_limit.op("->>", return_type=Text)(const("k")),
+            step_limit.op("->>", return_type=Text)(const("rn")),
+            step_limit.op("->>", return_type=Text)(const("rk")),
         )
         .select_from(inserted)
         .join(step, true())
@@ -177,6 +185,10 @@ def insert_fork_stmt() -> Any:
                 jobs.c.output,
                 jobs.c.attempted_at,
                 jobs.c.finalized_at,
+                jobs.c.limit_name,
+                jobs.c.limit_key,
+                jobs.c.rate_name,
+                jobs.c.rate_key,
             ],
             rows,
         )

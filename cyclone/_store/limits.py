@@ -17,8 +17,9 @@ of its ordinary claim, and claims them here instead, one statement per claim:
    too low. A Rate's room is ``max`` minus the starts in the key's current window, kept
    on the locked row itself.
 3. **Claim** up to the room of each key, the oldest due jobs first, one job per key
-   before a second of any key, and bump each key served: ``served_at``, ``version``,
-   and for a Rate its window's count.
+   before a second of any key, and bump each key served: ``served_at``, ``version``
+   (by the jobs claimed from it, so it counts at least a Rate window's starts), and for a
+   Rate its window's count.
 
 A job leaving ``running`` (done, failed, retried, rescued, handed back, cancelled)
 touches no limit row: the count is of the rows, so it cannot drift.
@@ -33,6 +34,8 @@ from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
+    Boolean,
     Engine,
     Float,
     Integer,
@@ -52,13 +55,18 @@ from sqlalchemy import (
     or_,
     select,
     true,
+    tuple_,
+    union_all,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, insert
 
+from cyclone import _observe
 from cyclone._store import binds as _binds
+from cyclone._store import completion as _completion
 from cyclone._store import executor as _executor
 from cyclone._store import notify as _notify
+from cyclone._store import queues as _queues
 from cyclone._store.claim import _CLAIMED_COLUMNS, Claimed, _claimed, claimed_job_columns
 from cyclone._store.executor import const
 from cyclone.schema import jobs, limit_keys, limits, runs
@@ -163,8 +171,16 @@ def _window(per: Any) -> Any:
     return func.to_timestamp(func.floor(extract("epoch", func.now()) / seconds) * seconds)
 
 
-def _due(table: Any, name: Any, key: Any, queues: tuple[str, ...] | None) -> tuple[Any, ...]:
-    """An available job of the limit ``name`` and ``key``, due, of ``queues`` (None: any)."""
+def _due(
+    table: Any, name: Any, key: Any, queues: tuple[str, ...] | None, steps: bool = False
+) -> tuple[Any, ...]:
+    """An available job of the limit ``name`` and ``key``, due, of ``queues`` (None: any),
+    in a queue not paused; with ``steps`` (workflow steps are served), of no run or of a
+    running run (its state read by a probe of its primary key, as the ordinary claim does)."""
+    run_check: Any = true()
+    if steps:
+        run_state = select(runs.c.state).where(runs.c.id == table.c.run_id).scalar_subquery()
+        run_check = or_(table.c.run_id.is_(None), run_state == const(RunState.RUNNING.value))
     return (
         table.c.limit_name == name,
         table.c.limit_key == key,
@@ -172,6 +188,8 @@ def _due(table: Any, name: Any, key: Any, queues: tuple[str, ...] | None) -> tup
         table.c.scheduled_at <= func.now(),
         or_(table.c.deadline.is_(None), table.c.deadline > func.now()),
         true() if queues is None else table.c.queue.in_([const(q) for q in queues]),
+        _queues.served(table.c.queue),
+        run_check,
     )
 
 
@@ -189,8 +207,31 @@ def _running_of(name: Any, key: Any) -> Any:
     )
 
 
-def claim_gated_stmt(names: tuple[str, ...], queues: tuple[str, ...] | None, limit: int) -> Any:
-    """Claim up to ``limit`` due jobs of the limits ``names`` for ``:me`` (see the module)."""
+def claim_gated_stmt(
+    names: tuple[str, ...],
+    queues: tuple[str, ...] | None,
+    limit: int,
+    steps: bool = False,
+    completing: bool = False,
+    paired: bool = False,
+) -> Any:
+    """Claim up to ``limit`` due jobs of the limits ``names`` for ``:me`` (see the module).
+
+    With ``paired`` (a served definition has a Rate with its Concurrency), each candidate
+    also passes its Rate (``rate_name``, ``rate_key``; for a job of a Rate alone, its own
+    limit): the rate keys are locked too, ``SKIP LOCKED`` (a candidate whose rate key is
+    held elsewhere waits for the next claim), at most their window's room of candidates
+    pass per rate key, and one update bumps every key served, each once.
+
+    With ``steps`` (a limit of ``names`` is a workflow step's), a claimed step returns its
+    run's input and its upstream outputs, as the ordinary claim does. ``completing`` first
+    records the successes in ``:items``, as the ordinary claim does (their runs locked
+    first), for a worker with nothing but limited jobs to claim: one statement a loop.
+    The statement then returns at least one row, whose first column holds the ids of the
+    jobs recorded. A job completed here is still running in the statement's snapshot, so
+    the count of its key is too high this time, never too low.
+    """
+    runs_locked = _completion.runs_locked_first() if completing else true()
     top: Any = literal_column(str(int(limit)))
     k, lim = limit_keys, limits
     window = _window(lim.c.per)
@@ -211,9 +252,10 @@ def claim_gated_stmt(names: tuple[str, ...], queues: tuple[str, ...] | None, lim
         )
         .join_from(k, lim, lim.c.name == k.c.name)
         .where(
+            runs_locked,
             k.c.name.in_([const(n) for n in names]),
             lim.c.max - used > const(0, Integer),
-            exists(select(a.c.id).where(*_due(a, k.c.name, k.c.key, queues))),
+            exists(select(a.c.id).where(*_due(a, k.c.name, k.c.key, queues, steps))),
         )
         .order_by(k.c.served_at, k.c.name, k.c.key)
         .limit(top)
@@ -228,8 +270,8 @@ def claim_gated_stmt(names: tuple[str, ...], queues: tuple[str, ...] | None, lim
     )
     c = jobs.alias("c")
     cand = (
-        select(c.c.id, c.c.priority, c.c.scheduled_at)
-        .where(*_due(c, locked.c.name, locked.c.key, queues))
+        select(c.c.id, c.c.priority, c.c.scheduled_at, c.c.rate_name, c.c.rate_key)
+        .where(*_due(c, locked.c.name, locked.c.key, queues, steps))
         .order_by(c.c.priority, c.c.scheduled_at, c.c.id)
         .limit(func.least(locked.c.room, top))
         .with_for_update(skip_locked=True)
@@ -246,6 +288,8 @@ def claim_gated_stmt(names: tuple[str, ...], queues: tuple[str, ...] | None, lim
         .where(locked.c.version == in_snapshot)
         .subquery("ranked")
     )
+    if paired:
+        ranked = _rate_gated(locked, cand, rank, in_snapshot)
     chosen = (
         select(ranked.c.id)
         .order_by(ranked.c.rk, ranked.c.served_at, ranked.c.priority, ranked.c.id)
@@ -254,7 +298,7 @@ def claim_gated_stmt(names: tuple[str, ...], queues: tuple[str, ...] | None, lim
     )
     claimed = (
         update(jobs)
-        .where(jobs.c.id.in_(select(chosen.c.id).scalar_subquery()))
+        .where(jobs.c.id == chosen.c.id)
         .values(
             state=const(JobState.RUNNING.value),
             attempt=jobs.c.attempt + 1,
@@ -263,9 +307,121 @@ def claim_gated_stmt(names: tuple[str, ...], queues: tuple[str, ...] | None, lim
             attempted_at=func.now(),
             heartbeat_at=func.now(),
         )
-        .returning(*_CLAIMED_COLUMNS, jobs.c.limit_name, jobs.c.limit_key)
+        .returning(*_CLAIMED_COLUMNS, jobs.c.limit_name, jobs.c.limit_key, *_rate_columns(paired))
         .cte("claimed")
     )
+    served = _served_paired(claimed) if paired else _served(claimed, locked)
+    served_count = select(func.count()).select_from(served).scalar_subquery()
+    return _gated_result(claimed, served_count, steps, completing, runs_locked, top)
+
+
+def _rate_columns(paired: bool) -> tuple[Any, ...]:
+    return (jobs.c.rate_name, jobs.c.rate_key) if paired else ()
+
+
+def _rate_gated(locked: Any, cand: Any, rank: Any, in_snapshot: Any) -> Any:
+    """The candidates of ``locked`` keys that their Rate lets start: per rate key (the
+    job's ``rate_name``, ``rate_key``, or its own key for a Rate alone), locked ``FOR
+    UPDATE SKIP LOCKED`` and read at its newest version, at most its window's room."""
+    is_rate = locked.c.win.is_not(None)
+    ranked_all = (
+        select(
+            cand.c.id,
+            rank.label("rk"),
+            locked.c.served_at,
+            cand.c.priority,
+            func.coalesce(cand.c.rate_name, case((is_rate, locked.c.name))).label("gn"),
+            func.coalesce(cand.c.rate_key, case((is_rate, locked.c.key))).label("gk"),
+        )
+        .select_from(locked)
+        .join(cand, true())
+        .where(locked.c.version == in_snapshot)
+        .cte("ranked_all")
+    )
+    k2, lim2 = limit_keys.alias("gate_key"), limits.alias("gate_limit")
+    window2 = _window(lim2.c.per)
+    gates = (
+        select(
+            k2.c.name,
+            k2.c.key,
+            (
+                lim2.c.max
+                - case((k2.c.window_start == window2, k2.c.window_count), else_=const(0, Integer))
+            ).label("room"),
+        )
+        .join_from(k2, lim2, lim2.c.name == k2.c.name)
+        .where(
+            tuple_(k2.c.name, k2.c.key).in_(
+                select(ranked_all.c.gn, ranked_all.c.gk).where(ranked_all.c.gn.is_not(None))
+            )
+        )
+        .with_for_update(of=k2, skip_locked=True)
+        .cte("gates")
+    )
+    rank2 = func.row_number().over(
+        partition_by=(ranked_all.c.gn, ranked_all.c.gk),
+        order_by=(ranked_all.c.rk, ranked_all.c.served_at, ranked_all.c.priority, ranked_all.c.id),
+    )
+    gated = (
+        select(
+            ranked_all.c.id,
+            ranked_all.c.rk,
+            ranked_all.c.served_at,
+            ranked_all.c.priority,
+            ranked_all.c.gn,
+            rank2.label("rk2"),
+            gates.c.room,
+        )
+        .select_from(
+            ranked_all.outerjoin(
+                gates, and_(gates.c.name == ranked_all.c.gn, gates.c.key == ranked_all.c.gk)
+            )
+        )
+        .subquery("gated")
+    )
+    return (
+        select(gated.c.id, gated.c.rk, gated.c.served_at, gated.c.priority)
+        .where(or_(gated.c.gn.is_(None), gated.c.rk2 <= gated.c.room))
+        .subquery("ranked")
+    )
+
+
+def _served_paired(claimed: Any) -> Any:
+    """Bump every key the claim took from, each once: a job's own key and its Rate's."""
+    both = union_all(
+        select(claimed.c.limit_name.label("name"), claimed.c.limit_key.label("key")),
+        select(claimed.c.rate_name, claimed.c.rate_key).where(claimed.c.rate_name.is_not(None)),
+    ).subquery("both_keys")
+    per_key = (
+        select(both.c.name, both.c.key, func.count().label("n"))
+        .group_by(both.c.name, both.c.key)
+        .subquery("per_key")
+    )
+    win = case((limits.c.per.is_not(None), _window(limits.c.per)))
+    return (
+        update(limit_keys)
+        .where(
+            limit_keys.c.name == per_key.c.name,
+            limit_keys.c.key == per_key.c.key,
+            limits.c.name == limit_keys.c.name,
+        )
+        .values(
+            served_at=func.clock_timestamp(),
+            version=limit_keys.c.version + per_key.c.n,
+            window_start=win,
+            window_count=case(
+                (limits.c.per.is_(None), const(0, Integer)),
+                (limit_keys.c.window_start == win, limit_keys.c.window_count + per_key.c.n),
+                else_=per_key.c.n,
+            ),
+        )
+        .returning(limit_keys.c.name)
+        .cte("served")
+    )
+
+
+def _served(claimed: Any, locked: Any) -> Any:
+    """Bump each key the claim took from: ``served_at``, ``version``, a rate's window."""
     per_key = (
         select(claimed.c.limit_name, claimed.c.limit_key, func.count().label("n"))
         .group_by(claimed.c.limit_name, claimed.c.limit_key)
@@ -281,7 +437,7 @@ def claim_gated_stmt(names: tuple[str, ...], queues: tuple[str, ...] | None, lim
         )
         .values(
             served_at=func.clock_timestamp(),
-            version=limit_keys.c.version + 1,
+            version=limit_keys.c.version + per_key.c.n,
             window_start=locked.c.win,
             window_count=case(
                 (locked.c.win.is_(None), const(0, Integer)),
@@ -295,26 +451,88 @@ def claim_gated_stmt(names: tuple[str, ...], queues: tuple[str, ...] | None, lim
         .returning(limit_keys.c.name)
         .cte("served")
     )
-    stmt = select(
-        cast(null(), Integer),
-        *claimed_job_columns(claimed),
-        cast(claimed.c.args, Text),
-        cast(null(), Text),
-        claimed.c.unique_key,
-        claimed.c.trace_context,
-        select(func.count()).select_from(served).scalar_subquery(),
-        claimed.c.item,
-    ).order_by(claimed.c.priority, claimed.c.scheduled_at, claimed.c.id)
-    return stmt
+    return served
+
+
+def _gated_result(
+    claimed: Any, served_count: Any, steps: bool, completing: bool, runs_locked: Any, top: Any
+) -> Any:
+    """The limited claim's rows, as the ordinary claim returns them (see claim_gated_stmt)."""
+    recorded: Any = cast(null(), ARRAY(BigInteger))
+    extra: tuple[Any, ...] = ()
+    if completing:
+        done, *rest = _completion.complete_jobs_ctes(runs_locked)
+        extra = tuple(rest)
+        recorded = select(func.array_agg(done.c.id)).scalar_subquery()
+    if not steps:
+        stmt = select(
+            recorded,
+            *claimed_job_columns(claimed),
+            cast(claimed.c.args, Text),
+            cast(null(), Text),
+            claimed.c.unique_key,
+            claimed.c.trace_context,
+            served_count,
+            claimed.c.item,
+        )
+        source: Any = claimed
+    else:
+        upstream = jobs.alias("upstream")
+        outputs = (
+            select(cast(func.jsonb_object_agg(upstream.c.kind, upstream.c.output), Text))
+            .where(
+                upstream.c.run_id == claimed.c.run_id,
+                upstream.c.kind == func.any(claimed.c.deps),
+                upstream.c.item.is_(None),
+            )
+            .scalar_subquery()
+        )
+        stmt = select(
+            recorded,
+            *claimed_job_columns(claimed),
+            # A map item runs with its item (its args), any other step with its run's input.
+            cast(
+                case(
+                    (claimed.c.item.is_not(None), claimed.c.args),
+                    else_=func.coalesce(runs.c.input, claimed.c.args),
+                ),
+                Text,
+            ),
+            outputs,
+            func.coalesce(runs.c.submit_key, claimed.c.unique_key),
+            func.coalesce(runs.c.trace_context, claimed.c.trace_context),
+            served_count,
+            claimed.c.item,
+        )
+        source = claimed.outerjoin(runs, runs.c.id == claimed.c.run_id)
+    if completing:
+        # A limited job recorded here freed a slot: when this claim fills the worker
+        # (took all it asked for), ring the others to take it, in this statement.
+        full = select(func.count()).select_from(claimed).scalar_subquery() >= top
+        ring = case((and_(bindparam("ring", type_=Boolean), full), _notify_workers()))
+        stmt = stmt.add_columns(ring)
+        one = select(const(1, Integer).label("one")).subquery("one")
+        source = one.outerjoin(source, true())
+        for cte in extra:
+            stmt = stmt.add_cte(cte)
+    return stmt.select_from(source).order_by(
+        claimed.c.priority, claimed.c.scheduled_at, claimed.c.id
+    )
 
 
 @functools.lru_cache(maxsize=256)
 def _fast_claim_gated(
-    names: tuple[str, ...], queues: tuple[str, ...] | None, limit: int
+    names: tuple[str, ...],
+    queues: tuple[str, ...] | None,
+    limit: int,
+    steps: bool,
+    completing: bool,
+    paired: bool,
 ) -> _executor.Compiled:
-    return _executor.Compiled(claim_gated_stmt(names, queues, limit))
+    return _executor.Compiled(claim_gated_stmt(names, queues, limit, steps, completing, paired))
 
 
+@_observe.claims
 def claim_gated(
     conn: _executor.Executor,
     *,
@@ -322,19 +540,53 @@ def claim_gated(
     names: tuple[str, ...],
     queues: tuple[str, ...] | None,
     limit: int,
+    steps: bool = False,
+    paired: bool = False,
 ) -> list[Claimed]:
-    """Claim up to ``limit`` due jobs of the limits ``names`` in one autocommit statement."""
+    """Claim up to ``limit`` due jobs of the limits ``names`` in one autocommit statement
+    (``steps``: some are workflow steps)."""
     if limit <= 0 or not names:
         return []
-    rows = conn.rows(_fast_claim_gated(names, queues, limit), {"me": worker_id})
+    rows = conn.rows(
+        _fast_claim_gated(names, queues, limit, steps, False, paired), {"me": worker_id}
+    )
     return [_claimed(row) for row in rows]
 
 
+@_observe.claims
+def record_and_claim_gated(
+    conn: _executor.Executor,
+    *,
+    worker_id: str,
+    successes: Sequence[_completion.Success],
+    names: tuple[str, ...],
+    queues: tuple[str, ...] | None,
+    limit: int,
+    steps: bool = False,
+    ring: bool = False,
+    paired: bool = False,
+) -> tuple[set[int], list[Claimed]]:
+    """Record ``successes`` and claim up to ``limit`` limited jobs in one autocommit
+    statement: the ids of the successes recorded (the others were refused), the jobs.
+    With ``ring`` (a limited job among ``successes``), a claim that takes all it asked
+    for rings NOTIFY: the slots freed are for the other workers."""
+    rows = conn.rows(
+        _fast_claim_gated(names, queues, max(0, limit), steps, True, paired),
+        {"me": worker_id, "items": _completion.items_payload(successes), "ring": ring},
+    )
+    recorded: set[int] = set(rows[0][0] or ()) if rows else set()
+    return recorded, [_claimed(row) for row in rows if row[1] is not None]
+
+
 def next_gated_due_stmt(
-    names: tuple[str, ...], queues: tuple[str, ...] | None, admits: tuple[str, ...] = ()
+    names: tuple[str, ...],
+    queues: tuple[str, ...] | None,
+    admits: tuple[str, ...] = (),
+    rates: tuple[str, ...] = (),
 ) -> Any:
     """Seconds until a limited job of ``names`` may next start, or NULL: a job scheduled
-    later falls due, or the next window of a rate whose current window is full; or a run
+    later falls due, or the next window of a rate whose current window is full (its own
+    limit, or one of the Rates ``rates`` given with a Concurrency of ``names``); or a run
     of the workflow limits ``admits`` held back until a later start falls due."""
     a = jobs.alias("a")
     k, lim = limit_keys, limits
@@ -373,15 +625,43 @@ def next_gated_due_stmt(
         )
         .scalar_subquery()
     )
-    due = func.least(scheduled, next_window, later)
+    paired_window: Any = null()
+    if rates:
+        k2, lim2, d = limit_keys.alias("rk2"), limits.alias("rl2"), jobs.alias("d")
+        window2 = _window(lim2.c.per)
+        waiting = (
+            select(d.c.id)
+            .where(
+                *_due(d, d.c.limit_name, d.c.limit_key, queues),
+                d.c.limit_name.in_([const(n) for n in names]),
+                d.c.rate_name == k2.c.name,
+                d.c.rate_key == k2.c.key,
+            )
+            .limit(1)
+        )
+        paired_window = (
+            select(func.min(window2 + lim2.c.per))
+            .join_from(k2, lim2, lim2.c.name == k2.c.name)
+            .where(
+                k2.c.name.in_([const(n) for n in rates]),
+                k2.c.window_start == window2,
+                k2.c.window_count >= lim2.c.max,
+                exists(waiting),
+            )
+            .scalar_subquery()
+        )
+    due = func.least(scheduled, next_window, later, paired_window)
     return select(extract("epoch", due - func.now()).cast(Float))
 
 
 @functools.lru_cache(maxsize=64)
 def _fast_next_due(
-    names: tuple[str, ...], queues: tuple[str, ...] | None, admits: tuple[str, ...]
+    names: tuple[str, ...],
+    queues: tuple[str, ...] | None,
+    admits: tuple[str, ...],
+    rates: tuple[str, ...],
 ) -> _executor.Compiled:
-    return _executor.Compiled(next_gated_due_stmt(names, queues, admits))
+    return _executor.Compiled(next_gated_due_stmt(names, queues, admits, rates))
 
 
 def seconds_until_gated_due(
@@ -389,17 +669,22 @@ def seconds_until_gated_due(
     names: tuple[str, ...],
     queues: tuple[str, ...] | None,
     admits: tuple[str, ...] = (),
+    rates: tuple[str, ...] = (),
 ) -> float | None:
-    """Seconds until a limited job of ``names`` may start, or a held run of ``admits`` is
-    due, None when none waits on time."""
+    """Seconds until a limited job of ``names`` may start (its Rate of ``rates`` too), or
+    a held run of ``admits`` is due, None when none waits on time."""
     if not names and not admits:
         return None
-    rows = conn.rows(_fast_next_due(names, queues, admits), {})
+    rows = conn.rows(_fast_next_due(names, queues, admits, rates), {})
     value = rows[0][0] if rows else None
     return None if value is None else max(0.0, float(value))
 
 
-_RING = _executor.Compiled(select(func.pg_notify(const(_notify.JOBS_AVAILABLE), const(""))))
+def _notify_workers() -> Any:
+    return func.pg_notify(const(_notify.JOBS_AVAILABLE), const(""))
+
+
+_RING = _executor.Compiled(select(_notify_workers()))
 
 
 def ring(conn: _executor.Executor) -> None:
@@ -411,20 +696,21 @@ def ring(conn: _executor.Executor) -> None:
 # -- the operator's reads and writes ---------------------------------------------------
 
 
-def _job_counts() -> Any:
-    """Per limit and key: jobs running and jobs waiting (available: due or not)."""
+def _job_counts(name: Any, key: Any) -> Any:
+    """Per limit and key: jobs running and jobs waiting (available: due or not), of the
+    jobs whose ``name``, ``key`` columns name it (their own limit, or their Rate's)."""
     return (
         select(
-            jobs.c.limit_name.label("name"),
-            jobs.c.limit_key.label("key"),
+            name.label("name"),
+            key.label("key"),
             func.count().filter(jobs.c.state == const(JobState.RUNNING.value)).label("running"),
             func.count().filter(jobs.c.state == const(JobState.AVAILABLE.value)).label("waiting"),
         )
         .where(
-            jobs.c.limit_name.is_not(None),
+            name.is_not(None),
             jobs.c.state.in_([const(JobState.RUNNING.value), const(JobState.AVAILABLE.value)]),
         )
-        .group_by(jobs.c.limit_name, jobs.c.limit_key)
+        .group_by(name, key)
     )
 
 
@@ -446,7 +732,22 @@ def _run_counts() -> Any:
 
 def list_limits_stmt() -> Any:
     """Every limit with each key that has something running or waiting."""
-    counted = _job_counts().union_all(_run_counts()).subquery("counted")
+    # A Rate's key counts the jobs of its own limit and those it gates beside a Concurrency.
+    every = union_all(
+        _job_counts(jobs.c.limit_name, jobs.c.limit_key),
+        _job_counts(jobs.c.rate_name, jobs.c.rate_key),
+        _run_counts(),
+    ).subquery("every")
+    counted = (
+        select(
+            every.c.name,
+            every.c.key,
+            func.sum(every.c.running).label("running"),
+            func.sum(every.c.waiting).label("waiting"),
+        )
+        .group_by(every.c.name, every.c.key)
+        .subquery("counted")
+    )
     return (
         select(
             limits.c.name,

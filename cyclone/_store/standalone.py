@@ -45,6 +45,8 @@ def insert_job_stmt() -> Any:
             trace_context=bindparam("trace_context", None, type_=Text),
             limit_name=bindparam("limit_name", None, type_=Text),
             limit_key=bindparam("limit_key", None, type_=Text),
+            rate_name=bindparam("rate_name", None, type_=Text),
+            rate_key=bindparam("rate_key", None, type_=Text),
             scheduled_at=func.coalesce(
                 bindparam("run_at", type_=jobs.c.scheduled_at.type),
                 func.now()

@@ -75,6 +75,16 @@ class Plan:
     limit: dict[str, Any] | None = None
     """The parameters of the workflow's limit's row (:func:`cyclone._store.limits.spec_params`):
     its runs are submitted held (``start_at = 'infinity'``) and admitted by a worker."""
+    step_limits: dict[str, dict[str, Any]] | None = None
+    """The parameters of each limited step's limit row, by step name: a run keeps their
+    keys in ``step_limits``, and its jobs get them when it starts."""
+    step_rates: dict[str, dict[str, Any]] | None = None
+    """The parameters of the Rate a limited step has besides its Concurrency, by step name."""
+
+    @property
+    def limited(self) -> bool:
+        """Whether a submit first makes sure limit and key rows exist."""
+        return self.limit is not None or bool(self.step_limits)
 
     @classmethod
     def build(
@@ -82,10 +92,14 @@ class Plan:
         workflow: str,
         graph: _graph.GraphSnapshot,
         limit: dict[str, Any] | None = None,
+        step_limits: dict[str, dict[str, Any]] | None = None,
+        step_rates: dict[str, dict[str, Any]] | None = None,
     ) -> Plan:
         encoded = msgspec.json.encode(graph).decode()
         limit_name = None if limit is None else str(limit["name"])
-        consts = _Consts(workflow, encoded, graph.result, len(graph.steps), limit_name)
+        consts = _Consts(
+            workflow, encoded, graph.result, len(graph.steps), limit_name, bool(step_limits)
+        )
         insert_run = consts.insert_run_stmt()
         insert_run_once = consts.insert_run_once_stmt()
         return cls(
@@ -99,6 +113,8 @@ class Plan:
             fast_insert_run=_executor.Compiled(insert_run),
             fast_insert_run_once=_executor.Compiled(insert_run_once),
             limit=limit,
+            step_limits=step_limits or None,
+            step_rates=step_rates or None,
         )
 
 
@@ -125,6 +141,7 @@ class _Consts:
     result_step: str | None
     step_count: int
     limit_name: str | None = None
+    step_limited: bool = False
 
     def _run_values(self) -> dict[str, Any]:
         deadline = func.coalesce(
@@ -149,9 +166,15 @@ class _Consts:
         """A limited workflow's run is held: it waits, ``start_at = 'infinity'``, past every
         claim's range, with the start it asked for in ``limit_start_at``, until a worker
         admits it (:func:`cyclone._store.limits.admit_runs`)."""
+        steps = (
+            {"step_limits": cast(bindparam("step_limits", type_=Text), JSONB)}
+            if self.step_limited
+            else {}
+        )
         if self.limit_name is None:
-            return {}
+            return steps
         return {
+            **steps,
             "limit_name": _const(self.limit_name, Text),
             "limit_key": bindparam("limit_key", type_=Text),
             "start_at": literal_column("'infinity'::timestamptz"),
@@ -209,15 +232,18 @@ class _Consts:
                 column("key", Text),
                 column("input", JSONB),
                 column("lk", Text),
+                column("sl", JSONB),
             )
             .render_derived("it", with_types=True)
         )
-        items_cte = select(items.c.i, items.c.key, items.c.input, items.c.lk).cte("items")
+        items_cte = select(items.c.i, items.c.key, items.c.input, items.c.lk, items.c.sl).cte(
+            "items"
+        )
         first_i = (
             select(func.min(items_cte.c.i).label("i")).group_by(items_cte.c.key).subquery("fi")
         )
         first = (
-            select(items_cte.c.i, items_cte.c.key, items_cte.c.input, items_cte.c.lk)
+            select(*items_cte.c)
             .join_from(items_cte, first_i, first_i.c.i == items_cte.c.i)
             .cte("first")
         )
@@ -225,6 +251,8 @@ class _Consts:
         del values_["input"]
         if "limit_key" in values_:
             values_["limit_key"] = first.c.lk
+        if "step_limits" in values_:
+            values_["step_limits"] = first.c.sl
         inserted = (
             insert(runs)
             .from_select(
@@ -411,27 +439,27 @@ def _insert_once(conn: _executor.Executor, plan: Plan, params: dict[str, Any]) -
 
 @_observe.submits
 def submit(
-    bind: _binds.Bind, plan: Plan, input: str, timing: Timing, limit_key: str | None = None
+    bind: _binds.Bind, plan: Plan, input: str, timing: Timing, keys: LimitKeys | None = None
 ) -> Submitted:
     params = _params(plan, input, timing)
     engine = _binds.engine_of(bind)
     started = time.monotonic()
-    if plan.limit is None:
+    if not plan.limited:
         rows = _executor.pooled_rows(engine, plan.fast_insert_run, params)
     else:
         with _executor.connect(engine) as conn:
-            _limited(conn, plan, params, limit_key)
+            _limited(conn, plan, params, keys)
             rows = conn.rows(plan.fast_insert_run, params)
     return Submitted(engine, rows[0][0], None, True, started)
 
 
 @_observe.submits
 def submit_tx(
-    conn: _binds.Conn, plan: Plan, input: str, timing: Timing, limit_key: str | None = None
+    conn: _binds.Conn, plan: Plan, input: str, timing: Timing, keys: LimitKeys | None = None
 ) -> Submitted:
     params = _params(plan, input, timing)
     executor, engine = _binds.joined(conn)
-    _limited(executor, plan, params, limit_key)
+    _limited(executor, plan, params, keys)
     rows = executor.rows(plan.fast_insert_run, params)
     return Submitted(engine, rows[0][0], None, True)
 
@@ -443,13 +471,13 @@ def submit_once(
     key: str,
     input: str,
     timing: Timing,
-    limit_key: str | None = None,
+    keys: LimitKeys | None = None,
 ) -> Submitted:
     params = _once_params(plan, key, input, timing)
     engine = _binds.engine_of(bind)
     started = time.monotonic()
     with _executor.connect(engine) as conn:
-        _limited(conn, plan, params, limit_key)
+        _limited(conn, plan, params, keys)
         run_id, created = _insert_once(conn, plan, params)
     return Submitted(engine, run_id, key, created, started if created else None)
 
@@ -461,39 +489,90 @@ def submit_once_tx(
     key: str,
     input: str,
     timing: Timing,
-    limit_key: str | None = None,
+    keys: LimitKeys | None = None,
 ) -> Submitted:
     params = _once_params(plan, key, input, timing)
     executor, engine = _binds.joined(conn)
-    _limited(executor, plan, params, limit_key)
+    _limited(executor, plan, params, keys)
     run_id, created = _insert_once(executor, plan, params)
     return Submitted(engine, run_id, key, created)
 
 
+class LimitKeys(NamedTuple):
+    """A run's keys, evaluated on its input: under its workflow's limit, and under each
+    limited step's (by step name)."""
+
+    run: str | None
+    steps: dict[str, str]
+    rates: dict[str, str]
+    """The key of each step's Rate given with its Concurrency."""
+
+
+def _step_limits(plan: Plan, keys: LimitKeys) -> str | None:
+    """The run's ``step_limits``: ``{step: {"n": limit name, "k": key}}`` as JSON text,
+    with ``"rn"``, ``"rk"`` for the Rate of a step given both."""
+    if not plan.step_limits:
+        return None
+    rates = plan.step_rates or {}
+    encoded: dict[str, dict[str, str]] = {}
+    for step, params in plan.step_limits.items():
+        encoded[step] = {"n": params["name"], "k": keys.steps[step]}
+        if step in rates:
+            encoded[step].update(rn=rates[step]["name"], rk=keys.rates[step])
+    return msgspec.json.encode(encoded).decode()
+
+
+def _ensure_keys(conn: _executor.Executor, plan: Plan, many: Sequence[LimitKeys]) -> None:
+    """Make sure the limit and key rows of ``many`` runs exist, each pair once, in order."""
+    wanted: dict[tuple[str, str], dict[str, Any]] = {}
+    for keys in many:
+        if plan.limit is not None:
+            assert keys.run is not None
+            wanted[(plan.limit["name"], keys.run)] = plan.limit
+        for step, params in (plan.step_limits or {}).items():
+            wanted[(params["name"], keys.steps[step])] = params
+        for step, params in (plan.step_rates or {}).items():
+            wanted[(params["name"], keys.rates[step])] = params
+    for (_name, key), params in sorted(wanted.items(), key=lambda item: item[0]):
+        _limits.ensure_key(conn, params, key)
+
+
 def _limited(
-    conn: _executor.Executor, plan: Plan, params: dict[str, Any], limit_key: str | None
+    conn: _executor.Executor, plan: Plan, params: dict[str, Any], keys: LimitKeys | None
 ) -> None:
-    """For a limited workflow: its limit's and key's rows exist, and the run keeps its key."""
-    if plan.limit is None:
+    """For a limited workflow or step: the limits' and keys' rows exist, and the run keeps
+    its keys."""
+    if not plan.limited:
         return
-    assert limit_key is not None
-    _limits.ensure_key(conn, plan.limit, limit_key)
-    params["limit_key"] = limit_key
+    assert keys is not None
+    _ensure_keys(conn, plan, [keys])
+    if plan.limit is not None:
+        params["limit_key"] = keys.run
+    if plan.step_limits:
+        params["step_limits"] = _step_limits(plan, keys)
 
 
 def _items_payload(
-    items: Sequence[tuple[str, str]], indexes: Sequence[int], limit_keys: Sequence[str] | None
+    plan: Plan,
+    items: Sequence[tuple[str, str]],
+    indexes: Sequence[int],
+    limit_keys: Sequence[LimitKeys] | None,
 ) -> str:
-    """The jsonb array ``[{i, key, input, lk}, ...]`` of the chosen items (inputs pre-encoded)."""
-    payload = [
-        {
-            "i": i,
-            "key": items[i][0],
-            "input": msgspec.Raw(items[i][1]),
-            "lk": None if limit_keys is None else limit_keys[i],
-        }
-        for i in indexes
-    ]
+    """The jsonb array ``[{i, key, input, lk, sl}, ...]`` of the chosen items (inputs
+    pre-encoded)."""
+    payload = []
+    for i in indexes:
+        keys = None if limit_keys is None else limit_keys[i]
+        sl = None if keys is None else _step_limits(plan, keys)
+        payload.append(
+            {
+                "i": i,
+                "key": items[i][0],
+                "input": msgspec.Raw(items[i][1]),
+                "lk": None if keys is None else keys.run,
+                "sl": None if sl is None else msgspec.Raw(sl),
+            }
+        )
     return msgspec.json.encode(payload).decode()
 
 
@@ -503,7 +582,7 @@ def submit_once_many(
     plan: Plan,
     items: Sequence[tuple[str, str]],
     timing: Timing,
-    limit_keys: Sequence[str] | None = None,
+    limit_keys: Sequence[LimitKeys] | None = None,
 ) -> list[Submitted]:
     for key, _input in items:
         _keys.check_key(key)
@@ -514,12 +593,11 @@ def submit_once_many(
     results: dict[int, Submitted] = {}
     missing: list[int] = list(range(len(items)))
     with _binds.transaction(bind) as conn:
-        if plan.limit is not None:
+        if plan.limited:
             assert limit_keys is not None
-            for lk in sorted(set(limit_keys)):
-                _limits.ensure_key(_executor.executor_of(conn), plan.limit, lk)
+            _ensure_keys(_executor.executor_of(conn), plan, limit_keys)
         for _ in range(_MAX_RACE_RETRIES):
-            payload = _items_payload(items, missing, limit_keys)
+            payload = _items_payload(plan, items, missing, limit_keys)
             rows = _executor.rows(conn, plan.insert_runs_once, {**params, "items": payload})
             for i, run_id, created, same_input in sorted(rows, key=lambda r: r[0]):
                 key = items[i][0]

@@ -127,6 +127,11 @@ class Executed:
 
 EXECUTED = (
     Executed(
+        "docs/flow-control.md",
+        "## Examples",
+        "tests/test_flow_control_docs.py::test_every_block_of_the_flow_control_page_runs",
+    ),
+    Executed(
         "README.md",
         "## Quickstart (a fresh machine)",
         "tests/test_readme.py::test_the_quickstart_demo_runs_the_checkout_example_to_its_result",

@@ -2,8 +2,10 @@
 
 ``kinds(NAME, SPEC)`` defines the step kinds of one test by name, so the test process
 enqueues with the same definitions its children serve. SPEC is JSON:
-``{"limit": "concurrency" | "rate" | "shared" | "workflow", "max": N, "per": seconds,
-"concurrency": C, "on_limit": ...}`` ("workflow": serve :func:`workflow` instead).
+``{"limit": "concurrency" | "rate" | "shared" | "paired" | "workflow" | "steps", "max": N,
+"rate": N,
+"per": seconds, "concurrency": C, "on_limit": ..., "name": limit name}`` ("workflow":
+serve :func:`workflow` instead; "steps": serve :func:`step_workflows`).
 A job's args are ``{"k": key, "ms": how long its step runs, "block": path or null}``: a
 step given ``block`` creates that file and then blocks forever (the test kills it).
 The worker serves until SIGTERM; the database URL comes from ``CYCLONE_TEST_DATABASE_URL``.
@@ -58,6 +60,14 @@ def kinds(name: str, spec: dict[str, Any]) -> list[cyclone.StandaloneStep[Any, A
             )(_work)
             for part in ("a", "b")
         ]
+    if limit == "paired":
+        # A kind with a Concurrency and a Rate, and a kind sharing that Rate alone.
+        rate = cyclone.Rate(spec["rate"], timedelta(seconds=spec["per"]), name=f"{name}-rate")
+        conc = cyclone.Concurrency(spec["max"], key=_key)
+        return [
+            cyclone.step(f"{name}.paired", concurrency=conc, rate=rate)(_work),
+            cyclone.step(f"{name}.alone", rate=rate)(_work),
+        ]
     raise ValueError(limit)
 
 
@@ -78,15 +88,39 @@ def workflow(name: str, spec: dict[str, Any]) -> cyclone.Workflow[Any]:
     return wf
 
 
+def step_workflows(name: str, spec: dict[str, Any]) -> list[cyclone.Workflow[Any]]:
+    """The workflows of test ``name`` whose step ``limited`` has a Concurrency of
+    ``spec["max"]`` per ``input["k"]`` (shared by ``spec["name"]`` when given, else its
+    own), then an unlimited step ``after``; ``spec["workflows"]`` of them (default 1),
+    named ``name``, ``name.2``, ..."""
+    made = []
+    for i in range(spec.get("workflows", 1)):
+        wf: cyclone.Workflow[Any] = cyclone.Workflow(name if i == 0 else f"{name}.{i + 1}")
+        conc = cyclone.Concurrency(spec["max"], key=_key, name=spec.get("name"))
+
+        @wf.step(concurrency=conc)
+        def limited(ctx: cyclone.StepContext, value: dict[str, Any]) -> None:
+            _work(ctx, value)
+
+        @wf.step(after=[limited])
+        def after(ctx: cyclone.StepContext, value: dict[str, Any]) -> None:
+            time.sleep(value.get("ms", 0) / 1000)
+
+        made.append(wf)
+    return made
+
+
 def main() -> None:
     name, spec_text = sys.argv[1], sys.argv[2]
     spec = json.loads(spec_text)
     engine = sa.create_engine(os.environ["CYCLONE_TEST_DATABASE_URL"], pool_size=4)
-    served: dict[str, Any] = (
-        {"workflows": [workflow(name, spec)]}
-        if spec["limit"] == "workflow"
-        else {"steps": kinds(name, spec)}
-    )
+    served: dict[str, Any]
+    if spec["limit"] == "workflow":
+        served = {"workflows": [workflow(name, spec)]}
+    elif spec["limit"] == "steps":
+        served = {"workflows": step_workflows(name, spec)}
+    else:
+        served = {"steps": kinds(name, spec)}
     worker = cyclone.Worker(
         engine,
         **served,

@@ -267,12 +267,41 @@ INVARIANTS: tuple[Invariant, ...] = (
         """,
     ),
     Invariant(
+        "a job's Rate given with its Concurrency has its rows, and only then",
+        """
+        SELECT j.id AS job_id, j.rate_name, j.rate_key FROM cyclone_jobs j
+        WHERE (j.rate_name IS NOT NULL AND (j.limit_name IS NULL OR NOT EXISTS (
+                  SELECT 1 FROM cyclone_limit_keys k
+                  WHERE k.name = j.rate_name AND k.key = j.rate_key)))
+           OR (j.rate_name IS NULL) <> (j.rate_key IS NULL)
+        """,
+    ),
+    Invariant(
         "a Concurrency's key runs at most max jobs at once",
         """
         SELECT j.limit_name, j.limit_key, l.max, count(*) AS running
         FROM cyclone_jobs j JOIN cyclone_limits l ON l.name = j.limit_name
         WHERE j.state = 'running' AND l.per IS NULL
         GROUP BY j.limit_name, j.limit_key, l.max HAVING count(*) > l.max
+        """,
+    ),
+    Invariant(
+        "a step has the limit and key its run keeps for it (none when it keeps none)",
+        """
+        SELECT j.id AS job_id, j.kind, j.limit_name, j.limit_key, r.step_limits
+        FROM cyclone_jobs j JOIN cyclone_runs r ON r.id = j.run_id
+        WHERE (r.step_limits -> j.kind ->> 'n') IS DISTINCT FROM j.limit_name
+           OR (r.step_limits -> j.kind ->> 'k') IS DISTINCT FROM j.limit_key
+        """,
+    ),
+    Invariant(
+        "a run's step limits and keys have their rows",
+        """
+        SELECT r.id AS run_id, s.key AS step, s.value AS step_limit
+        FROM cyclone_runs r, jsonb_each(r.step_limits) s
+        WHERE r.step_limits IS NOT NULL AND NOT EXISTS (
+            SELECT 1 FROM cyclone_limit_keys k
+            WHERE k.name = s.value ->> 'n' AND k.key = s.value ->> 'k')
         """,
     ),
     Invariant(

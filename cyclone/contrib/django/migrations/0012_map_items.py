@@ -17,7 +17,7 @@ class Migration(migrations.Migration):
     dependencies = [("cyclone", "0011_child_runs")]
 
     operations = [
-        apply_revisions(down_to="cyclone_0015"),
+        apply_revisions(down_to="cyclone_0016_child_runs"),
         migrations.AddField(
             model_name="job",
             name="item",
