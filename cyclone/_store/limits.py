@@ -398,7 +398,7 @@ def seconds_until_gated_due(
     return None if value is None else max(0.0, float(value))
 
 
-_RING = _executor.Compiled(select(func.pg_notify(const(_notify.JOBS_AVAILABLE), const(""))))
+_RING = _executor.Compiled(select(_notify.ring()))
 
 
 def ring(conn: _executor.Executor) -> None:
@@ -469,7 +469,7 @@ _SET_LIMIT = (
     update(limits)
     .where(limits.c.name == bindparam("b_name", type_=Text))
     .values(max=bindparam("b_max", type_=Integer), set_by_operator=true(), updated_at=func.now())
-    .returning(limits.c.name, func.pg_notify(const(_notify.JOBS_AVAILABLE), const("")))
+    .returning(limits.c.name, _notify.ring())
 )
 
 
@@ -558,7 +558,7 @@ _ADMIT = (
         runs.c.start_at == _INFINITY,
     )
     .values(start_at=runs.c.limit_start_at)
-    .returning(runs.c.id, func.pg_notify(const(_notify.JOBS_AVAILABLE), const("")))
+    .returning(runs.c.id, _notify.ring())
 )
 _SERVED = (
     update(limit_keys)

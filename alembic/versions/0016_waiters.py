@@ -1,0 +1,85 @@
+"""Ring ``cyclone_jobs_available`` only when a worker waits for work (``cyclone_waiters``).
+
+Revision ID: cyclone_0016_waiters
+Revises: cyclone_0015
+Create Date: 2026-12-05
+
+A worker about to sleep records itself in ``cyclone_waiters`` (until a time a little past
+its next poll), then waits for the transactions that rang before its record could be seen
+(each holds a shared advisory lock on one of 64 slots, ``(1668899692, pid % 64)``, from
+its check until it ends), then claims once more before it sleeps. ``cyclone_ring()``
+takes that lock, reads the waiters in a snapshot taken after it, and calls ``pg_notify``
+only when one is recorded: so a submit either sees the waiter or is seen by the waiter's
+last claim. Under REPEATABLE READ or SERIALIZABLE, whose snapshot may predate the
+waiter's record, it always rings. ``cyclone_notify_job_changed()`` (jobs made available
+by an update) rings through it too.
+
+Code from before this revision rings unconditionally, which is still correct.
+"""
+
+import sqlalchemy as sa
+
+from alembic import op
+
+revision = "cyclone_0016_waiters"
+down_revision = "cyclone_0015"
+branch_labels = None
+depends_on = None
+
+RING = """
+CREATE OR REPLACE FUNCTION cyclone_ring() RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        PERFORM pg_advisory_xact_lock_shared(1668899692, pg_backend_pid() % 64);
+        IF NOT EXISTS (SELECT FROM cyclone_waiters WHERE waits_until > now()) THEN
+            RETURN false;
+        END IF;
+    END IF;
+    PERFORM pg_notify('cyclone_jobs_available', '');
+    RETURN true;
+END $$
+"""
+
+JOB_CHANGED = """
+CREATE OR REPLACE FUNCTION cyclone_notify_job_changed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.state = 'available' THEN
+        PERFORM cyclone_ring();
+    ELSE
+        PERFORM pg_notify('cyclone_run_finished', 'job:' || NEW.id);
+    END IF;
+    RETURN NULL;
+END $$
+"""
+
+JOB_CHANGED_BEFORE = """
+CREATE OR REPLACE FUNCTION cyclone_notify_job_changed() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.state = 'available' THEN
+        PERFORM pg_notify('cyclone_jobs_available', '');
+    ELSE
+        PERFORM pg_notify('cyclone_run_finished', 'job:' || NEW.id);
+    END IF;
+    RETURN NULL;
+END $$
+"""
+
+
+def upgrade() -> None:
+    op.create_table(
+        "cyclone_waiters",
+        sa.Column("worker_id", sa.Text(), nullable=False),
+        sa.Column("waits_until", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("worker_id", name=op.f("pk_cyclone_waiters")),
+    )
+    op.execute(RING)
+    op.execute(JOB_CHANGED)
+
+
+def downgrade() -> None:
+    op.execute(JOB_CHANGED_BEFORE)
+    op.execute("DROP FUNCTION cyclone_ring()")
+    op.drop_table("cyclone_waiters")
