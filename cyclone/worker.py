@@ -784,7 +784,9 @@ class Worker:
             timeout = self._idle_timeout(poll_due) if room else IDLE_WAKE
             if room and self._hears and not until_idle:
                 if self._wait_for_work():
-                    woken = True  # the last claim before sleeping, after every ring slot settled
+                    # The last claim before sleeping, after every ring slot settled: it
+                    # delivers signals and reads when the next job falls due, as a woken one.
+                    woken = self._recheck_due = True
                     continue
                 if self._unsettled:
                     timeout = min(timeout, SETTLE_RETRY)
