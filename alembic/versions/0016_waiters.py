@@ -4,15 +4,17 @@ Revision ID: cyclone_0016_waiters
 Revises: cyclone_0015
 Create Date: 2026-12-05
 
-A worker about to sleep records itself in ``cyclone_waiters`` (until a time a little past
-its next poll), then waits for the transactions that rang before its record could be seen
-(each holds a shared advisory lock on one of 64 slots, ``(1668899692, pid % 64)``, from
-its check until it ends), then claims once more before it sleeps. ``cyclone_ring()``
-takes that lock, reads the waiters in a snapshot taken after it, and calls ``pg_notify``
-only when one is recorded: so a submit either sees the waiter or is seen by the waiter's
-last claim. Under REPEATABLE READ or SERIALIZABLE, whose snapshot may predate the
-waiter's record, it always rings. ``cyclone_notify_job_changed()`` (jobs made available
-by an update) rings through it too.
+A worker about to sleep records itself in ``cyclone_waiters`` (for a minute, renewed
+while it sleeps), then waits for the transactions that may have read no waiter before
+its record could be seen (each holds a shared advisory lock on one of 64 slots,
+``(1668899692, pid % 64)``, from its read until it ends), then claims once more before
+it sleeps. ``cyclone_ring()`` takes that lock, reads the waiters in a snapshot taken
+after it, and calls ``pg_notify`` only when one is recorded: so new work is either
+rung or seen by the waiter's last claim. Its answer holds for the rest of the
+transaction (the slot is held until its end), so it decides once per transaction (the
+local setting ``cyclone.rang``). Under REPEATABLE READ or SERIALIZABLE, whose snapshot
+may predate the waiter's record, it always rings. ``cyclone_notify_job_changed()`` (jobs
+made available by an update) rings through it too.
 
 Code from before this revision rings unconditionally, which is still correct.
 """
@@ -29,14 +31,21 @@ depends_on = None
 RING = """
 CREATE OR REPLACE FUNCTION cyclone_ring() RETURNS boolean
 LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    decided text := current_setting('cyclone.rang', true);
 BEGIN
+    IF decided IN ('y', 'n') THEN
+        RETURN decided = 'y';
+    END IF;
     IF current_setting('transaction_isolation') = 'read committed' THEN
         PERFORM pg_advisory_xact_lock_shared(1668899692, pg_backend_pid() % 64);
         IF NOT EXISTS (SELECT FROM cyclone_waiters WHERE waits_until > now()) THEN
+            PERFORM set_config('cyclone.rang', 'n', true);
             RETURN false;
         END IF;
     END IF;
     PERFORM pg_notify('cyclone_jobs_available', '');
+    PERFORM set_config('cyclone.rang', 'y', true);
     RETURN true;
 END $$
 """
