@@ -392,7 +392,7 @@ limit_keys = Table(
 Index("ix_cyclone_limit_keys_served", limit_keys.c.name, limit_keys.c.served_at, limit_keys.c.key)
 
 
-# -- workers waiting for work (revision cyclone_0016_waiters) ----------------------------
+# -- workers waiting for work (revision cyclone_0016) ----------------------------
 
 waiters = Table(
     "cyclone_waiters",

@@ -30,7 +30,8 @@ def listening(database_url: sa.URL) -> Iterator[psycopg.Connection[Any]]:
 def waiting(listening: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any]]:
     """``listening``, with a worker recorded in ``cyclone_waiters`` as waiting for work."""
     listening.execute(
-        "INSERT INTO cyclone_waiters (worker_id, waits_until) VALUES ('test', now() + interval '1 hour')"
+        "INSERT INTO cyclone_waiters (worker_id, waits_until) "
+        "VALUES ('test', now() + interval '1 hour')"
     )
     yield listening
     listening.execute("DELETE FROM cyclone_waiters WHERE worker_id = 'test'")
@@ -131,7 +132,8 @@ def test_a_lapsed_wait_record_rings_no_more(
 ) -> None:
     # A worker that died asleep leaves its record: it rings until ``waits_until``, then not.
     listening.execute(
-        "INSERT INTO cyclone_waiters (worker_id, waits_until) VALUES ('gone', now() - interval '1 s')"
+        "INSERT INTO cyclone_waiters (worker_id, waits_until) "
+        "VALUES ('gone', now() - interval '1 s')"
     )
     workflow(name).submit(engine, {"n": 1})
     assert received(listening, 0.5) == 0
@@ -147,7 +149,8 @@ def test_an_unblocked_step_rings_only_while_a_worker_waits(
     assert run.status().state is cyclone.RunState.COMPLETED
     assert received(listening, 0.5) == 0
     listening.execute(
-        "INSERT INTO cyclone_waiters (worker_id, waits_until) VALUES ('test', now() + interval '1 hour')"
+        "INSERT INTO cyclone_waiters (worker_id, waits_until) "
+        "VALUES ('test', now() + interval '1 hour')"
     )
     try:
         run = wf.submit(engine, {"n": 2})

@@ -1,5 +1,5 @@
 """Work rings only while a worker waits for it, and a worker asleep is never left asleep
-with work available (revision cyclone_0016_waiters; see cyclone/_store/notify.py)."""
+with work available (revision cyclone_0016; see cyclone/_store/notify.py)."""
 
 from __future__ import annotations
 

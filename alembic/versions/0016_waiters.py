@@ -1,6 +1,6 @@
 """Ring ``cyclone_jobs_available`` only when a worker waits for work (``cyclone_waiters``).
 
-Revision ID: cyclone_0016_waiters
+Revision ID: cyclone_0016
 Revises: cyclone_0015
 Create Date: 2026-12-05
 
@@ -23,7 +23,7 @@ import sqlalchemy as sa
 
 from alembic import op
 
-revision = "cyclone_0016_waiters"
+revision = "cyclone_0016"
 down_revision = "cyclone_0015"
 branch_labels = None
 depends_on = None

@@ -10,7 +10,7 @@ channel for jobs that become available by an update (unblocked, retried, rescued
 A notification is a doorbell, never the message: whoever is woken re-reads the tables,
 and every waiter keeps a slow poll as the fallback for a lost connection.
 
-Work rings only while a worker waits for it (revision cyclone_0016_waiters): every
+Work rings only while a worker waits for it (revision cyclone_0016): every
 statement that makes a job available calls ``cyclone_ring()`` once (:func:`ring`), which
 notifies only if ``cyclone_waiters`` holds a worker still asleep, so a busy system
 commits without the notification queue's lock. The protocol, for a worker about to

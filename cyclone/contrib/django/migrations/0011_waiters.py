@@ -1,4 +1,4 @@
-"""cyclone's revision ``cyclone_0016_waiters``: workers waiting for work, rung only then.
+"""cyclone's revision ``cyclone_0016``: workers waiting for work, rung only then.
 
 The schema moves on to the new head; no model changes (waiters have no model).
 """
@@ -12,7 +12,7 @@ from cyclone.contrib.django._migrate import apply_revisions
 
 class Migration(migrations.Migration):
     atomic = False  # the revisions commit on a connection of their own
-    revision = "cyclone_0016_waiters"  # cyclone's head revision when this migration was written
+    revision = "cyclone_0016"  # cyclone's head revision when this migration was written
 
     dependencies = [("cyclone", "0010_flow_control")]
 
