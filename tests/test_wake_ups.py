@@ -3,6 +3,7 @@ with work available (revision cyclone_0016; see cyclone/_store/notify.py)."""
 
 from __future__ import annotations
 
+import functools
 import random
 import threading
 import time
@@ -158,7 +159,8 @@ def test_no_wake_up_is_lost_while_workers_fall_asleep_and_wake_at_random(
         done: list[int] = []
         seed = random.randrange(2**32)
         submitters = [
-            Background(lambda k=k: _submitter(engine, name, seed + k, solo, done)) for k in range(3)
+            Background(functools.partial(_submitter, engine, name, seed + k, solo, done))
+            for k in range(3)
         ]
         for submitter in submitters:
             submitter.join(timeout=600)
