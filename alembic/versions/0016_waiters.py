@@ -14,7 +14,9 @@ rung or seen by the waiter's last claim. Its answer holds for the rest of the
 transaction (the slot is held until its end), so it decides once per transaction (the
 local setting ``cyclone.rang``). Under REPEATABLE READ or SERIALIZABLE, whose snapshot
 may predate the waiter's record, it always rings. ``cyclone_notify_job_changed()`` (jobs
-made available by an update) rings through it too.
+made available by an update) rings through it too, except for a step unblocked (blocked
+to available): the one statement that unblocks steps, a worker's record-and-claim, rings
+once in its ``RETURNING``, where the row trigger cost an event and a call per step.
 
 Code from before this revision rings unconditionally, which is still correct.
 """
@@ -77,6 +79,29 @@ END $$
 """
 
 
+TRIGGER_BEFORE = """
+CREATE TRIGGER cyclone_jobs_state_changed AFTER UPDATE OF state ON cyclone_jobs
+FOR EACH ROW WHEN (
+    OLD.state IS DISTINCT FROM NEW.state AND (
+        NEW.state = 'available'
+        OR (NEW.run_id IS NULL AND NEW.state IN ('completed', 'failed', 'cancelled'))
+    )
+)
+EXECUTE FUNCTION cyclone_notify_job_changed()
+"""
+
+TRIGGER = """
+CREATE TRIGGER cyclone_jobs_state_changed AFTER UPDATE OF state ON cyclone_jobs
+FOR EACH ROW WHEN (
+    OLD.state IS DISTINCT FROM NEW.state AND (
+        (NEW.state = 'available' AND OLD.state <> 'blocked')
+        OR (NEW.run_id IS NULL AND NEW.state IN ('completed', 'failed', 'cancelled'))
+    )
+)
+EXECUTE FUNCTION cyclone_notify_job_changed()
+"""
+
+
 def upgrade() -> None:
     op.create_table(
         "cyclone_waiters",
@@ -86,9 +111,13 @@ def upgrade() -> None:
     )
     op.execute(RING)
     op.execute(JOB_CHANGED)
+    op.execute("DROP TRIGGER cyclone_jobs_state_changed ON cyclone_jobs")
+    op.execute(TRIGGER)
 
 
 def downgrade() -> None:
+    op.execute("DROP TRIGGER cyclone_jobs_state_changed ON cyclone_jobs")
+    op.execute(TRIGGER_BEFORE)
     op.execute(JOB_CHANGED_BEFORE)
     op.execute("DROP FUNCTION cyclone_ring()")
     op.drop_table("cyclone_waiters")
