@@ -33,7 +33,7 @@ def waiting(listening: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[A
     """``listening``, with a worker recorded in ``cyclone_waiters`` as waiting for work."""
     listening.execute(
         "INSERT INTO cyclone_waiters (worker_id, waits_until) "
-        "VALUES ('test', now() + interval '1 hour')"
+        "VALUES ('test', now() + interval '50 seconds')"
     )
     yield listening
     listening.execute("DELETE FROM cyclone_waiters WHERE worker_id = 'test'")
@@ -152,7 +152,7 @@ def test_an_unblocked_step_rings_only_while_a_worker_waits(
     assert received(listening, 0.5) == 0
     listening.execute(
         "INSERT INTO cyclone_waiters (worker_id, waits_until) "
-        "VALUES ('test', now() + interval '1 hour')"
+        "VALUES ('test', now() + interval '50 seconds')"
     )
     try:
         run = wf.submit(engine, {"n": 2})
