@@ -1,8 +1,9 @@
 """LISTEN/NOTIFY: channel names and one listener thread per engine.
 
 New available jobs notify ``cyclone_jobs_available`` from the statements that insert
-them (:func:`when_available`); triggers (see the first alembic revision) notify the same
-channel for jobs that become available by an update (unblocked, retried, rescued), and
+them or unblock them (:func:`when_available`); triggers (see the first alembic revision)
+notify the same channel for jobs that become available by another update (retried,
+rescued, handed back), and
 ``cyclone_run_finished`` for a run that ends or a standalone job that ends (payload
 ``job:<id>``). Registering, pausing and resuming a schedule notifies
 ``cyclone_schedules_changed`` (payload: its name), which wakes the workers' schedulers.
@@ -27,8 +28,8 @@ A transaction that read no waiter held its slot from before that read until it e
 so it either ended before the worker's last claim (which sees its work) or read after
 the worker's record was committed (and rang). Under REPEATABLE READ or SERIALIZABLE the
 snapshot can predate the record: ``cyclone_ring()`` always rings there. A record lapses
-at ``waits_until`` (a little past the worker's next poll, which renews it), so a dead
-worker's record costs spurious rings for a while, never a missed one.
+at ``waits_until``, a minute after it was made (an idle worker renews it halfway), so a
+dead worker's record costs spurious rings for a minute, never a missed one.
 """
 
 from __future__ import annotations
