@@ -2,9 +2,10 @@
 
 One loop thread claims in batches (``FOR UPDATE SKIP LOCKED``) and records finished jobs
 in the same statement as the next claim; daemon threads run the steps. An idle worker
-sleeps until ``NOTIFY cyclone_jobs_available`` or its poll interval, on the socket of the
-connection it claims on, which LISTENs (the engine's listener wakes it where that
-connection cannot hold a session). Each claim takes a lease
+records that it waits for work (new work rings only then, see
+:mod:`cyclone._store.notify`) and sleeps until ``NOTIFY cyclone_jobs_available`` or its
+poll interval, on the socket of the connection it claims on, which LISTENs (the
+engine's listener wakes it where that connection cannot hold a session). Each claim takes a lease
 (:attr:`cyclone._store.claim.Claimed.lease`) that every outcome and heartbeat presents: a
 worker that lost a job (rescued, handed back, retried) has its late outcome refused. A
 heartbeat thread on a connection of its own marks held jobs alive; a worker that dies
@@ -399,6 +400,8 @@ class Worker:
         self._recorded_until: float | None = None
         """While recorded as waiting for work: when (monotonic) the record lapses at the latest."""
         self._unsettled: tuple[int, ...] = ()
+        self._record_again_at = 0.0
+        """After a failed record: when (monotonic) to try again; until then it polls."""
 
     def __repr__(self) -> str:
         return (
@@ -848,6 +851,8 @@ class Worker:
         held = self._held
         assert held is not None
         now = time.monotonic()
+        if now < self._record_again_at:
+            return False
         try:
             lapses = self._recorded_until
             if lapses is None or now >= lapses:
@@ -863,9 +868,16 @@ class Worker:
             self._unsettled = _notify.unsettled(held, self._unsettled)
         except Exception as exc:
             log.warning(
-                "worker %s could not record that it waits (%s); polling", self.id, _first_line(exc)
+                "worker %s could not record that it waits (%s); polling for %.0f s",
+                self.id,
+                _first_line(exc),
+                WAIT_RECORD / 2,
             )
+            # A new session: a slot's lock taken by a look cut short must not outlive it.
+            held.close()
+            self._recorded_until = None
             self._unsettled = ()
+            self._record_again_at = now + WAIT_RECORD / 2
             return False
         return not self._unsettled
 

@@ -89,8 +89,9 @@ RECENT_FINISHED = 16384
 Callback = Callable[[str], None]
 
 
-RING_LOCK = 1668899692
-"""The first key of the ring slots' advisory locks (``(RING_LOCK, slot)``, slot 0 to 63)."""
+RING_LOCK = 0x6379636C
+"""The first key of the ring slots' advisory locks (``(RING_LOCK, slot)``, slot 0 to 63;
+``cycl``, 1668899692 in the migration)."""
 RING_SLOTS = 64
 
 
