@@ -430,6 +430,18 @@ limit_keys = Table(
 Index("ix_cyclone_limit_keys_served", limit_keys.c.name, limit_keys.c.served_at, limit_keys.c.key)
 
 
+# -- workers waiting for work (revision cyclone_0019_waiters) ----------------------------
+
+waiters = Table(
+    "cyclone_waiters",
+    metadata,
+    Column("worker_id", Text, primary_key=True),
+    Column("waits_until", DateTime(timezone=True), nullable=False),
+)
+"""One row per worker asleep waiting for work: ``cyclone_ring()`` rings only while one is
+recorded with ``waits_until`` still ahead (see :mod:`cyclone._store.notify`)."""
+
+
 def include_name(name: str | None, type_: str, parent_names: object) -> bool:
     """An alembic ``include_name`` filter that keeps cyclone's tables out of an app's autogenerate.
 

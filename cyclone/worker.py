@@ -2,9 +2,10 @@
 
 One loop thread claims in batches (``FOR UPDATE SKIP LOCKED``) and records finished jobs
 in the same statement as the next claim; daemon threads run the steps. An idle worker
-sleeps until ``NOTIFY cyclone_jobs_available`` or its poll interval, on the socket of the
-connection it claims on, which LISTENs (the engine's listener wakes it where that
-connection cannot hold a session). Each claim takes a lease
+records that it waits for work (new work rings only then, see
+:mod:`cyclone._store.notify`) and sleeps until ``NOTIFY cyclone_jobs_available`` or its
+poll interval, on the socket of the connection it claims on, which LISTENs (the
+engine's listener wakes it where that connection cannot hold a session). Each claim takes a lease
 (:attr:`cyclone._store.claim.Claimed.lease`) that every outcome and heartbeat presents: a
 worker that lost a job (rescued, handed back, retried) has its late outcome refused. A
 heartbeat thread on a connection of its own marks held jobs alive; a worker that dies
@@ -71,6 +72,10 @@ RETRY_CAP = 30.0
 """A database that cannot be reached is tried again after 0.5 s, doubling up to 30 s."""
 DUE_SLACK = 0.005
 """Seconds added to a scheduled job's due time, so the claim that wakes for it finds it due."""
+WAIT_RECORD = 60.0
+"""How long an idle worker's record in ``cyclone_waiters`` lasts; renewed halfway."""
+SETTLE_RETRY = 0.01
+"""Seconds between looks at the ring slots still held when an idle worker recorded itself."""
 
 Outcome = _waits.Outcome
 
@@ -421,6 +426,13 @@ class Worker:
         self._beating = threading.Event()
         self._recheck_due = True
         self._scopes: dict[str, _claim.Scope] = {}
+        self._hears = False
+        """Whether a NOTIFY reaches this worker's loop (else it polls, and records no wait)."""
+        self._recorded_until: float | None = None
+        """While recorded as waiting for work: when (monotonic) the record lapses at the latest."""
+        self._unsettled: tuple[int, ...] = ()
+        self._record_again_at = 0.0
+        """After a failed record: when (monotonic) to try again; until then it polls."""
 
     def __repr__(self) -> str:
         return (
@@ -532,6 +544,7 @@ class Worker:
                 )
                 self._wake.open(self._held)
                 unsubscribe: Callable[[], None] = _no_op
+                self._hears = True
             else:
                 self._held = _executor.Held(self.engine)
                 self._wake.open(None)
@@ -541,6 +554,7 @@ class Worker:
                     unsubscribes.append(
                         listener.subscribe(_notify.RUN_FINISHED, self._on_jobs_available)
                     )
+                self._hears = not isinstance(listener, _notify.Polling)
 
                 def unsubscribe() -> None:
                     for each in unsubscribes:
@@ -585,6 +599,7 @@ class Worker:
                 beater.join(JOIN_TIMEOUT)
                 self._steps_pool.shutdown(wait=not abandoned)
                 self._steps_pool = None
+                self._stop_waiting()
                 self._wake.close()
                 self._held.close()
                 self._held = None
@@ -792,6 +807,8 @@ class Worker:
                     poll_due = min(poll_due, self._next_due())
             for job in claimed:
                 self._start(job)
+            if self._recorded_until is not None and free and len(claimed) >= sum(free.values()):
+                self._stop_waiting()  # no room left: new work need not ring for this worker
             if failed:
                 self._wait_for_database()
                 continue
@@ -818,11 +835,16 @@ class Worker:
                 continue  # a full batch: more may be waiting
             # A poll is due only when there is room to claim; a full worker waits for a
             # job to end, never spins.
-            timeout = (
-                self._idle_timeout(poll_due)
-                if self._free() and not self._stopping.is_set()
-                else IDLE_WAKE
-            )
+            room = bool(self._free()) and not self._stopping.is_set()
+            timeout = self._idle_timeout(poll_due) if room else IDLE_WAKE
+            if room and self._hears and not until_idle:
+                if self._wait_for_work():
+                    # The last claim before sleeping, after every ring slot settled: it
+                    # delivers signals and reads when the next job falls due, as a woken one.
+                    woken = self._recheck_due = True
+                    continue
+                if self._unsettled:
+                    timeout = min(timeout, SETTLE_RETRY)
             woken = not self._outcomes.empty() or self._wake.wait(timeout)
             self._wake.clear()
 
@@ -868,6 +890,59 @@ class Worker:
         if seconds is None:
             return float("inf")
         return time.monotonic() + seconds + DUE_SLACK
+
+    def _wait_for_work(self) -> bool:
+        """Record this idle worker as waiting for work; True when it must claim once more.
+
+        Work rings only for recorded workers (see :mod:`cyclone._store.notify`). After a
+        new record, a transaction that read no waiter may still hold its ring slot: the
+        worker looks again every :data:`SETTLE_RETRY` until each slot has been free once,
+        then claims (True), and only then sleeps until its poll. A record still fresh is
+        renewed halfway through its :data:`WAIT_RECORD`; a lapsed one is made anew.
+        """
+        held = self._held
+        assert held is not None
+        now = time.monotonic()
+        if now < self._record_again_at:
+            return False
+        try:
+            lapses = self._recorded_until
+            if lapses is None or now >= lapses:
+                self._recorded_until = None
+                _notify.mark_waiting(held, self.id, WAIT_RECORD)
+                self._recorded_until = now + WAIT_RECORD
+                self._unsettled = _notify.ALL_SLOTS
+            elif now >= lapses - WAIT_RECORD / 2:
+                _notify.mark_waiting(held, self.id, WAIT_RECORD)
+                self._recorded_until = now + WAIT_RECORD
+            if not self._unsettled:
+                return False
+            self._unsettled = _notify.unsettled(held, self._unsettled)
+        except Exception as exc:
+            log.warning(
+                "worker %s could not record that it waits (%s); polling for %.0f s",
+                self.id,
+                _first_line(exc),
+                WAIT_RECORD / 2,
+            )
+            # A new session: a slot's lock taken by a look cut short must not outlive it.
+            held.close()
+            self._recorded_until = None
+            self._unsettled = ()
+            self._record_again_at = now + WAIT_RECORD / 2
+            return False
+        return not self._unsettled
+
+    def _stop_waiting(self) -> None:
+        """Remove this worker's record as waiting for work, if it has one."""
+        if self._recorded_until is None or self._held is None:
+            return
+        self._recorded_until = None
+        self._unsettled = ()
+        try:
+            _notify.unmark(self._held, self.id)
+        except Exception as exc:
+            log.debug("worker %s could not remove its wait record (%s)", self.id, exc)
 
     def _on_jobs_available(self, _payload: str) -> None:
         self._on_notified()

@@ -137,11 +137,13 @@ def test_upgrade_on_a_fresh_database_creates_the_schema(fresh_engine: sa.Engine)
         "cyclone_queues",
         "cyclone_limits",
         "cyclone_limit_keys",
+        "cyclone_waiters",
         "cyclone_alembic_version",
     }
     assert objects["functions"] == {
         "cyclone_notify_job_changed",
         "cyclone_notify_run_finished",
+        "cyclone_ring",
     }
     # New jobs notify from cyclone's insert statements (cyclone_0004), not by trigger.
     assert objects["triggers"] == {"cyclone_jobs_state_changed", "cyclone_runs_finished"}

@@ -1,4 +1,5 @@
-"""NOTIFY cyclone_jobs_available: every insert of an available job rings it, on commit only."""
+"""NOTIFY cyclone_jobs_available: an insert of an available job rings it, on commit only,
+while a worker is recorded as waiting for work (``cyclone_waiters``), and not otherwise."""
 
 from __future__ import annotations
 
@@ -20,9 +21,22 @@ def listening(database_url: sa.URL) -> Iterator[psycopg.Connection[Any]]:
     """A connection that LISTENs on cyclone_jobs_available, with nothing pending."""
     conninfo = database_url.set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(conninfo, autocommit=True) as conn:
+        # No worker serves now: forget the records of those an earlier test killed.
+        conn.execute("DELETE FROM cyclone_waiters")
         conn.execute(f'LISTEN "{_notify.JOBS_AVAILABLE}"')
         received(conn, 0.05, quiet=0.05)
         yield conn
+
+
+@pytest.fixture
+def waiting(listening: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any]]:
+    """``listening``, with a worker recorded in ``cyclone_waiters`` as waiting for work."""
+    listening.execute(
+        "INSERT INTO cyclone_waiters (worker_id, waits_until) "
+        "VALUES ('test', now() + interval '50 seconds')"
+    )
+    yield listening
+    listening.execute("DELETE FROM cyclone_waiters WHERE worker_id = 'test'")
 
 
 def received(conn: psycopg.Connection[Any], timeout: float, quiet: float = 0.3) -> int:
@@ -55,10 +69,10 @@ BIND_FORMS: dict[str, Callable[[sa.Engine, str], Any]] = {
 
 @pytest.mark.parametrize("form", sorted(BIND_FORMS))
 def test_a_new_available_job_notifies(
-    engine: sa.Engine, name: str, listening: psycopg.Connection[Any], form: str
+    engine: sa.Engine, name: str, waiting: psycopg.Connection[Any], form: str
 ) -> None:
     BIND_FORMS[form](engine, name)
-    assert received(listening, 2.0) == 1
+    assert received(waiting, 2.0) == 1
 
 
 TX_FORMS: dict[str, Callable[[sa.Connection, str], Any]] = {
@@ -70,38 +84,92 @@ TX_FORMS: dict[str, Callable[[sa.Connection, str], Any]] = {
 
 @pytest.mark.parametrize("form", sorted(TX_FORMS))
 def test_a_job_inserted_in_the_callers_transaction_notifies_only_on_commit(
-    engine: sa.Engine, name: str, listening: psycopg.Connection[Any], form: str
+    engine: sa.Engine, name: str, waiting: psycopg.Connection[Any], form: str
 ) -> None:
     with engine.connect() as conn, conn.begin():
         TX_FORMS[form](conn, name)
-        assert received(listening, 0.3) == 0
-    assert received(listening, 2.0) == 1
+        assert received(waiting, 0.3) == 0
+    assert received(waiting, 2.0) == 1
 
 
 def test_a_rolled_back_submit_does_not_notify(
-    engine: sa.Engine, name: str, listening: psycopg.Connection[Any]
+    engine: sa.Engine, name: str, waiting: psycopg.Connection[Any]
 ) -> None:
     with Session(engine) as session:
         workflow(name).submit_once_tx(session, "k", {"n": 1})
         session.rollback()
-    assert received(listening, 0.5) == 0
+    assert received(waiting, 0.5) == 0
 
 
 def test_a_duplicate_submit_does_not_notify(
-    engine: sa.Engine, name: str, listening: psycopg.Connection[Any]
+    engine: sa.Engine, name: str, waiting: psycopg.Connection[Any]
 ) -> None:
     wf = workflow(name)
     wf.submit_once(engine, "k", {"n": 1})
-    assert received(listening, 2.0) == 1
+    assert received(waiting, 2.0) == 1
     _run, created = wf.submit_once(engine, "k", {"n": 1})
     assert not created
-    assert received(listening, 0.5) == 0
+    assert received(waiting, 0.5) == 0
 
 
 def test_one_notification_per_transaction_however_many_jobs(
-    engine: sa.Engine, name: str, listening: psycopg.Connection[Any]
+    engine: sa.Engine, name: str, waiting: psycopg.Connection[Any]
 ) -> None:
     # PostgreSQL folds equal notifications of one transaction: a batch of 50 runs wakes
     # the workers once, not 50 times.
     workflow(name).submit_once_many(engine, [(f"k{i}", {"n": i}) for i in range(50)])
-    assert received(listening, 1.0) == 1
+    assert received(waiting, 1.0) == 1
+
+
+@pytest.mark.parametrize("form", sorted(BIND_FORMS))
+def test_no_notification_while_no_worker_waits_for_work(
+    engine: sa.Engine, name: str, listening: psycopg.Connection[Any], form: str
+) -> None:
+    BIND_FORMS[form](engine, name)
+    assert received(listening, 0.5) == 0
+
+
+def test_a_lapsed_wait_record_rings_no_more(
+    engine: sa.Engine, name: str, listening: psycopg.Connection[Any]
+) -> None:
+    # A worker that died asleep leaves its record: it rings until ``waits_until``, then not.
+    listening.execute(
+        "INSERT INTO cyclone_waiters (worker_id, waits_until) "
+        "VALUES ('gone', now() - interval '1 s')"
+    )
+    workflow(name).submit(engine, {"n": 1})
+    assert received(listening, 0.5) == 0
+
+
+def test_an_unblocked_step_rings_only_while_a_worker_waits(
+    engine: sa.Engine, name: str, listening: psycopg.Connection[Any]
+) -> None:
+    wf = workflow(name, 2)
+    run = wf.submit(engine, {"n": 1})
+    with cyclone.Worker(engine, workflows=[wf], concurrency=1) as worker:
+        worker.drain()
+    assert run.status().state is cyclone.RunState.COMPLETED
+    assert received(listening, 0.5) == 0
+    listening.execute(
+        "INSERT INTO cyclone_waiters (worker_id, waits_until) "
+        "VALUES ('test', now() + interval '50 seconds')"
+    )
+    try:
+        run = wf.submit(engine, {"n": 2})
+        assert received(listening, 2.0) == 1
+        with cyclone.Worker(engine, workflows=[wf], concurrency=1) as worker:
+            worker.drain()
+        assert run.status().state is cyclone.RunState.COMPLETED
+        assert received(listening, 2.0) >= 1  # the second step, unblocked by an update
+    finally:
+        listening.execute("DELETE FROM cyclone_waiters WHERE worker_id = 'test'")
+
+
+@pytest.mark.parametrize("isolation", ["REPEATABLE READ", "SERIALIZABLE"])
+def test_a_submit_under_snapshot_isolation_rings_even_with_no_worker_waiting(
+    engine: sa.Engine, name: str, listening: psycopg.Connection[Any], isolation: str
+) -> None:
+    # Its snapshot may predate a worker's wait record: it cannot tell, so it rings.
+    with engine.connect().execution_options(isolation_level=isolation) as conn, conn.begin():
+        workflow(name).submit_tx(conn, {"n": 1})
+    assert received(listening, 2.0) == 1

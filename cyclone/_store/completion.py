@@ -34,6 +34,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from cyclone._store import executor as _executor
+from cyclone._store import notify as _notify
 from cyclone._store.executor import const
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
@@ -137,7 +138,7 @@ def complete_jobs_ctes(runs_locked: Any) -> tuple[Any, ...]:
                 else_=const(JobState.BLOCKED.value),
             ),
         )
-        .returning(jobs.c.id)
+        .returning(jobs.c.id, _notify.when_available(jobs.c.state))
         .cte("advanced")
     )
     counted = _count_items_down(done)

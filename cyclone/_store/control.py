@@ -76,7 +76,7 @@ def cancel_run_stmt() -> Any:
             case(
                 (
                     runs.c.limit_name.is_not(None),
-                    func.pg_notify(const(_notify.JOBS_AVAILABLE), const("")),
+                    _notify.ring(),
                 )
             ),
         )

@@ -159,7 +159,7 @@ def expand_stmt() -> Any:
     return select(
         select(func.count()).select_from(items).scalar_subquery(),
         select(func.count()).select_from(counted).scalar_subquery(),
-        func.pg_notify(const(_notify.JOBS_AVAILABLE), const("")),
+        _notify.ring(),
     )
 
 

@@ -681,7 +681,7 @@ def seconds_until_gated_due(
 
 
 def _notify_workers() -> Any:
-    return func.pg_notify(const(_notify.JOBS_AVAILABLE), const(""))
+    return _notify.ring()
 
 
 _RING = _executor.Compiled(select(_notify_workers()))
@@ -771,7 +771,7 @@ _SET_LIMIT = (
     update(limits)
     .where(limits.c.name == bindparam("b_name", type_=Text))
     .values(max=bindparam("b_max", type_=Integer), set_by_operator=true(), updated_at=func.now())
-    .returning(limits.c.name, func.pg_notify(const(_notify.JOBS_AVAILABLE), const("")))
+    .returning(limits.c.name, _notify.ring())
 )
 
 
@@ -860,7 +860,7 @@ _ADMIT = (
         runs.c.start_at == _INFINITY,
     )
     .values(start_at=runs.c.limit_start_at)
-    .returning(runs.c.id, func.pg_notify(const(_notify.JOBS_AVAILABLE), const("")))
+    .returning(runs.c.id, _notify.ring())
 )
 _SERVED = (
     update(limit_keys)

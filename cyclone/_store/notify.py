@@ -1,14 +1,35 @@
 """LISTEN/NOTIFY: channel names and one listener thread per engine.
 
 New available jobs notify ``cyclone_jobs_available`` from the statements that insert
-them (:func:`when_available`); triggers (see the first alembic revision) notify the same
-channel for jobs that become available by an update (unblocked, retried, rescued), and
+them or unblock them (:func:`when_available`); triggers (see the first alembic revision)
+notify the same channel for jobs that become available by another update (retried,
+rescued, handed back), and
 ``cyclone_run_finished`` for a run that ends or a standalone job that ends (payload
 ``job:<id>``). Registering, pausing and resuming a schedule notifies
 ``cyclone_schedules_changed`` (payload: its name), which wakes the workers' schedulers.
 
 A notification is a doorbell, never the message: whoever is woken re-reads the tables,
 and every waiter keeps a slow poll as the fallback for a lost connection.
+
+Work rings only while a worker waits for it (revision cyclone_0019_waiters): every
+statement that makes a job available calls ``cyclone_ring()`` once (:func:`ring`), which
+notifies only if ``cyclone_waiters`` holds a worker still asleep, so a busy system
+commits without the notification queue's lock. The protocol, for a worker about to
+sleep (:func:`mark_waiting`, :func:`unsettled`) and a transaction making work:
+
+- the worker records itself (committed), then waits until each of the 64 ring slots has
+  been free once (a slot is a shared advisory lock, ``(RING_LOCK, pid % 64)``, that a
+  ringing transaction takes before it reads the waiters and holds until it ends), then
+  claims once more, then sleeps on its LISTENing connection;
+- ``cyclone_ring()`` takes its slot, then reads ``cyclone_waiters`` in a snapshot taken
+  after that (a volatile function's query), and notifies if a waiter is recorded.
+
+A transaction that read no waiter held its slot from before that read until it ended,
+so it either ended before the worker's last claim (which sees its work) or read after
+the worker's record was committed (and rang). Under REPEATABLE READ or SERIALIZABLE the
+snapshot can predate the record: ``cyclone_ring()`` always rings there. A record lapses
+at ``waits_until``, a minute after it was made (an idle worker renews it halfway), so a
+dead worker's record costs spurious rings for a minute, never a missed one.
 """
 
 from __future__ import annotations
@@ -21,13 +42,35 @@ import time
 import weakref
 from collections import Counter, defaultdict, deque
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import psycopg
-from sqlalchemy import Engine, case, func
+from sqlalchemy import (
+    Engine,
+    Integer,
+    Interval,
+    Text,
+    bindparam,
+    case,
+    delete,
+    func,
+    literal_column,
+    select,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, insert
 
 from cyclone._store import deadline as _deadline
-from cyclone._store.executor import const, detached, listen, on_dispose, ping, session_engine
+from cyclone._store.executor import (
+    Executor,
+    const,
+    detached,
+    listen,
+    on_dispose,
+    ping,
+    session_engine,
+)
+from cyclone.schema import waiters
 from cyclone.states import JobState
 
 log = logging.getLogger(__name__)
@@ -46,15 +89,80 @@ RECENT_FINISHED = 16384
 Callback = Callable[[str], None]
 
 
-def when_available(state: Any) -> Any:
-    """A ``RETURNING`` column of an insert into ``cyclone_jobs``: NOTIFY for an available job.
+RING_LOCK = 0x6379636C
+"""The first key of the ring slots' advisory locks (``(RING_LOCK, slot)``, slot 0 to 63;
+``cycl``, 1668899692 in the migration)."""
+RING_SLOTS = 64
 
-    One ``pg_notify`` in the statement costs about 70 us less than the row trigger that
-    did it before revision cyclone_0004; PostgreSQL folds repeats within a transaction.
+
+def ring() -> Any:
+    """``cyclone_ring()``, once per statement: NOTIFY ``cyclone_jobs_available`` if a
+    worker waits for work (see the module's docstring).
+
+    An uncorrelated subquery, so it runs once, where it is first needed: PostgreSQL
+    folds repeats within a transaction, but each call reads the waiters.
     """
-    return case(
-        (state == const(JobState.AVAILABLE.value), func.pg_notify(const(JOBS_AVAILABLE), const("")))
-    ).label("notified")
+    return select(func.cyclone_ring()).scalar_subquery()
+
+
+def when_available(state: Any) -> Any:
+    """A ``RETURNING`` column of a statement that makes jobs available: ring for them.
+
+    One call in the statement costs about 70 us less than the row trigger that did it
+    before revision cyclone_0004.
+    """
+    return case((state == const(JobState.AVAILABLE.value), ring())).label("notified")
+
+
+_FORGET_LAPSED = (
+    delete(waiters)
+    .where(waiters.c.waits_until < func.now() - literal_column("interval '1 minute'"))
+    .returning(waiters.c.worker_id)
+    .cte("forgotten")
+)
+_MARK = (
+    insert(waiters)
+    .values(
+        worker_id=bindparam("me", type_=Text),
+        waits_until=func.now() + bindparam("for", type_=Interval),
+    )
+    .on_conflict_do_update(
+        index_elements=[waiters.c.worker_id],
+        set_={"waits_until": insert(waiters).excluded.waits_until},
+    )
+    .add_cte(_FORGET_LAPSED)
+)
+_UNMARK = delete(waiters).where(waiters.c.worker_id == bindparam("me", type_=Text))
+
+_slot = func.unnest(bindparam("slots", type_=ARRAY(Integer))).column_valued("slot")
+_lock_key = const(RING_LOCK, Integer)
+_UNSETTLED = select(_slot).where(
+    case(
+        (
+            func.pg_try_advisory_lock(_lock_key, _slot),
+            ~func.pg_advisory_unlock(_lock_key, _slot),
+        ),
+        else_=True,
+    )
+)
+ALL_SLOTS = tuple(range(RING_SLOTS))
+
+
+def mark_waiting(conn: Executor, worker_id: str, seconds: float) -> None:
+    """Record ``worker_id`` as waiting for work for ``seconds`` (its own statement, which
+    commits), forgetting the records of workers that lapsed a minute ago."""
+    conn.affected(_MARK, {"me": worker_id, "for": timedelta(seconds=seconds)})
+
+
+def unsettled(conn: Executor, slots: tuple[int, ...] = ALL_SLOTS) -> tuple[int, ...]:
+    """The ring slots of ``slots`` held now: each by a transaction that may have read no
+    waiter before this worker's record was committed, and has not ended yet."""
+    return tuple(row[0] for row in conn.rows(_UNSETTLED, {"slots": list(slots)}))
+
+
+def unmark(conn: Executor, worker_id: str) -> None:
+    """Forget ``worker_id``'s record: it no longer waits for work."""
+    conn.affected(_UNMARK, {"me": worker_id})
 
 
 class Listener:

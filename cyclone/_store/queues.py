@@ -17,7 +17,6 @@ from sqlalchemy.dialects.postgresql import array, insert
 from cyclone._store import binds as _binds
 from cyclone._store import executor as _executor
 from cyclone._store import notify as _notify
-from cyclone._store.executor import const
 from cyclone.schema import queues
 
 
@@ -59,9 +58,7 @@ def resume_queue_stmt() -> Any:
         update(queues)
         .where(queues.c.name == bindparam("queue", type_=Text), queues.c.paused)
         .values(paused=False, paused_at=None, updated_at=func.now())
-        .returning(
-            queues.c.name, func.pg_notify(const(_notify.JOBS_AVAILABLE), const("")).label("rang")
-        )
+        .returning(queues.c.name, _notify.ring().label("rang"))
     )
 
 

@@ -299,7 +299,7 @@ def _ring() -> Any:
     ``RETURNING``, to the end, so a column no one reads still rings; repeats within a
     transaction are folded into one.
     """
-    return func.pg_notify(_const(_notify.JOBS_AVAILABLE), _const("")).label("notified")
+    return _notify.ring().label("notified")
 
 
 def _starts_at() -> Any:

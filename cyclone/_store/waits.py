@@ -414,7 +414,7 @@ _SEND = (
     )
     .returning(
         signals.c.run_id,
-        case((signals.c.wake_pending, func.pg_notify(const(_notify.JOBS_AVAILABLE), const("")))),
+        case((signals.c.wake_pending, _notify.ring())),
     )
 )
 _FAST_SEND = _executor.Compiled(_SEND)

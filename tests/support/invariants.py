@@ -346,6 +346,13 @@ INVARIANTS: tuple[Invariant, ...] = (
         WHERE k.version < k.window_count OR k.window_count < 0
         """,
     ),
+    Invariant(
+        "a worker's record as waiting for work lapses within a minute (Worker WAIT_RECORD)",
+        """
+        SELECT w.worker_id, w.waits_until FROM cyclone_waiters w
+        WHERE w.waits_until > now() + interval '61 seconds'
+        """,
+    ),
 )
 """Every invariant; ``at_rest_only`` ones hold once no worker serves the database."""
 

@@ -17,6 +17,8 @@ Modes:
 - ``ops NAME -``: ``Worker.run()`` on :func:`pipeline` with INFO logging on stderr.
 - ``map NAME -``: ``Worker.run()`` on :func:`mapped` with concurrency 4, until killed: its
   items record each execution in the map results table.
+- ``asleep NAME CONCURRENCY``: ``Worker.run()`` on :func:`doorbell_kinds` with a poll
+  interval of an hour (:data:`NEVER_POLL`), until SIGTERM: only a NOTIFY wakes it.
 - ``lead NAME FLAG``: ``Worker.run()`` on :func:`crashy` with ``rescue_after`` of
   :data:`LEAD_RESCUE_AFTER` and INFO logging on stderr, until SIGTERM: the test freezes it
   (SIGSTOP) while it leads maintenance and runs the blocked step.
@@ -29,6 +31,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from datetime import timedelta
 from functools import cache
 from pathlib import Path
@@ -181,6 +184,34 @@ def mapped(name: str) -> cyclone.ResultWorkflow[Item, list[int]]:
     return wf
 
 
+NEVER_POLL = 3600.0
+"""A poll interval no test waits for: a wake-up that a NOTIFY misses shows as a timeout."""
+
+
+@cache
+def doorbell_kinds(name: str) -> tuple[cyclone.Workflow[Item], cyclone.StandaloneStep[Item, int]]:
+    """A two-step workflow ``name`` and a standalone kind ``NAME.ping`` whose steps take
+    ``n`` milliseconds (20 or more: a worker then claims no more jobs than it has threads,
+    see ``Worker._free``), and a tail step doing nothing."""
+    wf: cyclone.Workflow[Item] = cyclone.Workflow(name, input=Item)
+
+    @wf.step()
+    def head(ctx: cyclone.StepContext, item: Item) -> int:
+        time.sleep(item.n / 1000)  # the step's work
+        return item.n
+
+    @wf.step(after=[head])
+    def tail(ctx: cyclone.StepContext, item: Item) -> int:
+        return ctx.output(head)
+
+    @cyclone.step(f"{name}.ping")
+    def ping(ctx: cyclone.StepContext, item: Item) -> int:
+        time.sleep(item.n / 1000)  # the step's work
+        return item.n
+
+    return wf, ping
+
+
 def main(argv: list[str]) -> int:
     mode, name, arg = argv
     bind = engine()
@@ -232,6 +263,16 @@ def main(argv: list[str]) -> int:
             heartbeat_interval=HEARTBEAT,
             rescue_after=LEAD_RESCUE_AFTER,
             poll_interval=0.2,
+            sweep=False,
+        ).run()
+    elif mode == "asleep":
+        wf, ping = doorbell_kinds(name)
+        cyclone.Worker(
+            bind,
+            workflows=[wf],
+            steps=[ping],
+            concurrency=int(arg),
+            poll_interval=NEVER_POLL,
             sweep=False,
         ).run()
     elif mode == "lead":

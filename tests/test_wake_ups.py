@@ -1,0 +1,187 @@
+"""Work rings only while a worker waits for it, and a worker asleep is never left asleep
+with work available (revision cyclone_0019_waiters; see cyclone/_store/notify.py)."""
+
+from __future__ import annotations
+
+import functools
+import random
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+import sqlalchemy as sa
+
+import cyclone
+from tests.conftest import wait_until
+from tests.support import worker_proc
+from tests.support.worker_proc import NEVER_POLL, Item, doorbell_kinds
+from tests.support.workers import Background, spawn_worker, stop_all
+
+WAKE_TIMEOUT = 30.0
+"""Far beyond a wake-up, far short of NEVER_POLL: a job still waiting then was missed."""
+
+
+def recorded_waiters(engine: sa.Engine) -> set[str]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text("SELECT worker_id FROM cyclone_waiters WHERE waits_until > now()")
+        )
+        return {row[0] for row in rows}
+
+
+@pytest.fixture
+def listening(database_url: sa.URL) -> Iterator[psycopg.Connection[Any]]:
+    """A connection that LISTENs on cyclone_jobs_available."""
+    conninfo = database_url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute('LISTEN "cyclone_jobs_available"')
+        yield conn
+
+
+def notifications(conn: psycopg.Connection[Any], timeout: float) -> int:
+    return sum(1 for _ in conn.notifies(timeout=timeout))
+
+
+def test_an_idle_worker_records_that_it_waits_and_removes_the_record_when_it_stops(
+    engine: sa.Engine, name: str
+) -> None:
+    wf, ping = doorbell_kinds(name)
+    worker = cyclone.Worker(engine, workflows=[wf], steps=[ping], poll_interval=NEVER_POLL)
+    serving = Background(worker.run)
+    try:
+        wait_until(lambda: worker.id in recorded_waiters(engine), timeout=30)
+        job = ping.enqueue(engine, Item(n=1))
+        assert job.wait(timeout=WAKE_TIMEOUT).state.value == "completed"
+    finally:
+        worker.stop()
+        serving.join(30)
+        worker.close()
+    assert worker.id not in recorded_waiters(engine)
+
+
+def test_a_busy_worker_is_not_rung_for_new_work(
+    engine: sa.Engine, name: str, listening: psycopg.Connection[Any]
+) -> None:
+    release = threading.Event()
+
+    @cyclone.step(f"{name}.hold")
+    def hold(ctx: cyclone.StepContext, n: int) -> int:
+        release.wait(60)
+        return n
+
+    worker = cyclone.Worker(engine, steps=[hold], concurrency=1, poll_interval=NEVER_POLL)
+    serving = Background(worker.run)
+    try:
+        wait_until(lambda: worker.id in recorded_waiters(engine), timeout=30)
+        first = hold.enqueue(engine, 1)
+        # Claimed with no room left: the worker no longer waits for work.
+        wait_until(lambda: first.status().state.value == "running", timeout=WAKE_TIMEOUT)
+        wait_until(lambda: not recorded_waiters(engine), timeout=WAKE_TIMEOUT)
+        notifications(listening, 0.05)
+        later = [hold.enqueue(engine, n) for n in range(2, 6)]
+        assert notifications(listening, 0.5) == 0
+        release.set()
+        for job in [first, *later]:
+            assert job.wait(timeout=WAKE_TIMEOUT).state.value == "completed"
+    finally:
+        release.set()
+        worker.stop()
+        serving.join(30)
+        worker.close()
+
+
+ROUNDS = 40
+"""Rounds per submitter thread."""
+BURST = 5
+"""Jobs of a burst: one per thread of the workers, so that every worker stops waiting
+and falls asleep again at about the same moment."""
+
+
+def _submitter(
+    engine: sa.Engine, name: str, seed: int, solo: threading.Lock, done: list[int]
+) -> None:
+    """Rounds of a burst that takes every worker, then one job submitted at a random moment
+    around the burst's end, when the workers fall asleep; mostly while no other submitter's
+    work is in flight, so that no later ring can cover a lost one. Each job is waited for."""
+    wf, ping = doorbell_kinds(name)
+    rng = random.Random(seed)
+    for i in range(ROUNDS):
+        alone = rng.random() < 0.75
+        if alone:
+            solo.acquire()
+        try:
+            burst = [ping.enqueue(engine, Item(n=20)) for _ in range(BURST)]
+            time.sleep(0.002 + rng.random() * 0.004)  # the burst's jobs claimed, not ended
+            form = rng.randrange(4)
+            if form == 0:
+                probe: Any = ping.enqueue(engine, Item(n=20))
+            elif form == 1:
+                probe = wf.submit(engine, Item(n=20))
+            else:
+                # Committed a while after its ring was decided: a worker falling asleep
+                # meanwhile must wait for this transaction before its last claim.
+                with engine.begin() as conn:
+                    probe = ping.enqueue_tx(conn, Item(n=20))
+                    time.sleep(rng.random() * 0.04)  # open across the burst's end
+            for handle in [probe, *burst]:
+                status = handle.wait(timeout=WAKE_TIMEOUT)
+                assert status.state.value == "completed", status
+            done.append(i)
+        finally:
+            if alone:
+                solo.release()
+
+
+@pytest.mark.processes
+def test_no_wake_up_is_lost_while_workers_fall_asleep_and_wake_at_random(
+    engine: sa.Engine, name: str
+) -> None:
+    wf, ping = doorbell_kinds(name)
+    procs = [spawn_worker("asleep", name, "1") for _ in range(2)]
+    workers = [
+        cyclone.Worker(
+            engine,
+            workflows=[wf],
+            steps=[ping],
+            concurrency=1,  # each claim fills it: it stops waiting, then waits anew
+            poll_interval=NEVER_POLL,
+            sweep=False,
+        )
+        for _ in range(3)
+    ]
+    serving = [Background(worker.run, name=f"worker-{i}") for i, worker in enumerate(workers)]
+    try:
+        wait_until(lambda: len(recorded_waiters(engine)) == 5, timeout=60)
+        solo = threading.Lock()
+        done: list[int] = []
+        seed = random.randrange(2**32)
+        submitters = [
+            Background(functools.partial(_submitter, engine, name, seed + k, solo, done))
+            for k in range(3)
+        ]
+        for submitter in submitters:
+            submitter.join(timeout=600)
+        assert len(done) == 3 * ROUNDS, f"seed {seed}"
+        with engine.connect() as conn:
+            left = conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM cyclone_jobs WHERE state <> 'completed' "
+                    "AND (workflow = :name OR kind = :name || '.ping')"
+                ),
+                {"name": name},
+            ).scalar_one()
+        assert left == 0
+    finally:
+        for worker in workers:
+            worker.stop()
+        for background in serving:
+            background.join(60)
+        for worker in workers:
+            worker.close()
+        for proc in procs:
+            proc.terminate()
+        stop_all(procs)
+    assert worker_proc.NEVER_POLL > WAKE_TIMEOUT
