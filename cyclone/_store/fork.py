@@ -6,8 +6,9 @@ be recorded meanwhile) and reads its state, graph and the state of each of its s
 caller (:func:`fork`) decides which steps are kept, and the second statement inserts the
 run of the key ``ON CONFLICT DO NOTHING`` and, only if it was inserted, every step of
 the current graph at once: kept steps ``completed`` with the source's output copied in
-SQL (never through Python), the others ``available`` or ``blocked`` with their
-``pending_deps`` counting their upstream steps not kept. The run is inserted started
+SQL (never through Python), a kept map node with its completed items, the others
+``available`` or ``blocked`` with their ``pending_deps`` counting their upstream steps
+not kept. The run is inserted started
 (``start_at`` NULL, its jobs written), so the claim that starts runs never sees it. A
 key whose run exists already is read in the same statement and its input compared as
 ``jsonb`` with the source's, as ``submit_once`` does. Nothing is written before the
@@ -195,12 +196,74 @@ def insert_fork_stmt() -> Any:
         .returning(_notify.when_available(jobs.c.state))
         .cte("forked_steps")
     )
+    kept_item = jobs.alias("kept_item")
+    kept_node = (
+        func.jsonb_to_recordset(cast(bindparam("steps", type_=Text), JSONB))
+        .table_valued(*_STEP_FIELDS)
+        .render_derived("kept_node", with_types=True)
+    )
+    item_rows = (
+        select(
+            inserted.c.id,
+            kept_item.c.workflow,
+            kept_item.c.kind,
+            kept_item.c.queue,
+            kept_item.c.priority,
+            kept_item.c.state,
+            kept_item.c.deps,
+            const(0, Integer),
+            kept_item.c.max_attempts,
+            kept_item.c.args,
+            kept_item.c.item,
+            kept_item.c.output,
+            kept_item.c.attempted_at,
+            kept_item.c.finalized_at,
+        )
+        .select_from(inserted)
+        .join(kept_item, kept_item.c.run_id == source_id)
+        .join(kept_node, and_(kept_node.c.kept, kept_node.c.name == kept_item.c.kind))
+        .where(
+            kept_item.c.item.is_not(None),
+            kept_item.c.state == const(JobState.COMPLETED.value),
+        )
+        .order_by(kept_item.c.kind, kept_item.c.item)
+    )
+    # A kept map node keeps its items (completed, outputs copied), so that it still has
+    # one completed item per element of its output.
+    new_items = (
+        insert(jobs)
+        .from_select(
+            [
+                jobs.c.run_id,
+                jobs.c.workflow,
+                jobs.c.kind,
+                jobs.c.queue,
+                jobs.c.priority,
+                jobs.c.state,
+                jobs.c.deps,
+                jobs.c.pending_deps,
+                jobs.c.max_attempts,
+                jobs.c.args,
+                jobs.c.item,
+                jobs.c.output,
+                jobs.c.attempted_at,
+                jobs.c.finalized_at,
+            ],
+            item_rows,
+        )
+        .returning(jobs.c.id)
+        .cte("forked_items")
+    )
     source_input = select(runs.c.input).where(runs.c.id == source_id).scalar_subquery()
     created = select(
         inserted.c.id,
         true().label("created"),
-        # Reads the steps' CTE, so that the data-modifying CTE is part of the statement.
-        (select(func.count()).select_from(new_jobs).scalar_subquery() >= 0).label("same_input"),
+        # Reads the steps' CTEs, so that the data-modifying CTEs are part of the statement.
+        (
+            select(func.count()).select_from(new_jobs).scalar_subquery()
+            + select(func.count()).select_from(new_items).scalar_subquery()
+            >= 0
+        ).label("same_input"),
     )
     existing = select(runs.c.id, false(), runs.c.input == source_input).where(
         runs.c.workflow == bindparam("workflow", type_=Text),

@@ -1,0 +1,211 @@
+"""Maps and children together: a map over a child node's output, a map of children (one
+child run per item: ``@wf.child(workflow, over=node)``), and forks of runs with map and
+child nodes."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import sqlalchemy as sa
+
+import cyclone
+from cyclone.schema import jobs
+
+
+def drain(engine: sa.Engine, *workflows: Any) -> None:
+    with cyclone.Worker(engine, workflows=list(workflows), sweep=False) as worker:
+        worker.drain()
+
+
+def items_of(engine: sa.Engine, run_id: Any) -> list[sa.Row[Any]]:
+    with engine.connect() as conn:
+        return list(
+            conn.execute(
+                sa.select(jobs.c.kind, jobs.c.item, jobs.c.state, jobs.c.output)
+                .where(jobs.c.run_id == run_id, jobs.c.item.is_not(None))
+                .order_by(jobs.c.kind, jobs.c.item)
+            )
+        )
+
+
+def output_of(engine: sa.Engine, run_id: Any, kind: str) -> Any:
+    """The output of the node ``kind`` of the run (not of its items)."""
+    with engine.connect() as conn:
+        return conn.execute(
+            sa.select(jobs.c.output).where(
+                jobs.c.run_id == run_id, jobs.c.kind == kind, jobs.c.item.is_(None)
+            )
+        ).scalar_one()
+
+
+def children_of(engine: sa.Engine, run_id: Any) -> list[sa.Row[Any]]:
+    with engine.connect() as conn:
+        return list(
+            conn.execute(
+                sa.text(
+                    "SELECT id, submit_key, state, parent_node FROM cyclone_runs "
+                    "WHERE parent_id = :r ORDER BY submit_key"
+                ),
+                {"r": run_id},
+            )
+        )
+
+
+def skus(name: str) -> cyclone.ResultWorkflow[int, list[str]]:
+    """A child workflow whose result is a list: ``n`` skus."""
+    wf: cyclone.ResultWorkflow[int, list[str]] = cyclone.ResultWorkflow(
+        f"{name}-skus", input=int, output=list[str]
+    )
+
+    @wf.result()
+    def listing(ctx: cyclone.StepContext, n: int) -> list[str]:
+        return [f"sku{i}" for i in range(n)]
+
+    return wf
+
+
+def test_a_map_over_a_child_nodes_output_runs_once_per_item_of_the_childs_result(
+    engine: sa.Engine, name: str
+) -> None:
+    child = skus(name)
+    wf: cyclone.ResultWorkflow[int, list[str]] = cyclone.ResultWorkflow(
+        name, input=int, output=list[str]
+    )
+
+    @wf.child(child)
+    def catalogue(ctx: cyclone.StepContext, n: int) -> int:
+        return n
+
+    @wf.map(over=catalogue, result=True)
+    def pick(ctx: cyclone.StepContext, sku: str) -> str:
+        return sku.upper()
+
+    run = wf.submit(engine, 5)
+    with cyclone.Worker(engine, workflows=[wf, child], concurrency=4, sweep=False) as worker:
+        worker.drain()
+    assert run.result(timeout=10) == [f"SKU{i}" for i in range(5)]
+    assert [r.output for r in items_of(engine, run.id)] == [f"SKU{i}" for i in range(5)]
+    (kid,) = run.children()
+    assert kid.status().state == cyclone.RunState.COMPLETED
+
+
+def mapped_flow(name: str, calls: Counter[str], *, broken: set[int]) -> cyclone.Workflow[int]:
+    """numbers -> double (a map) -> total; an item in ``broken`` raises."""
+    wf: cyclone.Workflow[int] = cyclone.Workflow(name, input=int)
+
+    @wf.step(max_attempts=1)
+    def numbers(ctx: cyclone.StepContext, n: int) -> list[int]:
+        calls["numbers"] += 1
+        return list(range(n))
+
+    @wf.map(over=numbers, max_attempts=1)
+    def double(ctx: cyclone.StepContext, i: int) -> int:
+        calls[f"double{i}"] += 1
+        if i in broken:
+            raise RuntimeError(f"item {i} is broken")
+        return 2 * i
+
+    @wf.step(after=[double], max_attempts=1)
+    def total(ctx: cyclone.StepContext, n: int) -> int:
+        calls["total"] += 1
+        return sum(ctx.output(double))
+
+    return wf
+
+
+def test_a_fork_keeping_a_completed_map_node_copies_its_items_and_does_not_rerun_them(
+    engine: sa.Engine, name: str
+) -> None:
+    calls: Counter[str] = Counter()
+    wf = mapped_flow(name, calls, broken=set())
+    run = wf.submit(engine, 4)
+    drain(engine, wf)
+    assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    fork, created = wf.run(engine, run.id).fork(f"{name}-fork", rerun=["total"])
+    assert created
+    drain(engine, wf)
+    assert fork.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    assert (calls["numbers"], calls["double0"], calls["total"]) == (1, 1, 2)
+    assert [(r.kind, r.item, r.state, r.output) for r in items_of(engine, fork.id)] == [
+        ("double", i, "completed", 2 * i) for i in range(4)
+    ]
+    assert output_of(engine, fork.id, "double") == [0, 2, 4, 6]
+    assert output_of(engine, fork.id, "total") == 12
+
+
+def test_a_fork_rerunning_a_map_node_expands_it_anew_on_the_new_code(
+    engine: sa.Engine, name: str
+) -> None:
+    calls: Counter[str] = Counter()
+    buggy = mapped_flow(name, calls, broken={2})
+    run = buggy.submit(engine, 3)
+    drain(engine, buggy)
+    assert run.wait(timeout=10).state == cyclone.RunState.FAILED
+    fixed = mapped_flow(name, calls, broken=set())
+    fork, _ = fixed.run(engine, run.id).fork(f"{name}-fork")  # double failed: it re-runs
+    drain(engine, fixed)
+    assert fork.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    assert calls["numbers"] == 1  # kept
+    assert (calls["double0"], calls["double2"]) == (2, 2)  # every item of the new expansion
+    assert output_of(engine, fork.id, "total") == 6
+    assert len(items_of(engine, fork.id)) == 3
+
+
+def child_flow(
+    name: str, child: cyclone.ResultWorkflow[int, list[str]], calls: Counter[str], *, fail: bool
+) -> cyclone.Workflow[int]:
+    """catalogue (a child node) -> check, which raises when ``fail``."""
+    wf: cyclone.Workflow[int] = cyclone.Workflow(name, input=int)
+
+    @wf.child(child)
+    def catalogue(ctx: cyclone.StepContext, n: int) -> int:
+        calls["catalogue"] += 1
+        return n
+
+    @wf.step(after=[catalogue], max_attempts=1)
+    def check(ctx: cyclone.StepContext, n: int) -> int:
+        calls["check"] += 1
+        if fail:
+            raise RuntimeError("check is broken")
+        return len(ctx.output(catalogue))
+
+    return wf
+
+
+def test_a_fork_keeping_a_completed_child_node_keeps_its_output_and_makes_no_child(
+    engine: sa.Engine, name: str
+) -> None:
+    calls: Counter[str] = Counter()
+    child = skus(name)
+    buggy = child_flow(name, child, calls, fail=True)
+    run = buggy.submit(engine, 3)
+    drain(engine, buggy, child)
+    assert run.wait(timeout=10).state == cyclone.RunState.FAILED
+    fixed = child_flow(name, child, calls, fail=False)
+    fork, _ = fixed.run(engine, run.id).fork(f"{name}-fork")
+    drain(engine, fixed, child)
+    assert fork.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    assert fork.children() == []
+    assert calls["catalogue"] == 1
+    assert output_of(engine, fork.id, "catalogue") == ["sku0", "sku1", "sku2"]
+    assert output_of(engine, fork.id, "check") == 3
+
+
+def test_a_fork_rerunning_a_child_node_makes_a_new_child_for_the_fork(
+    engine: sa.Engine, name: str
+) -> None:
+    calls: Counter[str] = Counter()
+    child = skus(name)
+    wf = child_flow(name, child, calls, fail=False)
+    run = wf.submit(engine, 2)
+    drain(engine, wf, child)
+    assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    fork, _ = wf.run(engine, run.id).fork(f"{name}-fork", rerun=["catalogue"])
+    drain(engine, wf, child)
+    assert fork.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    (old,) = run.children()
+    (new,) = fork.children()
+    assert new.id != old.id
+    assert new.status().parent_id == fork.id
+    assert calls["catalogue"] == 2
