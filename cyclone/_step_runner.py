@@ -182,7 +182,9 @@ def _resolve(
         # A wait node is called with its signal's payload instead of the run's input.
         input_type = workflow.input_type if node.signal is None else node.payload_type
         if job.item is not None:  # a map item is called with its item, returns one output
-            return node.fn, node.item_type, node.item_output_type
+            # (an item of a map of children returns its child's input)
+            returns = node.produces if node.child is not None else node.item_output_type
+            return node.fn, node.item_type, returns
         # A child node's function returns its child's input.
         return node.fn, input_type, node.produces
     standalone = steps.get(job.kind)

@@ -82,6 +82,7 @@ runs = Table(
     Column("limit_start_at", DateTime(timezone=True)),
     Column("parent_id", Uuid, ForeignKey("cyclone_runs.id", ondelete="CASCADE")),
     Column("parent_node", Text),
+    Column("parent_item", Integer),
     Column("parent_waits", Boolean, nullable=False, server_default=text("false")),
     Column("step_limits", JSONB),
     CheckConstraint(_in("state", RunState), name="state"),

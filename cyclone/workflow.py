@@ -327,6 +327,7 @@ class Workflow(Generic[In]):
         self,
         workflow: Workflow[Any],
         *,
+        over: Step[Any] | str | None = None,
         after: Iterable[Step[Any] | str] = (),
         name: str | None = None,
         max_attempts: int = 1,
@@ -342,6 +343,12 @@ class Workflow(Generic[In]):
         :class:`ResultWorkflow`, else None. A failed or cancelled child fails the node,
         naming the child run; a later attempt of the node (``max_attempts``, 1 by default,
         or a retry of this run) retries the child. See docs/children.md.
+
+        With ``over=node`` it is a *map of children*: ``fn(ctx, item) -> ChildInput`` runs
+        once per item of the list ``node`` returned (each item a job, as a map's), each
+        item's return value submitted as one child run (keyed by this run's id, the node's
+        name and the item's index), and the node's output is the ordered list of the
+        children's results (None each for a plain :class:`Workflow`).
         """
         if not isinstance(workflow, Workflow):
             raise errors.DefinitionError(
@@ -352,8 +359,26 @@ class Workflow(Generic[In]):
             raise errors.DefinitionError(
                 f"child node of workflow {self.name!r}: a workflow cannot be its own child"
             )
+        if over is None:
+            return self._decorator(
+                name, after, max_attempts, queue, priority, is_result=False, child=workflow
+            )
+        over_name = self._dep_name(over)
+        deps = tuple(self._dep_name(dep) for dep in after)
+        if over_name in deps:
+            raise errors.DefinitionError(
+                f"child node of workflow {self.name!r}: {over_name!r} is given as over= "
+                "and in after=; over= is an upstream already"
+            )
         return self._decorator(
-            name, after, max_attempts, queue, priority, is_result=False, child=workflow
+            name,
+            (*deps, over_name),
+            max_attempts,
+            queue,
+            priority,
+            is_result=False,
+            child=workflow,
+            over=over_name,
         )
 
     def map(

@@ -11,6 +11,7 @@ import sqlalchemy as sa
 
 import cyclone
 from cyclone.schema import jobs
+from tests.support.child_defs import fleet
 
 
 def drain(engine: sa.Engine, *workflows: Any) -> None:
@@ -209,3 +210,22 @@ def test_a_fork_rerunning_a_child_node_makes_a_new_child_for_the_fork(
     assert new.id != old.id
     assert new.status().parent_id == fork.id
     assert calls["catalogue"] == 2
+
+
+def test_a_map_of_children_submits_one_child_per_item_and_outputs_their_results_in_order(
+    engine: sa.Engine, name: str
+) -> None:
+    f = fleet(name)
+    run = f.dispatch.submit(engine, 4)
+    with cyclone.Worker(engine, workflows=f.workflows, concurrency=3, sweep=False) as worker:
+        worker.drain()
+    assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    assert output_of(engine, run.id, "ship") == [1, 11, 21, 31]
+    assert output_of(engine, run.id, "total") == [1, 11, 21, 31]
+    kids = children_of(engine, run.id)
+    assert sorted(k.submit_key for k in kids) == sorted(f"{run.id}/ship/{i}" for i in range(4))
+    assert {k.state for k in kids} == {"completed"}
+    listed = run.children()
+    assert len(listed) == 4
+    assert sorted(c.result() for c in listed) == [1, 11, 21, 31]
+    assert sorted(f.outcome.submitted) == [0, 1, 2, 3]

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, Integer, Text, and_, bindparam, func, select, update
+from sqlalchemy import Engine, Integer, Text, and_, bindparam, func, or_, select, update
 
 from cyclone import errors
 from cyclone._store import completion as _completion
@@ -57,16 +57,23 @@ DELIVER_PER_CALL = 100
 """How many ended children one delivery looks at; the rest wait for the next."""
 
 
-def child_key(parent_run_id: uuid.UUID | str, node: str) -> str:
-    """The submit key of the child of ``node`` in run ``parent_run_id``: one per node."""
-    return f"{parent_run_id}/{node}"
+def child_key(parent_run_id: uuid.UUID | str, node: str, item: int | None = None) -> str:
+    """The submit key of the child of ``node`` in run ``parent_run_id``: one per node, or,
+    in a map of children, one per ``item`` of the node."""
+    return f"{parent_run_id}/{node}" if item is None else f"{parent_run_id}/{node}/{item}"
+
+
+def _of_item(job_item: Any, parent_item: Any) -> Any:
+    """A job's item is the child's ``parent_item``: both NULL (a child node's job) or equal."""
+    return or_(and_(job_item.is_(None), parent_item.is_(None)), job_item == parent_item)
 
 
 def node_of(workflows: Mapping[str, Workflow[Any]], job: Claimed) -> Step[Any] | None:
-    """The child node ``job`` is a step of, or None for any other job."""
+    """The child node ``job`` is a step of (or an item of, in a map of children), or None
+    for any other job (a map of children's own job is a map node's)."""
     wf = workflows.get(job.workflow or "")
     node = wf.steps.get(job.kind) if wf is not None else None
-    if node is None or node.child is None:
+    if node is None or node.child is None or (node.over is not None and job.item is None):
         return None
     return node
 
@@ -78,7 +85,11 @@ _result = jobs.alias("result")
 _ADOPT = (
     update(runs)
     .where(runs.c.id == bindparam("cid"))
-    .values(parent_id=bindparam("rid"), parent_node=bindparam("node", type_=Text))
+    .values(
+        parent_id=bindparam("rid"),
+        parent_node=bindparam("node", type_=Text),
+        parent_item=bindparam("item", type_=Integer),
+    )
     .returning(
         runs.c.state,
         runs.c.parent_waits,
@@ -99,7 +110,7 @@ def wake_stmt() -> Any:
     its upstreams (a retried parent not there yet) is left alone.
     """
     ended = (
-        select(runs.c.parent_id, runs.c.parent_node)
+        select(runs.c.parent_id, runs.c.parent_node, runs.c.parent_item)
         .where(runs.c.parent_waits, runs.c.state != const(RunState.RUNNING.value))
         .limit(const(DELIVER_PER_CALL, Integer))
         .cte("ended")
@@ -107,7 +118,14 @@ def wake_stmt() -> Any:
     node = jobs.alias("node")
     parked = (
         select(node.c.id)
-        .join(ended, and_(node.c.run_id == ended.c.parent_id, node.c.kind == ended.c.parent_node))
+        .join(
+            ended,
+            and_(
+                node.c.run_id == ended.c.parent_id,
+                node.c.kind == ended.c.parent_node,
+                _of_item(node.c.item, ended.c.parent_item),
+            ),
+        )
         .where(
             node.c.state == const(JobState.BLOCKED.value), node.c.pending_deps == const(0, Integer)
         )
@@ -134,6 +152,7 @@ def forget_stmt() -> Any:
         .where(
             node.c.run_id == ended.c.parent_id,
             node.c.kind == ended.c.parent_node,
+            _of_item(node.c.item, ended.c.parent_item),
             node.c.state.in_(
                 [
                     const(JobState.BLOCKED.value),
@@ -200,7 +219,7 @@ def execute(
     cyclone's, not the step's: the job is handed back, its attempt not counted.
     """
     assert job.run_id is not None
-    key = child_key(job.run_id, job.kind)
+    key = child_key(job.run_id, job.kind, job.item)
     try:
         with engine.connect() as conn:
             found = _executor.first(conn, _FIND, {"cw": child.plan.workflow, "key": key})
@@ -245,12 +264,14 @@ def _child_failed(
     job: Claimed, cid: Any, workflow: str, why: str, backoff: Callable[[int], float]
 ) -> Failure:
     run = "the child run" if cid is None else f"child run {cid}"
+    of_item = "" if job.item is None else f" (of item {job.item})"
     error = {
         "type": "ChildRunFailed",
-        "message": f"{run} of workflow {workflow!r} {why}",
+        "message": f"{run} of workflow {workflow!r}{of_item} {why}",
         "child_run_id": None if cid is None else str(cid),
         "attempt": job.attempt,
         "step": job.kind,
+        **({} if job.item is None else {"item": job.item}),
         "at": datetime.now(UTC).isoformat(),
     }
     retry_in = None if job.attempt >= job.max_attempts else backoff(job.attempt)
@@ -288,7 +309,9 @@ def _decide(
                 cid = submitted.run_id
             except errors.SubmitConflictError as exc:
                 cid = exc.run_id  # made by an earlier attempt with another input: it is the one
-        adopted = _executor.one(conn, _ADOPT, {"cid": cid, "rid": job.run_id, "node": job.kind})
+        adopted = _executor.one(
+            conn, _ADOPT, {"cid": cid, "rid": job.run_id, "node": job.kind, "item": job.item}
+        )
         child_state, waits, message, result = adopted
         if child_state == RunState.COMPLETED.value:
             _executor.affected(conn, _SET_WAITS, {"cid": cid, "w": False})

@@ -84,3 +84,67 @@ def shop(name: str, *, hold: bool = False, max_attempts: int = 1) -> Shop:
         return shipment.parcels
 
     return Shop(checkout, shipping, outcome)
+
+
+@dataclass
+class FleetOutcome:
+    """What the children of a map of children do, shared by a test and its definitions."""
+
+    broken: set[int] = field(default_factory=set)
+    submitted: list[int] = field(default_factory=list)
+    packed: list[int] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Fleet:
+    dispatch: cyclone.Workflow[int]
+    parcel: cyclone.ResultWorkflow[int, int]
+    outcome: FleetOutcome
+
+    @property
+    def workflows(self) -> list[cyclone.Workflow[object]]:
+        return [self.dispatch, self.parcel]  # type: ignore[list-item]
+
+
+def fleet(name: str, *, hold: bool = False) -> Fleet:
+    """``{name}-dispatch`` (input n): ``orders`` returns ``[0..n)``, the map of children
+    ``ship`` submits one ``{name}-parcel`` run per order (its input ``10 * order``), and
+    ``total`` sums the children's results. A parcel fails while its input's order is in
+    ``outcome.broken``, and waits for the signal ``go`` when ``hold``."""
+    outcome = FleetOutcome()
+    parcel: cyclone.ResultWorkflow[int, int] = cyclone.ResultWorkflow(
+        f"{name}-parcel", input=int, output=int
+    )
+    after: list[cyclone.Step[object]] = []
+    if hold:
+
+        @parcel.wait("go")
+        def go(ctx: cyclone.StepContext, payload: int) -> int:
+            return payload
+
+        after = [go]
+
+    @parcel.result(after=after, max_attempts=1)
+    def pack(ctx: cyclone.StepContext, n: int) -> int:
+        outcome.packed.append(n)
+        if n // 10 in outcome.broken:
+            raise RuntimeError(f"parcel {n} is broken")
+        return n + 1
+
+    dispatch: cyclone.Workflow[int] = cyclone.Workflow(f"{name}-dispatch", input=int)
+
+    @dispatch.step()
+    def orders(ctx: cyclone.StepContext, n: int) -> list[int]:
+        return list(range(n))
+
+    @dispatch.child(parcel, over=orders)
+    def ship(ctx: cyclone.StepContext, order: int) -> int:
+        outcome.submitted.append(order)
+        return 10 * order
+
+    @dispatch.step(after=[ship])
+    def total(ctx: cyclone.StepContext, n: int) -> list[int]:
+        results: list[int] = ctx.output(ship)
+        return results
+
+    return Fleet(dispatch, parcel, outcome)

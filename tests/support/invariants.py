@@ -216,22 +216,31 @@ INVARIANTS: tuple[Invariant, ...] = (
         """,
     ),
     Invariant(
-        "a child run names its parent node, and its parent has a step of that name",
+        "a child run names its parent node (and item), and its parent has that job",
         """
-        SELECT c.id AS run_id, c.parent_id, c.parent_node FROM cyclone_runs c
+        SELECT c.id AS run_id, c.parent_id, c.parent_node, c.parent_item FROM cyclone_runs c
         WHERE (c.parent_id IS NULL) <> (c.parent_node IS NULL)
            OR c.parent_waits AND c.parent_id IS NULL
+           OR c.parent_item IS NOT NULL AND c.parent_id IS NULL
            OR (c.parent_id IS NOT NULL AND NOT EXISTS (
                 SELECT 1 FROM cyclone_jobs j
-                WHERE j.run_id = c.parent_id AND j.kind = c.parent_node))
+                WHERE j.run_id = c.parent_id AND j.kind = c.parent_node
+                  AND j.item IS NOT DISTINCT FROM c.parent_item))
         """,
     ),
     Invariant(
-        "a node of a run has at most one child run",
+        "a node of a run (an item, in a map of children) has at most one child run, and a "
+        "map of children's children are its items'",
         """
-        SELECT c.parent_id, c.parent_node, count(*) AS children FROM cyclone_runs c
+        SELECT c.parent_id, c.parent_node, c.parent_item, count(*) AS children
+        FROM cyclone_runs c
         WHERE c.parent_id IS NOT NULL
-        GROUP BY c.parent_id, c.parent_node HAVING count(*) > 1
+        GROUP BY c.parent_id, c.parent_node, c.parent_item HAVING count(*) > 1
+        UNION ALL
+        SELECT c.parent_id, c.parent_node, c.parent_item, 0 FROM cyclone_runs c
+        WHERE c.parent_id IS NOT NULL AND c.parent_item IS NULL AND EXISTS (
+            SELECT 1 FROM cyclone_jobs i
+            WHERE i.run_id = c.parent_id AND i.kind = c.parent_node AND i.item IS NOT NULL)
         """,
     ),
     Invariant(
@@ -241,15 +250,17 @@ INVARIANTS: tuple[Invariant, ...] = (
         FROM cyclone_runs c
         JOIN cyclone_runs p ON p.id = c.parent_id
         JOIN cyclone_jobs j ON j.run_id = c.parent_id AND j.kind = c.parent_node
+                           AND j.item IS NOT DISTINCT FROM c.parent_item
         WHERE c.parent_waits AND c.state = 'running' AND p.state = 'running'
           AND j.state NOT IN {ACTIVE_JOBS}
         """,
     ),
     Invariant(
-        "a completed child node's output is its child run's result",
+        "a completed child node's (or item's) output is its child run's result",
         """
-        SELECT j.run_id, j.kind, c.id AS child_id FROM cyclone_jobs j
+        SELECT j.run_id, j.kind, j.item, c.id AS child_id FROM cyclone_jobs j
         JOIN cyclone_runs c ON c.parent_id = j.run_id AND c.parent_node = j.kind
+                           AND j.item IS NOT DISTINCT FROM c.parent_item
         WHERE j.state = 'completed' AND c.state = 'completed'
           AND j.output IS DISTINCT FROM COALESCE(
                 (SELECT r.output FROM cyclone_jobs r
@@ -259,9 +270,11 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant(
         "a child node parked for its ended child is in the delivery's range (no lost wake)",
         """
-        SELECT c.id AS run_id, c.parent_id, c.parent_node, c.state FROM cyclone_runs c
+        SELECT c.id AS run_id, c.parent_id, c.parent_node, c.parent_item, c.state
+        FROM cyclone_runs c
         JOIN cyclone_runs p ON p.id = c.parent_id
         JOIN cyclone_jobs j ON j.run_id = c.parent_id AND j.kind = c.parent_node
+                           AND j.item IS NOT DISTINCT FROM c.parent_item
         WHERE c.state <> 'running' AND NOT c.parent_waits AND p.state = 'running'
           AND j.state = 'blocked' AND j.pending_deps = 0
         """,

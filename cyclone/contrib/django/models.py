@@ -40,6 +40,11 @@ class Run(models.Model):
         "parent", null=True, help_text="The run whose child node submitted this run (@wf.child)."
     )
     parent_node = models.TextField("parent node", null=True)
+    parent_item = models.IntegerField(
+        "parent item",
+        null=True,
+        help_text="The item of the parent's map of children that submitted this run.",
+    )
 
     class Meta:
         managed = False
