@@ -86,6 +86,9 @@ class RunStatus:
     """The run whose child node (``@wf.child``) submitted this run; None for any other run."""
     parent_node: str | None = None
     """The name of that child node in the parent run's workflow."""
+    parent_item: int | None = None
+    """The index of the item of that node that submitted this run, when the node is a map
+    of children (``@wf.child(workflow, over=node)``); None otherwise."""
 
     @property
     def done(self) -> bool:

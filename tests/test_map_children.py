@@ -4,14 +4,21 @@ child nodes."""
 
 from __future__ import annotations
 
+import json
+import sys
 from collections import Counter
 from typing import Any
 
 import sqlalchemy as sa
+from werkzeug.test import Client as WebClient
 
 import cyclone
+from cyclone.dashboard import create_app
 from cyclone.schema import jobs
+from tests.support import processes
 from tests.support.child_defs import fleet
+from tests.support.dashboard import text_of
+from tests.support.workers import REPO
 
 
 def drain(engine: sa.Engine, *workflows: Any) -> None:
@@ -229,3 +236,135 @@ def test_a_map_of_children_submits_one_child_per_item_and_outputs_their_results_
     assert len(listed) == 4
     assert sorted(c.result() for c in listed) == [1, 11, 21, 31]
     assert sorted(f.outcome.submitted) == [0, 1, 2, 3]
+
+
+def item_rows(engine: sa.Engine, run_id: Any, kind: str) -> list[sa.Row[Any]]:
+    with engine.connect() as conn:
+        return list(
+            conn.execute(
+                sa.select(jobs.c.item, jobs.c.state, jobs.c.worker_id, jobs.c.errors)
+                .where(jobs.c.run_id == run_id, jobs.c.kind == kind, jobs.c.item.is_not(None))
+                .order_by(jobs.c.item)
+            )
+        )
+
+
+def child_of_item(engine: sa.Engine, run_id: Any, item: int) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(
+            sa.text("SELECT id FROM cyclone_runs WHERE parent_id = :r AND parent_item = :i"),
+            {"r": run_id, "i": item},
+        ).scalar_one()
+
+
+def test_a_failed_child_fails_its_item_and_the_node_naming_the_child_run_and_the_item(
+    engine: sa.Engine, name: str
+) -> None:
+    f = fleet(name)
+    f.outcome.broken = {2}
+    run = f.dispatch.submit(engine, 4)
+    drain(engine, *f.workflows)
+    status = run.wait(timeout=10)
+    assert status.state == cyclone.RunState.FAILED
+    assert status.failed_step == "ship"
+    assert status.error is not None
+    assert status.error["item"] == 2
+    broken = child_of_item(engine, run.id, 2)
+    assert str(broken) in status.error["message"]
+    assert "item 2" in status.error["message"]
+    (error,) = item_rows(engine, run.id, "ship")[2].errors
+    assert (error["type"], error["child_run_id"]) == ("ChildRunFailed", str(broken))
+
+
+def test_retrying_a_map_of_children_reruns_only_the_failed_items_retrying_their_children(
+    engine: sa.Engine, name: str
+) -> None:
+    f = fleet(name)
+    f.outcome.broken = {1, 3}
+    run = f.dispatch.submit(engine, 4)
+    drain(engine, *f.workflows)
+    assert run.wait(timeout=10).state == cyclone.RunState.FAILED
+    before = {k.submit_key: k.id for k in children_of(engine, run.id)}
+    assert len(before) == 4
+    submitted = sorted(f.outcome.submitted)
+    f.outcome.broken = set()
+    f.outcome.packed.clear()
+    run.retry()
+    drain(engine, *f.workflows)
+    assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    assert output_of(engine, run.id, "total") == [1, 11, 21, 31]
+    after = {k.submit_key: k.id for k in children_of(engine, run.id)}
+    assert after == before  # the same children: the failed ones retried, none made anew
+    assert sorted(f.outcome.packed) == [10, 30]  # only the failed children ran again
+    assert sorted(f.outcome.submitted) == submitted  # no item's function ran again
+
+
+def test_the_items_of_a_map_of_children_wait_holding_no_worker_and_wake_as_each_child_ends(
+    engine: sa.Engine, name: str
+) -> None:
+    f = fleet(name, hold=True)
+    run = f.dispatch.submit(engine, 3)
+    drain(engine, *f.workflows)
+    rows = item_rows(engine, run.id, "ship")
+    assert [(r.state, r.worker_id) for r in rows] == [("blocked", None)] * 3
+    for i in (2, 0, 1):
+        f.parcel.run(engine, child_of_item(engine, run.id, i)).signal("go", 1)
+        drain(engine, *f.workflows)
+        assert item_rows(engine, run.id, "ship")[i].state == "completed"
+    assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    assert output_of(engine, run.id, "ship") == [1, 11, 21]
+
+
+def test_cancelling_the_parent_of_a_map_of_children_cancels_every_child(
+    engine: sa.Engine, name: str
+) -> None:
+    f = fleet(name, hold=True)
+    run = f.dispatch.submit(engine, 3)
+    drain(engine, *f.workflows)
+    assert len(run.children()) == 3
+    run.cancel()
+    assert {c.status().state for c in run.children()} == {cyclone.RunState.CANCELLED}
+    drain(engine, *f.workflows)
+    assert run.status().state == cyclone.RunState.CANCELLED
+
+
+def test_runs_show_and_the_dashboard_list_each_child_of_a_map_of_children_with_its_item(
+    engine: sa.Engine, database_url: sa.URL, name: str
+) -> None:
+    f = fleet(name)
+    run = f.dispatch.submit(engine, 2)
+    drain(engine, *f.workflows)
+    first = child_of_item(engine, run.id, 0)
+    second = child_of_item(engine, run.id, 1)
+    assert cyclone.Client(engine).get_run(first).parent_item == 0  # type: ignore[union-attr]
+    url = database_url.render_as_string(hide_password=False)
+    shown = processes.run(
+        [sys.executable, "-m", "cyclone", "--url", url, "runs", "show", str(run.id)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert f"{first} {f.parcel.name} completed (node ship item 0)" in shown.stdout
+    assert f"{second} {f.parcel.name} completed (node ship item 1)" in shown.stdout
+    as_json = processes.run(
+        [sys.executable, "-m", "cyclone", "--url", url, "runs", "show", str(second), "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert as_json.returncode == 0, as_json.stderr
+    record = json.loads(as_json.stdout)
+    assert (record["parent_id"], record["parent_node"], record["parent_item"]) == (
+        str(run.id),
+        "ship",
+        1,
+    )
+    web = WebClient(create_app(engine))
+    page = text_of(web.get(f"/runs/{run.id}").get_data(as_text=True))
+    assert "from node ship item 0" in page
+    assert "from node ship item 1" in page
+    child_page = text_of(web.get(f"/runs/{second}").get_data(as_text=True))
+    assert "its child node ship item 1 submitted this run" in child_page

@@ -55,6 +55,7 @@ _STATUS_OF_TABLE = (
     runs.c.forked_from,
     runs.c.parent_id,
     runs.c.parent_node,
+    runs.c.parent_item,
 )
 STATUS_COLUMNS = (
     *(cast(c, Text) if c is runs.c.error else c for c in _STATUS_OF_TABLE),
@@ -77,17 +78,18 @@ RunStatusFields = tuple[
     Parked | None,
     uuid.UUID | None,
     str | None,
+    int | None,
 ]
 
 
 def run_status_fields(row: Sequence[Any]) -> RunStatusFields:
     """The fields of a ``RunStatus`` from a row that starts with :data:`STATUS_COLUMNS`."""
     error = None if row[7] is None else _codec.decode(row[7])
-    parked = None if row[13] is None else Parked(row[13])
+    parked = None if row[14] is None else Parked(row[14])
     state = RunState(row[3])
     return (
         *(row[0], row[1], row[2], state, *row[4:7], error, row[8], row[9], row[10], parked),
-        *(row[11], row[12]),
+        *(row[11], row[12], row[13]),
     )
 
 

@@ -954,7 +954,13 @@ def _run_record(run: cyclone.RunStatus) -> dict[str, Any]:
         "forked_from": None if run.forked_from is None else str(run.forked_from),
         "parent_id": None if run.parent_id is None else str(run.parent_id),
         "parent_node": run.parent_node,
+        "parent_item": run.parent_item,
     }
+
+
+def _item(run: cyclone.RunStatus) -> str:
+    """`` item N`` for a child of a map of children's item N, else nothing."""
+    return "" if run.parent_item is None else f" item {run.parent_item}"
 
 
 def _error_summary(error: Mapping[str, Any] | None, width: int = 60) -> str:
@@ -1046,11 +1052,10 @@ def _print_run_detail(detail: RunDetail) -> None:
     if run.forked_from is not None:
         pairs.append(("forked from", str(run.forked_from)))
     if run.parent_id is not None:
-        pairs.append(("parent", f"{run.parent_id} (node {run.parent_node})"))
+        pairs.append(("parent", f"{run.parent_id} (node {run.parent_node}{_item(run)})"))
     for child in detail.children:
-        pairs.append(
-            ("child", f"{child.id} {child.workflow} {child.state.value} (node {child.parent_node})")
-        )
+        node = f"node {child.parent_node}{_item(child)}"
+        pairs.append(("child", f"{child.id} {child.workflow} {child.state.value} ({node})"))
     if run.error:
         item = f" item {run.error['item']}" if "item" in run.error else ""
         where = f"step {run.failed_step}{item}: " if run.failed_step else ""

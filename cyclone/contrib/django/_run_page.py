@@ -35,6 +35,7 @@ RUN_FIELDS: tuple[Any, ...] = (
     "retention",
     "parent_id",
     "parent_node",
+    "parent_item",
 )
 """The run's own columns shown as fields; graph, error, input and result are drawn instead."""
 
