@@ -5,7 +5,11 @@ child nodes."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
+import uuid
 from collections import Counter
 from typing import Any
 
@@ -15,10 +19,12 @@ from werkzeug.test import Client as WebClient
 import cyclone
 from cyclone.dashboard import create_app
 from cyclone.schema import jobs
+from tests.conftest import wait_until
 from tests.support import processes
 from tests.support.child_defs import fleet
 from tests.support.dashboard import text_of
-from tests.support.workers import REPO
+from tests.support.workers import REPO, rescue_lost_jobs
+from tests.test_children import session_waits_to_insert_the_child
 
 
 def drain(engine: sa.Engine, *workflows: Any) -> None:
@@ -368,3 +374,49 @@ def test_runs_show_and_the_dashboard_list_each_child_of_a_map_of_children_with_i
     assert "from node ship item 1" in page
     child_page = text_of(web.get(f"/runs/{second}").get_data(as_text=True))
     assert "its child node ship item 1 submitted this run" in child_page
+
+
+def test_a_worker_killed_while_submitting_an_items_child_leaves_one_child_per_item(
+    engine: sa.Engine, name: str
+) -> None:
+    f = fleet(name)
+    run = f.dispatch.submit(engine, 3)
+    env = {**os.environ}
+    assert "CYCLONE_TEST_DATABASE_URL" in env
+    with engine.connect() as holder:
+        # The test takes item 1's child key first (uncommitted): the worker's submit of
+        # that child waits inside the transaction that would park the item, and dies there.
+        holder.execute(
+            sa.text(
+                "INSERT INTO cyclone_runs (id, workflow, submit_key, input, graph, "
+                "steps_remaining) VALUES (:id, :wf, :key, '0', '{}', 0)"
+            ),
+            {"id": uuid.uuid4(), "wf": f.parcel.name, "key": f"{run.id}/ship/1"},
+        )
+        proc = processes.popen(
+            [sys.executable, "-m", "tests.support.child_proc", name],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            wait_until(
+                lambda: proc.poll() is not None or session_waits_to_insert_the_child(engine), 60
+            )
+            assert proc.poll() is None, proc.communicate()[1]
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        finally:
+            holder.rollback()
+    assert proc.returncode == -signal.SIGKILL
+    wait_until(lambda: not session_waits_to_insert_the_child(engine), 30)
+    assert all(k.submit_key != f"{run.id}/ship/1" for k in children_of(engine, run.id))
+    assert item_rows(engine, run.id, "ship")[1].state == "running"  # its owner is dead
+    rescue_lost_jobs(engine)
+    drain(engine, *f.workflows)
+    assert run.wait(timeout=20).state == cyclone.RunState.COMPLETED
+    kids = children_of(engine, run.id)
+    assert sorted(k.submit_key for k in kids) == [f"{run.id}/ship/{i}" for i in range(3)]
+    assert output_of(engine, run.id, "total") == [1, 11, 21]

@@ -1,6 +1,6 @@
 """A worker process serving the child-run tests' workflows: ``python -m
-tests.support.child_proc NAME`` serves :func:`tests.support.child_defs.shop` (NAME) until
-SIGTERM, with a short heartbeat and rescue so that a killed process's jobs come back soon.
+tests.support.child_proc NAME`` serves :func:`tests.support.child_defs.shop` and
+:func:`tests.support.child_defs.fleet` (NAME) until SIGTERM, with a short heartbeat and rescue so that a killed process's jobs come back soon.
 The database URL comes from ``CYCLONE_TEST_DATABASE_URL``; its sessions carry
 :data:`APPLICATION_NAME`, which the tests look for.
 """
@@ -14,7 +14,7 @@ from datetime import timedelta
 import sqlalchemy as sa
 
 import cyclone
-from tests.support.child_defs import shop
+from tests.support.child_defs import fleet, shop
 
 APPLICATION_NAME = "cyclone-test-child-proc"
 
@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
     )
     worker = cyclone.Worker(
         engine,
-        workflows=shop(name).workflows,
+        workflows=[*shop(name).workflows, *fleet(name).workflows],
         heartbeat_interval=timedelta(milliseconds=200),
         rescue_after=timedelta(seconds=1),
         sweep=False,
