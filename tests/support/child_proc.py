@@ -1,6 +1,7 @@
 """A worker process serving the child-run tests' workflows: ``python -m
 tests.support.child_proc NAME`` serves :func:`tests.support.child_defs.shop` and
-:func:`tests.support.child_defs.fleet` (NAME) until SIGTERM, with a short heartbeat and rescue so that a killed process's jobs come back soon.
+:func:`tests.support.child_defs.fleet` (NAME) until SIGTERM, with a short heartbeat and
+rescue so that a killed process's jobs come back soon.
 The database URL comes from ``CYCLONE_TEST_DATABASE_URL``; its sessions carry
 :data:`APPLICATION_NAME`, which the tests look for.
 """
