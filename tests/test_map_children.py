@@ -13,6 +13,7 @@ import uuid
 from collections import Counter
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from werkzeug.test import Client as WebClient
 
@@ -24,7 +25,7 @@ from tests.support import processes
 from tests.support.child_defs import fleet
 from tests.support.dashboard import text_of
 from tests.support.workers import REPO, rescue_lost_jobs
-from tests.test_children import session_waits_to_insert_the_child
+from tests.test_children import StepThreadStatements, session_waits_to_insert_the_child
 
 
 def drain(engine: sa.Engine, *workflows: Any) -> None:
@@ -420,3 +421,32 @@ def test_a_worker_killed_while_submitting_an_items_child_leaves_one_child_per_it
     kids = children_of(engine, run.id)
     assert sorted(k.submit_key for k in kids) == [f"{run.id}/ship/{i}" for i in range(3)]
     assert output_of(engine, run.id, "total") == [1, 11, 21]
+
+
+def test_a_map_of_children_costs_a_maps_statements_and_a_child_nodes_per_item(
+    engine: sa.Engine, name: str
+) -> None:
+    f = fleet(name)
+    run = f.dispatch.submit(engine, 3)
+    with StepThreadStatements() as recorder:
+        drain(engine, *f.workflows)
+    assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    sql = [q for q in recorder.sent if q.split()[0].upper() not in ("BEGIN", "COMMIT")]
+    # The map node: expand (5), collect (4); each item as a child node: submit and park
+    # (7), then woken, complete with its child's result (6).
+    assert len(sql) == 5 + 4 + 3 * (7 + 6), "\n\n".join(sql)
+
+
+def test_over_given_in_after_too_is_refused_when_defining_a_map_of_children(name: str) -> None:
+    f = fleet(name)
+    wf: cyclone.Workflow[int] = cyclone.Workflow(f"{name}-other", input=int)
+
+    @wf.step()
+    def numbers(ctx: cyclone.StepContext, n: int) -> list[int]:
+        return [n]
+
+    with pytest.raises(cyclone.DefinitionError, match="over= is an upstream already"):
+
+        @wf.child(f.parcel, over=numbers, after=[numbers])
+        def ship(ctx: cyclone.StepContext, i: int) -> int:
+            return i
