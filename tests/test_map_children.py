@@ -450,3 +450,20 @@ def test_over_given_in_after_too_is_refused_when_defining_a_map_of_children(name
         @wf.child(f.parcel, over=numbers, after=[numbers])
         def ship(ctx: cyclone.StepContext, i: int) -> int:
             return i
+
+
+def test_retry_all_of_a_map_of_children_reads_each_items_completed_child_and_makes_none(
+    engine: sa.Engine, name: str
+) -> None:
+    f = fleet(name)
+    run = f.dispatch.submit(engine, 3)
+    drain(engine, *f.workflows)
+    assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    before = {k.submit_key: k.id for k in children_of(engine, run.id)}
+    run.retry_all()
+    drain(engine, *f.workflows)
+    assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    assert {k.submit_key: k.id for k in children_of(engine, run.id)} == before
+    assert sorted(f.outcome.packed) == [0, 10, 20]  # each child ran once
+    assert sorted(f.outcome.submitted) == [0, 1, 2]  # each item's function too
+    assert output_of(engine, run.id, "total") == [1, 11, 21]

@@ -225,7 +225,13 @@ INVARIANTS: tuple[Invariant, ...] = (
            OR (c.parent_id IS NOT NULL AND NOT EXISTS (
                 SELECT 1 FROM cyclone_jobs j
                 WHERE j.run_id = c.parent_id AND j.kind = c.parent_node
-                  AND j.item IS NOT DISTINCT FROM c.parent_item))
+                  AND j.item IS NOT DISTINCT FROM c.parent_item)
+               -- a retry_all's new expansion over a shorter list leaves the children of
+               -- the items it no longer has, awaited by none
+               AND (c.parent_item IS NULL OR c.parent_waits OR NOT EXISTS (
+                    SELECT 1 FROM cyclone_jobs n
+                    WHERE n.run_id = c.parent_id AND n.kind = c.parent_node
+                      AND n.item IS NULL)))
         """,
     ),
     Invariant(
