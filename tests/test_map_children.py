@@ -153,7 +153,7 @@ def test_a_fork_rerunning_a_map_node_expands_it_anew_on_the_new_code(
     engine: sa.Engine, name: str
 ) -> None:
     calls: Counter[str] = Counter()
-    buggy = mapped_flow(name, calls, broken={2})
+    buggy = mapped_flow(name, calls, broken={1})  # the items after it completed
     run = buggy.submit(engine, 3)
     drain(engine, buggy)
     assert run.wait(timeout=10).state == cyclone.RunState.FAILED
@@ -162,7 +162,7 @@ def test_a_fork_rerunning_a_map_node_expands_it_anew_on_the_new_code(
     drain(engine, fixed)
     assert fork.wait(timeout=10).state == cyclone.RunState.COMPLETED
     assert calls["numbers"] == 1  # kept
-    assert (calls["double0"], calls["double2"]) == (2, 2)  # every item of the new expansion
+    assert (calls["double0"], calls["double1"]) == (2, 2)  # every item of the new expansion
     assert output_of(engine, fork.id, "total") == 6
     assert len(items_of(engine, fork.id)) == 3
 
@@ -467,3 +467,23 @@ def test_retry_all_of_a_map_of_children_reads_each_items_completed_child_and_mak
     assert sorted(f.outcome.packed) == [0, 10, 20]  # each child ran once
     assert sorted(f.outcome.submitted) == [0, 1, 2]  # each item's function too
     assert output_of(engine, run.id, "total") == [1, 11, 21]
+
+
+def test_a_fork_reads_a_failed_map_nodes_own_state_not_its_completed_items(
+    engine: sa.Engine, name: str
+) -> None:
+    calls: Counter[str] = Counter()
+    buggy = mapped_flow(name, calls, broken={0})
+    run = buggy.submit(engine, 3)
+    drain(engine, buggy)
+    assert run.wait(timeout=10).state == cyclone.RunState.FAILED
+    with engine.begin() as conn:  # a completed item's row now comes after its node's
+        conn.execute(
+            sa.text("UPDATE cyclone_jobs SET priority = priority WHERE run_id = :r AND item = 2"),
+            {"r": run.id},
+        )
+    fixed = mapped_flow(name, calls, broken=set())
+    fork, _ = fixed.run(engine, run.id).fork(f"{name}-fork")
+    drain(engine, fixed)
+    assert fork.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    assert output_of(engine, fork.id, "double") == [0, 2, 4]

@@ -60,13 +60,23 @@ _SOURCE = (
         runs.c.state,
         cast(runs.c.graph, Text),
         select(cast(func.jsonb_object_agg(_step_states.c.kind, _step_states.c.state), Text))
-        .where(_step_states.c.run_id == runs.c.id)
+        .where(_step_states.c.run_id == runs.c.id, _step_states.c.item.is_(None))
+        .scalar_subquery(),
+        select(_step_states.c.kind)
+        .where(
+            _step_states.c.run_id == runs.c.id,
+            _step_states.c.item.is_not(None),
+            _step_states.c.state == const(JobState.RUNNING.value),
+        )
+        .limit(const(1, Integer))
         .scalar_subquery(),
     )
     .where(runs.c.id == bindparam("source", type_=runs.c.id.type))
     .with_for_update(read=True, of=runs)
 )
-"""Lock the source run ``FOR SHARE`` and read its workflow, state, graph and step states."""
+"""Lock the source run ``FOR SHARE`` and read its workflow, state, graph, the states of its
+steps (not of map items, which share their node's name) and a map node with an item still
+running, if any."""
 
 _STEP_FIELDS = (
     column("ord", Integer),
@@ -409,7 +419,7 @@ def fork(
             raise errors.InvalidStateError(
                 operation="fork", run_id=source_id, state=f"{state}: cancel it or let it end first"
             )
-        if JobState.RUNNING.value in step_states.values():
+        if JobState.RUNNING.value in step_states.values() or row[4] is not None:
             raise errors.InvalidStateError(
                 operation="fork",
                 run_id=source_id,
