@@ -487,3 +487,24 @@ def test_a_fork_reads_a_failed_map_nodes_own_state_not_its_completed_items(
     drain(engine, fixed)
     assert fork.wait(timeout=10).state == cyclone.RunState.COMPLETED
     assert output_of(engine, fork.id, "double") == [0, 2, 4]
+
+
+def test_a_fork_keeps_a_map_of_children_without_children_or_reruns_it_with_new_ones(
+    engine: sa.Engine, name: str
+) -> None:
+    f = fleet(name)
+    run = f.dispatch.submit(engine, 3)
+    drain(engine, *f.workflows)
+    assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    kept, _ = f.dispatch.run(engine, run.id).fork(f"{name}-kept", rerun=["total"])
+    again, _ = f.dispatch.run(engine, run.id).fork(f"{name}-again", rerun=["ship"])
+    drain(engine, *f.workflows)
+    assert kept.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    assert again.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    assert kept.children() == []
+    assert [r.output for r in items_of(engine, kept.id)] == [1, 11, 21]
+    assert sorted(k.submit_key for k in children_of(engine, again.id)) == [
+        f"{again.id}/ship/{i}" for i in range(3)
+    ]
+    assert output_of(engine, kept.id, "total") == output_of(engine, again.id, "total")
+    assert sorted(f.outcome.packed) == [0, 0, 10, 10, 20, 20]  # the source's and again's
