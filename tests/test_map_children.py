@@ -24,7 +24,7 @@ from tests.conftest import wait_until
 from tests.support import processes
 from tests.support.child_defs import fleet
 from tests.support.dashboard import text_of
-from tests.support.workers import REPO, rescue_lost_jobs
+from tests.support.workers import REPO, Background, rescue_lost_jobs
 from tests.test_children import StepThreadStatements, session_waits_to_insert_the_child
 
 
@@ -508,3 +508,27 @@ def test_a_fork_keeps_a_map_of_children_without_children_or_reruns_it_with_new_o
     ]
     assert output_of(engine, kept.id, "total") == output_of(engine, again.id, "total")
     assert sorted(f.outcome.packed) == [0, 0, 10, 10, 20, 20]  # the source's and again's
+
+
+def test_each_item_of_each_run_makes_exactly_one_child_under_concurrent_workers(
+    engine: sa.Engine, name: str
+) -> None:
+    f = fleet(name)
+    submitted = [f.dispatch.submit(engine, n) for n in (5, 4, 6)]
+    workers = [
+        cyclone.Worker(engine, workflows=f.workflows, concurrency=3, sweep=False) for _ in range(3)
+    ]
+    serving = [Background(w.run) for w in workers]
+    try:
+        for run in submitted:
+            assert run.wait(timeout=60).state == cyclone.RunState.COMPLETED
+    finally:
+        for w in workers:
+            w.stop()
+        for b in serving:
+            b.join(30)
+    for n, run in zip((5, 4, 6), submitted, strict=True):
+        kids = children_of(engine, run.id)
+        assert sorted(k.submit_key for k in kids) == sorted(f"{run.id}/ship/{i}" for i in range(n))
+        assert output_of(engine, run.id, "total") == [10 * i + 1 for i in range(n)]
+    assert len(f.outcome.packed) == 15  # each child ran once
