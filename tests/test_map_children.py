@@ -532,3 +532,22 @@ def test_each_item_of_each_run_makes_exactly_one_child_under_concurrent_workers(
         assert sorted(k.submit_key for k in kids) == sorted(f"{run.id}/ship/{i}" for i in range(n))
         assert output_of(engine, run.id, "total") == [10 * i + 1 for i in range(n)]
     assert len(f.outcome.packed) == 15  # each child ran once
+
+
+def test_a_cancelled_child_fails_its_item_and_the_run_naming_the_child_run(
+    engine: sa.Engine, name: str
+) -> None:
+    f = fleet(name, hold=True)
+    run = f.dispatch.submit(engine, 2)
+    drain(engine, *f.workflows)
+    cancelled = child_of_item(engine, run.id, 1)
+    f.parcel.run(engine, cancelled).cancel()
+    drain(engine, *f.workflows)
+    status = run.wait(timeout=10)
+    assert status.state == cyclone.RunState.FAILED
+    assert status.error is not None
+    assert status.error["item"] == 1
+    assert str(cancelled) in status.error["message"]
+    assert "cancelled" in status.error["message"]
+    other = child_of_item(engine, run.id, 0)
+    assert f.parcel.run(engine, other).status().state == cyclone.RunState.RUNNING

@@ -22,6 +22,11 @@ its outcome: a completed child's result is its output; a failed or cancelled chi
 fails it, the error naming the child run. A later attempt of the node (``max_attempts``
 above 1, or a retry of the parent, which forgets that its nodes wait) finds its child
 ended and not awaited: it retries the child (its failed steps) and parks again.
+
+A map of children (``@wf.child(workflow, over=node)``) is a map node (:mod:`fanout`)
+whose items are child nodes: each item does all of the above for its own child, keyed by
+the item's index too, the child's ``parent_item`` naming the item, so that a child's end
+wakes its item alone.
 """
 
 from __future__ import annotations
