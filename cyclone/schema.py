@@ -57,6 +57,23 @@ def _finalized_iff(terminal: Iterable[str]) -> ColumnElement[bool]:
     return _in("state", terminal).self_group() == column("finalized_at").is_not(None).self_group()
 
 
+# -- workflow definitions (revision cyclone_0016) -------------------------------------------
+
+definitions = Table(
+    "cyclone_definitions",
+    metadata,
+    Column("id", Uuid, primary_key=True),
+    Column("workflow", Text, nullable=False),
+    Column("graph", JSONB, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+"""One row per version of a workflow's graph, keyed by a hash of the workflow's name and
+graph (:func:`cyclone._store.definitions.definition_id`). A run names the version it was
+submitted with (``cyclone_runs.definition``) instead of keeping a copy of the graph; the
+rows are written once per process and version, and never deleted, so the runs need no
+foreign key (whose check would lock the version's row on every submit)."""
+
+
 runs = Table(
     "cyclone_runs",
     metadata,
@@ -64,7 +81,7 @@ runs = Table(
     Column("workflow", Text, nullable=False),
     Column("submit_key", Text),
     Column("input", JSONB, nullable=False),
-    Column("graph", JSONB, nullable=False),
+    Column("definition", Uuid, nullable=False),
     Column("result_step", Text),
     Column("state", Text, nullable=False, server_default=RunState.RUNNING.value),
     Column("steps_remaining", Integer, nullable=False),

@@ -16,9 +16,11 @@ import sqlalchemy as sa
 import cyclone
 
 BULK = sa.text(
-    "INSERT INTO cyclone_runs (workflow, submit_key, input, graph, state, steps_remaining,"
+    "WITH d AS (INSERT INTO cyclone_definitions (id, workflow, graph)"
+    " VALUES (gen_random_uuid(), :wf, '{}') RETURNING id) "
+    "INSERT INTO cyclone_runs (workflow, submit_key, input, definition, state, steps_remaining,"
     " created_at, finalized_at) "
-    "SELECT :wf, 'k' || g, to_jsonb(g), '{}', :state, 0,"
+    "SELECT :wf, 'k' || g, to_jsonb(g), (SELECT id FROM d), :state, 0,"
     " now() - interval '1 hour' + g * interval '1 ms', now() "
     "FROM generate_series(CAST(:first AS int), CAST(:last AS int)) g"
 )

@@ -14,7 +14,7 @@ import cyclone
 from cyclone._store import claim as _claim
 from cyclone._store import executor as _executor
 from cyclone._store import submission as submit_module
-from cyclone.schema import jobs, runs
+from cyclone.schema import definitions, jobs, runs
 from tests.conftest import StatementCounter
 from tests.support.factories import (
     Order,
@@ -32,7 +32,11 @@ from tests.support.workers import rescue_lost_jobs
 
 def stored_graph(engine: sa.Engine, run_id: uuid.UUID) -> Any:
     with engine.connect() as conn:
-        return conn.execute(sa.select(runs.c.graph).where(runs.c.id == run_id)).scalar_one()
+        return conn.execute(
+            sa.select(definitions.c.graph)
+            .join_from(runs, definitions, definitions.c.id == runs.c.definition)
+            .where(runs.c.id == run_id)
+        ).scalar_one()
 
 
 def test_created_is_true_then_false_with_the_same_run_id(engine: sa.Engine, name: str) -> None:

@@ -42,6 +42,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 
 from cyclone import _observe
 from cyclone._store import completion as _completion
+from cyclone._store import definitions as _definitions
 from cyclone._store import executor as _executor
 from cyclone._store import notify as _notify
 from cyclone._store import queues as _queues
@@ -270,14 +271,14 @@ def _start_runs(scope: Scope, limit: int, chosen: Any, claimed: Any) -> Any:
         .returning(
             runs.c.id,
             runs.c.workflow,
-            runs.c.graph,
+            runs.c.definition,
             runs.c.deadline,
             runs.c.created_at,
             chosen.c.t.label("starts"),
         )
         .cte("started")
     )
-    elements, step = _unstarted.graph_steps(started.c.graph)
+    elements, step = _unstarted.graph_steps(_definitions.graph_of(started))
     root = _unstarted.is_root(step)
     eligible = and_(
         root,

@@ -32,6 +32,7 @@ from sqlalchemy import (
 
 from cyclone import _codec
 from cyclone._store import binds as _binds
+from cyclone._store import definitions as _definitions
 from cyclone._store import executor as _executor
 from cyclone._store import parked as _parked
 from cyclone._store import unstarted as _unstarted
@@ -469,7 +470,7 @@ _RUN_DETAIL = select(
     *STATUS_COLUMNS,
     cast(runs.c.input, Text),
     runs.c.result_step,
-    cast(runs.c.graph, Text),
+    cast(_definitions.graph_of(runs), Text),
     runs.c.steps_remaining,
     func.now(),
 ).where(runs.c.id == bindparam("id"))

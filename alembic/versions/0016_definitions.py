@@ -1,0 +1,72 @@
+"""A run names its workflow's definition; each version of a graph is stored once.
+
+Revision ID: cyclone_0016_definitions
+Revises: cyclone_0015
+Create Date: 2026-12-05
+
+Every run kept a copy of its workflow's graph (``cyclone_runs.graph``, most of the row),
+although a workflow has one graph per deploy. ``cyclone_definitions`` now holds each
+version once, keyed by a hash of the workflow's name and graph, and a run names its
+version in ``cyclone_runs.definition``. A process writes a version's row once, before its
+first run of that version (:mod:`cyclone._store.definitions`).
+
+The upgrade keeps runs in flight running: the graphs of the runs already in the table
+move into ``cyclone_definitions``, one row per distinct workflow and graph (their ids are
+the hash of the graph's ``jsonb`` text, which a process never computes, so they never
+collide with the versions processes write), and every run names its own. It rewrites
+every run once, inside the upgrade's transaction, which blocks writes to the runs while
+it runs; the space the graphs took is reused after the next vacuum. The downgrade copies
+each run's graph back.
+"""
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+
+from alembic import op
+
+revision = "cyclone_0016_definitions"
+down_revision = "cyclone_0015"
+branch_labels = None
+depends_on = None
+
+_HASH = (
+    "encode(substring(sha256(convert_to(workflow || E'\\n' || graph::text, 'UTF8')) "
+    "FROM 1 FOR 16), 'hex')::uuid"
+)
+"""The id of a run's graph already in the table (see the module's docstring)."""
+
+
+def upgrade() -> None:
+    op.create_table(
+        "cyclone_definitions",
+        sa.Column("id", sa.Uuid(), nullable=False),
+        sa.Column("workflow", sa.Text(), nullable=False),
+        sa.Column("graph", postgresql.JSONB(), nullable=False),
+        sa.Column(
+            "created_at", sa.DateTime(timezone=True), server_default=sa.func.now(), nullable=False
+        ),
+        sa.PrimaryKeyConstraint("id", name=op.f("pk_cyclone_definitions")),
+    )
+    op.add_column("cyclone_runs", sa.Column("definition", sa.Uuid(), nullable=True))
+    op.execute(
+        "INSERT INTO cyclone_definitions (id, workflow, graph) "
+        "SELECT DISTINCT ON (h) h, workflow, graph FROM "
+        f"(SELECT {_HASH} AS h, workflow, graph FROM cyclone_runs) AS versions"
+    )
+    op.execute(f"UPDATE cyclone_runs SET definition = {_HASH}")
+    op.alter_column("cyclone_runs", "definition", nullable=False)
+    op.drop_column("cyclone_runs", "graph")
+
+
+def downgrade() -> None:
+    op.add_column(
+        "cyclone_runs",
+        sa.Column("graph", postgresql.JSONB(), nullable=True),
+    )
+    op.execute(
+        "UPDATE cyclone_runs r SET graph = d.graph FROM cyclone_definitions d "
+        "WHERE d.id = r.definition"
+    )
+    op.alter_column("cyclone_runs", "graph", nullable=False)
+    op.drop_column("cyclone_runs", "definition")
+    op.drop_table("cyclone_definitions")
