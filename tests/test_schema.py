@@ -94,6 +94,7 @@ def test_metadata_holds_only_cyclone_tables() -> None:
         "cyclone_queues",
         "cyclone_limits",
         "cyclone_limit_keys",
+        "cyclone_definitions",
     }
     assert metadata.naming_convention == NAMING_CONVENTION
 
@@ -115,7 +116,8 @@ def test_constraint_names_follow_the_naming_convention(conn: sa.Connection) -> N
                 "('cyclone_runs'::regclass, 'cyclone_jobs'::regclass, "
                 "'cyclone_schedules'::regclass, 'cyclone_signals'::regclass, "
                 "'cyclone_leader'::regclass, 'cyclone_queues'::regclass, "
-                "'cyclone_limits'::regclass, 'cyclone_limit_keys'::regclass)"
+                "'cyclone_limits'::regclass, 'cyclone_limit_keys'::regclass, "
+                "'cyclone_definitions'::regclass)"
             )
         ).scalars()
     )
@@ -150,6 +152,7 @@ def test_constraint_names_follow_the_naming_convention(conn: sa.Connection) -> N
         "ck_cyclone_limits_counts",
         "pk_cyclone_limit_keys",
         "fk_cyclone_limit_keys_name_cyclone_limits",
+        "pk_cyclone_definitions",
     }
     assert names == metadata_constraint_names()
 
