@@ -1,4 +1,4 @@
-"""A run names its workflow's definition; each version of a graph is stored once.
+"""A run names its workflow's definition, stored once per version; two runs' indexes go.
 
 Revision ID: cyclone_0016_definitions
 Revises: cyclone_0015
@@ -17,6 +17,12 @@ collide with the versions processes write), and every run names its own. It rewr
 every run once, inside the upgrade's transaction, which blocks writes to the runs while
 it runs; the space the graphs took is reused after the next vacuum. The downgrade copies
 each run's graph back.
+
+Two indexes of the runs go, each an entry written by every run (and again by each update
+that moves a run's row): ``(created_at, id)`` and ``(workflow, created_at, id)``. A
+listing of every state now reads the state indexes, ``(state, created_at, id)`` and
+``(workflow, state, created_at, id)``, one range per state merged newest first. A new run
+writes five index entries where it wrote seven.
 """
 
 import sqlalchemy as sa
@@ -34,6 +40,12 @@ _HASH = (
     "FROM 1 FOR 16), 'hex')::uuid"
 )
 """The id of a run's graph already in the table (see the module's docstring)."""
+
+DROPPED = {
+    "ix_cyclone_runs_created_at_id": "cyclone_runs (created_at, id)",
+    "ix_cyclone_runs_listing": "cyclone_runs (workflow, created_at, id) "
+    "WHERE created_at > '-infinity'::timestamp with time zone",
+}
 
 
 def upgrade() -> None:
@@ -56,9 +68,13 @@ def upgrade() -> None:
     op.execute(f"UPDATE cyclone_runs SET definition = {_HASH}")
     op.alter_column("cyclone_runs", "definition", nullable=False)
     op.drop_column("cyclone_runs", "graph")
+    for name in DROPPED:
+        op.execute(f"DROP INDEX IF EXISTS {name}")
 
 
 def downgrade() -> None:
+    for name, definition in DROPPED.items():
+        op.execute(f"CREATE INDEX IF NOT EXISTS {name} ON {definition}")
     op.add_column(
         "cyclone_runs",
         sa.Column("graph", postgresql.JSONB(), nullable=True),
