@@ -257,7 +257,7 @@ def _start_runs(scope: Scope, limit: int, chosen: Any, claimed: Any) -> Any:
     """Start the runs ``chosen`` (``run_id``, ``t``: its start time): create their steps,
     claiming roots for the slots ``claimed`` left free.
 
-    Every step of a started run is inserted from the graph its run row keeps, blocked or
+    Every step of a started run is inserted from the graph of its run's definition, blocked or
     (a root) available, as the submit did before the steps moved here; the roots of the
     served queues take the free slots in priority and start order, and are inserted
     running for ``:me``, their first attempt. The ``RETURNING`` rings NOTIFY for each

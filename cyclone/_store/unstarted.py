@@ -1,4 +1,4 @@
-"""The steps of a run not started yet, read from the graph its row keeps.
+"""The steps of a run not started yet, read from the graph of the definition its row names.
 
 A submit writes the run row only; its steps become rows of ``cyclone_jobs`` when a claim
 starts the run (:mod:`cyclone._store.claim`). Until then a run's ``start_at`` is set, and
