@@ -13,10 +13,11 @@ first run of that version (:mod:`cyclone._store.definitions`).
 The upgrade keeps runs in flight running: the graphs of the runs already in the table
 move into ``cyclone_definitions``, one row per distinct workflow and graph (their ids are
 the hash of the graph's ``jsonb`` text, which a process never computes, so they never
-collide with the versions processes write), and every run names its own. It rewrites
-every run once, inside the upgrade's transaction, which blocks writes to the runs while
-it runs; the space the graphs took is reused after the next vacuum. The downgrade copies
-each run's graph back.
+collide with the versions processes write), and every run names its own: the column
+``graph`` becomes ``definition`` by one rewrite of the table (``ALTER COLUMN ... TYPE
+uuid USING`` the hash), which leaves no dead row versions behind and rebuilds the
+indexes, inside the upgrade's transaction, blocking the runs' reads and writes while it
+runs. The downgrade copies each run's graph back.
 
 Two indexes of the runs go, each an entry written by every run (and again by each update
 that moves a run's row): ``(created_at, id)`` and ``(workflow, created_at, id)``. A
@@ -59,17 +60,17 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_cyclone_definitions")),
     )
-    op.add_column("cyclone_runs", sa.Column("definition", sa.Uuid(), nullable=True))
+    for name in DROPPED:
+        op.execute(f"DROP INDEX IF EXISTS {name}")
     op.execute(
         "INSERT INTO cyclone_definitions (id, workflow, graph) "
         "SELECT DISTINCT ON (h) h, workflow, graph FROM "
         f"(SELECT {_HASH} AS h, workflow, graph FROM cyclone_runs) AS versions"
     )
-    op.execute(f"UPDATE cyclone_runs SET definition = {_HASH}")
-    op.alter_column("cyclone_runs", "definition", nullable=False)
-    op.drop_column("cyclone_runs", "graph")
-    for name in DROPPED:
-        op.execute(f"DROP INDEX IF EXISTS {name}")
+    # One rewrite of the table: each row gets its graph's id in place of the graph, and no
+    # dead row versions are left behind (an UPDATE would double the table).
+    op.execute(f"ALTER TABLE cyclone_runs ALTER COLUMN graph TYPE uuid USING {_HASH}")
+    op.alter_column("cyclone_runs", "graph", new_column_name="definition")
 
 
 def downgrade() -> None:
