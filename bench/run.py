@@ -128,7 +128,7 @@ def report_only() -> int:
 def run_figures(
     bench: Bench, only: set[str], meta: dict[str, Any], started: float, budget: float
 ) -> None:
-    """The rounds of figures a to e, then g to k once each, then f; results after each."""
+    """The rounds of figures a to e, then g to l once each, then f; results after each."""
     setup = 0.0
     done = 0
     for r in range(bench.rounds):

@@ -178,7 +178,8 @@ def _resolve(
             )
         # A wait node is called with its signal's payload instead of the run's input.
         input_type = workflow.input_type if node.signal is None else node.payload_type
-        return node.fn, input_type, node.output_type
+        # A child node's function returns its child's input.
+        return node.fn, input_type, node.produces
     standalone = steps.get(job.kind)
     if standalone is None:
         raise StepNotDefined(f"step kind {job.kind!r} is not defined in this worker")

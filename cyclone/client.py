@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -98,6 +98,9 @@ class RunDetail:
     """Steps not yet completed, as the run counts them."""
     read_at: datetime
     """The database's clock when this was read, to measure the run's times against."""
+    children: list[RunStatus] = field(default_factory=list)
+    """The runs its child nodes submitted (``@wf.child``), oldest first; their
+    ``parent_node`` names the node."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -548,6 +551,7 @@ class Client:
         """The run with its input, graph, result and steps (one snapshot), or None."""
         with self._reading_together() as conn:
             found = _reads.run_detail(conn, _run_uuid(run_id))
+            children = [] if found is None else _reads.child_statuses(conn, _run_uuid(run_id))
         if found is None:
             return None
         run, step_rows = found
@@ -583,6 +587,7 @@ class Client:
             graph=_json(graph),
             steps_remaining=steps_remaining,
             read_at=read_at,
+            children=[RunStatus(*fields) for fields in children],
         )
 
     def get_job_detail(self, job_id: int) -> JobDetail | None:

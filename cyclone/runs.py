@@ -82,6 +82,10 @@ class RunStatus:
     """Why a running run waits with none of its steps running or due: ``WAITING`` for a
     signal, ``SLEEPING`` until a sleep node's time, ``DELAYED`` until its ``run_at``; None
     otherwise (its state stays ``RUNNING`` while parked)."""
+    parent_id: uuid.UUID | None = None
+    """The run whose child node (``@wf.child``) submitted this run; None for any other run."""
+    parent_node: str | None = None
+    """The name of that child node in the parent run's workflow."""
 
     @property
     def done(self) -> bool:
@@ -249,6 +253,19 @@ class Run:
         if fields is None:
             raise errors.NotFoundError(f"run {self.id} does not exist (purged, or not committed)")
         return RunStatus(*fields)
+
+    def children(self) -> list[Run]:
+        """The handles of the runs this run's child nodes submitted (``@wf.child``), oldest
+        first; typed as their workflow's handles when this handle's definition names it."""
+        nodes: Mapping[str, Any] = getattr(self._definition, "steps", None) or {}
+        found: list[Run] = []
+        for run_id, workflow, key, node in _reads.children(self._engine, self.id):
+            child = getattr(nodes.get(node), "child", None)
+            if child is not None and child.name == workflow:
+                found.append(child._handle_of(self._engine, run_id, key))
+            else:
+                found.append(Run(self._engine, run_id, workflow, key))
+        return found
 
     def wait(self, timeout: float | None = None) -> RunStatus:
         """Wait until the run is completed, failed or cancelled; return its status.

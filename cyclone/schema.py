@@ -97,6 +97,9 @@ runs = Table(
     Column("limit_name", Text),
     Column("limit_key", Text),
     Column("limit_start_at", DateTime(timezone=True)),
+    Column("parent_id", Uuid, ForeignKey("cyclone_runs.id", ondelete="CASCADE")),
+    Column("parent_node", Text),
+    Column("parent_waits", Boolean, nullable=False, server_default=text("false")),
     CheckConstraint(_in("state", RunState), name="state"),
     CheckConstraint(
         _finalized_iff(TERMINAL_RUN_STATES),
@@ -104,9 +107,10 @@ runs = Table(
     ),
     CheckConstraint("steps_remaining >= 0", name="steps_remaining"),
 )
-# Every index of the runs is written by the runs it covers; each serves these queries
-# (tests/test_listing_indexes.py EXPLAINs them). A new run writes five entries: the primary
-# key, the key, the two listing indexes and the start index.
+# Every index of the runs is written by the runs it covers; each serves the queries named
+# above it (tests/test_listing_indexes.py EXPLAINs those of the listings, the key, the
+# claim's start and the deadlines). A new run that is no child writes five entries: the
+# primary key, the key, the two listing indexes and the start index.
 #
 # The key: submit_once's insert (ON CONFLICT) and lookups by key (SPEC names it); a loose
 # scan of it lists the workflows' names.
@@ -115,7 +119,7 @@ Index("idx_runs_submit_key", runs.c.workflow, runs.c.submit_key, unique=True)
 # workflow and state, read as a range; of several states, or of every run, one range per
 # state merged (a Merge Append: cyclone._store.reads._newest_first), so no index on
 # (created_at, id) or (workflow, created_at, id) is kept (revision
-# cyclone_0016_definitions dropped them). The dashboard's capped counts per workflow and
+# cyclone_0017_definitions dropped them). The dashboard's capped counts per workflow and
 # state read the second alone. Partial on a predicate that is always true (created_at
 # defaults to now()), which only a listing states, so no other statement filtering on
 # state (the claim, deadlines, rescue) is planned onto them (revisions cyclone_0003,
@@ -172,6 +176,20 @@ Index(
         "state = 'running' AND limit_name IS NOT NULL "
         "AND (start_at IS NULL OR start_at < 'infinity')"
     ),
+)
+# A parent's children, and the ended children whose parent's node still waits for them
+# (revision cyclone_0016_child_runs): the workers' delivery reads the second, which holds only the
+# children that ended since their parent's node last looked.
+Index(
+    "ix_cyclone_runs_parent",
+    runs.c.parent_id,
+    runs.c.parent_node,
+    postgresql_where=text("parent_id IS NOT NULL"),
+)
+Index(
+    "ix_cyclone_runs_child_ended",
+    runs.c.id,
+    postgresql_where=text("parent_waits AND state <> 'running'"),
 )
 # The deadline sweep: the running runs with a deadline, soonest first.
 Index(

@@ -109,6 +109,7 @@ EDGES: dict[str, Edge] = {
         Edge("job", "cancel_ended_park", (_J.RUNNING.value,), _J.CANCELLED.value),
         Edge("job", "park", (_J.RUNNING.value,), _J.AVAILABLE.value),
         Edge("job", "park_blocked", (_J.RUNNING.value,), _J.BLOCKED.value),
+        Edge("job", "wake_parent", (_J.BLOCKED.value,), _J.AVAILABLE.value),
         Edge("job", "rescue", (_J.RUNNING.value,), _J.AVAILABLE.value),
         Edge("job", "rescue_give_up", (_J.RUNNING.value,), _J.FAILED.value),
         Edge("job", "hand_back", (_J.RUNNING.value,), _J.AVAILABLE.value),
@@ -131,11 +132,13 @@ A step whose run ended while it ran (cancelled, failed by another step, past its
 deadline) is cancelled when it is rescued or handed back (``cancel_ended``), when its
 attempt fails (``cancel_ended_attempt``), or when it is a wait or sleep node that would
 park (``cancel_ended_park``). A wait or sleep node parks: ``park`` until a time,
-``park_blocked`` until a signal. Unstarted jobs are cancelled by hand (``cancel``, a
-standalone job), when their run fails or is cancelled (``cancel_unstarted``), or when it
-expires (``cancel_unstarted_expired``). A failed or cancelled standalone job is run again
-by hand (``retry``). A run completes when its last step does (``complete``) or
-when it is retried with every step already completed (``complete_restarted``).
+``park_blocked`` until a signal; a child node parks as ``park_blocked`` until its child
+run ends, and is made available again then (``wake_parent``). Unstarted jobs are
+cancelled by hand (``cancel``, a standalone job), when their run fails or is cancelled
+(``cancel_unstarted``), or when it expires (``cancel_unstarted_expired``). A failed or
+cancelled standalone job is run again by hand (``retry``). A run completes when its last
+step does (``complete``) or when it is retried with every step already completed
+(``complete_restarted``).
 
 Each edge is taken by exactly one statement builder of the store, listed in
 :data:`cyclone._store.transitions.BUILDERS`; edges with the same sources and target are

@@ -38,6 +38,7 @@ from sqlalchemy import Connection, Engine
 
 from cyclone import _leader, _observe, _retry, _step_runner, errors, migrations, schedules
 from cyclone._store import binds as _binds
+from cyclone._store import children as _children
 from cyclone._store import claim as _claim
 from cyclone._store import completion as _completion
 from cyclone._store import due as _due
@@ -313,6 +314,12 @@ class Worker:
             name: frozenset(dep for node in wf.graph().steps for dep in node.after)
             for name, wf in self.workflows.items()
         }
+        self._child_nodes = any(
+            node.child is not None for wf in self.workflows.values() for node in wf.steps.values()
+        )
+        """Whether it serves child nodes: it then delivers the ends of child runs, woken by
+        every run's end (``cyclone_run_finished``) as well as by new jobs."""
+        self._draining = False
         self.steps: dict[str, StandaloneStep[Any, Any]] = {}
         for st in steps:
             if st.kind in self.steps and self.steps[st.kind] is not st:
@@ -484,6 +491,7 @@ class Worker:
                 self._register_limits()
                 self._schema_checked = True
             self.stats = WorkerStats()
+            self._draining = until_idle
             _observe.serving(self)
             self._steps_pool = _StepThreads(self.concurrency, self._execute)
             # The loop sleeps on its own connection's socket, which LISTENs, unless that
@@ -492,17 +500,28 @@ class Worker:
             if _executor.session_engine(self.engine) is self.engine and not _executor.observed(
                 self.engine
             ):
+                channels: tuple[str, ...] = (_notify.JOBS_AVAILABLE,)
+                if self._child_nodes:
+                    channels += (_notify.RUN_FINISHED,)
                 self._held = _executor.Held(
-                    self.engine, listen=(_notify.JOBS_AVAILABLE,), on_notify=self._on_notified
+                    self.engine, listen=channels, on_notify=self._on_notified
                 )
                 self._wake.open(self._held)
                 unsubscribe: Callable[[], None] = _no_op
             else:
                 self._held = _executor.Held(self.engine)
                 self._wake.open(None)
-                unsubscribe = _notify.listener(self.engine).subscribe(
-                    _notify.JOBS_AVAILABLE, self._on_jobs_available
-                )
+                listener = _notify.listener(self.engine)
+                unsubscribes = [listener.subscribe(_notify.JOBS_AVAILABLE, self._on_jobs_available)]
+                if self._child_nodes:
+                    unsubscribes.append(
+                        listener.subscribe(_notify.RUN_FINISHED, self._on_jobs_available)
+                    )
+
+                def unsubscribe() -> None:
+                    for each in unsubscribes:
+                        each()
+
             side = _leadership.side_engine(self.engine)
             self._leader = _leader.Leader(
                 side,
@@ -912,6 +931,9 @@ class Worker:
                     claimed += got
                     left -= len(got)
             self._delivered = sum(woke)
+            if self._child_nodes and (deliver or self._draining):
+                # Wake the child nodes whose child runs ended (a run's end rang, or a poll).
+                self._delivered += _children.deliver(self.engine)
             if left <= 0 and any(job.kind in self._gated_kinds for job, _ in outcomes):
                 # A limited job left running, and this worker has no room to take its
                 # slot: wake the others now rather than at their next poll.
@@ -1014,8 +1036,13 @@ class Worker:
         started = time.perf_counter()
         try:
             node = _waits.node_of(self.workflows, job)
+            parent = _children.node_of(self.workflows, job)
             outcome: Outcome
-            if node is None:
+            if parent is not None:  # a child node: submits its child run, or reads its end
+                outcome = _children.execute(
+                    self.engine, self.id, job, parent.child_spec(), self.backoff, self._run_step
+                )
+            elif node is None:
                 outcome = self._run_step(job)
             else:  # a wait or sleep node: it runs, or is parked until its signal or time
                 outcome = _waits.execute(

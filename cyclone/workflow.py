@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from cyclone import _graph, _keys, errors, jobs, limits, schedules
 from cyclone._store import binds as _binds
+from cyclone._store import children as _children
 from cyclone._store import executor as _executor
 from cyclone._store import limits as _limits_store
 from cyclone._store import lookup as _lookup
@@ -111,6 +112,7 @@ class Step(Generic[R]):
         timeout: timedelta | None = None,
         sleep: timedelta | None = None,
         output: Any = None,
+        child: Workflow[Any] | None = None,
     ) -> None:
         self.workflow = workflow
         self.fn = fn
@@ -127,6 +129,14 @@ class Step(Generic[R]):
         self.sleep = sleep
         """How long a sleep node waits after its upstreams (``@wf.sleep``); None otherwise."""
         self.payload_type: Any = _arg_type(fn) if signal is not None else Any
+        self.child = child
+        """The workflow a child node submits its return value as a run of (``@wf.child``)."""
+        self.produces: Any = self.output_type
+        """The type ``fn``'s return value is encoded as: its output's, or a child's input's."""
+        if child is not None:
+            self.produces = child.input_type
+            self.output_type = getattr(child, "output_type", type(None))
+        self._child_spec: _children.Child | None = None
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -135,6 +145,22 @@ class Step(Generic[R]):
 
     def __repr__(self) -> str:
         return f"<Step {self.workflow.name}.{self.name}>"
+
+    def child_spec(self) -> _children.Child:
+        """How a worker submits this child node's child (its plan and limit key), cached."""
+        assert self.child is not None
+        if self._child_spec is None:
+            wf = self.child
+
+            def limit_key(encoded: str) -> str | None:
+                if wf.limit is None:
+                    return None
+                from cyclone import _codec
+
+                return wf.limit.key_of(_codec.decode(encoded, wf.input_type))
+
+            self._child_spec = _children.Child(wf.plan(), limit_key)
+        return self._child_spec
 
     def snapshot(self) -> _graph.NodeSnapshot:
         return _graph.NodeSnapshot(
@@ -263,6 +289,39 @@ class Workflow(Generic[In]):
             )
         return self._decorator(
             name, after, max_attempts, queue, priority, is_result=False, sleep=duration
+        )
+
+    def child(
+        self,
+        workflow: Workflow[Any],
+        *,
+        after: Iterable[Step[Any] | str] = (),
+        name: str | None = None,
+        max_attempts: int = 1,
+        queue: str | None = None,
+        priority: int = 0,
+    ) -> Callable[[Callable[..., Any]], Step[Any]]:
+        """Decorate ``fn(ctx, input) -> ChildInput`` as a node that runs a child workflow.
+
+        Its return value is submitted as a run of ``workflow``, exactly once per node of
+        each run (``submit_once`` under a key made of this run's id and the node's name,
+        in the transaction that parks the node). The node waits for the child holding no
+        worker; its output (``ctx.output(node)`` downstream) is the child's result for a
+        :class:`ResultWorkflow`, else None. A failed or cancelled child fails the node,
+        naming the child run; a later attempt of the node (``max_attempts``, 1 by default,
+        or a retry of this run) retries the child. See docs/children.md.
+        """
+        if not isinstance(workflow, Workflow):
+            raise errors.DefinitionError(
+                f"child node of workflow {self.name!r}: the first argument is a Workflow "
+                f"or ResultWorkflow, not {workflow!r}"
+            )
+        if workflow is self:
+            raise errors.DefinitionError(
+                f"child node of workflow {self.name!r}: a workflow cannot be its own child"
+            )
+        return self._decorator(
+            name, after, max_attempts, queue, priority, is_result=False, child=workflow
         )
 
     def _decorator(

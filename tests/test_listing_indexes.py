@@ -1,4 +1,4 @@
-"""Listings and counts read their indexes (revisions cyclone_0013, cyclone_0016_definitions).
+"""Listings and counts read their indexes (revisions cyclone_0013, cyclone_0017_definitions).
 
 A state few runs are in (a handful failed among thousands completed) is listed, paged
 and counted from the ``(state, created_at, id)`` and ``(workflow, state, created_at,

@@ -358,10 +358,13 @@ def test_an_invalid_index_left_by_a_failed_build_stops_the_upgrade(
     assert drift(fresh_engine) == []
 
 
-def _in_flight_at_0015(engine: sa.Engine, graph: str, old_graph: str) -> dict[str, Any]:
-    """Runs of workflow ``inflight`` written as revision cyclone_0015 kept them (each with its
-    graph): one not started, one whose first step completed and second is available, and one
-    not started of an older one-step graph. Their ids by name."""
+BEFORE_DEFINITIONS = "cyclone_0016_child_runs"
+
+
+def _in_flight_before_definitions(engine: sa.Engine, graph: str, old_graph: str) -> dict[str, Any]:
+    """Runs of workflow ``inflight`` written as the revision before cyclone_0017_definitions
+    kept them (each with its graph): one not started, one whose first step completed and
+    second is available, and one not started of an older one-step graph. Their ids by name."""
     ids = {name: uuid.uuid4() for name in ("unstarted", "midway", "older")}
     insert_run = sa.text(
         "INSERT INTO cyclone_runs (id, workflow, submit_key, input, graph, steps_remaining, "
@@ -421,8 +424,8 @@ def test_upgrade_to_definitions_moves_graphs_of_runs_in_flight_which_then_finish
     def second(ctx: cyclone.StepContext, value: Any) -> None:
         calls.append(("second", ctx.output(first)))
 
-    cyclone.upgrade(fresh_engine, "cyclone_0015")
-    ids = _in_flight_at_0015(fresh_engine, new.plan().graph, old.plan().graph)
+    cyclone.upgrade(fresh_engine, BEFORE_DEFINITIONS)
+    ids = _in_flight_before_definitions(fresh_engine, new.plan().graph, old.plan().graph)
     cyclone.upgrade(fresh_engine)
     cyclone.check_schema(fresh_engine)
     assert drift(fresh_engine) == []
@@ -460,13 +463,13 @@ def test_upgrade_to_definitions_moves_graphs_of_runs_in_flight_which_then_finish
 
 def test_downgrade_from_definitions_gives_each_run_its_graph_back(fresh_engine: sa.Engine) -> None:
     wf = workflow_of_two("inflight")
-    cyclone.upgrade(fresh_engine, "cyclone_0015")
+    cyclone.upgrade(fresh_engine, BEFORE_DEFINITIONS)
     graph = wf.plan().graph
-    ids = _in_flight_at_0015(fresh_engine, graph, graph)
+    ids = _in_flight_before_definitions(fresh_engine, graph, graph)
     with fresh_engine.connect() as c:
         before = dict(c.execute(sa.text("SELECT id, graph FROM cyclone_runs")).all())
     cyclone.upgrade(fresh_engine)
-    cyclone.downgrade(fresh_engine, "cyclone_0015")
+    cyclone.downgrade(fresh_engine, BEFORE_DEFINITIONS)
     with fresh_engine.connect() as c:
         after = dict(c.execute(sa.text("SELECT id, graph FROM cyclone_runs")).all())
     assert after == before

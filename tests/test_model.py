@@ -3,7 +3,8 @@
 A hypothesis state machine submits runs of :data:`tests.support.model_proc.WORKFLOW`
 (``a -> w -> b``, ``w`` waiting for the signal ``go``) on a database of its own, served
 by worker processes, and interleaves: submit and submit_once (new key, same key with the
-same or another input, a key freed by a purge), cancel, retry, retry_all, signals (by
+same or another input, a key freed by a purge), fork (of a run ended or not, with a step
+to run again or none, under a new key or an earlier fork's), cancel, retry, retry_all, signals (by
 run, by key, ``signal_tx`` committed, rolled back or held open), a day passing for a run
 (its deadline and its wait's timeout), set_retention and purges, each gated step
 finishing or failing (with attempts left or its last), a step finishing while its run is
@@ -61,7 +62,7 @@ import cyclone
 from cyclone._store import notify as _notify
 from tests.conftest import create_database, drop_database, wait_until
 from tests.support import invariants
-from tests.support.model_proc import DAY, EXEC_DDL, WORKFLOW, Item, gate
+from tests.support.model_proc import DAY, EXEC_DDL, FORK_PREFIX, TAG_SQL, WORKFLOW, Item, gate
 from tests.support.run_model import STEPS, Expect, RunModel, release_and_cancel
 
 KNOWN_DEFECTS_FIXED: dict[str, bool] = {
@@ -370,7 +371,7 @@ class Harness:
         what follows it)."""
         query = (
             "SELECT j.state FROM cyclone_jobs j JOIN cyclone_runs r ON r.id = j.run_id "
-            "WHERE r.input->>'tag' = %s AND j.kind = %s"
+            f"WHERE {TAG_SQL.format(r='r')} = %s AND j.kind = %s"
         )
         deadline = time.monotonic() + SETTLE_TIMEOUT
         while self.gates.execute(query, (e.tag, e.step)).fetchone() == ("running",):
@@ -382,8 +383,9 @@ class Harness:
         with self.engine.connect() as conn:
             rows = conn.execute(
                 sa.text(
-                    "SELECT r.input->>'tag', r.state, r.steps_remaining, r.deadline <= now(), "
-                    "r.start_at, j.kind, j.state, j.pending_deps, j.worker_id, j.attempt, j.lease, "
+                    f"SELECT {TAG_SQL.format(r='r')}, r.state, r.steps_remaining, "
+                    "r.deadline <= now(), r.start_at, j.kind, j.state, j.pending_deps, "
+                    "j.worker_id, j.attempt, j.lease, "
                     "j.scheduled_at <= now(), j.scheduled_at > now() + interval '1 hour', "
                     "s.payload IS NOT NULL "
                     "FROM cyclone_runs r LEFT JOIN cyclone_jobs j ON j.run_id = r.id "
@@ -707,8 +709,8 @@ class ModelMachine(RuleBasedStateMachine):
         key = keys[pick % len(keys)]
         model = self.runs[self.keys[key]]
         if model.purged:
-            if len(self.runs) >= MAX_RUNS:
-                return
+            if len(self.runs) >= MAX_RUNS or key.startswith(FORK_PREFIX):
+                return  # a fork's key names its tag: only a fork takes it again
             fresh = self.new_run(key, deadline=False)
             run, created = WORKFLOW.submit_once(self.engine, key, Item(tag=fresh.tag))
             assert created, "a purge frees the key"
@@ -716,12 +718,56 @@ class ModelMachine(RuleBasedStateMachine):
             self.handles[fresh.number] = run
             fresh.advance()
             return
-        item = Item(tag=model.tag, v=model.v if same_input else model.v + 1)
+        item = Item(tag=model.input_tag, v=model.v if same_input else model.v + 1)
         got = outcome_of(lambda: WORKFLOW.submit_once(self.engine, key, item))
         if same_input:
             assert got == (self.handles[model.number], False), got
         else:
             assert got == Expect.CONFLICT, got
+
+    @precondition(lambda self: self.has_runs())
+    @rule(pick=PICK, rerun=st.sampled_from([None, "a", "w", "b"]), again=st.booleans())
+    @guarded
+    def fork(self, pick: int, rerun: str | None, again: bool) -> None:
+        """Fork a run under a new key, or under the key of an earlier fork (``submit_once``
+        semantics: the same input returns that fork, another input conflicts)."""
+        model = self.pick_run(pick)
+        handle = self.handles[model.number]
+        steps = [rerun] if rerun else []
+        forks = sorted(
+            k for k in self.keys if k.startswith(FORK_PREFIX) and not self.runs[self.keys[k]].purged
+        )
+        refused = model.fork_refused()
+        if again and forks:
+            key = forks[pick % len(forks)]
+            existing = self.runs[self.keys[key]]
+            expected: Any = refused
+            if refused is None:
+                same = existing.input_tag == model.input_tag
+                expected = (self.handles[existing.number], False) if same else Expect.CONFLICT
+            got = outcome_of(lambda: handle.fork(key, rerun=steps))
+            assert got == expected, (model.tag, key, got, expected)
+            RULES_RUN["fork: earlier key"] += 1
+            return
+        if refused is not None:
+            got = outcome_of(lambda: handle.fork(f"{FORK_PREFIX}refused", rerun=steps))
+            assert got == refused, (model.tag, got, refused)
+            return
+        if len(self.runs) >= MAX_RUNS:
+            return
+        number = self.next_number
+        self.next_number += 1
+        key = f"{FORK_PREFIX}m{number}"
+        forked = model.fork(number, key, rerun)
+        for step in ("a", "b"):
+            self.h.lock_gates(forked.tag, step, LOOKAHEAD)
+        self.runs[number] = forked
+        self.keys[key] = number
+        self.focus = number
+        run, created = handle.fork(key, rerun=steps)
+        assert created, (model.tag, key)
+        self.handles[number] = run
+        RULES_RUN["fork: made"] += 1
 
     # run control
 
@@ -840,15 +886,15 @@ class ModelMachine(RuleBasedStateMachine):
             conn.execute(
                 sa.text(
                     "UPDATE cyclone_runs SET deadline = deadline - :day "
-                    "WHERE input->>'tag' = :tag AND deadline IS NOT NULL"
+                    f"WHERE {TAG_SQL.format(r='cyclone_runs')} = :tag AND deadline IS NOT NULL"
                 ),
                 shift,
             )
             conn.execute(
                 sa.text(
                     "UPDATE cyclone_signals SET wait_until = wait_until - :day "
-                    "WHERE payload IS NULL AND run_id = (SELECT id FROM cyclone_runs "
-                    "WHERE input->>'tag' = :tag)"
+                    "WHERE payload IS NULL AND run_id = (SELECT id FROM cyclone_runs r "
+                    f"WHERE {TAG_SQL.format(r='r')} = :tag)"
                 ),
                 shift,
             )
@@ -856,7 +902,7 @@ class ModelMachine(RuleBasedStateMachine):
                 sa.text(
                     "UPDATE cyclone_jobs SET scheduled_at = scheduled_at - :day "
                     "WHERE state = 'available' AND scheduled_at > now() AND run_id = "
-                    "(SELECT id FROM cyclone_runs WHERE input->>'tag' = :tag)"
+                    f"(SELECT id FROM cyclone_runs r WHERE {TAG_SQL.format(r='r')} = :tag)"
                 ),
                 shift,
             )
@@ -1234,5 +1280,42 @@ def test_a_signal_to_a_parked_wait_node_is_compared_once_delivered(harness: Harn
         machine.signal(pick=0, how="run", payload=1)
         machine.settled_and_as_modelled()
         assert machine.model_of("m1").summary()["b"] == "active"
+    finally:
+        machine.teardown()
+
+
+@pytest.mark.processes
+def test_a_fork_that_runs_its_wait_node_again_waits_for_a_signal_of_its_own(
+    harness: Harness,
+) -> None:
+    """A completed run ``a -> w -> b`` forked with ``w`` to run again: the fork keeps
+    ``a``, its ``w`` parks (the source's signal is the source's), and a signal to the
+    fork's key lets ``b`` run; a fork with nothing to run again is completed at once."""
+    ModelMachine.harness = harness
+    machine = ModelMachine()
+    try:
+        machine.start(runs=[(True, False, True)])
+        machine.settled_and_as_modelled()
+        machine.finish(pick=0)  # a; w runs on the stored signal
+        machine.settled_and_as_modelled()
+        machine.finish(pick=0)  # b
+        machine.settled_and_as_modelled()
+        assert machine.model_of("m1").state == "completed"
+        machine.fork(pick=0, rerun="w", again=False)
+        machine.settled_and_as_modelled()
+        assert machine.model_of("m2").summary() == {
+            "run": "running",
+            "a": "completed",
+            "w": "parked",
+            "b": "blocked",
+        }
+        machine.signal(pick=0, how="key", payload=2)
+        machine.settled_and_as_modelled()
+        assert machine.model_of("m2").summary()["b"] == "active"
+        machine.fork(pick=1, rerun=None, again=False)  # m1 again, keeping every step
+        machine.settled_and_as_modelled()
+        assert machine.model_of("m3").state == "completed"
+        machine.fork(pick=1, rerun="b", again=True)  # m1 under m3's key: the same input
+        machine.settled_and_as_modelled()
     finally:
         machine.teardown()

@@ -153,6 +153,7 @@ def test_constraint_names_follow_the_naming_convention(conn: sa.Connection) -> N
         "pk_cyclone_limit_keys",
         "fk_cyclone_limit_keys_name_cyclone_limits",
         "pk_cyclone_definitions",
+        "fk_cyclone_runs_parent_id_cyclone_runs",
     }
     assert names == metadata_constraint_names()
 

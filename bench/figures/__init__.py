@@ -1,6 +1,6 @@
 """The figures of ``python -m bench.run``, one module per group.
 
-Figures a to e run in every round (:data:`ROUNDS`); g to k once each after the rounds
+Figures a to e run in every round (:data:`ROUNDS`); g to l once each after the rounds
 (:data:`ONCE`); f last of all (its million-row fill misplans what would follow it).
 :data:`ORDER` is the order of the rows in the table and the JSON results.
 """
@@ -9,10 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from bench.figures import bouncer, growth, jobs, latency, memory, mixed, submit, submitters
+from bench.figures import (
+    bouncer,
+    growth,
+    jobs,
+    latency,
+    memory,
+    mixed,
+    scaling,
+    submit,
+    submitters,
+)
 from bench.harness import Bench
 
-LETTERS = "abcdefghijk"
+LETTERS = "abcdefghijkl"
 
 ROUNDS: dict[str, Callable[[Bench, int], None]] = {
     "a": submit.fig_a,
@@ -29,6 +39,7 @@ ONCE: dict[str, Callable[[Bench], None]] = {
     "i": mixed.fig_i,
     "j": memory.fig_j,
     "k": bouncer.fig_k,
+    "l": scaling.fig_l,
 }
 """Figures measured once, after the rounds: ``figure(bench)``."""
 
@@ -66,5 +77,7 @@ ORDER = [
     "j-fail",
     "k",
     "k-ref-direct",
+    *(f"l-submit-{n}p" for n in scaling.PROCESSES),
+    *(f"l-steps-{n}p" for n in scaling.PROCESSES),
 ]
 """The table's rows in order; a figure not listed (``d-jobs-foreign``) comes after them."""

@@ -223,7 +223,49 @@ def restartable_stmt() -> Any:
     )
 
 
+def lock_running_children_stmt() -> Any:
+    """Lock the running children of the runs ``:rids`` (after their parents: the lock order),
+    in id order, and forget that their parents' nodes wait for them."""
+    child = runs.alias("child")
+    return (
+        update(runs)
+        .where(
+            runs.c.id.in_(
+                select(child.c.id)
+                .where(
+                    child.c.parent_id == _rids(),
+                    child.c.state == const(RunState.RUNNING.value),
+                )
+                .order_by(child.c.id)
+                .with_for_update(key_share=True)
+                .scalar_subquery()
+            )
+        )
+        .values(parent_waits=False)
+        .returning(runs.c.id)
+    )
+
+
+def forget_ended_children_stmt() -> Any:
+    """Forget that the nodes of the restarted runs ``:rids`` wait for their ended children.
+
+    A retried parent's child node reads its child anew: a failed or cancelled child is
+    retried, not reported again.
+    """
+    return (
+        update(runs)
+        .where(
+            runs.c.parent_id == _rids(),
+            runs.c.parent_waits,
+            runs.c.state != const(RunState.RUNNING.value),
+        )
+        .values(parent_waits=False)
+    )
+
+
 _CANCEL_RUN = cancel_run_stmt()
+_LOCK_RUNNING_CHILDREN = lock_running_children_stmt()
+_FORGET_ENDED_CHILDREN = forget_ended_children_stmt()
 _RESET_FAILED = reset_jobs_stmt(every_step=False)
 _RESET_ALL = reset_jobs_stmt(every_step=True)
 _RESTART_FAILED = restart_run_stmt(from_states=(RunState.FAILED, RunState.CANCELLED))
@@ -256,6 +298,11 @@ def _cancel_locked(
     cancelled = _executor.column(conn, _CANCEL_RUN, {"rids": run_ids, "error": error})
     for run_id in cancelled:
         _executor.affected(conn, _completion.CANCEL_UNSTARTED, {"rid": run_id})
+    if cancelled:
+        # Their children (child runs, @wf.child), and theirs: a cancel cascades down.
+        children = _executor.column(conn, _LOCK_RUNNING_CHILDREN, {"rids": cancelled})
+        if children:
+            _cancel_locked(conn, sorted(children))
     return cancelled
 
 
@@ -276,6 +323,29 @@ def _restart_locked(conn: Connection, run_ids: list[uuid.UUID], *, every_step: b
     _executor.affected(conn, _CLEAR_UNSENT_SIGNALS, params)
     _executor.affected(conn, _RESTART_ANY if every_step else _RESTART_FAILED, params)
     _executor.affected(conn, _COMPLETE_RESTARTED, params)
+    _executor.affected(conn, _FORGET_ENDED_CHILDREN, params)
+
+
+def restart_child(conn: Connection, run_id: uuid.UUID) -> str | None:
+    """``retry`` the failed or cancelled child run ``run_id`` in the caller's transaction,
+    which holds its parent's lock and then the child's; None when restarted, else why not
+    (as :func:`restart` refuses)."""
+    row = _executor.first(conn, _LOCK_RUN, {"rid": run_id})
+    if row is None:
+        return "it no longer exists"
+    state, deadline_passed = RunState(row[0]), bool(row[1])
+    if state.value not in EDGES["run.retry"].sources:
+        return f"it is {state}"
+    if deadline_passed:
+        return "it is past its deadline"
+    if _executor.first(conn, _ANY_RUNNING, {"rid": run_id}) is not None:
+        return "a step of it is still running"
+    try:
+        _limits.hold_for_restart(conn, run_id, "retry")
+    except errors.InvalidStateError as exc:
+        return str(exc)
+    _restart_locked(conn, [run_id], every_step=False)
+    return None
 
 
 def cancel_for_limit(conn: Connection, run_id: uuid.UUID, error: str) -> bool:

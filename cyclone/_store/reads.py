@@ -51,6 +51,8 @@ _STATUS_OF_TABLE = (
     runs.c.failed_step,
     runs.c.retention,
     runs.c.forked_from,
+    runs.c.parent_id,
+    runs.c.parent_node,
 )
 STATUS_COLUMNS = (
     *(cast(c, Text) if c is runs.c.error else c for c in _STATUS_OF_TABLE),
@@ -71,15 +73,20 @@ RunStatusFields = tuple[
     timedelta | None,
     uuid.UUID | None,
     Parked | None,
+    uuid.UUID | None,
+    str | None,
 ]
 
 
 def run_status_fields(row: Sequence[Any]) -> RunStatusFields:
     """The fields of a ``RunStatus`` from a row that starts with :data:`STATUS_COLUMNS`."""
     error = None if row[7] is None else _codec.decode(row[7])
-    parked = None if row[11] is None else Parked(row[11])
+    parked = None if row[13] is None else Parked(row[13])
     state = RunState(row[3])
-    return (row[0], row[1], row[2], state, *row[4:7], error, row[8], row[9], row[10], parked)
+    return (
+        *(row[0], row[1], row[2], state, *row[4:7], error, row[8], row[9], row[10], parked),
+        *(row[11], row[12]),
+    )
 
 
 JOB_STATUS_COLUMNS = (
@@ -161,6 +168,23 @@ def run_status(conn: Connection, run_id: uuid.UUID) -> RunStatusFields | None:
 
 _FAST_SELECT_STATUS = _executor.Compiled(_SELECT_STATUS)
 _FAST_SELECT_RESULT = _executor.Compiled(select_result_stmt())
+
+
+_CHILDREN = (
+    select(runs.c.id, runs.c.workflow, runs.c.submit_key, runs.c.parent_node)
+    .where(runs.c.parent_id == bindparam("rid"))
+    .order_by(runs.c.created_at, runs.c.id)
+)
+
+
+def children(engine: Engine, run_id: uuid.UUID) -> list[tuple[uuid.UUID, str, str | None, str]]:
+    """The child runs of run ``run_id`` (id, workflow, key, parent node), oldest first:
+    a range of ``ix_cyclone_runs_parent``."""
+    with engine.connect() as conn:
+        return [
+            (row[0], row[1], row[2], row[3])
+            for row in _executor.rows(conn, _CHILDREN, {"rid": run_id})
+        ]
 
 
 def run_status_now(engine: Engine, run_id: uuid.UUID) -> RunStatusFields | None:
@@ -350,7 +374,7 @@ def _newest_first(
     first, ``limit`` of them after the first ``offset``.
 
     The runs have no index on ``(created_at, id)`` nor on ``(workflow, created_at, id)``
-    (revision cyclone_0016_definitions dropped them, two index entries less per run
+    (revision cyclone_0017_definitions dropped them, two index entries less per run
     written): a listing of several states reads each state's range of the state indexes
     newest first, at most ``offset + limit`` runs each, and PostgreSQL merges them (a
     Merge Append), so a page costs a few index probes per state, not a sort of the runs.
@@ -552,6 +576,18 @@ def run_detail(
     if row is None:
         return None
     return row, _executor.rows(conn, _STEPS, {"id": run_id})
+
+
+_CHILD_STATUSES = (
+    select(*STATUS_COLUMNS)
+    .where(runs.c.parent_id == bindparam("id"))
+    .order_by(runs.c.created_at, runs.c.id)
+)
+
+
+def child_statuses(conn: Connection, run_id: uuid.UUID) -> list[RunStatusFields]:
+    """The statuses of run ``run_id``'s child runs (``@wf.child``), oldest first."""
+    return [run_status_fields(row) for row in _executor.rows(conn, _CHILD_STATUSES, {"id": run_id})]
 
 
 _JOB_DETAIL = select(

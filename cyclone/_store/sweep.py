@@ -2,7 +2,9 @@
 
 The maintenance leader (:mod:`cyclone._leader`) sweeps, so one worker sweeps at a time.
 Each batch locks its runs in id order (skipping locked ones), then the delete cascades
-to their jobs: the lock order of :mod:`cyclone.states`.
+to their jobs: the lock order of :mod:`cyclone.states`. A child run (``@wf.child``) is
+never purged on its own: purging its parent purges it (and its children), whatever its
+own retention, so a parent never names a child that is gone; the counts are of parents.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ DEFAULT_INTERVAL = timedelta(minutes=5)
 
 def _runs_due() -> list[Any]:
     keep = func.coalesce(runs.c.retention, bindparam("older_than", type_=Interval))
+    # A child run (``parent_id`` set) goes with its parent: the foreign key cascades.
     return [
         runs.c.state.in_([s.value for s in TERMINAL_RUN_STATES]),
         runs.c.finalized_at < func.now() - keep,
+        runs.c.parent_id.is_(None),
     ]
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from cyclone._store import claim, completion, control, rescue, standalone, waits
+from cyclone._store import children, claim, completion, control, rescue, standalone, waits
 from cyclone.schema import jobs
 from cyclone.states import TERMINAL_RUN_STATES, RunState
 
@@ -84,6 +84,7 @@ BUILDERS: dict[str, Callable[[], Any]] = {
     "job.hand_back": rescue.hand_back_stmt,
     "job.park": waits.park_stmt,
     "job.park_blocked": waits.park_stmt,
+    "job.wake_parent": children.wake_stmt,
     "job.cancel_ended_park": waits.end_parked_stmt,
     "job.cancel": standalone.cancel_job_stmt,
     "job.retry": standalone.retry_standalone_job_stmt,
@@ -96,5 +97,5 @@ BUILDERS: dict[str, Callable[[], Any]] = {
 }
 """For each edge of :data:`cyclone.states.EDGES` by key, the builder of its statement."""
 
-OWNERS = (claim, completion, control, rescue, standalone, waits)
+OWNERS = (children, claim, completion, control, rescue, standalone, waits)
 """The store's modules whose statements change a run's or a job's state."""

@@ -952,6 +952,8 @@ def _run_record(run: cyclone.RunStatus) -> dict[str, Any]:
         "retention": run.retention,
         "parked": None if run.parked is None else run.parked.value,
         "forked_from": None if run.forked_from is None else str(run.forked_from),
+        "parent_id": None if run.parent_id is None else str(run.parent_id),
+        "parent_node": run.parent_node,
     }
 
 
@@ -1012,6 +1014,7 @@ def _run_detail_record(detail: RunDetail) -> dict[str, Any]:
         "result_step": detail.result_step,
         "result": detail.result,
         "steps": [_step_record(step) for step in detail.steps],
+        "children": [_run_record(child) for child in detail.children],
     }
 
 
@@ -1040,6 +1043,12 @@ def _print_run_detail(detail: RunDetail) -> None:
     ]
     if run.forked_from is not None:
         pairs.append(("forked from", str(run.forked_from)))
+    if run.parent_id is not None:
+        pairs.append(("parent", f"{run.parent_id} (node {run.parent_node})"))
+    for child in detail.children:
+        pairs.append(
+            ("child", f"{child.id} {child.workflow} {child.state.value} (node {child.parent_node})")
+        )
     if run.error:
         where = f"step {run.failed_step}: " if run.failed_step else ""
         pairs.append(("error", f"{where}{_error_summary(run.error, width=200)}"))

@@ -382,6 +382,9 @@ class Dashboard:
             "csrf_field": _csrf.FIELD,
             "csrf_token": "",
             "can_act": False,
+            # The admin's change pages of the parent and children, beside this one's.
+            "run_prefix": "../../",
+            "run_suffix": "/change/",
             "notice": None,
             "problem": None,
             **names,

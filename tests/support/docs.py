@@ -216,6 +216,11 @@ EXECUTED = (
         "console",
     ),
     Executed(
+        "docs/children.md",
+        None,
+        "tests/test_children.py::test_the_children_page_blocks_run_in_order",
+    ),
+    Executed(
         "docs/fork.md",
         None,
         "tests/test_fork.py::test_the_fork_page_blocks_run_in_order",

@@ -182,6 +182,57 @@ INVARIANTS: tuple[Invariant, ...] = (
         """,
     ),
     Invariant(
+        "a child run names its parent node, and its parent has a step of that name",
+        """
+        SELECT c.id AS run_id, c.parent_id, c.parent_node FROM cyclone_runs c
+        WHERE (c.parent_id IS NULL) <> (c.parent_node IS NULL)
+           OR c.parent_waits AND c.parent_id IS NULL
+           OR (c.parent_id IS NOT NULL AND NOT EXISTS (
+                SELECT 1 FROM cyclone_jobs j
+                WHERE j.run_id = c.parent_id AND j.kind = c.parent_node))
+        """,
+    ),
+    Invariant(
+        "a node of a run has at most one child run",
+        """
+        SELECT c.parent_id, c.parent_node, count(*) AS children FROM cyclone_runs c
+        WHERE c.parent_id IS NOT NULL
+        GROUP BY c.parent_id, c.parent_node HAVING count(*) > 1
+        """,
+    ),
+    Invariant(
+        "a running child its node waits for has that node waiting, or its parent ended",
+        f"""
+        SELECT c.id AS run_id, c.parent_id, c.parent_node, j.state AS node_state
+        FROM cyclone_runs c
+        JOIN cyclone_runs p ON p.id = c.parent_id
+        JOIN cyclone_jobs j ON j.run_id = c.parent_id AND j.kind = c.parent_node
+        WHERE c.parent_waits AND c.state = 'running' AND p.state = 'running'
+          AND j.state NOT IN {ACTIVE_JOBS}
+        """,
+    ),
+    Invariant(
+        "a completed child node's output is its child run's result",
+        """
+        SELECT j.run_id, j.kind, c.id AS child_id FROM cyclone_jobs j
+        JOIN cyclone_runs c ON c.parent_id = j.run_id AND c.parent_node = j.kind
+        WHERE j.state = 'completed' AND c.state = 'completed'
+          AND j.output IS DISTINCT FROM COALESCE(
+                (SELECT r.output FROM cyclone_jobs r
+                 WHERE r.run_id = c.id AND r.kind = c.result_step), 'null'::jsonb)
+        """,
+    ),
+    Invariant(
+        "a child node parked for its ended child is in the delivery's range (no lost wake)",
+        """
+        SELECT c.id AS run_id, c.parent_id, c.parent_node, c.state FROM cyclone_runs c
+        JOIN cyclone_runs p ON p.id = c.parent_id
+        JOIN cyclone_jobs j ON j.run_id = c.parent_id AND j.kind = c.parent_node
+        WHERE c.state <> 'running' AND NOT c.parent_waits AND p.state = 'running'
+          AND j.state = 'blocked' AND j.pending_deps = 0
+        """,
+    ),
+    Invariant(
         "a Concurrency's key runs at most max jobs at once",
         """
         SELECT j.limit_name, j.limit_key, l.max, count(*) AS running

@@ -5,6 +5,9 @@
 Its connections carry the application name ``model-<pid>``, so the test can tell which
 worker holds what.
 
+A run is told by its *tag*: the input's ``tag``, except for a fork (same input as the run
+it came from), whose key ``fork-m<N>`` names its tag (:data:`TAG_SQL`).
+
 The workflow is ``a -> w -> b``: ``a`` and ``b`` are *gated* steps, ``w`` waits for the
 signal ``go`` (with a one-day timeout that the test makes pass by moving timestamps).
 Each execution of a gated step inserts a row into ``model_exec`` numbered per (tag,
@@ -47,6 +50,11 @@ count the attempt, so a worker frozen, rescued and thawed can claim its job agai
 the same attempt while its first execution still waits at its gate."""
 
 
+TAG_SQL = "coalesce(substring({r}.submit_key from '^fork-(m[0-9]+)$'), {r}.input->>'tag')"
+"""The tag of the run aliased ``{r}`` (format it with the alias), as SQL."""
+FORK_PREFIX = "fork-"
+
+
 class Item(msgspec.Struct):
     tag: str
     v: int = 0
@@ -77,12 +85,16 @@ _INSERT = sa.text(
 )
 
 
+_TAG = sa.text(f"SELECT {TAG_SQL.format(r='r')} FROM cyclone_runs r WHERE r.id = :id")
+
+
 def gated(ctx: cyclone.StepContext, item: Item, step: str) -> int:
     """Note this execution, wait at its gate, then do what the test decided."""
     with engine().connect() as conn:
         conn = conn.execution_options(isolation_level="AUTOCOMMIT")
+        tag = conn.execute(_TAG, {"id": ctx.run_id}).scalar_one()
         params = {
-            "tag": item.tag,
+            "tag": tag,
             "step": step,
             "pid": os.getpid(),
             "attempt": ctx.attempt,
@@ -96,15 +108,15 @@ def gated(ctx: cyclone.StepContext, item: Item, step: str) -> int:
                 break
             except IntegrityError:
                 continue  # another execution of the step took the number: take the next
-        cls, key = gate(item.tag, step, n)
+        cls, key = gate(tag, step, n)
         conn.execute(sa.text("SELECT pg_advisory_lock_shared(:c, :k)"), {"c": cls, "k": key})
         conn.execute(sa.text("SELECT pg_advisory_unlock_shared(:c, :k)"), {"c": cls, "k": key})
         verdict = conn.execute(
             sa.text("SELECT verdict FROM model_exec WHERE tag = :tag AND step = :step AND n = :n"),
-            {"tag": item.tag, "step": step, "n": n},
+            {"tag": tag, "step": step, "n": n},
         ).scalar_one()
     if verdict == "fail":
-        raise StepFailed(f"{item.tag}:{step} execution {n} failed as asked")
+        raise StepFailed(f"{tag}:{step} execution {n} failed as asked")
     assert verdict == "finish", verdict
     return n
 

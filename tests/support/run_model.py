@@ -56,6 +56,11 @@ class RunModel:
     deadline_passed: bool = False
     retention0: bool = False
     purged: bool = False
+    input_tag: str = ""
+    """The tag in the run's input: its own, or for a fork that of the run it came from."""
+
+    def __post_init__(self) -> None:
+        self.input_tag = self.input_tag or self.tag
 
     @property
     def tag(self) -> str:
@@ -165,6 +170,31 @@ class RunModel:
         self.state = "running"
         self.advance()
         return None
+
+    def fork_refused(self) -> str | None:
+        """What ``fork`` of this run raises, if it is refused."""
+        if self.purged:
+            return Expect.NOT_FOUND
+        if self.state == "running" or any(s.state == "active" for s in self.steps.values()):
+            return Expect.INVALID_STATE
+        return None
+
+    def fork(self, number: int, key: str, rerun: str | None) -> RunModel:
+        """The fork of this (ended) run under ``key``: the steps it completed before the
+        first one run again (``rerun``, and so everything after it) keep their outputs."""
+        fork = RunModel(
+            number=number,
+            key=key,
+            v=self.v,
+            deadline=False,
+            retention0=self.retention0,
+            input_tag=self.input_tag,
+        )
+        for step in STEPS:
+            if step == rerun or self.steps[step].state != "completed":
+                break
+            fork.steps[step].state = "completed"
+        return fork.advance()
 
     def signal_outcome(self, payload: int) -> bool | str:
         """What sending ``go`` with ``payload`` returns (True, False) or raises."""

@@ -33,6 +33,8 @@ RUN_FIELDS: tuple[Any, ...] = (
     "start_at",
     "deadline",
     "retention",
+    "parent_id",
+    "parent_node",
 )
 """The run's own columns shown as fields; graph, error, input and result are drawn instead."""
 

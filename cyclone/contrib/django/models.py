@@ -39,6 +39,10 @@ class Run(models.Model):
         null=True,
         help_text="The run this run was forked from (run.fork), which may be purged.",
     )
+    parent_id = models.UUIDField(
+        "parent", null=True, help_text="The run whose child node submitted this run (@wf.child)."
+    )
+    parent_node = models.TextField("parent node", null=True)
 
     class Meta:
         managed = False

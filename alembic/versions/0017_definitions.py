@@ -1,7 +1,7 @@
 """A run names its workflow's definition, stored once per version; two runs' indexes go.
 
-Revision ID: cyclone_0016_definitions
-Revises: cyclone_0015
+Revision ID: cyclone_0017_definitions
+Revises: cyclone_0016_child_runs
 Create Date: 2026-12-05
 
 Every run kept a copy of its workflow's graph (``cyclone_runs.graph``, most of the row),
@@ -31,8 +31,8 @@ from sqlalchemy.dialects import postgresql
 
 from alembic import op
 
-revision = "cyclone_0016_definitions"
-down_revision = "cyclone_0015"
+revision = "cyclone_0017_definitions"
+down_revision = "cyclone_0016_child_runs"
 branch_labels = None
 depends_on = None
 

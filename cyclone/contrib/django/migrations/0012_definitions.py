@@ -1,4 +1,4 @@
-"""cyclone's revision ``cyclone_0016_definitions``: a run names its workflow's definition.
+"""cyclone's revision ``cyclone_0017_definitions``: a run names its workflow's definition.
 
 The schema moves on to the new head; the unmanaged ``Run`` model's ``graph`` becomes
 ``definition`` (the id of a row of ``cyclone_definitions``, which holds the graph).
@@ -13,12 +13,12 @@ from cyclone.contrib.django._migrate import apply_revisions
 
 class Migration(migrations.Migration):
     atomic = False  # the revisions commit on a connection of their own
-    revision = "cyclone_0016_definitions"  # cyclone's head revision when this was written
+    revision = "cyclone_0017_definitions"  # cyclone's head revision when this was written
 
-    dependencies = [("cyclone", "0010_flow_control")]
+    dependencies = [("cyclone", "0011_child_runs")]
 
     operations = [
-        apply_revisions(down_to="cyclone_0015"),
+        apply_revisions(down_to="cyclone_0016_child_runs"),
         migrations.RemoveField(model_name="run", name="graph"),
         migrations.AddField(
             model_name="run",

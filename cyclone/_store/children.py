@@ -1,0 +1,312 @@
+"""Child nodes (``@wf.child``): a node that submits a run of another workflow and waits for it.
+
+A worker that claims a child node first looks for the node's child: the run of the child
+workflow whose key is :func:`child_key` (the parent run's id and the node's name). With
+none yet, it calls the node's function for the child's input; then, in one transaction,
+it locks the parent run, then the node's job (the lock order of :mod:`cyclone.states`),
+submits the child with ``submit_once`` semantics under that key (or finds it), records
+the parent on the child's row, and records the node's outcome: *parked* as a wait node
+without timeout parks (``job.park_blocked``: blocked, no upstream pending, out of the
+claim index, holding no worker), or, for a child already ended, its result or its
+failure. A crash before the commit leaves neither the child nor the park; after it,
+both: the node's next attempt finds the child by its key, so no node makes two.
+
+The child's row says that the node waits for it (``parent_waits``). Its end, by any path
+(completed, failed, cancelled, past its deadline), touches nothing of the parent's: the
+ended children whose parent's node waits are a range of ``ix_cyclone_runs_child_ended``,
+which a worker serving child nodes reads when woken by a run's end (``cyclone_run_finished``)
+or on its poll, and wakes their nodes (:func:`deliver`, ``job.wake_parent``, locks
+skipped, so a busy node is woken by the next delivery). The woken node is claimed as any
+step, reads its child's end and clears ``parent_waits`` in the transaction that records
+its outcome: a completed child's result is its output; a failed or cancelled child
+fails it, the error naming the child run. A later attempt of the node (``max_attempts``
+above 1, or a retry of the parent, which forgets that its nodes wait) finds its child
+ended and not awaited: it retries the child (its failed steps) and parks again.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import Engine, Integer, Text, and_, bindparam, func, select, update
+
+from cyclone import errors
+from cyclone._store import completion as _completion
+from cyclone._store import control as _control
+from cyclone._store import executor as _executor
+from cyclone._store import notify as _notify
+from cyclone._store import submission as _submission
+from cyclone._store import waits as _waits
+from cyclone._store.claim import Claimed
+from cyclone._store.completion import Failure, Success
+from cyclone._store.executor import const
+from cyclone.schema import jobs, runs
+from cyclone.states import JobState, RunState
+
+if TYPE_CHECKING:
+    from cyclone.workflow import Step, Workflow
+
+log = logging.getLogger("cyclone.worker")
+
+DELIVER_PER_CALL = 100
+"""How many ended children one delivery looks at; the rest wait for the next."""
+
+
+def child_key(parent_run_id: uuid.UUID | str, node: str) -> str:
+    """The submit key of the child of ``node`` in run ``parent_run_id``: one per node."""
+    return f"{parent_run_id}/{node}"
+
+
+def node_of(workflows: Mapping[str, Workflow[Any]], job: Claimed) -> Step[Any] | None:
+    """The child node ``job`` is a step of, or None for any other job."""
+    wf = workflows.get(job.workflow or "")
+    node = wf.steps.get(job.kind) if wf is not None else None
+    if node is None or node.child is None:
+        return None
+    return node
+
+
+_FIND = select(runs.c.id).where(
+    runs.c.workflow == bindparam("cw", type_=Text), runs.c.submit_key == bindparam("key", Text)
+)
+_result = jobs.alias("result")
+_ADOPT = (
+    update(runs)
+    .where(runs.c.id == bindparam("cid"))
+    .values(parent_id=bindparam("rid"), parent_node=bindparam("node", type_=Text))
+    .returning(
+        runs.c.state,
+        runs.c.parent_waits,
+        runs.c.error.op("->>")(const("message")),
+        select(_result.c.output.cast(Text))
+        .where(_result.c.run_id == runs.c.id, _result.c.kind == runs.c.result_step)
+        .scalar_subquery(),
+    )
+)
+_SET_WAITS = update(runs).where(runs.c.id == bindparam("cid")).values(parent_waits=bindparam("w"))
+
+
+def wake_stmt() -> Any:
+    """Make the parked child nodes of ended children available and due now (``job.wake_parent``).
+
+    The ended children whose node waits are read from ``ix_cyclone_runs_child_ended``;
+    nodes locked elsewhere are skipped (the next delivery takes them); a node blocked for
+    its upstreams (a retried parent not there yet) is left alone.
+    """
+    ended = (
+        select(runs.c.parent_id, runs.c.parent_node)
+        .where(runs.c.parent_waits, runs.c.state != const(RunState.RUNNING.value))
+        .limit(const(DELIVER_PER_CALL, Integer))
+        .cte("ended")
+    )
+    node = jobs.alias("node")
+    parked = (
+        select(node.c.id)
+        .join(ended, and_(node.c.run_id == ended.c.parent_id, node.c.kind == ended.c.parent_node))
+        .where(
+            node.c.state == const(JobState.BLOCKED.value), node.c.pending_deps == const(0, Integer)
+        )
+        .with_for_update(of=node, skip_locked=True)
+    )
+    return (
+        update(jobs)
+        .where(
+            jobs.c.state == const(JobState.BLOCKED.value),
+            jobs.c.id.in_(parked.scalar_subquery()),
+        )
+        .values(state=const(JobState.AVAILABLE.value), scheduled_at=func.now())
+        .returning(jobs.c.id, _notify.when_available(jobs.c.state))
+    )
+
+
+def forget_stmt() -> Any:
+    """Forget the ended children whose node no longer waits (ended with its run, which a
+    retry of the parent reads anew), so the index of ended children stays small."""
+    ended = runs.alias("ended")
+    node = jobs.alias("node")
+    awaited = (
+        select(node.c.id)
+        .where(
+            node.c.run_id == ended.c.parent_id,
+            node.c.kind == ended.c.parent_node,
+            node.c.state.in_(
+                [
+                    const(JobState.BLOCKED.value),
+                    const(JobState.AVAILABLE.value),
+                    const(JobState.RUNNING.value),
+                ]
+            ),
+        )
+        .exists()
+    )
+    doomed = (
+        select(ended.c.id)
+        .where(ended.c.parent_waits, ended.c.state != const(RunState.RUNNING.value), ~awaited)
+        .limit(const(DELIVER_PER_CALL, Integer))
+        .with_for_update(of=ended, skip_locked=True)
+    )
+    return (
+        update(runs)
+        .where(runs.c.id.in_(doomed.scalar_subquery()))
+        .values(parent_waits=False)
+        .returning(runs.c.id)
+    )
+
+
+_WAKE = wake_stmt()
+_FORGET = forget_stmt()
+
+
+def deliver(engine: Engine) -> int:
+    """Wake the child nodes whose children ended; how many it woke (each rings NOTIFY)."""
+    with engine.begin() as conn:  # neither statement waits for a lock: both skip them
+        woken = len(_executor.rows(conn, _WAKE))
+        _executor.rows(conn, _FORGET)
+    return woken
+
+
+# -- the worker's side -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Child:
+    """What the worker knows of a child node's child: the workflow's submit plan, and how
+    to tell the input's limit key (for a limited child workflow)."""
+
+    plan: _submission.Plan
+    limit_key: Callable[[str], str | None]
+
+
+def execute(
+    engine: Engine,
+    worker_id: str,
+    job: Claimed,
+    child: Child,
+    backoff: Callable[[int], float],
+    run: Callable[[Claimed], Success | Failure],
+) -> _waits.Outcome:
+    """Run a claimed child node: submit its child (calling ``run`` for its input, the
+    first time) and park, or read its ended child. See the module's docstring.
+
+    Statements: a read of the child by key (none: the node's function runs first, out of
+    any transaction); then one transaction: lock the parent run, then the job; submit the
+    child (the insert-or-read of ``submit_once``), record its parent (locking it); then
+    park, retry the child and park, or record the child's failure. A database error is
+    cyclone's, not the step's: the job is handed back, its attempt not counted.
+    """
+    assert job.run_id is not None
+    key = child_key(job.run_id, job.kind)
+    try:
+        with engine.connect() as conn:
+            found = _executor.first(conn, _FIND, {"cw": child.plan.workflow, "key": key})
+    except Exception as exc:
+        return _hand_back(worker_id, job, exc)
+    input_: str | None = None
+    limit_key: str | None = None
+    if found is None:
+        made = run(job)
+        if isinstance(made, Failure):
+            return made
+        input_ = made.output
+        try:
+            limit_key = child.limit_key(input_)
+        except Exception as exc:  # the child workflow's key function: the node's error
+            return _child_failed(
+                job,
+                None,
+                child.plan.workflow,
+                f"not submitted: its limit key failed: {exc!r}",
+                backoff,
+            )
+    try:
+        return _decide(engine, worker_id, job, child, key, input_, limit_key, backoff)
+    except Exception as exc:
+        return _hand_back(worker_id, job, exc)
+
+
+def _hand_back(worker_id: str, job: Claimed, exc: Exception) -> _waits.HandBack:
+    text = str(exc).strip()
+    log.warning(
+        "worker %s could not decide about child node %r of run %s (%s); handing it back",
+        worker_id,
+        job.kind,
+        job.run_id,
+        text.splitlines()[0] if text else type(exc).__name__,
+    )
+    return _waits.HandBack(job.id, job.lease)
+
+
+def _child_failed(
+    job: Claimed, cid: Any, workflow: str, why: str, backoff: Callable[[int], float]
+) -> Failure:
+    run = "the child run" if cid is None else f"child run {cid}"
+    error = {
+        "type": "ChildRunFailed",
+        "message": f"{run} of workflow {workflow!r} {why}",
+        "child_run_id": None if cid is None else str(cid),
+        "attempt": job.attempt,
+        "step": job.kind,
+        "at": datetime.now(UTC).isoformat(),
+    }
+    retry_in = None if job.attempt >= job.max_attempts else backoff(job.attempt)
+    return Failure(job.id, job.lease, error, retry_in)
+
+
+def _decide(
+    engine: Engine,
+    worker_id: str,
+    job: Claimed,
+    child: Child,
+    key: str,
+    input_: str | None,
+    limit_key: str | None,
+    backoff: Callable[[int], float],
+) -> _waits.Outcome:
+    guard = {"job_id": job.id, "lease": job.lease, "attempt_no": job.attempt, "me": worker_id}
+    workflow = child.plan.workflow
+    with engine.begin() as conn:
+        state = _executor.value(conn, _waits._LOCK_RUN, {"rid": job.run_id})
+        if _executor.first(conn, _waits._LOCK_JOB, guard) is None:
+            return _waits.Parked(job.id)  # rescued, handed back or cancelled meanwhile
+        if state != RunState.RUNNING.value:
+            _executor.affected(conn, _waits._END, guard)
+            return _waits.Parked(job.id)
+        if input_ is None:
+            cid = _executor.value(conn, _FIND, {"cw": workflow, "key": key})
+            if cid is None:  # purged since the read: the next attempt makes it anew
+                raise errors.NotFoundError(f"child run of key {key!r} vanished")
+        else:
+            try:
+                submitted = _submission.submit_once_tx(
+                    conn, child.plan, key, input_, _submission.Timing(), limit_key
+                )
+                cid = submitted.run_id
+            except errors.SubmitConflictError as exc:
+                cid = exc.run_id  # made by an earlier attempt with another input: it is the one
+        adopted = _executor.one(conn, _ADOPT, {"cid": cid, "rid": job.run_id, "node": job.kind})
+        child_state, waits, message, result = adopted
+        if child_state == RunState.COMPLETED.value:
+            _executor.affected(conn, _SET_WAITS, {"cid": cid, "w": False})
+            return Success(job.id, job.lease, result if result is not None else "null")
+        if child_state != RunState.RUNNING.value:
+            if waits:  # it ended while the node waited: the node fails, naming it
+                _executor.affected(conn, _SET_WAITS, {"cid": cid, "w": False})
+                why = f"{child_state}" + (f": {message}" if message else "")
+                failure = _child_failed(job, cid, workflow, why, backoff)
+                _completion.record_failures(conn, [failure])
+                return _waits.Parked(job.id, failure)
+            refused = _control.restart_child(conn, cid)
+            if refused is not None:
+                failure = _child_failed(
+                    job, cid, workflow, f"{child_state}; not retried: {refused}", backoff
+                )
+                _completion.record_failures(conn, [failure])
+                return _waits.Parked(job.id, failure)
+        _executor.affected(conn, _SET_WAITS, {"cid": cid, "w": True})
+        _executor.affected(conn, _waits._PARK, {**guard, "until": None})
+        return _waits.Parked(job.id)
