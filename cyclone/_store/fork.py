@@ -44,6 +44,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 
 from cyclone import _graph, _keys, _observe, errors
 from cyclone._store import binds as _binds
+from cyclone._store import definitions as _definitions
 from cyclone._store import executor as _executor
 from cyclone._store import notify as _notify
 from cyclone._store import submission as _submission
@@ -57,7 +58,7 @@ _SOURCE = (
     select(
         runs.c.workflow,
         runs.c.state,
-        cast(runs.c.graph, Text),
+        cast(_definitions.graph_of(runs), Text),
         select(cast(func.jsonb_object_agg(_step_states.c.kind, _step_states.c.state), Text))
         .where(_step_states.c.run_id == runs.c.id)
         .scalar_subquery(),
@@ -95,7 +96,7 @@ def insert_fork_stmt() -> Any:
         "workflow": bindparam("workflow", type_=Text),
         "submit_key": bindparam("key", type_=Text),
         "input": source.c.input,
-        "graph": cast(bindparam("graph", type_=Text), JSONB),
+        "definition": bindparam("definition", type_=runs.c.definition.type),
         "result_step": bindparam("result_step", type_=Text),
         "state": case((done, const(RunState.COMPLETED.value)), else_=const(RunState.RUNNING.value)),
         "steps_remaining": remaining,
@@ -336,6 +337,8 @@ def fork(
         SubmitConflictError: the key's run has another input than the source.
     """
     _keys.check_key(key)
+    encoded = msgspec.json.encode(graph).decode()
+    definition = _definitions.definition_id(workflow, encoded)
     with _binds.transaction(bind) as conn:
         row = _executor.first(conn, _SOURCE, {"source": source_id})
         if row is None or row[0] != workflow:
@@ -361,11 +364,13 @@ def fork(
             completed=completed,
             rerun=rerun,
         )
+        # Once the fork is known to be valid; in a statement of its own (see definitions).
+        _definitions.ensure(conn.engine, definition, workflow, encoded)
         params = {
             "source": source_id,
             "workflow": workflow,
             "key": key,
-            "graph": msgspec.json.encode(graph).decode(),
+            "definition": definition,
             "result_step": graph.result,
             "remaining": plan.remaining,
             "trace_context": _observe.trace_context(),

@@ -59,13 +59,21 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant(
         "a running, started run has a job for every step of its graph",
         """
-        SELECT r.id AS run_id, jsonb_array_length(r.graph -> 'steps') AS steps,
+        SELECT r.id AS run_id, jsonb_array_length(d.graph -> 'steps') AS steps,
                (SELECT count(*) FROM cyclone_jobs j
                 WHERE j.run_id = r.id AND j.item IS NULL) AS jobs
-        FROM cyclone_runs r
+        FROM cyclone_runs r JOIN cyclone_definitions d ON d.id = r.definition
         WHERE r.state = 'running' AND r.start_at IS NULL
-          AND jsonb_array_length(r.graph -> 'steps')
+          AND jsonb_array_length(d.graph -> 'steps')
               <> (SELECT count(*) FROM cyclone_jobs j WHERE j.run_id = r.id AND j.item IS NULL)
+        """,
+    ),
+    Invariant(
+        "every run's definition is stored, as a definition of the run's workflow",
+        """
+        SELECT r.id AS run_id, r.workflow, r.definition, d.workflow AS definition_workflow
+        FROM cyclone_runs r LEFT JOIN cyclone_definitions d ON d.id = r.definition
+        WHERE d.id IS NULL OR d.workflow <> r.workflow
         """,
     ),
     Invariant(
