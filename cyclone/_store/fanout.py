@@ -6,7 +6,8 @@ the job (the lock order of :mod:`cyclone.states`), as for a wait node:
 
 - no items yet: it *expands*. One ``INSERT ... SELECT FROM jsonb_array_elements(...) WITH
   ORDINALITY`` creates every item's job, available, with the node's queue, priority,
-  attempts, deadline and upstreams but ``over`` (an item reads them with ``ctx.output``;
+  attempts, deadline, limits and keys (``@wf.map(concurrency=, rate=)``), and upstreams
+  but ``over`` (an item reads them with ``ctx.output``;
   the list itself, read with each item's claim, would make a map's cost quadratic in its
   length) and its index in ``item``; the same statement adds their number to the run's
   ``steps_remaining`` and rings NOTIFY once. The node is then parked blocked (``job.fan_out``) with
@@ -96,8 +97,9 @@ def fan_out_stmt() -> Any:
 
 def expand_stmt() -> Any:
     """Insert one available job per element of ``:list`` (a JSON array) for the map node
-    ``:job_id`` of run ``:rid`` (upstreams: the node's but ``:over``), add their number to
-    the run's steps, ring NOTIFY; returns the number inserted."""
+    ``:job_id`` of run ``:rid`` (upstreams: the node's but ``:over``; the node's limits and
+    keys, so the limited claim serves each item), add their number to the run's steps,
+    ring NOTIFY; returns the number inserted."""
     node = jobs.alias("node")
     elements = (
         func.jsonb_array_elements(cast(bindparam("list", type_=Text), JSONB))
@@ -119,6 +121,10 @@ def expand_stmt() -> Any:
             node.c.trace_context,
             elements.c.value,
             cast(elements.c.ord - 1, Integer),
+            node.c.limit_name,
+            node.c.limit_key,
+            node.c.rate_name,
+            node.c.rate_key,
         )
         .select_from(node)
         .join(elements, true())
@@ -142,6 +148,10 @@ def expand_stmt() -> Any:
                 jobs.c.trace_context,
                 jobs.c.args,
                 jobs.c.item,
+                jobs.c.limit_name,
+                jobs.c.limit_key,
+                jobs.c.rate_name,
+                jobs.c.rate_key,
             ],
             rows,
         )
