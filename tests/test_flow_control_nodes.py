@@ -132,12 +132,15 @@ def test_a_maps_concurrency_and_rate_are_both_kept_on_every_item(
     with engine.connect() as conn:
         rows = conn.execute(
             sa.text(
-                "SELECT DISTINCT limit_name, limit_key, rate_name, rate_key FROM cyclone_jobs "
-                "WHERE workflow = :w AND kind = 'upper'"
+                "SELECT DISTINCT limit_name, limit_key, rate_name, rate_key, item IS NULL "
+                "FROM cyclone_jobs WHERE workflow = :w AND kind = 'upper' ORDER BY 5"
             ),
             {"w": name},
         ).all()
-    assert rows == [(f"step:{name}.upper", "t1", f"step:{name}.upper.rate", "eu")]
+    assert rows == [
+        (f"step:{name}.upper", "t1", f"step:{name}.upper.rate", "eu", False),  # the items
+        (None, None, None, None, True),  # the map node's own job, which runs none of upper
+    ]
 
 
 def test_a_child_nodes_running_attempts_never_exceed_its_concurrency(
