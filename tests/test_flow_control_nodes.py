@@ -254,3 +254,72 @@ def test_a_map_limits_key_that_raises_refuses_the_submit_writing_nothing(
             sa.text("SELECT count(*) FROM cyclone_runs WHERE workflow = :w"), {"w": name}
         ).scalar_one()
     assert count == 0
+
+
+def test_a_maps_own_expand_and_collect_wait_for_no_window_of_its_items_rate(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    wf: cyclone.ResultWorkflow[Any, Any] = cyclone.ResultWorkflow(name, input=int)
+
+    @wf.step()
+    def numbers(ctx: cyclone.StepContext, n: int) -> list[int]:
+        return list(range(n))
+
+    # Two starts an hour: both items start in this window, and the node's expansion and
+    # collection, which run none of ``plus``, take none of them.
+    @wf.map(over=numbers, result=True, rate=cyclone.Rate(2, timedelta(hours=1)))
+    def plus(ctx: cyclone.StepContext, item: int) -> int:
+        return item + 1
+
+    run = wf.submit(engine, 2)
+    serving(cyclone.Worker(engine, workflows=[wf], concurrency=2, poll_interval=0.2))
+    assert run.result(timeout=30) == [1, 2]
+
+
+def test_a_limited_maps_retried_forked_and_retried_all_items_keep_their_limits(
+    engine: sa.Engine, name: str
+) -> None:
+    failing = {1}
+    wf: cyclone.ResultWorkflow[Any, Any] = cyclone.ResultWorkflow(name)
+
+    @wf.step()
+    def numbers(ctx: cyclone.StepContext, value: dict[str, Any]) -> list[int]:
+        return list(range(value["n"]))
+
+    @wf.map(
+        over=numbers,
+        result=True,
+        max_attempts=1,
+        concurrency=cyclone.Concurrency(1, key=lambda v: v["k"]),
+    )
+    def check(ctx: cyclone.StepContext, item: int) -> int:
+        if item in failing:
+            raise RuntimeError(f"item {item} failed")
+        return item
+
+    run = wf.submit(engine, {"k": "a", "n": 3})
+    with cyclone.Worker(engine, workflows=[wf]) as worker:
+        worker.drain()
+    assert run.status().state == "failed"
+    failing.clear()
+    run.retry()  # the failed item runs again, with its limit
+    with cyclone.Worker(engine, workflows=[wf]) as worker:
+        worker.drain()
+    assert run.result(timeout=10) == [0, 1, 2]
+    forked, _ = run.fork("again", rerun=["check"])  # expands anew, with the run's keys
+    with cyclone.Worker(engine, workflows=[wf]) as worker:
+        worker.drain()
+    assert forked.result(timeout=10) == [0, 1, 2]
+    run.retry_all()  # every item anew, over the list ``numbers`` returns this time
+    with cyclone.Worker(engine, workflows=[wf]) as worker:
+        worker.drain()
+    assert run.result(timeout=10) == [0, 1, 2]
+    with engine.connect() as conn:
+        kept = conn.execute(
+            sa.text(
+                "SELECT count(*) FILTER (WHERE limit_key = 'a'), count(*) FROM cyclone_jobs "
+                "WHERE workflow = :w AND kind = 'check' AND item IS NOT NULL"
+            ),
+            {"w": name},
+        ).one()
+    assert tuple(kept) == (6, 6)
