@@ -149,7 +149,8 @@ class Step(Generic[R]):
             self.output_type = list[item_output]
         self.limit = limit
         """The step's Concurrency or Rate (``@wf.step(concurrency=|rate=)``), its key a
-        function of the run's input; None: unlimited."""
+        function of the run's input; a map node's bounds its items, not the node's own job.
+        None: unlimited."""
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
