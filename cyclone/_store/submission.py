@@ -89,6 +89,8 @@ class Plan:
     keys in ``step_limits``, and its jobs get them when it starts."""
     step_rates: dict[str, dict[str, Any]] | None = None
     """The parameters of the Rate a limited step has besides its Concurrency, by step name."""
+    item_limits: frozenset[str] = frozenset()
+    """The limited steps that are map nodes: their limits are their items', not their own."""
 
     @property
     def limited(self) -> bool:
@@ -130,6 +132,11 @@ class Plan:
             limit=limit,
             step_limits=step_limits or None,
             step_rates=step_rates or None,
+            item_limits=frozenset(
+                node.name
+                for node in graph.steps
+                if node.over is not None and node.name in (step_limits or {})
+            ),
         )
 
     def store(self, engine: Engine) -> None:
@@ -559,15 +566,18 @@ class LimitKeys(NamedTuple):
 
 def _step_limits(plan: Plan, keys: LimitKeys) -> str | None:
     """The run's ``step_limits``: ``{step: {"n": limit name, "k": key}}`` as JSON text,
-    with ``"rn"``, ``"rk"`` for the Rate of a step given both."""
+    with ``"rn"``, ``"rk"`` for the Rate of a step given both; a map node's under
+    ``{"items": {...}}``, which its expansion gives each item (the node's own job, which
+    runs none of the user's code, has no limit)."""
     if not plan.step_limits:
         return None
     rates = plan.step_rates or {}
-    encoded: dict[str, dict[str, str]] = {}
+    encoded: dict[str, Any] = {}
     for step, params in plan.step_limits.items():
-        encoded[step] = {"n": params["name"], "k": keys.steps[step]}
+        entry = {"n": params["name"], "k": keys.steps[step]}
         if step in rates:
-            encoded[step].update(rn=rates[step]["name"], rk=keys.rates[step])
+            entry.update(rn=rates[step]["name"], rk=keys.rates[step])
+        encoded[step] = {"items": entry} if step in plan.item_limits else entry
     return msgspec.json.encode(encoded).decode()
 
 
