@@ -16,7 +16,6 @@ three untimed ones. The database is dropped at the end, unless ``--keep`` (then
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import statistics
@@ -55,7 +54,10 @@ def define(name: str) -> cyclone.Workflow[Any]:
     return wf
 
 
-TEMPLATE_RUN = "SELECT graph FROM cyclone_runs WHERE workflow = :workflow LIMIT 1"
+TEMPLATE_RUN = (
+    "SELECT CAST(r.definition AS text), d.graph FROM cyclone_runs r "
+    "JOIN cyclone_definitions d ON d.id = r.definition WHERE r.workflow = :workflow LIMIT 1"
+)
 
 # One batch of runs and their steps in one statement, cloned from each workflow's graph:
 # runs ``g`` in [first, last] of ``total``, created in order over the last day (as they
@@ -63,16 +65,16 @@ TEMPLATE_RUN = "SELECT graph FROM cyclone_runs WHERE workflow = :workflow LIMIT 
 # the rest completed. A running run's root is available and its other steps blocked.
 LOAD_RUNS = """
 WITH template AS (
-    SELECT n - 1 AS n, workflow, CAST(graph AS jsonb) AS graph
-    FROM unnest(CAST(:workflows AS text[]), CAST(:graphs AS text[]))
-        WITH ORDINALITY AS t(workflow, graph, n)
+    SELECT n - 1 AS n, workflow, CAST(definition AS uuid) AS definition
+    FROM unnest(CAST(:workflows AS text[]), CAST(:definitions AS text[]))
+        WITH ORDINALITY AS t(workflow, definition, n)
 ), made AS (
-    INSERT INTO cyclone_runs (workflow, submit_key, input, graph, state, steps_remaining,
+    INSERT INTO cyclone_runs (workflow, submit_key, input, definition, state, steps_remaining,
                               failed_step, error, created_at, finalized_at)
     SELECT t.workflow, 'order:' || g,
            jsonb_build_object('order_id', g, 'lines',
                jsonb_build_array(jsonb_build_object('sku', 'sku-' || g % 97, 'qty', 1))),
-           t.graph,
+           t.definition,
            CASE g % 20 WHEN 0 THEN 'running' WHEN 1 THEN 'failed' ELSE 'completed' END,
            CASE g % 20 WHEN 0 THEN 4 WHEN 1 THEN 2 ELSE 0 END,
            CASE g % 20 WHEN 1 THEN 'charge' END,
@@ -85,7 +87,7 @@ WITH template AS (
     CROSS JOIN LATERAL (
         SELECT now() - interval '1 day' * (1 - CAST(g AS float8) / :total) AS at
     ) c
-    RETURNING id, workflow, graph, state, created_at, finalized_at
+    RETURNING id, workflow, definition, state, created_at, finalized_at
 )
 INSERT INTO cyclone_jobs (run_id, workflow, kind, queue, priority, state, deps, pending_deps,
                           attempt, max_attempts, errors, output, scheduled_at, created_at,
@@ -100,7 +102,8 @@ SELECT r.id, r.workflow, s.name, s.queue, s.priority, j.state, s.after,
        CASE WHEN j.state IN ('completed', 'failed') THEN r.created_at END,
        CASE WHEN j.state IN ('completed', 'failed', 'cancelled') THEN r.finalized_at END
 FROM made r
-CROSS JOIN LATERAL jsonb_array_elements(r.graph -> 'steps') WITH ORDINALITY AS e(step, ord)
+JOIN cyclone_definitions d ON d.id = r.definition
+CROSS JOIN LATERAL jsonb_array_elements(d.graph -> 'steps') WITH ORDINALITY AS e(step, ord)
 CROSS JOIN LATERAL jsonb_to_record(e.step)
     AS s(name text, after text[], max_attempts integer, queue text, priority smallint)
 CROSS JOIN LATERAL (
@@ -163,14 +166,15 @@ def load(engine: sa.Engine, runs: int, standalone: int, batch: int = 100_000) ->
     would, in batches of ``batch`` runs; then ``VACUUM ANALYZE``.
     """
     started = time.perf_counter()
-    graphs = []
+    definitions = []
     with engine.begin() as c:
         for name in WORKFLOWS:
-            define(name).submit_tx(c, {"order_id": 0, "lines": []})  # the graph cyclone writes
-            graph = c.execute(sa.text(TEMPLATE_RUN), {"workflow": name}).scalar_one()
-            graphs.append(json.dumps(graph))
+            # The definition cyclone stores, which the cloned runs name.
+            define(name).submit_tx(c, {"order_id": 0, "lines": []})
+            definition, _graph = c.execute(sa.text(TEMPLATE_RUN), {"workflow": name}).one()
+            definitions.append(definition)
         c.execute(sa.text("DELETE FROM cyclone_runs"))
-    common = {"workflows": list(WORKFLOWS), "graphs": graphs, "kinds": len(WORKFLOWS)}
+    common = {"workflows": list(WORKFLOWS), "definitions": definitions, "kinds": len(WORKFLOWS)}
     for first in range(1, runs + 1, batch):
         last = min(first + batch - 1, runs)
         with engine.begin() as c:

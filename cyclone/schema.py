@@ -57,6 +57,23 @@ def _finalized_iff(terminal: Iterable[str]) -> ColumnElement[bool]:
     return _in("state", terminal).self_group() == column("finalized_at").is_not(None).self_group()
 
 
+# -- workflow definitions (revision cyclone_0016) -------------------------------------------
+
+definitions = Table(
+    "cyclone_definitions",
+    metadata,
+    Column("id", Uuid, primary_key=True),
+    Column("workflow", Text, nullable=False),
+    Column("graph", JSONB, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+"""One row per version of a workflow's graph, keyed by a hash of the workflow's name and
+graph (:func:`cyclone._store.definitions.definition_id`). A run names the version it was
+submitted with (``cyclone_runs.definition``) instead of keeping a copy of the graph; the
+rows are written once per process and version, and never deleted, so the runs need no
+foreign key (whose check would lock the version's row on every submit)."""
+
+
 runs = Table(
     "cyclone_runs",
     metadata,
@@ -64,7 +81,7 @@ runs = Table(
     Column("workflow", Text, nullable=False),
     Column("submit_key", Text),
     Column("input", JSONB, nullable=False),
-    Column("graph", JSONB, nullable=False),
+    Column("definition", Uuid, nullable=False),
     Column("result_step", Text),
     Column("state", Text, nullable=False, server_default=RunState.RUNNING.value),
     Column("steps_remaining", Integer, nullable=False),
@@ -92,21 +109,24 @@ runs = Table(
     ),
     CheckConstraint("steps_remaining >= 0", name="steps_remaining"),
 )
+# Every index of the runs is written by the runs it covers; each serves the queries named
+# above it (tests/test_listing_indexes.py EXPLAINs those of the listings, the key, the
+# claim's start and the deadlines). A new run that is no child writes five entries: the
+# primary key, the key, the two listing indexes and the start index.
+#
+# The key: submit_once's insert (ON CONFLICT) and lookups by key (SPEC names it); a loose
+# scan of it lists the workflows' names.
 Index("idx_runs_submit_key", runs.c.workflow, runs.c.submit_key, unique=True)
-Index("ix_cyclone_runs_created_at_id", runs.c.created_at, runs.c.id)
-# Partial on a predicate that is always true (created_at defaults to now()), so that a key
-# lookup, which does not state it, can never pick this index over the unique one; not
-# IS NOT NULL, which PostgreSQL 17 drops from queries on a NOT NULL column, leaving such
-# an index unmatched. See revisions cyclone_0002 and cyclone_0003.
-Index(
-    "ix_cyclone_runs_listing",
-    runs.c.workflow,
-    runs.c.created_at,
-    runs.c.id,
-    postgresql_where=text(f"created_at > {LISTED_SINCE}"),
-)
-# Listings by state, and by workflow and state, newest first (revision cyclone_0013):
-# partial on the same always-true predicate, so only a listing, which states it, uses them.
+# The listings, newest first by keyset on (created_at, id): of one state, and of one
+# workflow and state, read as a range; of several states, or of every run, one range per
+# state merged (a Merge Append: cyclone._store.reads._newest_first), so no index on
+# (created_at, id) or (workflow, created_at, id) is kept (revision
+# cyclone_0020_definitions dropped them). The dashboard's capped counts per workflow and
+# state read the second alone. Partial on a predicate that is always true (created_at
+# defaults to now()), which only a listing states, so no other statement filtering on
+# state (the claim, deadlines, rescue) is planned onto them (revisions cyclone_0003,
+# cyclone_0013); not IS NOT NULL, which PostgreSQL 17 drops from queries on a NOT NULL
+# column, leaving such an index unmatched.
 Index(
     "ix_cyclone_runs_listing_state",
     runs.c.state,
@@ -122,15 +142,17 @@ Index(
     runs.c.id,
     postgresql_where=text(f"created_at > {LISTED_SINCE}"),
 )
-# The sweeper's range, and the runs ended per minute by state read from the index alone
-# (revision cyclone_0013).
+# The runs ended per minute by state, read from the index alone (revision cyclone_0013;
+# the dashboard's chart). Written when a run ends, not when it is submitted. (The
+# sweeper's condition holds each run's own retention, so it reads no range of it.)
 Index(
     "ix_cyclone_runs_finalized_at_state",
     runs.c.finalized_at,
     runs.c.state,
     postgresql_where=text("finalized_at IS NOT NULL"),
 )
-# The runs a claim starts: submitted, their steps not created yet (revision cyclone_0008).
+# The claim's range of the runs it starts: submitted, their steps not created yet
+# (revision cyclone_0008), per workflow in start order.
 Index(
     "ix_cyclone_runs_start",
     runs.c.workflow,
@@ -139,7 +161,7 @@ Index(
     postgresql_where=text("start_at IS NOT NULL AND state = 'running'"),
 )
 # The runs held back by a workflow's Concurrency (start_at 'infinity'), and the runs in
-# progress of each limit and key (revision cyclone_0015).
+# progress of each limit and key (revision cyclone_0015): a limited workflow's only.
 Index(
     "ix_cyclone_runs_held",
     runs.c.limit_name,
@@ -171,6 +193,7 @@ Index(
     runs.c.id,
     postgresql_where=text("parent_waits AND state <> 'running'"),
 )
+# The deadline sweep: the running runs with a deadline, soonest first.
 Index(
     "ix_cyclone_runs_deadline",
     runs.c.deadline,

@@ -149,7 +149,8 @@ class Step(Generic[R]):
             self.output_type = list[item_output]
         self.limit = limit
         """The step's Concurrency or Rate (``@wf.step(concurrency=|rate=)``), its key a
-        function of the run's input; None: unlimited."""
+        function of the run's input; a map node's bounds its items, not the node's own job.
+        None: unlimited."""
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -247,18 +248,35 @@ class Workflow(Generic[In]):
         function of the run's input (the step's input), evaluated at submit time and kept
         with the run (see docs/flow-control.md).
         """
+        return self._limited(
+            f"a step of workflow {self.name!r}",
+            name,
+            concurrency,
+            rate,
+            lambda spec: self._decorator(
+                name, after, max_attempts, queue, priority, is_result=False, limit=spec
+            ),
+        )
+
+    def _limited(
+        self,
+        where: str,
+        name: str | None,
+        concurrency: limits.Concurrency | None,
+        rate: limits.Rate | None,
+        make: Callable[[limits.Spec | None], Callable[[Callable[..., R]], Step[R]]],
+    ) -> Callable[[Callable[..., R]], Step[R]]:
+        """The decorator ``make`` gives for the limit of ``concurrency`` and ``rate``
+        (checked now, before the function is known), named ``step:<workflow>.<node>``
+        unless named."""
         if concurrency is None and rate is None:
-            return self._decorator(name, after, max_attempts, queue, priority, is_result=False)
-        where = f"a step of workflow {self.name!r}"
+            return make(None)
         _check_step_limits(where, concurrency, rate)
 
         def decorate(fn: Callable[..., R]) -> Step[R]:
             step_name = fn.__name__ if name is None else name
             default = f"step:{self.name}.{step_name}"
-            spec = limits.resolve_pair(concurrency, rate, default)
-            return self._decorator(
-                name, after, max_attempts, queue, priority, is_result=False, limit=spec
-            )(fn)
+            return make(limits.resolve_pair(concurrency, rate, default))(fn)
 
         return decorate
 
@@ -333,6 +351,8 @@ class Workflow(Generic[In]):
         max_attempts: int = 1,
         queue: str | None = None,
         priority: int = 0,
+        concurrency: limits.Concurrency | None = None,
+        rate: limits.Rate | None = None,
     ) -> Callable[[Callable[..., Any]], Step[Any]]:
         """Decorate ``fn(ctx, input) -> ChildInput`` as a node that runs a child workflow.
 
@@ -342,13 +362,14 @@ class Workflow(Generic[In]):
         worker; its output (``ctx.output(node)`` downstream) is the child's result for a
         :class:`ResultWorkflow`, else None. A failed or cancelled child fails the node,
         naming the child run; a later attempt of the node (``max_attempts``, 1 by default,
-        or a retry of this run) retries the child. See docs/children.md.
+        or a retry of this run) retries the child. ``concurrency`` and ``rate`` bound the
+        node's attempts as a step's (a parked node holds no slot). See docs/children.md.
 
         With ``over=node`` it is a *map of children*: ``fn(ctx, item) -> ChildInput`` runs
-        once per item of the list ``node`` returned (each item a job, as a map's), each
-        item's return value submitted as one child run (keyed by this run's id, the node's
-        name and the item's index), and the node's output is the ordered list of the
-        children's results (None each for a plain :class:`Workflow`).
+        once per item of the list ``node`` returned (each item a job, as a map's, with the
+        limits), each item's return value submitted as one child run (keyed by this run's
+        id, the node's name and the item's index), and the node's output is the ordered
+        list of the children's results (None each for a plain :class:`Workflow`).
         """
         if not isinstance(workflow, Workflow):
             raise errors.DefinitionError(
@@ -359,26 +380,32 @@ class Workflow(Generic[In]):
             raise errors.DefinitionError(
                 f"child node of workflow {self.name!r}: a workflow cannot be its own child"
             )
-        if over is None:
-            return self._decorator(
-                name, after, max_attempts, queue, priority, is_result=False, child=workflow
-            )
-        over_name = self._dep_name(over)
-        deps = tuple(self._dep_name(dep) for dep in after)
-        if over_name in deps:
-            raise errors.DefinitionError(
-                f"child node of workflow {self.name!r}: {over_name!r} is given as over= "
-                "and in after=; over= is an upstream already"
-            )
-        return self._decorator(
+        deps: tuple[str, ...] = tuple(self._dep_name(dep) for dep in after)
+        over_name: str | None = None
+        if over is not None:
+            over_name = self._dep_name(over)
+            if over_name in deps:
+                raise errors.DefinitionError(
+                    f"child node of workflow {self.name!r}: {over_name!r} is given as over= "
+                    "and in after=; over= is an upstream already"
+                )
+            deps = (*deps, over_name)
+        return self._limited(
+            f"child node of workflow {self.name!r}",
             name,
-            (*deps, over_name),
-            max_attempts,
-            queue,
-            priority,
-            is_result=False,
-            child=workflow,
-            over=over_name,
+            concurrency,
+            rate,
+            lambda spec: self._decorator(
+                name,
+                deps,
+                max_attempts,
+                queue,
+                priority,
+                is_result=False,
+                child=workflow,
+                over=over_name,
+                limit=spec,
+            ),
         )
 
     def map(
@@ -391,6 +418,8 @@ class Workflow(Generic[In]):
         queue: str | None = None,
         priority: int = 0,
         result: bool = False,
+        concurrency: limits.Concurrency | None = None,
+        rate: limits.Rate | None = None,
     ) -> Callable[[Callable[..., R]], Step[list[R]]]:
         """Decorate ``fn(ctx, item) -> output`` as a map node: once ``over`` completed with a
         list, it runs once per item, each item a job of its own (its own attempts, claimed
@@ -399,7 +428,9 @@ class Workflow(Generic[In]):
         Its output, ``ctx.output(node)`` downstream, is the list of the items' outputs in
         the list's order; an empty list completes it at once. An item that fails after its
         attempts fails the node and the run; ``run.retry()`` re-runs only the failed items.
-        The options apply to each item's job (see docs/map.md). ``result=True`` makes it a
+        The options apply to each item's job (see docs/map.md): ``concurrency`` bounds the
+        items running at once, ``rate`` the item starts per window, per key (a function of
+        the run's input, as a step's). ``result=True`` makes it a
         ``ResultWorkflow``'s result node: the run's result is the list.
         """
         if result and not self._has_result:
@@ -413,14 +444,21 @@ class Workflow(Generic[In]):
                 f"map node of workflow {self.name!r}: {over_name!r} is given as over= "
                 "and in after=; over= is an upstream already"
             )
-        decorate = self._decorator(
+        decorate = self._limited(
+            f"map node of workflow {self.name!r}",
             name,
-            (*deps, over_name),
-            max_attempts,
-            queue,
-            priority,
-            is_result=result,
-            over=over_name,
+            concurrency,
+            rate,
+            lambda spec: self._decorator(
+                name,
+                (*deps, over_name),
+                max_attempts,
+                queue,
+                priority,
+                is_result=result,
+                over=over_name,
+                limit=spec,
+            ),
         )
         # Its output (``ctx.output(node)``) is the list of the items' outputs.
         return cast("Callable[[Callable[..., R]], Step[list[R]]]", decorate)

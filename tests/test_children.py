@@ -277,8 +277,8 @@ def test_a_worker_killed_while_submitting_a_child_leaves_one_child_after_rescue(
         # for it inside the transaction that would park the node, and is killed there.
         holder.execute(
             sa.text(
-                "INSERT INTO cyclone_runs (id, workflow, submit_key, input, graph, "
-                "steps_remaining) VALUES (:id, :wf, :key, '0', '{}', 0)"
+                "INSERT INTO cyclone_runs (id, workflow, submit_key, input, definition, "
+                "steps_remaining) VALUES (:id, :wf, :key, '0', gen_random_uuid(), 0)"
             ),
             {"id": uuid.uuid4(), "wf": s.shipping.name, "key": key},
         )
@@ -378,7 +378,12 @@ def test_a_child_node_costs_seven_statements_to_submit_and_park_and_six_to_compl
     engine: sa.Engine, name: str
 ) -> None:
     s = shop(name)
-    run = s.checkout.submit(engine, Order(lines=[1]))
+    # The first child of a version in a process also stores the version's definition (one
+    # statement, once per process): counted from the second.
+    first = s.checkout.submit(engine, Order(lines=[1]))
+    drain(engine, *s.workflows)
+    assert first.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    run = s.checkout.submit(engine, Order(lines=[2]))
     with StepThreadStatements() as recorder:
         drain(engine, *s.workflows)
     assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED
@@ -408,10 +413,17 @@ def test_a_parent_past_its_deadline_fails_and_leaves_its_child_running(
     engine: sa.Engine, name: str
 ) -> None:
     s = shop(name, hold=True)
-    run = s.checkout.submit(engine, Order(lines=[1]), deadline=timedelta(seconds=1))
+    run = s.checkout.submit(engine, Order(lines=[1]), deadline=timedelta(hours=1))
     drain(engine, *s.workflows)
     (child,) = run.children()
     assert child.status().deadline is None  # a child inherits no deadline
+    with engine.begin() as conn:  # the hour passes
+        conn.execute(
+            sa.text(
+                "UPDATE cyclone_runs SET deadline = now() - interval '1 second' WHERE id = :id"
+            ),
+            {"id": run.id},
+        )
     worker = cyclone.Worker(engine, workflows=s.workflows, sweep=False)
     wait_until(lambda: worker.drain() >= 0 and run.status().done, 30)
     assert run.status().state == cyclone.RunState.FAILED

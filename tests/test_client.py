@@ -300,8 +300,10 @@ def test_a_listing_by_workflow_reads_the_listing_index(engine: sa.Engine, name: 
     # match it (a parameter would not prove it, nor would IS NOT NULL on PostgreSQL 17).
     with engine.begin() as conn:
         insert = sa.text(
-            "INSERT INTO cyclone_runs (workflow, input, graph, steps_remaining, created_at) "
-            "SELECT :wf, to_jsonb(g), '{}', 1, now() + g * interval '1 us' "
+            "WITH d AS (INSERT INTO cyclone_definitions (id, workflow, graph)"
+            " VALUES (gen_random_uuid(), :wf, '{}') RETURNING id) "
+            "INSERT INTO cyclone_runs (workflow, input, definition, steps_remaining, created_at) "
+            "SELECT :wf, to_jsonb(g), (SELECT id FROM d), 1, now() + g * interval '1 us' "
             "FROM generate_series(1, :n) g"
         )
         conn.execute(insert, {"wf": name, "n": 20})

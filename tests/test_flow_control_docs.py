@@ -14,7 +14,7 @@ PAGE = "docs/flow-control.md"
 def test_every_block_of_the_flow_control_page_runs(engine: sa.Engine) -> None:
     namespace: dict[str, Any] = {"engine": engine}
     found = blocks(PAGE, "## Examples")
-    assert len(found) == 2
+    assert len(found) == 3
     for block in found:
         exec(compile(block, PAGE, "exec"), namespace)
     client = namespace["client"]

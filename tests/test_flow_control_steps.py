@@ -365,7 +365,9 @@ def test_retry_all_runs_a_limited_step_again_within_its_limit(
         return all(run.status().state == "completed" for run in runs)
 
     wait_until(done, timeout=30, interval=0.005)
-    assert most == Counter({"a": 1}), most
+    # Never two at once (a sampler slowed by load may see none running: not the rule).
+    assert set(most) <= {"a"}, most
+    assert max(most.values(), default=0) <= 1, most
     assert {job_of(engine, run, "gate")["limit_key"] for run in runs} == {"a"}
 
 

@@ -1,24 +1,30 @@
-"""Listings and counts filtered by state read their indexes (revision cyclone_0013).
+"""Listings and counts read their indexes (revisions cyclone_0013, cyclone_0020_definitions).
 
 A state few runs are in (a handful failed among thousands completed) is listed, paged
 and counted from the ``(state, created_at, id)`` and ``(workflow, state, created_at,
-id)`` indexes: the plans below are PostgreSQL's own, for the statements the Client sends.
+id)`` indexes; a listing of every state merges those indexes' ranges, one per state; the
+key, the claim's start, the sweeper and the deadlines read the index cyclone.schema names
+for each. The plans below are PostgreSQL's own, for the statements cyclone sends.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
 import cyclone
+from cyclone._store import rescue as _rescue
 
 BULK = sa.text(
-    "INSERT INTO cyclone_runs (workflow, submit_key, input, graph, state, steps_remaining,"
+    "WITH d AS (INSERT INTO cyclone_definitions (id, workflow, graph)"
+    " VALUES (gen_random_uuid(), :wf, '{}') RETURNING id) "
+    "INSERT INTO cyclone_runs (workflow, submit_key, input, definition, state, steps_remaining,"
     " created_at, finalized_at) "
-    "SELECT :wf, 'k' || g, to_jsonb(g), '{}', :state, 0,"
+    "SELECT :wf, 'k' || g, to_jsonb(g), (SELECT id FROM d), :state, 0,"
     " now() - interval '1 hour' + g * interval '1 ms', now() "
     "FROM generate_series(CAST(:first AS int), CAST(:last AS int)) g"
 )
@@ -143,3 +149,75 @@ def test_the_backlog_and_the_per_minute_chart_read_indexes_not_rows(
     assert sum(m.failed for m in chart) == 6
     plan = plans(client.count_finished_per_minute)
     assert "Index Only Scan using ix_cyclone_runs_finalized_at_state" in plan, plan
+
+
+def newest_first(engine: sa.Engine, where: str = "true") -> list[str]:
+    """The keys of the runs ``where`` holds, newest first, read by plain SQL."""
+    with engine.connect() as conn:
+        return list(
+            conn.execute(
+                sa.text(
+                    f"SELECT submit_key FROM cyclone_runs WHERE {where} "
+                    "ORDER BY created_at DESC, id DESC"
+                )
+            ).scalars()
+        )
+
+
+def test_every_run_and_a_workflows_runs_list_newest_first_merging_the_state_indexes(
+    loaded: sa.Engine, plans: Callable[[Callable[[], Any]], str]
+) -> None:
+    client = cyclone.Client(loaded)
+    every = newest_first(loaded)
+    big = newest_first(loaded, "workflow = 'big'")
+    assert [r.key for r in client.list_runs(limit=10)] == every[:10]
+    first = client.page_runs(limit=7)
+    deeper = client.page_runs(limit=7, after=first.next)
+    assert [r.key for r in first.runs + deeper.runs] == every[:14]
+    assert [r.key for r in client.list_runs(workflow="big", limit=10)] == big[:10]
+    failed_first = client.list_runs(workflow="big", limit=8, after=client.list_runs(limit=1)[0])
+    assert [r.key for r in failed_first] == big[1:9] or [r.key for r in failed_first] == big[:8]
+    for read in (
+        lambda: client.list_runs(limit=10),
+        lambda: client.page_runs(limit=7, after=first.next),
+    ):
+        plan = plans(read)
+        assert "Merge Append" in plan, plan
+        assert "ix_cyclone_runs_listing_state " in plan, plan
+        assert "Seq Scan" not in plan, plan
+    for read in (
+        lambda: client.list_runs(workflow="big", limit=10),
+        lambda: client.page_runs(workflow="other", limit=5, after=first.next),
+    ):
+        plan = plans(read)
+        assert "Merge Append" in plan, plan
+        assert "ix_cyclone_runs_listing_workflow_state" in plan, plan
+        assert "Seq Scan" not in plan, plan
+
+
+def test_a_key_is_looked_up_in_the_key_index(
+    loaded: sa.Engine, plans: Callable[[Callable[[], Any]], str]
+) -> None:
+    client = cyclone.Client(loaded)
+    assert [r.key for r in client.page_runs(key="k42").runs] == ["k42", "k42"]
+    plan = plans(lambda: client.page_runs(key="k42"))
+    assert "idx_runs_submit_key" in plan, plan
+    assert "Seq Scan" not in plan, plan
+
+
+def test_the_claim_starts_runs_from_the_start_index_and_the_deadline_sweep_reads_its_own(
+    loaded: sa.Engine, plans: Callable[[Callable[[], Any]], str]
+) -> None:
+    wf: cyclone.Workflow[Any] = cyclone.Workflow("big")
+    wf.step("only")(lambda ctx, value: None)
+    run = wf.submit(loaded, 1, deadline=timedelta(hours=1))
+    worker = cyclone.Worker(loaded, workflows=[wf])
+    plan = plans(worker.drain)
+    assert run.status().state is cyclone.RunState.COMPLETED
+    assert "ix_cyclone_runs_start" in plan, plan
+
+    def expire() -> None:
+        with loaded.begin() as conn:
+            _rescue.expire_runs(conn)  # what the maintenance leader sends
+
+    assert "ix_cyclone_runs_deadline" in plans(expire)

@@ -6,9 +6,12 @@ import os
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -138,6 +141,7 @@ def test_upgrade_on_a_fresh_database_creates_the_schema(fresh_engine: sa.Engine)
         "cyclone_limits",
         "cyclone_limit_keys",
         "cyclone_waiters",
+        "cyclone_definitions",
         "cyclone_alembic_version",
     }
     assert objects["functions"] == {
@@ -354,3 +358,130 @@ def test_an_invalid_index_left_by_a_failed_build_stops_the_upgrade(
         conn.exec_driver_sql("DROP INDEX ix_cyclone_jobs_claim_kind")
     cyclone.upgrade(fresh_engine)
     assert drift(fresh_engine) == []
+
+
+BEFORE_DEFINITIONS = "cyclone_0019_waiters"
+
+
+def _in_flight_before_definitions(engine: sa.Engine, graph: str, old_graph: str) -> dict[str, Any]:
+    """Runs of workflow ``inflight`` written as the revision before cyclone_0020_definitions
+    kept them (each with its graph): one not started, one whose first step completed and
+    second is available, and one not started of an older one-step graph. Their ids by name."""
+    ids = {name: uuid.uuid4() for name in ("unstarted", "midway", "older")}
+    insert_run = sa.text(
+        "INSERT INTO cyclone_runs (id, workflow, submit_key, input, graph, steps_remaining, "
+        "start_at) VALUES (:id, 'inflight', :key, '7', CAST(:graph AS jsonb), :steps, :start)"
+    )
+    with engine.begin() as c:
+        c.execute(
+            insert_run,
+            {
+                "id": ids["unstarted"],
+                "key": "u",
+                "graph": graph,
+                "steps": 2,
+                "start": datetime.now(UTC),
+            },
+        )
+        c.execute(
+            insert_run, {"id": ids["midway"], "key": "m", "graph": graph, "steps": 1, "start": None}
+        )
+        c.execute(
+            insert_run,
+            {
+                "id": ids["older"],
+                "key": "o",
+                "graph": old_graph,
+                "steps": 1,
+                "start": datetime.now(UTC),
+            },
+        )
+        c.execute(
+            sa.text(
+                "INSERT INTO cyclone_jobs (run_id, workflow, kind, queue, state, output, deps, "
+                "pending_deps, attempt, max_attempts, finalized_at) VALUES "
+                "(:id, 'inflight', 'first', 'default', 'completed', '1', '{}', 0, 1, 3, now()), "
+                "(:id, 'inflight', 'second', 'default', 'available', NULL, '{first}', 0, 0, 3, "
+                "NULL)"
+            ),
+            {"id": ids["midway"]},
+        )
+    return ids
+
+
+def test_upgrade_to_definitions_moves_graphs_of_runs_in_flight_which_then_finish(
+    fresh_engine: sa.Engine,
+) -> None:
+    calls: list[tuple[str, Any]] = []
+    old: cyclone.Workflow[Any] = cyclone.Workflow("inflight")
+    old.step("first")(lambda ctx, value: calls.append(("first-old", value)))
+    new: cyclone.Workflow[Any] = cyclone.Workflow("inflight")
+
+    @new.step()
+    def first(ctx: cyclone.StepContext, value: Any) -> int:
+        calls.append(("first", value))
+        return 1
+
+    @new.step(after=[first])
+    def second(ctx: cyclone.StepContext, value: Any) -> None:
+        calls.append(("second", ctx.output(first)))
+
+    cyclone.upgrade(fresh_engine, BEFORE_DEFINITIONS)
+    ids = _in_flight_before_definitions(fresh_engine, new.plan().graph, old.plan().graph)
+    cyclone.upgrade(fresh_engine)
+    cyclone.check_schema(fresh_engine)
+    assert drift(fresh_engine) == []
+    with fresh_engine.connect() as c:
+        versions = c.execute(
+            sa.text(
+                "SELECT workflow, jsonb_array_length(graph -> 'steps') FROM cyclone_definitions"
+            )
+        ).all()
+        assert sorted(versions) == [("inflight", 1), ("inflight", 2)]  # one row per graph
+        named = dict(c.execute(sa.text("SELECT id, definition FROM cyclone_runs")).all())
+    assert named[ids["unstarted"]] == named[ids["midway"]] != named[ids["older"]]
+
+    assert cyclone.Worker(fresh_engine, workflows=[new]).drain() == 4
+    states = {name: cyclone.Client(fresh_engine).get_run(i) for name, i in ids.items()}
+    assert {name: s.state for name, s in states.items() if s} == dict.fromkeys(
+        ids, cyclone.RunState.COMPLETED
+    )
+    # The run of the older graph ran its own version: one step, no second.
+    assert sorted(calls) == [("first", 7), ("first", 7), ("second", 1), ("second", 1)]
+    with fresh_engine.connect() as c:
+        kinds = (
+            c.execute(
+                sa.text("SELECT kind FROM cyclone_jobs WHERE run_id = :id"), {"id": ids["older"]}
+            )
+            .scalars()
+            .all()
+        )
+    assert kinds == ["first"]
+    # A new submit of the current definition stores its own version next to the moved ones.
+    run, _ = new.submit_once(fresh_engine, "after", 8)
+    assert cyclone.Worker(fresh_engine, workflows=[new]).drain() == 2
+    assert run.status().state is cyclone.RunState.COMPLETED
+
+
+def test_downgrade_from_definitions_gives_each_run_its_graph_back(fresh_engine: sa.Engine) -> None:
+    wf = workflow_of_two("inflight")
+    cyclone.upgrade(fresh_engine, BEFORE_DEFINITIONS)
+    graph = wf.plan().graph
+    ids = _in_flight_before_definitions(fresh_engine, graph, graph)
+    with fresh_engine.connect() as c:
+        before = dict(c.execute(sa.text("SELECT id, graph FROM cyclone_runs")).all())
+    cyclone.upgrade(fresh_engine)
+    cyclone.downgrade(fresh_engine, BEFORE_DEFINITIONS)
+    with fresh_engine.connect() as c:
+        after = dict(c.execute(sa.text("SELECT id, graph FROM cyclone_runs")).all())
+    assert after == before
+    assert set(after) == set(ids.values())
+    cyclone.upgrade(fresh_engine)
+    assert drift(fresh_engine) == []
+
+
+def workflow_of_two(name: str) -> cyclone.Workflow[Any]:
+    wf: cyclone.Workflow[Any] = cyclone.Workflow(name)
+    wf.step("first")(lambda ctx, value: 1)
+    wf.step("second", after=["first"])(lambda ctx, value: None)
+    return wf

@@ -207,8 +207,10 @@ def add_running_runs(engine: sa.Engine, workflow: str, runs_: int, available_ste
     with engine.begin() as conn:
         conn.execute(
             sa.text(
-                "INSERT INTO cyclone_runs (workflow, input, graph, steps_remaining) "
-                "SELECT :wf, to_jsonb(g), '{}', 1 FROM generate_series(1, :n) g"
+                "WITH d AS (INSERT INTO cyclone_definitions (id, workflow, graph)"
+                " VALUES (gen_random_uuid(), :wf, '{}') RETURNING id) "
+                "INSERT INTO cyclone_runs (workflow, input, definition, steps_remaining) "
+                "SELECT :wf, to_jsonb(g), (SELECT id FROM d), 1 FROM generate_series(1, :n) g"
             ),
             {"wf": workflow, "n": runs_},
         )

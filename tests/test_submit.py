@@ -14,7 +14,7 @@ import cyclone
 from cyclone._store import claim as _claim
 from cyclone._store import executor as _executor
 from cyclone._store import submission as submit_module
-from cyclone.schema import jobs, runs
+from cyclone.schema import definitions, jobs, runs
 from tests.conftest import StatementCounter
 from tests.support.factories import (
     Order,
@@ -32,7 +32,11 @@ from tests.support.workers import rescue_lost_jobs
 
 def stored_graph(engine: sa.Engine, run_id: uuid.UUID) -> Any:
     with engine.connect() as conn:
-        return conn.execute(sa.select(runs.c.graph).where(runs.c.id == run_id)).scalar_one()
+        return conn.execute(
+            sa.select(definitions.c.graph)
+            .join_from(runs, definitions, definitions.c.id == runs.c.definition)
+            .where(runs.c.id == run_id)
+        ).scalar_one()
 
 
 def test_created_is_true_then_false_with_the_same_run_id(engine: sa.Engine, name: str) -> None:
@@ -645,3 +649,52 @@ def test_a_duplicate_of_a_committed_run_does_not_attempt_the_insert(
             conn.execute(sa.text(f"DROP TRIGGER {name}_count ON cyclone_runs"))
             conn.execute(sa.text(f"DROP FUNCTION {name}_count()"))
             conn.execute(sa.text(f"DROP SEQUENCE {name}_tries"))
+
+
+def definitions_of(engine: sa.Engine, name: str) -> list[Any]:
+    with engine.connect() as conn:
+        return list(
+            conn.execute(
+                sa.select(definitions.c.graph)
+                .where(definitions.c.workflow == name)
+                .order_by(definitions.c.created_at)
+            ).scalars()
+        )
+
+
+def test_a_definition_is_stored_by_the_first_submit_of_its_version_in_that_statement_only(
+    engine: sa.Engine, name: str, statements: StatementCounter
+) -> None:
+    wf = workflow(name, 2)
+    wf.plan()
+    statements.reset()
+    first, _ = wf.submit_once(engine, "a", 1)
+    wf.submit(engine, 2)
+    wf.submit_once(engine, "b", 3)
+    assert statements.count == 3, statements.statements
+    assert "cyclone_definitions" in statements.statements[0]
+    assert not any("cyclone_definitions" in s for s in statements.statements[1:])
+    assert [[s["name"] for s in g["steps"]] for g in definitions_of(engine, name)] == [["s0", "s1"]]
+    # A redeploy is a new version, stored once; the older runs keep theirs.
+    wf3 = workflow(name, 3)
+    wf3.submit(engine, 4)
+    wf3.submit(engine, 5)
+    assert [len(g["steps"]) for g in definitions_of(engine, name)] == [2, 3]
+    assert len(stored_graph(engine, first.id)["steps"]) == 2
+
+
+def test_a_submit_in_a_transaction_that_rolls_back_leaves_its_definition_stored(
+    engine: sa.Engine, name: str, statements: StatementCounter
+) -> None:
+    wf = workflow(name)
+    with engine.connect() as conn:
+        wf.submit_once_tx(conn, "k", 1)
+        conn.rollback()
+    assert count_runs(engine, name) == 0
+    assert len(definitions_of(engine, name)) == 1
+    statements.reset()
+    with engine.begin() as conn:
+        run, _ = wf.submit_once_tx(conn, "k", 1)
+    assert not any("cyclone_definitions" in s for s in statements.statements)
+    cyclone.Worker(engine, workflows=[wf]).drain()
+    assert run.status().state is cyclone.RunState.COMPLETED

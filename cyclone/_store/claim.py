@@ -42,6 +42,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 
 from cyclone import _observe
 from cyclone._store import completion as _completion
+from cyclone._store import definitions as _definitions
 from cyclone._store import executor as _executor
 from cyclone._store import notify as _notify
 from cyclone._store import queues as _queues
@@ -259,7 +260,7 @@ def _start_runs(scope: Scope, limit: int, chosen: Any, claimed: Any) -> Any:
     """Start the runs ``chosen`` (``run_id``, ``t``: its start time): create their steps,
     claiming roots for the slots ``claimed`` left free.
 
-    Every step of a started run is inserted from the graph its run row keeps, blocked or
+    Every step of a started run is inserted from the graph of its run's definition, blocked or
     (a root) available, as the submit did before the steps moved here; the roots of the
     served queues take the free slots in priority and start order, and are inserted
     running for ``:me``, their first attempt. The ``RETURNING`` rings NOTIFY for each
@@ -273,7 +274,7 @@ def _start_runs(scope: Scope, limit: int, chosen: Any, claimed: Any) -> Any:
         .returning(
             runs.c.id,
             runs.c.workflow,
-            runs.c.graph,
+            runs.c.definition,
             runs.c.deadline,
             runs.c.created_at,
             runs.c.step_limits,
@@ -281,7 +282,7 @@ def _start_runs(scope: Scope, limit: int, chosen: Any, claimed: Any) -> Any:
         )
         .cte("started")
     )
-    elements, step = _unstarted.graph_steps(started.c.graph)
+    elements, step = _unstarted.graph_steps(_definitions.graph_of(started))
     root = _unstarted.is_root(step)
     step_limit = started.c.step_limits.op("->", return_type=JSONB)(step.c.name)
     limit_name = step_limit.op("->>", return_type=Text)(const("n"))

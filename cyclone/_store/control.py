@@ -41,6 +41,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from cyclone import errors
 from cyclone._store import completion as _completion
+from cyclone._store import definitions as _definitions
 from cyclone._store import executor as _executor
 from cyclone._store import fanout as _fanout
 from cyclone._store import limits as _limits
@@ -126,7 +127,9 @@ def restart_run_stmt(*, from_states: tuple[RunState, ...]) -> Any:
     remaining = case(
         (
             runs.c.start_at.is_not(None),
-            func.jsonb_array_length(runs.c.graph.op("->", return_type=JSONB)(const("steps"))),
+            func.jsonb_array_length(
+                _definitions.graph_of(runs).op("->", return_type=JSONB)(const("steps"))
+            ),
         ),
         else_=select(func.count())
         .where(jobs.c.run_id == runs.c.id, jobs.c.state != const(JobState.COMPLETED.value))

@@ -8,9 +8,11 @@ the job (the lock order of :mod:`cyclone.states`), as for a wait node:
   ORDINALITY`` creates every item's job, available, with the node's queue, priority,
   attempts, deadline and upstreams but ``over`` (an item reads them with ``ctx.output``;
   the list itself, read with each item's claim, would make a map's cost quadratic in its
-  length) and its index in ``item``; the same statement adds their number to the run's
-  ``steps_remaining`` and rings NOTIFY once. The node is then parked blocked (``job.fan_out``) with
-  ``pending_deps`` the number of items: each item's completion counts it down (the
+  length), its index in ``item``, and the limits and keys the run keeps for the node's
+  items (``@wf.map(concurrency=, rate=)``; the node's own job has none); the same
+  statement adds their number to the run's ``steps_remaining`` and rings NOTIFY once.
+  The node is then parked blocked (``job.fan_out``) with ``pending_deps`` the number of
+  items: each item's completion counts it down (the
   record-and-claim statement, :func:`cyclone._store.completion.complete_jobs_ctes`), and
   the last one makes it available again. An empty list completes the node at once with
   ``[]``; an output that is not a list fails it.
@@ -96,9 +98,13 @@ def fan_out_stmt() -> Any:
 
 def expand_stmt() -> Any:
     """Insert one available job per element of ``:list`` (a JSON array) for the map node
-    ``:job_id`` of run ``:rid`` (upstreams: the node's but ``:over``), add their number to
-    the run's steps, ring NOTIFY; returns the number inserted."""
+    ``:job_id`` of run ``:rid`` (upstreams: the node's but ``:over``; limits and keys: the
+    node's items' in the run's ``step_limits``, so the limited claim serves each item),
+    add their number to the run's steps, ring NOTIFY; returns the number inserted."""
     node = jobs.alias("node")
+    item_limit = runs.c.step_limits.op("->", return_type=JSONB)(node.c.kind).op(
+        "->", return_type=JSONB
+    )(const("items"))
     elements = (
         func.jsonb_array_elements(cast(bindparam("list", type_=Text), JSONB))
         .table_valued("value", with_ordinality="ord")
@@ -119,8 +125,10 @@ def expand_stmt() -> Any:
             node.c.trace_context,
             elements.c.value,
             cast(elements.c.ord - 1, Integer),
+            *(item_limit.op("->>", return_type=Text)(const(f)) for f in ("n", "k", "rn", "rk")),
         )
         .select_from(node)
+        .join(runs, runs.c.id == node.c.run_id)
         .join(elements, true())
         .where(node.c.id == bindparam("job_id"))
         .order_by(elements.c.ord)
@@ -142,6 +150,10 @@ def expand_stmt() -> Any:
                 jobs.c.trace_context,
                 jobs.c.args,
                 jobs.c.item,
+                jobs.c.limit_name,
+                jobs.c.limit_key,
+                jobs.c.rate_name,
+                jobs.c.rate_key,
             ],
             rows,
         )

@@ -8,10 +8,10 @@ run of the key ``ON CONFLICT DO NOTHING`` and, only if it was inserted, every st
 the current graph at once: kept steps ``completed`` with the source's output copied in
 SQL (never through Python), a kept map node with its completed items, the others
 ``available`` or ``blocked`` with their ``pending_deps`` counting their upstream steps
-not kept. The run is inserted started
-(``start_at`` NULL, its jobs written), so the claim that starts runs never sees it. A
-key whose run exists already is read in the same statement and its input compared as
-``jsonb`` with the source's, as ``submit_once`` does. Nothing is written before the
+not kept. The run is inserted started (``start_at`` NULL, its jobs written), so the
+claim that starts runs never sees it. A key whose run exists already is read in the same
+statement and its input compared as ``jsonb`` with the source's, as ``submit_once``
+does. Nothing is written before the
 second statement, and that statement is atomic: a crash at any point leaves either no
 fork or the whole fork.
 """
@@ -45,6 +45,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB, insert
 
 from cyclone import _graph, _keys, _observe, errors
 from cyclone._store import binds as _binds
+from cyclone._store import definitions as _definitions
 from cyclone._store import executor as _executor
 from cyclone._store import notify as _notify
 from cyclone._store import submission as _submission
@@ -58,7 +59,7 @@ _SOURCE = (
     select(
         runs.c.workflow,
         runs.c.state,
-        cast(runs.c.graph, Text),
+        cast(_definitions.graph_of(runs), Text),
         select(cast(func.jsonb_object_agg(_step_states.c.kind, _step_states.c.state), Text))
         .where(_step_states.c.run_id == runs.c.id, _step_states.c.item.is_(None))
         .scalar_subquery(),
@@ -106,7 +107,7 @@ def insert_fork_stmt() -> Any:
         "workflow": bindparam("workflow", type_=Text),
         "submit_key": bindparam("key", type_=Text),
         "input": source.c.input,
-        "graph": cast(bindparam("graph", type_=Text), JSONB),
+        "definition": bindparam("definition", type_=runs.c.definition.type),
         "result_step": bindparam("result_step", type_=Text),
         "state": case((done, const(RunState.COMPLETED.value)), else_=const(RunState.RUNNING.value)),
         "steps_remaining": remaining,
@@ -228,6 +229,10 @@ def insert_fork_stmt() -> Any:
             kept_item.c.output,
             kept_item.c.attempted_at,
             kept_item.c.finalized_at,
+            kept_item.c.limit_name,  # the fork keeps the source's step_limits
+            kept_item.c.limit_key,
+            kept_item.c.rate_name,
+            kept_item.c.rate_key,
         )
         .select_from(inserted)
         .join(kept_item, kept_item.c.run_id == source_id)
@@ -258,6 +263,10 @@ def insert_fork_stmt() -> Any:
                 jobs.c.output,
                 jobs.c.attempted_at,
                 jobs.c.finalized_at,
+                jobs.c.limit_name,
+                jobs.c.limit_key,
+                jobs.c.rate_name,
+                jobs.c.rate_key,
             ],
             item_rows,
         )
@@ -409,6 +418,8 @@ def fork(
         SubmitConflictError: the key's run has another input than the source.
     """
     _keys.check_key(key)
+    encoded = msgspec.json.encode(graph).decode()
+    definition = _definitions.definition_id(workflow, encoded)
     with _binds.transaction(bind) as conn:
         row = _executor.first(conn, _SOURCE, {"source": source_id})
         if row is None or row[0] != workflow:
@@ -434,11 +445,13 @@ def fork(
             completed=completed,
             rerun=rerun,
         )
+        # Once the fork is known to be valid; in a statement of its own (see definitions).
+        _definitions.ensure(conn.engine, definition, workflow, encoded)
         params = {
             "source": source_id,
             "workflow": workflow,
             "key": key,
-            "graph": msgspec.json.encode(graph).decode(),
+            "definition": definition,
             "result_step": graph.result,
             "remaining": plan.remaining,
             "trace_context": _observe.trace_context(),

@@ -22,6 +22,7 @@ from typing import Any
 from sqlalchemy import Integer, Select, and_, case, cast, exists, func, or_, select
 from sqlalchemy.dialects.postgresql import JSONB, JSONPATH
 
+from cyclone._store import definitions as _definitions
 from cyclone._store.executor import const
 from cyclone.schema import jobs, runs, signals
 from cyclone.states import JobState, Parked, RunState
@@ -82,7 +83,9 @@ def wakes_at(job: Any) -> Any:
 def step_parked(job: Any) -> Any:
     """``'waiting'``, ``'sleeping'`` or NULL for a step's row (``cyclone_jobs``)."""
     owner = runs.alias("owner")
-    sleeps = exists().where(owner.c.id == job.c.run_id, sleeping_step(job, owner.c.graph))
+    sleeps = exists().where(
+        owner.c.id == job.c.run_id, sleeping_step(job, _definitions.graph_of(owner))
+    )
     return case(
         (waiting_step(job), const(Parked.WAITING.value)),
         (sleeps, const(Parked.SLEEPING.value)),
@@ -113,7 +116,7 @@ def _has_marker(run: Any) -> Any:
 
 def _has_sleeper(run: Any) -> Any:
     job = jobs.alias("sleeper")
-    return exists().where(job.c.run_id == run.c.id, sleeping_step(job, run.c.graph))
+    return exists().where(job.c.run_id == run.c.id, sleeping_step(job, _definitions.graph_of(run)))
 
 
 def run_parked(run: Any = runs) -> Any:

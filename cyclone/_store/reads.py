@@ -34,6 +34,7 @@ from sqlalchemy import (
 
 from cyclone import _codec
 from cyclone._store import binds as _binds
+from cyclone._store import definitions as _definitions
 from cyclone._store import executor as _executor
 from cyclone._store import parked as _parked
 from cyclone._store import unstarted as _unstarted
@@ -240,21 +241,16 @@ def _listed(
     stmt: Select[Any],
     *,
     workflow: str | None,
-    states: Sequence[RunState] | None,
     key: str | None,
     since: datetime | None,
     until: datetime | None,
     parked: Parked | None,
 ) -> Select[Any]:
-    """``stmt`` kept to the runs :func:`list_runs` lists with these filters."""
+    """``stmt`` kept to the runs :func:`list_runs` lists with these filters, the states
+    aside: :func:`_newest_first` (or :func:`count_listed`) applies them."""
     if parked is not None:
         stmt = stmt.where(*_parked.filters(parked))
-    if states is not None and len(states) == 1:
-        stmt = _listing(stmt, workflow, states[0])
-    else:
-        stmt = _listing(stmt, workflow, None)
-        if states is not None:
-            stmt = stmt.where(runs.c.state.in_([s.value for s in states]))
+    stmt = _listing(stmt, workflow)
     if key is not None:
         stmt = stmt.where(runs.c.submit_key == key)
     if since is not None:
@@ -281,11 +277,9 @@ def list_runs(
     ``parked`` keeps the runs parked so (:mod:`cyclone._store.parked`): its candidates are
     read from an index, so the listing costs the parked runs, not the history.
     """
-    states = None if state is None else (state,)
     stmt = _listed(
         select(*_STATUS_OF_TABLE),
         workflow=workflow,
-        states=states,
         key=key,
         since=since,
         until=until,
@@ -293,8 +287,8 @@ def list_runs(
     )
     if after is not None:
         stmt = stmt.where(tuple_(runs.c.created_at, runs.c.id) < after)
-    stmt = stmt.order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit)
-    return [run_status_fields(row) for row in _executor.rows(conn, _statuses_of(stmt))]
+    page = _newest_first(stmt, None if state is None else (state,), limit)
+    return [run_status_fields(row) for row in _executor.rows(conn, _statuses_of(page))]
 
 
 def _statuses_of(page: Select[Any]) -> Select[Any]:
@@ -331,7 +325,6 @@ def listed_run_ids(
     stmt = _listed(
         select(runs.c.created_at, runs.c.id),
         workflow=workflow,
-        states=states,
         key=key,
         since=since,
         until=until,
@@ -339,8 +332,8 @@ def listed_run_ids(
     )
     if after is not None:
         stmt = stmt.where(tuple_(runs.c.created_at, runs.c.id) < after)
-    stmt = stmt.order_by(runs.c.created_at.desc(), runs.c.id.desc()).limit(limit)
-    return [(created_at, run_id) for created_at, run_id in _executor.rows(conn, stmt)]
+    page = _newest_first(stmt, states, limit)
+    return [(created_at, run_id) for created_at, run_id in _executor.rows(conn, page)]
 
 
 def count_listed(
@@ -357,30 +350,62 @@ def count_listed(
     stmt = _listed(
         select(func.count()).select_from(runs),
         workflow=workflow,
-        states=states,
         key=key,
         since=since,
         until=until,
         parked=parked,
     )
+    if len(states) == 1:
+        stmt = stmt.where(runs.c.state == states[0].value)
+    elif set(states) != set(RunState):
+        stmt = stmt.where(runs.c.state.in_([s.value for s in states]))
     return int(_executor.value(conn, stmt))
 
 
-def _listing(stmt: Select[Any], workflow: str | None, state: RunState | None) -> Select[Any]:
-    """``stmt`` filtered by workflow and state, on the listing indexes newest first.
-
-    A filter on either states the listing indexes' predicate (always true), so the planner
-    may use the partial ``(workflow, created_at, id)``, ``(state, created_at, id)`` and
-    ``(workflow, state, created_at, id)`` indexes (revisions cyclone_0003, cyclone_0013).
-    """
-    if workflow is None and state is None:
-        return stmt
+def _listing(stmt: Select[Any], workflow: str | None) -> Select[Any]:
+    """``stmt`` filtered by workflow, stating the listing indexes' predicate (always true), so
+    the planner may use the partial ``(state, created_at, id)`` and ``(workflow, state,
+    created_at, id)`` indexes (revision cyclone_0013) once a state is filtered on."""
     stmt = stmt.where(runs.c.created_at > literal_column(LISTED_SINCE, runs.c.created_at.type))
     if workflow is not None:
         stmt = stmt.where(runs.c.workflow == workflow)
-    if state is not None:
-        stmt = stmt.where(runs.c.state == state.value)
     return stmt
+
+
+def _newest_first(
+    stmt: Select[Any],
+    states: Sequence[RunState] | None,
+    limit: int,
+    offset: int = 0,
+    *,
+    merge: bool = True,
+) -> Select[Any]:
+    """The runs of ``stmt`` (a :func:`_listing`) in ``states`` (None: every state), newest
+    first, ``limit`` of them after the first ``offset``.
+
+    The runs have no index on ``(created_at, id)`` nor on ``(workflow, created_at, id)``
+    (revision cyclone_0020_definitions dropped them, two index entries less per run
+    written): a listing of several states reads each state's range of the state indexes
+    newest first, at most ``offset + limit`` runs each, and PostgreSQL merges them (a
+    Merge Append), so a page costs a few index probes per state, not a sort of the runs.
+    ``merge=False`` orders ``stmt`` as it is (a key's runs: a few rows to sort).
+    """
+    newest = (runs.c.created_at.desc(), runs.c.id.desc())
+    if states is not None and len(states) == 1:
+        one = stmt.where(runs.c.state == states[0].value).order_by(*newest)
+        return one.offset(offset).limit(limit) if offset else one.limit(limit)
+    if not merge:
+        if states is not None:
+            stmt = stmt.where(runs.c.state.in_([s.value for s in states]))
+        stmt = stmt.order_by(*newest)
+        return stmt.offset(offset).limit(limit) if offset else stmt.limit(limit)
+    branches = [
+        stmt.where(runs.c.state == state.value).order_by(*newest).limit(offset + limit)
+        for state in (RunState if states is None else states)
+    ]
+    merged = union_all(*branches).subquery("merged")
+    page = select(*merged.c).order_by(merged.c.created_at.desc(), merged.c.id.desc())
+    return page.offset(offset).limit(limit) if offset else page.limit(limit)
 
 
 def page_runs(
@@ -407,7 +432,8 @@ def page_runs(
     statements.
     """
     # Filtered on the table's own columns: the window below casts only the runs it keeps.
-    stmt = _listing(select(*_STATUS_OF_TABLE), workflow, state)
+    stmt = _listing(select(*_STATUS_OF_TABLE), workflow)
+    states = None if state is None else (state,)
     if parked is not None:
         stmt = stmt.where(*_parked.filters(parked))
     exact_key = key is not None and not key.endswith("*")
@@ -423,7 +449,6 @@ def page_runs(
         stmt = stmt.where(runs.c.created_at < until)
     if after is not None:
         stmt = stmt.where(tuple_(runs.c.created_at, runs.c.id) < after)
-    newest_first = (runs.c.created_at.desc(), runs.c.id.desc())
 
     def unindexed(c: Any) -> list[Any]:
         """The filters no index serves, on the columns ``c`` of the runs or of a window."""
@@ -433,9 +458,9 @@ def page_runs(
         return found
 
     if not unindexed(runs.c) or exact_key:
-        page = stmt.where(*unindexed(runs.c)).order_by(*newest_first).limit(limit + 1)
+        page = _newest_first(stmt.where(*unindexed(runs.c)), states, limit + 1, merge=not exact_key)
         return [run_status_fields(r) for r in _executor.rows(conn, _statuses_of(page))], None
-    window = stmt.order_by(*newest_first).limit(scan).subquery()
+    window = _newest_first(stmt, states, scan).subquery()
     page = (
         select(*window.c)
         .where(*unindexed(window.c))
@@ -445,7 +470,7 @@ def page_runs(
     found = [run_status_fields(r) for r in _executor.rows(conn, _statuses_of(page))]
     if len(found) > limit:
         return found, None
-    edge_page = stmt.order_by(*newest_first).offset(scan - 1).limit(1)
+    edge_page = _newest_first(stmt, states, 1, scan - 1)
     edge = _executor.first(conn, _statuses_of(edge_page))
     return found, None if edge is None else run_status_fields(edge)
 
@@ -503,7 +528,7 @@ _RUN_DETAIL = select(
     *STATUS_COLUMNS,
     cast(runs.c.input, Text),
     runs.c.result_step,
-    cast(runs.c.graph, Text),
+    cast(_definitions.graph_of(runs), Text),
     runs.c.steps_remaining,
     func.now(),
 ).where(runs.c.id == bindparam("id"))

@@ -3,7 +3,8 @@
 A new key costs one statement writing one row: a CTE inserts the run ``ON CONFLICT DO
 NOTHING`` and, in the same statement, reads an existing run of the key and compares its
 input as ``jsonb``. The run's steps are not written here: the claim that starts the run
-creates them (:mod:`cyclone._store.claim`), from the graph the run row keeps. A second
+creates them (:mod:`cyclone._store.claim`), from the graph of the definition the run row
+names (:mod:`cyclone._store.definitions`, stored once per process and version). A second
 statement is needed only when another transaction committed the key after the first
 statement's snapshot. When cyclone owns
 the transaction (a bind), the statement is sent in autocommit mode: one statement is
@@ -26,6 +27,7 @@ from sqlalchemy import (
     Interval,
     Select,
     Text,
+    Uuid,
     bindparam,
     cast,
     column,
@@ -41,6 +43,7 @@ from sqlalchemy.dialects.postgresql import JSONB, insert
 
 from cyclone import _graph, _keys, _observe, errors
 from cyclone._store import binds as _binds
+from cyclone._store import definitions as _definitions
 from cyclone._store import executor as _executor
 from cyclone._store import limits as _limits
 from cyclone._store import notify as _notify
@@ -57,20 +60,26 @@ _const = _executor.const
 class Plan:
     """What every run of one workflow inserts, built once per definition.
 
-    The workflow's name, graph and step rows are rendered into its statements' text, so
+    The workflow's name and definition's id are rendered into its statements' text, so
     a prepared statement parses them once rather than on every submit; only the key,
     the input, the deadline and the retention are parameters.
     """
 
     workflow: str
     graph: str
+    definition: uuid.UUID
     result_step: str | None
     step_count: int
     insert_run: Any
     insert_run_once: Any
     insert_runs_once: Any
+    first_insert_runs_once: Any
     fast_insert_run: _executor.Compiled
     fast_insert_run_once: _executor.Compiled
+    first_insert_run: _executor.Compiled
+    first_insert_run_once: _executor.Compiled
+    """The two statements above that also store the definition: a process's first autocommit
+    submit of this version in a database sends one of them (see :meth:`statement`)."""
 
     limit: dict[str, Any] | None = None
     """The parameters of the workflow's limit's row (:func:`cyclone._store.limits.spec_params`):
@@ -80,6 +89,8 @@ class Plan:
     keys in ``step_limits``, and its jobs get them when it starts."""
     step_rates: dict[str, dict[str, Any]] | None = None
     """The parameters of the Rate a limited step has besides its Concurrency, by step name."""
+    item_limits: frozenset[str] = frozenset()
+    """The limited steps that are map nodes: their limits are their items', not their own."""
 
     @property
     def limited(self) -> bool:
@@ -97,25 +108,52 @@ class Plan:
     ) -> Plan:
         encoded = msgspec.json.encode(graph).decode()
         limit_name = None if limit is None else str(limit["name"])
+        definition = _definitions.definition_id(workflow, encoded)
         consts = _Consts(
-            workflow, encoded, graph.result, len(graph.steps), limit_name, bool(step_limits)
+            workflow, definition, graph.result, len(graph.steps), limit_name, bool(step_limits)
         )
         insert_run = consts.insert_run_stmt()
         insert_run_once = consts.insert_run_once_stmt()
+        stores = _definitions.insert_cte(definition, workflow, encoded)
         return cls(
             workflow=workflow,
             graph=encoded,
+            definition=definition,
             result_step=graph.result,
             step_count=len(graph.steps),
             insert_run=insert_run,
             insert_run_once=insert_run_once,
             insert_runs_once=consts.insert_runs_once_stmt(),
+            first_insert_runs_once=consts.insert_runs_once_stmt().add_cte(stores),
             fast_insert_run=_executor.Compiled(insert_run),
             fast_insert_run_once=_executor.Compiled(insert_run_once),
+            first_insert_run=_executor.Compiled(insert_run.add_cte(stores)),
+            first_insert_run_once=_executor.Compiled(insert_run_once.add_cte(stores)),
             limit=limit,
             step_limits=step_limits or None,
             step_rates=step_rates or None,
+            item_limits=frozenset(
+                node.name
+                for node in graph.steps
+                if node.over is not None and node.name in (step_limits or {})
+            ),
         )
+
+    def store(self, engine: Engine) -> None:
+        """Store this definition in ``engine``'s database unless this process already did
+        (a statement of its own, for a submit in a transaction)."""
+        _definitions.ensure(engine, self.definition, self.workflow, self.graph)
+
+    def statement(self, engine: Engine, once: bool) -> tuple[_executor.Compiled, bool]:
+        """The insert (``once``: insert-or-read) statement of an autocommit submit on
+        ``engine``, and whether it stores the definition too (then, once it has run, call
+        :meth:`stored`)."""
+        if _definitions.is_stored(engine, self.definition):
+            return (self.fast_insert_run_once if once else self.fast_insert_run), False
+        return (self.first_insert_run_once if once else self.first_insert_run), True
+
+    def stored(self, engine: Engine) -> None:
+        _definitions.stored(engine, self.definition)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +175,7 @@ class _Consts:
     """Builds one workflow's insert statements around its constants."""
 
     workflow: str
-    graph: str
+    definition: uuid.UUID
     result_step: str | None
     step_count: int
     limit_name: str | None = None
@@ -151,7 +189,7 @@ class _Consts:
         return {
             "workflow": _const(self.workflow, Text),
             "input": cast(bindparam("input", type_=Text), JSONB),
-            "graph": cast(_const(self.graph, Text), JSONB),
+            "definition": cast(_const(str(self.definition), Text), Uuid),
             "result_step": _const(self.result_step, Text),
             "state": _const(RunState.RUNNING.value, Text),
             "steps_remaining": _const(self.step_count, Integer),
@@ -426,11 +464,21 @@ def resolve_once(once: _Once, workflow: str, key: str) -> tuple[Any, bool]:
     raise RuntimeError(f"key {key!r} kept changing hands while submitting; try again")
 
 
-def _insert_once(conn: _executor.Executor, plan: Plan, params: dict[str, Any]) -> tuple[Any, bool]:
-    """The run of ``params["key"]`` and whether this call created it, on ``conn``."""
+def _insert_once(
+    conn: _executor.Executor,
+    plan: Plan,
+    params: dict[str, Any],
+    first: _executor.Compiled | None = None,
+) -> tuple[Any, bool]:
+    """The run of ``params["key"]`` and whether this call created it, on ``conn``; ``first``
+    is the insert-or-read statement to send first, when not the plan's usual one."""
+    sent: list[_executor.Compiled] = []
 
     def once(insert: bool) -> _Row:
         stmt = plan.fast_insert_run_once if insert else _FAST_SELECT_RUN_BY_KEY
+        if insert and first is not None and not sent:
+            stmt = first
+        sent.append(stmt)
         rows = conn.rows(stmt, params)
         return rows[0] if rows else None
 
@@ -443,13 +491,16 @@ def submit(
 ) -> Submitted:
     params = _params(plan, input, timing)
     engine = _binds.engine_of(bind)
+    stmt, stores = plan.statement(engine, once=False)
     started = time.monotonic()
     if not plan.limited:
-        rows = _executor.pooled_rows(engine, plan.fast_insert_run, params)
+        rows = _executor.pooled_rows(engine, stmt, params)
     else:
         with _executor.connect(engine) as conn:
             _limited(conn, plan, params, keys)
-            rows = conn.rows(plan.fast_insert_run, params)
+            rows = conn.rows(stmt, params)
+    if stores:
+        plan.stored(engine)
     return Submitted(engine, rows[0][0], None, True, started)
 
 
@@ -459,6 +510,7 @@ def submit_tx(
 ) -> Submitted:
     params = _params(plan, input, timing)
     executor, engine = _binds.joined(conn)
+    plan.store(engine)
     _limited(executor, plan, params, keys)
     rows = executor.rows(plan.fast_insert_run, params)
     return Submitted(engine, rows[0][0], None, True)
@@ -475,10 +527,13 @@ def submit_once(
 ) -> Submitted:
     params = _once_params(plan, key, input, timing)
     engine = _binds.engine_of(bind)
+    stmt, stores = plan.statement(engine, once=True)
     started = time.monotonic()
     with _executor.connect(engine) as conn:
         _limited(conn, plan, params, keys)
-        run_id, created = _insert_once(conn, plan, params)
+        run_id, created = _insert_once(conn, plan, params, stmt)
+    if stores:
+        plan.stored(engine)
     return Submitted(engine, run_id, key, created, started if created else None)
 
 
@@ -493,6 +548,7 @@ def submit_once_tx(
 ) -> Submitted:
     params = _once_params(plan, key, input, timing)
     executor, engine = _binds.joined(conn)
+    plan.store(engine)
     _limited(executor, plan, params, keys)
     run_id, created = _insert_once(executor, plan, params)
     return Submitted(engine, run_id, key, created)
@@ -510,15 +566,18 @@ class LimitKeys(NamedTuple):
 
 def _step_limits(plan: Plan, keys: LimitKeys) -> str | None:
     """The run's ``step_limits``: ``{step: {"n": limit name, "k": key}}`` as JSON text,
-    with ``"rn"``, ``"rk"`` for the Rate of a step given both."""
+    with ``"rn"``, ``"rk"`` for the Rate of a step given both; a map node's under
+    ``{"items": {...}}``, which its expansion gives each item (the node's own job, which
+    runs none of the user's code, has no limit)."""
     if not plan.step_limits:
         return None
     rates = plan.step_rates or {}
-    encoded: dict[str, dict[str, str]] = {}
+    encoded: dict[str, Any] = {}
     for step, params in plan.step_limits.items():
-        encoded[step] = {"n": params["name"], "k": keys.steps[step]}
+        entry = {"n": params["name"], "k": keys.steps[step]}
         if step in rates:
-            encoded[step].update(rn=rates[step]["name"], rk=keys.rates[step])
+            entry.update(rn=rates[step]["name"], rk=keys.rates[step])
+        encoded[step] = {"items": entry} if step in plan.item_limits else entry
     return msgspec.json.encode(encoded).decode()
 
 
@@ -592,13 +651,20 @@ def submit_once_many(
     del params["input"]
     results: dict[int, Submitted] = {}
     missing: list[int] = list(range(len(items)))
+    engine = _binds.engine_of(bind)
+    # The first batch of this version stores the definition in its statement, committed
+    # with the batch's transaction.
+    stores = not _definitions.is_stored(engine, plan.definition)
+    stmt = plan.first_insert_runs_once if stores else plan.insert_runs_once
+    done: list[Submitted] | None = None
     with _binds.transaction(bind) as conn:
         if plan.limited:
             assert limit_keys is not None
             _ensure_keys(_executor.executor_of(conn), plan, limit_keys)
         for _ in range(_MAX_RACE_RETRIES):
             payload = _items_payload(plan, items, missing, limit_keys)
-            rows = _executor.rows(conn, plan.insert_runs_once, {**params, "items": payload})
+            rows = _executor.rows(conn, stmt, {**params, "items": payload})
+            stmt = plan.insert_runs_once
             for i, run_id, created, same_input in sorted(rows, key=lambda r: r[0]):
                 key = items[i][0]
                 if not same_input:
@@ -608,5 +674,10 @@ def submit_once_many(
             # statement's snapshot; the next statement sees it.
             missing = [i for i in range(len(items)) if i not in results]
             if not missing:
-                return [results[i] for i in range(len(items))]
-    raise RuntimeError("keys kept changing hands while submitting the batch; try again")
+                done = [results[i] for i in range(len(items))]
+                break
+    if done is None:
+        raise RuntimeError("keys kept changing hands while submitting the batch; try again")
+    if stores:
+        plan.stored(engine)
+    return done

@@ -1,4 +1,4 @@
-"""The steps of a run not started yet, read from the graph its row keeps.
+"""The steps of a run not started yet, read from the graph of the definition its row names.
 
 A submit writes the run row only; its steps become rows of ``cyclone_jobs`` when a claim
 starts the run (:mod:`cyclone._store.claim`). Until then a run's ``start_at`` is set, and
@@ -26,6 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
+from cyclone._store import definitions as _definitions
 from cyclone._store.executor import const
 from cyclone.schema import runs
 from cyclone.states import JobState, RunState
@@ -78,7 +79,7 @@ def steps_of(run_id: Any) -> Select[Any]:
 
     No row for a run that has started (its steps are rows of ``cyclone_jobs``).
     """
-    elements, step = graph_steps(runs.c.graph)
+    elements, step = graph_steps(_definitions.graph_of(runs))
     return (
         select(
             step.c.name.label("kind"),
@@ -110,7 +111,7 @@ def pending_steps() -> Select[Any]:
     Reads the runs of ``ix_cyclone_runs_start`` (its predicate is stated), so it costs
     the runs waiting to start, never the history.
     """
-    elements, step = graph_steps(runs.c.graph)
+    elements, step = graph_steps(_definitions.graph_of(runs))
     return (
         select(
             runs.c.workflow.label("workflow"),

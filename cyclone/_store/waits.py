@@ -59,6 +59,7 @@ from sqlalchemy.dialects.postgresql import JSONB, insert
 
 from cyclone import _codec, _observe, errors
 from cyclone._store import completion as _completion
+from cyclone._store import definitions as _definitions
 from cyclone._store import executor as _executor
 from cyclone._store import notify as _notify
 from cyclone._store.claim import Claimed
@@ -355,8 +356,10 @@ def _read_stmt(by_key: bool) -> Any:
     it decided.
     """
     # From the graph, which a run not started yet has already (its steps have no rows).
-    node_exists = runs.c.graph.op("->", return_type=JSONB)(const("steps")).op("@>")(
-        func.jsonb_build_array(_NODE_ARGS)
+    node_exists = (
+        _definitions.graph_of(runs)
+        .op("->", return_type=JSONB)(const("steps"))
+        .op("@>")(func.jsonb_build_array(_NODE_ARGS))
     )
     sent = signals.alias("sent")
     stmt = (

@@ -5,7 +5,8 @@ enqueues with the same definitions its children serve. SPEC is JSON:
 ``{"limit": "concurrency" | "rate" | "shared" | "paired" | "workflow" | "steps", "max": N,
 "rate": N,
 "per": seconds, "concurrency": C, "on_limit": ..., "name": limit name}`` ("workflow":
-serve :func:`workflow` instead; "steps": serve :func:`step_workflows`).
+serve :func:`workflow` instead; "steps": serve :func:`step_workflows`; "map": serve
+:func:`map_workflow`).
 A job's args are ``{"k": key, "ms": how long its step runs, "block": path or null}``: a
 step given ``block`` creates that file and then blocks forever (the test kills it).
 The worker serves until SIGTERM; the database URL comes from ``CYCLONE_TEST_DATABASE_URL``.
@@ -110,6 +111,24 @@ def step_workflows(name: str, spec: dict[str, Any]) -> list[cyclone.Workflow[Any
     return made
 
 
+def map_workflow(name: str, spec: dict[str, Any]) -> cyclone.ResultWorkflow[Any, Any]:
+    """The workflow of test ``name`` whose map node ``each`` runs ``input["n"]`` items of
+    ``input["ms"]`` each, at most ``spec["max"]`` items at once per ``input["k"]`` (a
+    ``Concurrency``); its result is the items' outputs (their indexes)."""
+    wf: cyclone.ResultWorkflow[Any, Any] = cyclone.ResultWorkflow(name)
+
+    @wf.step()
+    def items(ctx: cyclone.StepContext, value: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{"i": i, "ms": value["ms"]} for i in range(value["n"])]
+
+    @wf.map(over=items, result=True, concurrency=cyclone.Concurrency(spec["max"], key=_key))
+    def each(ctx: cyclone.StepContext, item: dict[str, Any]) -> int:
+        time.sleep(item["ms"] / 1000)
+        return int(item["i"])
+
+    return wf
+
+
 def main() -> None:
     name, spec_text = sys.argv[1], sys.argv[2]
     spec = json.loads(spec_text)
@@ -117,6 +136,8 @@ def main() -> None:
     served: dict[str, Any]
     if spec["limit"] == "workflow":
         served = {"workflows": [workflow(name, spec)]}
+    elif spec["limit"] == "map":
+        served = {"workflows": [map_workflow(name, spec)]}
     elif spec["limit"] == "steps":
         served = {"workflows": step_workflows(name, spec)}
     else:

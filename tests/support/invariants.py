@@ -59,13 +59,21 @@ INVARIANTS: tuple[Invariant, ...] = (
     Invariant(
         "a running, started run has a job for every step of its graph",
         """
-        SELECT r.id AS run_id, jsonb_array_length(r.graph -> 'steps') AS steps,
+        SELECT r.id AS run_id, jsonb_array_length(d.graph -> 'steps') AS steps,
                (SELECT count(*) FROM cyclone_jobs j
                 WHERE j.run_id = r.id AND j.item IS NULL) AS jobs
-        FROM cyclone_runs r
+        FROM cyclone_runs r JOIN cyclone_definitions d ON d.id = r.definition
         WHERE r.state = 'running' AND r.start_at IS NULL
-          AND jsonb_array_length(r.graph -> 'steps')
+          AND jsonb_array_length(d.graph -> 'steps')
               <> (SELECT count(*) FROM cyclone_jobs j WHERE j.run_id = r.id AND j.item IS NULL)
+        """,
+    ),
+    Invariant(
+        "every run's definition is stored, as a definition of the run's workflow",
+        """
+        SELECT r.id AS run_id, r.workflow, r.definition, d.workflow AS definition_workflow
+        FROM cyclone_runs r LEFT JOIN cyclone_definitions d ON d.id = r.definition
+        WHERE d.id IS NULL OR d.workflow <> r.workflow
         """,
     ),
     Invariant(
@@ -305,22 +313,28 @@ INVARIANTS: tuple[Invariant, ...] = (
         """,
     ),
     Invariant(
-        "a step has the limit and key its run keeps for it (none when it keeps none)",
+        "a step, or a map item, has the limits and keys its run keeps for it (none when it "
+        "keeps none; a map node's are its items', under 'items', and the node has none)",
         """
-        SELECT j.id AS job_id, j.kind, j.limit_name, j.limit_key, r.step_limits
-        FROM cyclone_jobs j JOIN cyclone_runs r ON r.id = j.run_id
-        WHERE (r.step_limits -> j.kind ->> 'n') IS DISTINCT FROM j.limit_name
-           OR (r.step_limits -> j.kind ->> 'k') IS DISTINCT FROM j.limit_key
+        SELECT j.id AS job_id, j.kind, j.item, j.limit_name, j.limit_key, r.step_limits
+        FROM cyclone_jobs j JOIN cyclone_runs r ON r.id = j.run_id,
+        LATERAL (SELECT CASE WHEN j.item IS NULL THEN r.step_limits -> j.kind
+                             ELSE r.step_limits -> j.kind -> 'items' END AS kept) s
+        WHERE (s.kept ->> 'n') IS DISTINCT FROM j.limit_name
+           OR (s.kept ->> 'k') IS DISTINCT FROM j.limit_key
+           OR (s.kept ->> 'rn') IS DISTINCT FROM j.rate_name
+           OR (s.kept ->> 'rk') IS DISTINCT FROM j.rate_key
         """,
     ),
     Invariant(
         "a run's step limits and keys have their rows",
         """
         SELECT r.id AS run_id, s.key AS step, s.value AS step_limit
-        FROM cyclone_runs r, jsonb_each(r.step_limits) s
+        FROM cyclone_runs r, jsonb_each(r.step_limits) s,
+        LATERAL (SELECT coalesce(s.value -> 'items', s.value) AS kept) l
         WHERE r.step_limits IS NOT NULL AND NOT EXISTS (
             SELECT 1 FROM cyclone_limit_keys k
-            WHERE k.name = s.value ->> 'n' AND k.key = s.value ->> 'k')
+            WHERE k.name = l.kept ->> 'n' AND k.key = l.kept ->> 'k')
         """,
     ),
     Invariant(

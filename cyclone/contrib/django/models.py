@@ -18,7 +18,10 @@ class Run(models.Model):
     workflow = models.TextField()
     submit_key = models.TextField("key", null=True)
     input = models.JSONField()
-    graph = models.JSONField()
+    definition = models.UUIDField(
+        help_text="The version of the workflow's graph the run was submitted with "
+        "(a row of cyclone_definitions).",
+    )
     result_step = models.TextField(null=True)
     state = models.TextField(choices=[(state.value, state.value) for state in RunState])
     steps_remaining = models.IntegerField()

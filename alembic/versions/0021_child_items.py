@@ -1,7 +1,7 @@
 """Children of map items: a child run records the item of its parent's node (``@wf.child(over=)``).
 
-Revision ID: cyclone_0020_child_items
-Revises: cyclone_0019_waiters
+Revision ID: cyclone_0021_child_items
+Revises: cyclone_0020_definitions
 Create Date: 2026-12-05
 
 ``cyclone_runs.parent_item`` is the index of the item of the parent's map of children
@@ -14,8 +14,8 @@ import sqlalchemy as sa
 
 from alembic import op
 
-revision = "cyclone_0020_child_items"
-down_revision = "cyclone_0019_waiters"
+revision = "cyclone_0021_child_items"
+down_revision = "cyclone_0020_definitions"
 branch_labels = None
 depends_on = None
 

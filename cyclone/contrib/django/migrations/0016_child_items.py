@@ -1,4 +1,4 @@
-"""cyclone's revision ``cyclone_0020_child_items``: a child run records its parent's item.
+"""cyclone's revision ``cyclone_0021_child_items``: a child run records its parent's item.
 
 The schema moves on to the new head; the unmanaged ``Run`` model gains ``parent_item``.
 """
@@ -12,12 +12,12 @@ from cyclone.contrib.django._migrate import apply_revisions
 
 class Migration(migrations.Migration):
     atomic = False  # the revisions commit on a connection of their own
-    revision = "cyclone_0020_child_items"  # cyclone's head revision when this was written
+    revision = "cyclone_0021_child_items"  # cyclone's head revision when this was written
 
-    dependencies = [("cyclone", "0014_waiters")]
+    dependencies = [("cyclone", "0015_definitions")]
 
     operations = [
-        apply_revisions(down_to="cyclone_0019_waiters"),
+        apply_revisions(down_to="cyclone_0020_definitions"),
         migrations.AddField(
             model_name="run",
             name="parent_item",
