@@ -556,3 +556,31 @@ def test_a_cancelled_child_fails_its_item_and_the_run_naming_the_child_run(
     assert "cancelled" in status.error["message"]
     other = child_of_item(engine, run.id, 0)
     assert f.parcel.run(engine, other).status().state == cyclone.RunState.RUNNING
+
+
+def test_a_limited_map_of_children_runs_every_item_and_its_items_carry_the_limit(
+    engine: sa.Engine, name: str
+) -> None:
+    f = fleet(name)
+    wf: cyclone.Workflow[int] = cyclone.Workflow(f"{name}-limited", input=int)
+
+    @wf.step()
+    def orders(ctx: cyclone.StepContext, n: int) -> list[int]:
+        return list(range(n))
+
+    @wf.child(f.parcel, over=orders, concurrency=cyclone.Concurrency(1, key=lambda n: "one"))
+    def ship(ctx: cyclone.StepContext, order: int) -> int:
+        return 10 * order
+
+    run = wf.submit(engine, 3)
+    with cyclone.Worker(engine, workflows=[wf, f.parcel], concurrency=3, sweep=False) as worker:
+        worker.drain()
+    assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    assert output_of(engine, run.id, "ship") == [1, 11, 21]
+    with engine.connect() as conn:
+        limited = conn.execute(
+            sa.select(jobs.c.item, jobs.c.limit_name)
+            .where(jobs.c.run_id == run.id, jobs.c.kind == "ship")
+            .order_by(jobs.c.item.nulls_first())
+        ).all()
+    assert [row.limit_name is not None for row in limited] == [False, True, True, True]
