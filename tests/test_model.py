@@ -62,8 +62,17 @@ import cyclone
 from cyclone._store import notify as _notify
 from tests.conftest import create_database, drop_database, wait_until
 from tests.support import invariants
-from tests.support.model_proc import DAY, EXEC_DDL, FORK_PREFIX, TAG_SQL, WORKFLOW, Item, gate
-from tests.support.run_model import STEPS, Expect, RunModel, release_and_cancel
+from tests.support.model_proc import (
+    DAY,
+    EXEC_DDL,
+    FORK_PREFIX,
+    KID_SUFFIX,
+    TAG_SQL,
+    WORKFLOW,
+    Item,
+    gate,
+)
+from tests.support.run_model import KID_STEP, STEPS, Expect, RunModel, release_and_cancel
 
 KNOWN_DEFECTS_FIXED: dict[str, bool] = {
     # A cancelled run whose steps all completed (cancelled during its last step) and is
@@ -114,6 +123,9 @@ SETTINGS = settings(
 
 RULES_RUN: Counter[str] = Counter()
 """How many times each rule ran (printed at the end: what the examples exercised)."""
+CHILD_TRANSITIONS: Counter[str] = Counter()
+"""How many times the child node ``c``, the kid and its step ``k`` were seen to move from
+one state to another between two checks (printed at the end)."""
 
 
 def guarded(fn: Callable[..., None]) -> Callable[..., None]:
@@ -207,9 +219,15 @@ class Snapshot:
                 state = "active"
             elif state == "available":
                 state = "parked" if step == "w" and job["later"] else "active"
-            elif state == "blocked" and step == "w" and job["pending"] == 0:
+            elif state == "blocked" and step in ("w", "c") and job["pending"] == 0:
                 state = "parked"
             seen[step] = state
+        kid = self.runs.get(tag + KID_SUFFIX)
+        seen["kid"] = kid["state"] if kid else "none"
+        job = self.jobs.get((tag + KID_SUFFIX, KID_STEP))
+        seen[KID_STEP] = "none" if kid is None else job["state"] if job else "no job"
+        if seen[KID_STEP] in ("running", "available"):
+            seen[KID_STEP] = "active"
         return seen
 
 
@@ -384,7 +402,8 @@ class Harness:
             rows = conn.execute(
                 sa.text(
                     f"SELECT {TAG_SQL.format(r='r')}, r.state, r.steps_remaining, "
-                    "r.deadline <= now(), r.start_at, j.kind, j.state, j.pending_deps, "
+                    "r.deadline <= now(), r.start_at, r.parent_waits, "
+                    "j.kind, j.state, j.pending_deps, "
                     "j.worker_id, j.attempt, j.lease, "
                     "j.scheduled_at <= now(), j.scheduled_at > now() + interval '1 hour', "
                     "s.payload IS NOT NULL "
@@ -403,6 +422,7 @@ class Harness:
             remaining,
             past,
             start_at,
+            parent_waits,
             kind,
             jstate,
             pending,
@@ -419,6 +439,7 @@ class Harness:
                 "past_deadline": bool(past),
                 "unstarted": start_at is not None,
                 "signalled": bool(signalled),
+                "parent_waits": bool(parent_waits),
             }
             if kind is not None:
                 jobs[tag, kind] = {
@@ -462,12 +483,24 @@ class Harness:
             )
             if step == "w" and parked and running and snap.runs[tag]["signalled"]:
                 todo.append(f"{tag}:w parked, its signal stored, not delivered")
+            # A child run's end wakes its parked node on a worker's next delivery (woken
+            # by cyclone_run_finished, or its poll): until then the node is still parked.
+            kid = snap.runs.get(tag + KID_SUFFIX)
+            if (
+                step == "c"
+                and job["state"] == "blocked"
+                and job["pending"] == 0
+                and kid is not None
+                and kid["state"] != "running"
+                and kid.get("parent_waits")
+            ):
+                todo.append(f"{tag}:c parked, its child {kid['state']}, not woken")
             if job["state"] != "running":
                 continue
             if job["pid"] not in live:
                 todo.append(f"{tag}:{step} held by stopped worker {job['pid']}, not rescued")
-            elif step == "w":
-                todo.append(f"{tag}:w running")
+            elif step in ("w", "c"):
+                todo.append(f"{tag}:{step} running")
             elif snap.current(tag, step) is None:
                 todo.append(f"{tag}:{step} running, not at its gate (outcome not recorded)")
         return todo
@@ -525,6 +558,8 @@ class ModelMachine(RuleBasedStateMachine):
         self.broken = False
         self.snap: Snapshot | None = None
         self.focus = 0
+        self.seen: dict[int, dict[str, str] | None] = {}
+        """What the last check saw of each run (to count the child's transitions)."""
 
     # set-up and tear-down
 
@@ -584,6 +619,9 @@ class ModelMachine(RuleBasedStateMachine):
         snap = self.h.snapshot()
         self.compare(snap)
         for tag, run in snap.runs.items():
+            assert not (tag.endswith(KID_SUFFIX) and run["state"] == "running"), (
+                f"child run {tag} is running at rest"
+            )
             if run["state"] == "running":
                 w = snap.jobs.get((tag, "w"))
                 assert w is not None
@@ -628,9 +666,20 @@ class ModelMachine(RuleBasedStateMachine):
                 str(c.summary()) for c in candidates
             )
             self.runs[number] = matching[0]
+            self.count_child_transitions(number, seen)
+
+    def count_child_transitions(self, number: int, seen: dict[str, str] | None) -> None:
+        before = self.seen.get(number) or {}
+        for part in ("c", "kid", KID_STEP):
+            old = before.get(part, "none")
+            new = "purged" if seen is None else seen[part]
+            if old != new and not (old == "none" and new == "purged"):
+                CHILD_TRANSITIONS[f"{part}: {old} -> {new}"] += 1
+        self.seen[number] = seen
 
     def model_of(self, tag: str) -> RunModel:
-        return self.runs[int(tag.removeprefix("m"))]
+        """The model of run ``tag``, or of its parent for a child run."""
+        return self.runs[int(tag.removesuffix(KID_SUFFIX).removeprefix("m"))]
 
     def releasable(self, snap: Snapshot) -> list[Exec]:
         """Executions holding their job at a gate, on a live worker."""
@@ -639,8 +688,12 @@ class ModelMachine(RuleBasedStateMachine):
         for model in self.runs.values():
             if model.purged:
                 continue
-            for step in ("a", "b"):
-                e = snap.current(model.tag, step)
+            for tag, step in (
+                (model.tag, "a"),
+                (model.tag, "b"),
+                (model.tag + KID_SUFFIX, KID_STEP),
+            ):
+                e = snap.current(tag, step)
                 if e is not None and e.pid in live:
                     found.append(e)
         return found
@@ -675,12 +728,15 @@ class ModelMachine(RuleBasedStateMachine):
         number = self.next_number
         self.next_number += 1
         model = RunModel(number=number, key=key, v=0, deadline=deadline)
-        for step in ("a", "b"):
-            self.h.lock_gates(model.tag, step, LOOKAHEAD)
+        self.lock_first_gates(model)
         self.runs[number] = model
         if key is not None:
             self.keys[key] = number
         return model
+
+    def lock_first_gates(self, model: RunModel) -> None:
+        for tag, step in ((model.tag, "a"), (model.tag, "b"), (model.tag + KID_SUFFIX, KID_STEP)):
+            self.h.lock_gates(tag, step, LOOKAHEAD)
 
     @rule(keyed=st.booleans(), deadline=st.booleans())
     @guarded
@@ -726,7 +782,7 @@ class ModelMachine(RuleBasedStateMachine):
             assert got == Expect.CONFLICT, got
 
     @precondition(lambda self: self.has_runs())
-    @rule(pick=PICK, rerun=st.sampled_from([None, "a", "w", "b"]), again=st.booleans())
+    @rule(pick=PICK, rerun=st.sampled_from([None, "a", "w", "b", "c"]), again=st.booleans())
     @guarded
     def fork(self, pick: int, rerun: str | None, again: bool) -> None:
         """Fork a run under a new key, or under the key of an earlier fork (``submit_once``
@@ -759,8 +815,7 @@ class ModelMachine(RuleBasedStateMachine):
         self.next_number += 1
         key = f"{FORK_PREFIX}m{number}"
         forked = model.fork(number, key, rerun)
-        for step in ("a", "b"):
-            self.h.lock_gates(forked.tag, step, LOOKAHEAD)
+        self.lock_first_gates(forked)
         self.runs[number] = forked
         self.keys[key] = number
         self.focus = number
@@ -778,6 +833,18 @@ class ModelMachine(RuleBasedStateMachine):
         model = self.pick_run(pick)
         got = outcome_of(self.handles[model.number].cancel)
         assert got == model.cancel(), (model.tag, got)
+
+    @precondition(lambda self: self.has_runs())
+    @rule(pick=PICK)
+    @guarded
+    def cancel_kid(self, pick: int) -> None:
+        """Cancel a run's child run by its own handle: the parent's node fails, naming it."""
+        model = self.pick_run(pick)
+        if model.purged or model.kid is None:
+            return
+        (kid,) = self.handles[model.number].children()
+        got = outcome_of(kid.cancel)
+        assert got == model.cancel_kid(), (model.tag, got)
 
     @precondition(lambda self: self.has_runs())
     @rule(pick=PICK, every_step=st.booleans())
@@ -942,14 +1009,14 @@ class ModelMachine(RuleBasedStateMachine):
 
     def pick_exec(self, pick: int, found: list[Exec]) -> Exec | None:
         """The execution ``pick`` designates, often one of the run of the last rule."""
-        found = sorted(found, key=lambda e: (int(e.tag.removeprefix("m")), e.step, e.n))
-        focused = [e for e in found if e.tag == f"m{self.focus}"]
+        found = sorted(found, key=lambda e: (self.model_of(e.tag).number, e.step, e.n))
+        focused = [e for e in found if self.model_of(e.tag).number == self.focus]
         if pick % 2 == 0 and focused:
             return focused[pick // 2 % len(focused)]
         if not found:
             return None
         e = found[pick // 2 % len(found)]
-        self.focus = int(e.tag.removeprefix("m"))
+        self.focus = self.model_of(e.tag).number
         return e
 
     @rule(pick=PICK, verdict=st.sampled_from(["finish", "fail"]))
@@ -986,7 +1053,7 @@ class ModelMachine(RuleBasedStateMachine):
         return [
             e
             for e in self.releasable(self.snap)
-            if (self.open_tx is None or e.tag != f"m{self.open_tx[2]}")
+            if (self.open_tx is None or self.model_of(e.tag).number != self.open_tx[2])
             and (KNOWN_DEFECTS_FIXED["park_after_cancel"] or e.step != "a")
         ]
 
@@ -1038,10 +1105,8 @@ class ModelMachine(RuleBasedStateMachine):
         """A worker stops at once (two signals), handing back the jobs it holds."""
         live = self.h.live()
         worker = live[pick % len(live)]
-        for model_step in self.held_by(worker):
-            model = self.model_of(model_step.tag)
-            if model.state != "running":
-                model.steps[model_step.step].state = "cancelled"
+        for e in self.held_by(worker):
+            self.model_of(e.tag).hand_back(e.step)
         assert self.snap is not None
         self.h.retire(worker, busy=any(e.pid == worker.pid for e in self.snap.waiting))
 
@@ -1109,11 +1174,13 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
 def test_random_interleavings_end_as_the_model_says(harness: Harness) -> None:
     ModelMachine.harness = harness
     RULES_RUN.clear()
+    CHILD_TRANSITIONS.clear()
     started = time.monotonic()
     try:
         run_state_machine_as_test(ModelMachine, settings=SETTINGS)
     finally:
         print(f"model: {time.monotonic() - started:.0f} s, rules run: {dict(RULES_RUN)}")
+        print(f"child transitions seen: {dict(sorted(CHILD_TRANSITIONS.items()))}")
 
 
 # -- the test of the test: each known defect, replayed through the machine --------------
@@ -1298,7 +1365,9 @@ def test_a_fork_that_runs_its_wait_node_again_waits_for_a_signal_of_its_own(
         machine.settled_and_as_modelled()
         machine.finish(pick=0)  # a; w runs on the stored signal
         machine.settled_and_as_modelled()
-        machine.finish(pick=0)  # b
+        machine.finish(pick=0)  # b; c makes its child run, whose k waits at its gate
+        machine.settled_and_as_modelled()
+        machine.finish(pick=0)  # k: the child completes, then c and m1
         machine.settled_and_as_modelled()
         assert machine.model_of("m1").state == "completed"
         machine.fork(pick=0, rerun="w", again=False)
@@ -1308,6 +1377,9 @@ def test_a_fork_that_runs_its_wait_node_again_waits_for_a_signal_of_its_own(
             "a": "completed",
             "w": "parked",
             "b": "blocked",
+            "c": "blocked",
+            "kid": "none",
+            "k": "none",
         }
         machine.signal(pick=0, how="key", payload=2)
         machine.settled_and_as_modelled()
