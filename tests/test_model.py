@@ -638,13 +638,16 @@ class ModelMachine(RuleBasedStateMachine):
         if self.broken:
             return
         self.broken = True  # until the checks pass
+        self.settle_and_check()
+        self.broken = False
+
+    def settle_and_check(self) -> None:
         context, cycling = "", None
         if self.open_tx is not None:
             context = f" (a signal_tx to m{self.open_tx[2]} is open)"
             cycling = f"m{self.open_tx[2]}"
         snap = self.h.settle(context, cycling)
         self.check(snap)
-        self.broken = False
 
     def check(self, snap: Snapshot) -> None:
         invariants.check(self.engine, at_rest=False)
@@ -1036,6 +1039,44 @@ class ModelMachine(RuleBasedStateMachine):
     def finish(self, pick: int) -> None:
         """A step finishes (as :meth:`release`, drawn as often again: steps make progress)."""
         self.release.__wrapped__(self, pick, "finish")  # type: ignore[attr-defined]
+
+    @precondition(lambda self: self.has_runs())
+    @rule(pick=PICK, then=st.sampled_from([None, "finish", "fail", "exhaust"]))
+    @guarded
+    def bring_to_child(self, pick: int, then: str | None) -> None:
+        """Drive a run to its child node: finish its ``a`` and ``b``, signal its ``w``,
+        checking after each, until ``c`` waits for its child run (or nothing moves); then
+        ``k`` finishes, fails once, fails until its attempts are spent, or (None) waits.
+        The rules acting on a child (a cancel, a retry, a worker lost) then have one
+        without a long interleaving."""
+        model = self.pick_run(pick)
+        for _ in range(4):
+            assert self.snap is not None
+            if model.purged or model.state != "running" or model.steps["c"].state != "blocked":
+                break
+            held = [e for e in self.releasable(self.snap) if e.tag == model.tag]
+            if held:
+                model.release(held[0].step, "finish")
+                model.advance()
+                self.h.release(held[0], "finish")
+            elif model.steps["w"].state == "parked":
+                self.send_signal(model, "run", 1)
+            else:
+                return
+            self.settle_and_check()
+            model = self.runs[model.number]
+        verdicts = {None: [], "finish": ["finish"], "fail": ["fail"], "exhaust": ["fail"] * 2}
+        for verdict in verdicts[then]:
+            assert self.snap is not None
+            kid = self.snap.current(model.tag + KID_SUFFIX, KID_STEP)
+            if model.purged or kid is None or kid not in self.releasable(self.snap):
+                return
+            model.release(KID_STEP, verdict)
+            model.advance()
+            self.h.release(kid, verdict)
+            RULES_RUN[f"bring_to_child: k {verdict}"] += 1
+            self.settle_and_check()
+            model = self.runs[model.number]
 
     @rule(pick=PICK)
     @guarded
