@@ -1432,3 +1432,69 @@ def test_a_fork_that_runs_its_wait_node_again_waits_for_a_signal_of_its_own(
         machine.settled_and_as_modelled()
     finally:
         machine.teardown()
+
+
+@pytest.mark.processes
+def test_a_child_run_fails_its_parent_is_retried_with_it_and_is_never_made_twice(
+    harness: Harness,
+) -> None:
+    """Through the machine: a child run whose step spends its attempts fails ``c`` and the
+    run; ``retry()`` of the run retries the child (the same one, its step's attempts
+    anew); ``retry_all()`` reads the completed child without a second one; a cancel of a
+    run cascades to its running child; a run past its deadline leaves its child running,
+    and purging it purges the child (the purge counting the parent alone)."""
+    ModelMachine.harness = harness
+    machine = ModelMachine()
+
+    def summary(tag: str) -> dict[str, str]:
+        return machine.model_of(tag).summary()
+
+    try:
+        machine.start(runs=[(True, False, True), (False, True, True), (False, False, True)])
+        machine.settled_and_as_modelled()
+        machine.bring_to_child(pick=1, then="exhaust")  # m1
+        machine.settled_and_as_modelled()
+        assert summary("m1") == {
+            "run": "failed",
+            "a": "completed",
+            "w": "completed",
+            "b": "completed",
+            "c": "failed",
+            "kid": "failed",
+            "k": "failed",
+        }
+        machine.retry(pick=0, every_step=False)
+        machine.settled_and_as_modelled()
+        assert (summary("m1")["c"], summary("m1")["kid"]) == ("parked", "running")
+        assert machine.model_of("m1").k.failures == 0
+        machine.finish(pick=0)  # k
+        machine.settled_and_as_modelled()
+        assert summary("m1")["run"] == "completed"
+        machine.retry(pick=0, every_step=True)
+        machine.settled_and_as_modelled()
+        machine.bring_to_child(pick=0, then=None)  # c reads its completed child at once
+        machine.settled_and_as_modelled()
+        assert summary("m1")["run"] == "completed"
+        (kid,) = machine.handles[1].children()
+        assert kid.status().parent_id == machine.handles[1].id
+
+        machine.bring_to_child(pick=3, then=None)  # m2, with a deadline
+        machine.settled_and_as_modelled()
+        machine.a_day_passes(pick=0)
+        machine.settled_and_as_modelled()
+        assert (summary("m2")["run"], summary("m2")["c"]) == ("failed", "cancelled")
+        assert (summary("m2")["kid"], summary("m2")["k"]) == ("running", "active")
+        machine.purge(everything=True)  # m1 and m2, with their children
+        machine.settled_and_as_modelled()
+        assert machine.model_of("m2").purged
+
+        machine.bring_to_child(pick=5, then=None)  # m3
+        machine.settled_and_as_modelled()
+        machine.cancel(pick=0)
+        machine.settled_and_as_modelled()
+        assert (summary("m3")["kid"], summary("m3")["k"]) == ("cancelled", "active")
+        machine.retry(pick=0, every_step=False)  # refused by c: its child's step runs
+        machine.settled_and_as_modelled()
+        assert (summary("m3")["run"], summary("m3")["c"]) == ("failed", "failed")
+    finally:
+        machine.teardown()
