@@ -1,24 +1,27 @@
 """Model-based test: random interleavings of cyclone's operations against real workers.
 
 A hypothesis state machine submits runs of :data:`tests.support.model_proc.WORKFLOW`
-(``a -> w -> b``, ``w`` waiting for the signal ``go``) on a database of its own, served
-by worker processes, and interleaves: submit and submit_once (new key, same key with the
-same or another input, a key freed by a purge), fork (of a run ended or not, with a step
-to run again or none, under a new key or an earlier fork's), cancel, retry, retry_all, signals (by
-run, by key, ``signal_tx`` committed, rolled back or held open), a day passing for a run
-(its deadline and its wait's timeout), set_retention and purges, each gated step
-finishing or failing (with attempts left or its last), a step finishing while its run is
-cancelled, and workers killed with SIGKILL, frozen with SIGSTOP, thawed with SIGCONT or
-stopped with a hand-back of their jobs. Steps wait at gates the test holds
-(advisory locks, see :mod:`tests.support.model_proc`), so nothing here sleeps to
-synchronise: after every rule the test *settles* (waits until the database shows that
-every worker did all it can: each runnable step claimed and waiting at its gate, each
-outcome released recorded, each job of a dead or frozen worker rescued, each signal
-sent to a parked wait node delivered, each run past its deadline failed), then checks
-cyclone's invariants and compares every run and step with the reference model
-(:mod:`tests.support.run_model`). At the end of each example
-every gate is released, the workers are stopped, and the at-rest invariants hold: every
-run has ended, or waits for its signal.
+(``a -> w -> b -> c``, ``w`` waiting for the signal ``go``, ``c`` a child node whose
+child run has one gated step ``k``) on a database of its own, served by worker
+processes, and interleaves: submit and submit_once (new key, same key with the same or
+another input, a key freed by a purge), fork (of a run ended or not, with a step to run
+again or none, under a new key or an earlier fork's), cancel, retry, retry_all, signals
+(by run, by key, ``signal_tx`` committed, rolled back or held open), a day passing for a
+run (its deadline and its wait's timeout), a run driven to its child node
+(``bring_to_child``), its child run cancelled or retried by the child's own handle,
+set_retention and purges, each gated step finishing or failing (with attempts left or
+its last), a step finishing while its run is cancelled, and workers killed with SIGKILL,
+frozen with SIGSTOP, thawed with SIGCONT or stopped with a hand-back of their jobs.
+Steps wait at gates the test holds (advisory locks, see
+:mod:`tests.support.model_proc`), so nothing here sleeps to synchronise: after every
+rule the test *settles* (waits until the database shows that every worker did all it
+can: each runnable step claimed and waiting at its gate, each outcome released recorded,
+each job of a dead or frozen worker rescued, each signal sent to a parked wait node
+delivered, each child node whose child ended woken, each run past its deadline failed),
+then checks cyclone's invariants and compares every run and step with the reference
+model (:mod:`tests.support.run_model`). At the end of each example every gate is
+released, the workers are stopped, and the at-rest invariants hold: every run has ended,
+or waits for its signal.
 
 Bounded for CI (``CYCLONE_MODEL_EXAMPLES``, default 6, and ``CYCLONE_MODEL_STEPS``,
 default 12); a longer run: ``CYCLONE_MODEL_EXAMPLES=500 CYCLONE_MODEL_STEPS=30
@@ -848,6 +851,18 @@ class ModelMachine(RuleBasedStateMachine):
         (kid,) = self.handles[model.number].children()
         got = outcome_of(kid.cancel)
         assert got == model.cancel_kid(), (model.tag, got)
+
+    @precondition(lambda self: self.has_runs())
+    @rule(pick=PICK)
+    @guarded
+    def retry_kid(self, pick: int) -> None:
+        """Retry a run's child run by its own handle (its parent ended, or not)."""
+        model = self.pick_run(pick)
+        if model.purged or model.kid is None:
+            return
+        (kid,) = self.handles[model.number].children()
+        got = outcome_of(kid.retry)
+        assert got == model.retry_kid(), (model.tag, got)
 
     @precondition(lambda self: self.has_runs())
     @rule(pick=PICK, every_step=st.booleans())

@@ -241,6 +241,17 @@ class RunModel:
         self.advance()
         return None
 
+    def retry_kid(self) -> str | None:
+        """Retry the kid by its own handle (its failed or cancelled step), whatever its
+        parent does: a later attempt of ``c`` finds it running, or ended, anew."""
+        if self.kid not in ("failed", "cancelled") or self.k.state == "active":
+            return Expect.INVALID_STATE
+        if self.k.state in ("failed", "cancelled"):
+            self.k = StepModel()
+        self.kid = "completed" if self.k.state == "completed" else "running"
+        self.advance()
+        return None
+
     def retry(self, *, every_step: bool) -> str | None:
         sources = TERMINAL if every_step else ("failed", "cancelled")
         if self.purged:
