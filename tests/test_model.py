@@ -1389,6 +1389,45 @@ def test_a_parked_wait_node_whose_signal_is_stored_is_not_settled() -> None:
     assert harness.unsettled(snap) == ["m1:w parked, its signal stored, not delivered"]
 
 
+def test_a_child_node_parked_for_a_child_run_that_ended_is_not_settled() -> None:
+    """A child run's end wakes its parked node on a worker's next delivery: until then the
+    node is parked and its child ended, and the settle must wait for the wake."""
+    harness = Harness.__new__(Harness)  # no database: unsettled() reads the snapshot only
+    harness.workers = []
+    done = {"state": "completed", "pending": 0, "due": False, "later": False}
+    kid = {"state": "running", "unstarted": False, "past_deadline": False, "parent_waits": True}
+    snap = Snapshot(
+        runs={
+            "m1": {"state": "running", "unstarted": False, "past_deadline": False},
+            "m1/kid": kid,
+        },
+        jobs={
+            ("m1", "a"): done,
+            ("m1", "w"): done,
+            ("m1", "b"): done,
+            ("m1", "c"): {"state": "blocked", "pending": 0, "due": False, "later": False},
+            ("m1/kid", "k"): done,
+        },
+        waiting=[],
+        max_n={},
+    )
+    snap.runs["m1"]["signalled"] = True
+    assert harness.unsettled(snap) == []
+    kid["state"] = "failed"
+    assert harness.unsettled(snap) == ["m1:c parked, its child failed, not woken"]
+    assert snap.observed("m1") == {
+        "run": "running",
+        "a": "completed",
+        "w": "completed",
+        "b": "completed",
+        "c": "parked",
+        "kid": "failed",
+        "k": "completed",
+    }
+    kid["parent_waits"] = False  # woken: the node (claimed) stops waiting as it records
+    assert harness.unsettled(snap) == []
+
+
 @pytest.mark.processes
 def test_a_signal_to_a_parked_wait_node_is_compared_once_delivered(harness: Harness) -> None:
     """Finish ``a`` (``w`` parks), signal the run: the checks wait until a worker has
