@@ -1,24 +1,27 @@
 """Model-based test: random interleavings of cyclone's operations against real workers.
 
 A hypothesis state machine submits runs of :data:`tests.support.model_proc.WORKFLOW`
-(``a -> w -> b``, ``w`` waiting for the signal ``go``) on a database of its own, served
-by worker processes, and interleaves: submit and submit_once (new key, same key with the
-same or another input, a key freed by a purge), fork (of a run ended or not, with a step
-to run again or none, under a new key or an earlier fork's), cancel, retry, retry_all, signals (by
-run, by key, ``signal_tx`` committed, rolled back or held open), a day passing for a run
-(its deadline and its wait's timeout), set_retention and purges, each gated step
-finishing or failing (with attempts left or its last), a step finishing while its run is
-cancelled, and workers killed with SIGKILL, frozen with SIGSTOP, thawed with SIGCONT or
-stopped with a hand-back of their jobs. Steps wait at gates the test holds
-(advisory locks, see :mod:`tests.support.model_proc`), so nothing here sleeps to
-synchronise: after every rule the test *settles* (waits until the database shows that
-every worker did all it can: each runnable step claimed and waiting at its gate, each
-outcome released recorded, each job of a dead or frozen worker rescued, each signal
-sent to a parked wait node delivered, each run past its deadline failed), then checks
-cyclone's invariants and compares every run and step with the reference model
-(:mod:`tests.support.run_model`). At the end of each example
-every gate is released, the workers are stopped, and the at-rest invariants hold: every
-run has ended, or waits for its signal.
+(``a -> w -> b -> c``, ``w`` waiting for the signal ``go``, ``c`` a child node whose
+child run has one gated step ``k``) on a database of its own, served by worker
+processes, and interleaves: submit and submit_once (new key, same key with the same or
+another input, a key freed by a purge), fork (of a run ended or not, with a step to run
+again or none, under a new key or an earlier fork's), cancel, retry, retry_all, signals
+(by run, by key, ``signal_tx`` committed, rolled back or held open), a day passing for a
+run (its deadline and its wait's timeout), a run driven to its child node
+(``bring_to_child``), its child run cancelled or retried by the child's own handle,
+set_retention and purges, each gated step finishing or failing (with attempts left or
+its last), a step finishing while its run is cancelled, and workers killed with SIGKILL,
+frozen with SIGSTOP, thawed with SIGCONT or stopped with a hand-back of their jobs.
+Steps wait at gates the test holds (advisory locks, see
+:mod:`tests.support.model_proc`), so nothing here sleeps to synchronise: after every
+rule the test *settles* (waits until the database shows that every worker did all it
+can: each runnable step claimed and waiting at its gate, each outcome released recorded,
+each job of a dead or frozen worker rescued, each signal sent to a parked wait node
+delivered, each child node whose child ended woken, each run past its deadline failed),
+then checks cyclone's invariants and compares every run and step with the reference
+model (:mod:`tests.support.run_model`). At the end of each example every gate is
+released, the workers are stopped, and the at-rest invariants hold: every run has ended,
+or waits for its signal.
 
 Bounded for CI (``CYCLONE_MODEL_EXAMPLES``, default 6, and ``CYCLONE_MODEL_STEPS``,
 default 12); a longer run: ``CYCLONE_MODEL_EXAMPLES=500 CYCLONE_MODEL_STEPS=30
@@ -62,8 +65,17 @@ import cyclone
 from cyclone._store import notify as _notify
 from tests.conftest import create_database, drop_database, wait_until
 from tests.support import invariants
-from tests.support.model_proc import DAY, EXEC_DDL, FORK_PREFIX, TAG_SQL, WORKFLOW, Item, gate
-from tests.support.run_model import STEPS, Expect, RunModel, release_and_cancel
+from tests.support.model_proc import (
+    DAY,
+    EXEC_DDL,
+    FORK_PREFIX,
+    KID_SUFFIX,
+    TAG_SQL,
+    WORKFLOW,
+    Item,
+    gate,
+)
+from tests.support.run_model import KID_STEP, STEPS, Expect, RunModel, release_and_cancel
 
 KNOWN_DEFECTS_FIXED: dict[str, bool] = {
     # A cancelled run whose steps all completed (cancelled during its last step) and is
@@ -114,6 +126,9 @@ SETTINGS = settings(
 
 RULES_RUN: Counter[str] = Counter()
 """How many times each rule ran (printed at the end: what the examples exercised)."""
+CHILD_TRANSITIONS: Counter[str] = Counter()
+"""How many times the child node ``c``, the kid and its step ``k`` were seen to move from
+one state to another between two checks (printed at the end)."""
 
 
 def guarded(fn: Callable[..., None]) -> Callable[..., None]:
@@ -207,9 +222,15 @@ class Snapshot:
                 state = "active"
             elif state == "available":
                 state = "parked" if step == "w" and job["later"] else "active"
-            elif state == "blocked" and step == "w" and job["pending"] == 0:
+            elif state == "blocked" and step in ("w", "c") and job["pending"] == 0:
                 state = "parked"
             seen[step] = state
+        kid = self.runs.get(tag + KID_SUFFIX)
+        seen["kid"] = kid["state"] if kid else "none"
+        job = self.jobs.get((tag + KID_SUFFIX, KID_STEP))
+        seen[KID_STEP] = "none" if kid is None else job["state"] if job else "no job"
+        if seen[KID_STEP] in ("running", "available"):
+            seen[KID_STEP] = "active"
         return seen
 
 
@@ -384,7 +405,8 @@ class Harness:
             rows = conn.execute(
                 sa.text(
                     f"SELECT {TAG_SQL.format(r='r')}, r.state, r.steps_remaining, "
-                    "r.deadline <= now(), r.start_at, j.kind, j.state, j.pending_deps, "
+                    "r.deadline <= now(), r.start_at, r.parent_waits, "
+                    "j.kind, j.state, j.pending_deps, "
                     "j.worker_id, j.attempt, j.lease, "
                     "j.scheduled_at <= now(), j.scheduled_at > now() + interval '1 hour', "
                     "s.payload IS NOT NULL "
@@ -403,6 +425,7 @@ class Harness:
             remaining,
             past,
             start_at,
+            parent_waits,
             kind,
             jstate,
             pending,
@@ -419,6 +442,7 @@ class Harness:
                 "past_deadline": bool(past),
                 "unstarted": start_at is not None,
                 "signalled": bool(signalled),
+                "parent_waits": bool(parent_waits),
             }
             if kind is not None:
                 jobs[tag, kind] = {
@@ -462,12 +486,24 @@ class Harness:
             )
             if step == "w" and parked and running and snap.runs[tag]["signalled"]:
                 todo.append(f"{tag}:w parked, its signal stored, not delivered")
+            # A child run's end wakes its parked node on a worker's next delivery (woken
+            # by cyclone_run_finished, or its poll): until then the node is still parked.
+            kid = snap.runs.get(tag + KID_SUFFIX)
+            if (
+                step == "c"
+                and job["state"] == "blocked"
+                and job["pending"] == 0
+                and kid is not None
+                and kid["state"] != "running"
+                and kid.get("parent_waits")
+            ):
+                todo.append(f"{tag}:c parked, its child {kid['state']}, not woken")
             if job["state"] != "running":
                 continue
             if job["pid"] not in live:
                 todo.append(f"{tag}:{step} held by stopped worker {job['pid']}, not rescued")
-            elif step == "w":
-                todo.append(f"{tag}:w running")
+            elif step in ("w", "c"):
+                todo.append(f"{tag}:{step} running")
             elif snap.current(tag, step) is None:
                 todo.append(f"{tag}:{step} running, not at its gate (outcome not recorded)")
         return todo
@@ -525,6 +561,8 @@ class ModelMachine(RuleBasedStateMachine):
         self.broken = False
         self.snap: Snapshot | None = None
         self.focus = 0
+        self.seen: dict[int, dict[str, str] | None] = {}
+        """What the last check saw of each run (to count the child's transitions)."""
 
     # set-up and tear-down
 
@@ -584,6 +622,9 @@ class ModelMachine(RuleBasedStateMachine):
         snap = self.h.snapshot()
         self.compare(snap)
         for tag, run in snap.runs.items():
+            assert not (tag.endswith(KID_SUFFIX) and run["state"] == "running"), (
+                f"child run {tag} is running at rest"
+            )
             if run["state"] == "running":
                 w = snap.jobs.get((tag, "w"))
                 assert w is not None
@@ -600,13 +641,16 @@ class ModelMachine(RuleBasedStateMachine):
         if self.broken:
             return
         self.broken = True  # until the checks pass
+        self.settle_and_check()
+        self.broken = False
+
+    def settle_and_check(self) -> None:
         context, cycling = "", None
         if self.open_tx is not None:
             context = f" (a signal_tx to m{self.open_tx[2]} is open)"
             cycling = f"m{self.open_tx[2]}"
         snap = self.h.settle(context, cycling)
         self.check(snap)
-        self.broken = False
 
     def check(self, snap: Snapshot) -> None:
         invariants.check(self.engine, at_rest=False)
@@ -628,9 +672,20 @@ class ModelMachine(RuleBasedStateMachine):
                 str(c.summary()) for c in candidates
             )
             self.runs[number] = matching[0]
+            self.count_child_transitions(number, seen)
+
+    def count_child_transitions(self, number: int, seen: dict[str, str] | None) -> None:
+        before = self.seen.get(number) or {}
+        for part in ("c", "kid", KID_STEP):
+            old = before.get(part, "none")
+            new = "purged" if seen is None else seen[part]
+            if old != new and not (old == "none" and new == "purged"):
+                CHILD_TRANSITIONS[f"{part}: {old} -> {new}"] += 1
+        self.seen[number] = seen
 
     def model_of(self, tag: str) -> RunModel:
-        return self.runs[int(tag.removeprefix("m"))]
+        """The model of run ``tag``, or of its parent for a child run."""
+        return self.runs[int(tag.removesuffix(KID_SUFFIX).removeprefix("m"))]
 
     def releasable(self, snap: Snapshot) -> list[Exec]:
         """Executions holding their job at a gate, on a live worker."""
@@ -639,8 +694,12 @@ class ModelMachine(RuleBasedStateMachine):
         for model in self.runs.values():
             if model.purged:
                 continue
-            for step in ("a", "b"):
-                e = snap.current(model.tag, step)
+            for tag, step in (
+                (model.tag, "a"),
+                (model.tag, "b"),
+                (model.tag + KID_SUFFIX, KID_STEP),
+            ):
+                e = snap.current(tag, step)
                 if e is not None and e.pid in live:
                     found.append(e)
         return found
@@ -675,12 +734,15 @@ class ModelMachine(RuleBasedStateMachine):
         number = self.next_number
         self.next_number += 1
         model = RunModel(number=number, key=key, v=0, deadline=deadline)
-        for step in ("a", "b"):
-            self.h.lock_gates(model.tag, step, LOOKAHEAD)
+        self.lock_first_gates(model)
         self.runs[number] = model
         if key is not None:
             self.keys[key] = number
         return model
+
+    def lock_first_gates(self, model: RunModel) -> None:
+        for tag, step in ((model.tag, "a"), (model.tag, "b"), (model.tag + KID_SUFFIX, KID_STEP)):
+            self.h.lock_gates(tag, step, LOOKAHEAD)
 
     @rule(keyed=st.booleans(), deadline=st.booleans())
     @guarded
@@ -726,7 +788,7 @@ class ModelMachine(RuleBasedStateMachine):
             assert got == Expect.CONFLICT, got
 
     @precondition(lambda self: self.has_runs())
-    @rule(pick=PICK, rerun=st.sampled_from([None, "a", "w", "b"]), again=st.booleans())
+    @rule(pick=PICK, rerun=st.sampled_from([None, "a", "w", "b", "c"]), again=st.booleans())
     @guarded
     def fork(self, pick: int, rerun: str | None, again: bool) -> None:
         """Fork a run under a new key, or under the key of an earlier fork (``submit_once``
@@ -759,8 +821,7 @@ class ModelMachine(RuleBasedStateMachine):
         self.next_number += 1
         key = f"{FORK_PREFIX}m{number}"
         forked = model.fork(number, key, rerun)
-        for step in ("a", "b"):
-            self.h.lock_gates(forked.tag, step, LOOKAHEAD)
+        self.lock_first_gates(forked)
         self.runs[number] = forked
         self.keys[key] = number
         self.focus = number
@@ -778,6 +839,30 @@ class ModelMachine(RuleBasedStateMachine):
         model = self.pick_run(pick)
         got = outcome_of(self.handles[model.number].cancel)
         assert got == model.cancel(), (model.tag, got)
+
+    @precondition(lambda self: self.has_runs())
+    @rule(pick=PICK)
+    @guarded
+    def cancel_kid(self, pick: int) -> None:
+        """Cancel a run's child run by its own handle: the parent's node fails, naming it."""
+        model = self.pick_run(pick)
+        if model.purged or model.kid is None:
+            return
+        (kid,) = self.handles[model.number].children()
+        got = outcome_of(kid.cancel)
+        assert got == model.cancel_kid(), (model.tag, got)
+
+    @precondition(lambda self: self.has_runs())
+    @rule(pick=PICK)
+    @guarded
+    def retry_kid(self, pick: int) -> None:
+        """Retry a run's child run by its own handle (its parent ended, or not)."""
+        model = self.pick_run(pick)
+        if model.purged or model.kid is None:
+            return
+        (kid,) = self.handles[model.number].children()
+        got = outcome_of(kid.retry)
+        assert got == model.retry_kid(), (model.tag, got)
 
     @precondition(lambda self: self.has_runs())
     @rule(pick=PICK, every_step=st.booleans())
@@ -942,14 +1027,14 @@ class ModelMachine(RuleBasedStateMachine):
 
     def pick_exec(self, pick: int, found: list[Exec]) -> Exec | None:
         """The execution ``pick`` designates, often one of the run of the last rule."""
-        found = sorted(found, key=lambda e: (int(e.tag.removeprefix("m")), e.step, e.n))
-        focused = [e for e in found if e.tag == f"m{self.focus}"]
+        found = sorted(found, key=lambda e: (self.model_of(e.tag).number, e.step, e.n))
+        focused = [e for e in found if self.model_of(e.tag).number == self.focus]
         if pick % 2 == 0 and focused:
             return focused[pick // 2 % len(focused)]
         if not found:
             return None
         e = found[pick // 2 % len(found)]
-        self.focus = int(e.tag.removeprefix("m"))
+        self.focus = self.model_of(e.tag).number
         return e
 
     @rule(pick=PICK, verdict=st.sampled_from(["finish", "fail"]))
@@ -970,6 +1055,44 @@ class ModelMachine(RuleBasedStateMachine):
         """A step finishes (as :meth:`release`, drawn as often again: steps make progress)."""
         self.release.__wrapped__(self, pick, "finish")  # type: ignore[attr-defined]
 
+    @precondition(lambda self: self.has_runs())
+    @rule(pick=PICK, then=st.sampled_from([None, "finish", "fail", "exhaust"]))
+    @guarded
+    def bring_to_child(self, pick: int, then: str | None) -> None:
+        """Drive a run to its child node: finish its ``a`` and ``b``, signal its ``w``,
+        checking after each, until ``c`` waits for its child run (or nothing moves); then
+        ``k`` finishes, fails once, fails until its attempts are spent, or (None) waits.
+        The rules acting on a child (a cancel, a retry, a worker lost) then have one
+        without a long interleaving."""
+        model = self.pick_run(pick)
+        for _ in range(4):
+            assert self.snap is not None
+            if model.purged or model.state != "running" or model.steps["c"].state != "blocked":
+                break
+            held = [e for e in self.releasable(self.snap) if e.tag == model.tag]
+            if held:
+                model.release(held[0].step, "finish")
+                model.advance()
+                self.h.release(held[0], "finish")
+            elif model.steps["w"].state == "parked":
+                self.send_signal(model, "run", 1)
+            else:
+                return
+            self.settle_and_check()
+            model = self.runs[model.number]
+        verdicts = {None: [], "finish": ["finish"], "fail": ["fail"], "exhaust": ["fail"] * 2}
+        for verdict in verdicts[then]:
+            assert self.snap is not None
+            kid = self.snap.current(model.tag + KID_SUFFIX, KID_STEP)
+            if model.purged or kid is None or kid not in self.releasable(self.snap):
+                return
+            model.release(KID_STEP, verdict)
+            model.advance()
+            self.h.release(kid, verdict)
+            RULES_RUN[f"bring_to_child: k {verdict}"] += 1
+            self.settle_and_check()
+            model = self.runs[model.number]
+
     @rule(pick=PICK)
     @guarded
     def release_stale(self, pick: int) -> None:
@@ -986,7 +1109,7 @@ class ModelMachine(RuleBasedStateMachine):
         return [
             e
             for e in self.releasable(self.snap)
-            if (self.open_tx is None or e.tag != f"m{self.open_tx[2]}")
+            if (self.open_tx is None or self.model_of(e.tag).number != self.open_tx[2])
             and (KNOWN_DEFECTS_FIXED["park_after_cancel"] or e.step != "a")
         ]
 
@@ -1038,10 +1161,8 @@ class ModelMachine(RuleBasedStateMachine):
         """A worker stops at once (two signals), handing back the jobs it holds."""
         live = self.h.live()
         worker = live[pick % len(live)]
-        for model_step in self.held_by(worker):
-            model = self.model_of(model_step.tag)
-            if model.state != "running":
-                model.steps[model_step.step].state = "cancelled"
+        for e in self.held_by(worker):
+            self.model_of(e.tag).hand_back(e.step)
         assert self.snap is not None
         self.h.retire(worker, busy=any(e.pid == worker.pid for e in self.snap.waiting))
 
@@ -1109,11 +1230,13 @@ def harness(tmp_path: Path) -> Iterator[Harness]:
 def test_random_interleavings_end_as_the_model_says(harness: Harness) -> None:
     ModelMachine.harness = harness
     RULES_RUN.clear()
+    CHILD_TRANSITIONS.clear()
     started = time.monotonic()
     try:
         run_state_machine_as_test(ModelMachine, settings=SETTINGS)
     finally:
         print(f"model: {time.monotonic() - started:.0f} s, rules run: {dict(RULES_RUN)}")
+        print(f"child transitions seen: {dict(sorted(CHILD_TRANSITIONS.items()))}")
 
 
 # -- the test of the test: each known defect, replayed through the machine --------------
@@ -1266,6 +1389,45 @@ def test_a_parked_wait_node_whose_signal_is_stored_is_not_settled() -> None:
     assert harness.unsettled(snap) == ["m1:w parked, its signal stored, not delivered"]
 
 
+def test_a_child_node_parked_for_a_child_run_that_ended_is_not_settled() -> None:
+    """A child run's end wakes its parked node on a worker's next delivery: until then the
+    node is parked and its child ended, and the settle must wait for the wake."""
+    harness = Harness.__new__(Harness)  # no database: unsettled() reads the snapshot only
+    harness.workers = []
+    done = {"state": "completed", "pending": 0, "due": False, "later": False}
+    kid = {"state": "running", "unstarted": False, "past_deadline": False, "parent_waits": True}
+    snap = Snapshot(
+        runs={
+            "m1": {"state": "running", "unstarted": False, "past_deadline": False},
+            "m1/kid": kid,
+        },
+        jobs={
+            ("m1", "a"): done,
+            ("m1", "w"): done,
+            ("m1", "b"): done,
+            ("m1", "c"): {"state": "blocked", "pending": 0, "due": False, "later": False},
+            ("m1/kid", "k"): done,
+        },
+        waiting=[],
+        max_n={},
+    )
+    snap.runs["m1"]["signalled"] = True
+    assert harness.unsettled(snap) == []
+    kid["state"] = "failed"
+    assert harness.unsettled(snap) == ["m1:c parked, its child failed, not woken"]
+    assert snap.observed("m1") == {
+        "run": "running",
+        "a": "completed",
+        "w": "completed",
+        "b": "completed",
+        "c": "parked",
+        "kid": "failed",
+        "k": "completed",
+    }
+    kid["parent_waits"] = False  # woken: the node (claimed) stops waiting as it records
+    assert harness.unsettled(snap) == []
+
+
 @pytest.mark.processes
 def test_a_signal_to_a_parked_wait_node_is_compared_once_delivered(harness: Harness) -> None:
     """Finish ``a`` (``w`` parks), signal the run: the checks wait until a worker has
@@ -1298,7 +1460,9 @@ def test_a_fork_that_runs_its_wait_node_again_waits_for_a_signal_of_its_own(
         machine.settled_and_as_modelled()
         machine.finish(pick=0)  # a; w runs on the stored signal
         machine.settled_and_as_modelled()
-        machine.finish(pick=0)  # b
+        machine.finish(pick=0)  # b; c makes its child run, whose k waits at its gate
+        machine.settled_and_as_modelled()
+        machine.finish(pick=0)  # k: the child completes, then c and m1
         machine.settled_and_as_modelled()
         assert machine.model_of("m1").state == "completed"
         machine.fork(pick=0, rerun="w", again=False)
@@ -1308,6 +1472,9 @@ def test_a_fork_that_runs_its_wait_node_again_waits_for_a_signal_of_its_own(
             "a": "completed",
             "w": "parked",
             "b": "blocked",
+            "c": "blocked",
+            "kid": "none",
+            "k": "none",
         }
         machine.signal(pick=0, how="key", payload=2)
         machine.settled_and_as_modelled()
@@ -1317,5 +1484,71 @@ def test_a_fork_that_runs_its_wait_node_again_waits_for_a_signal_of_its_own(
         assert machine.model_of("m3").state == "completed"
         machine.fork(pick=1, rerun="b", again=True)  # m1 under m3's key: the same input
         machine.settled_and_as_modelled()
+    finally:
+        machine.teardown()
+
+
+@pytest.mark.processes
+def test_a_child_run_fails_its_parent_is_retried_with_it_and_is_never_made_twice(
+    harness: Harness,
+) -> None:
+    """Through the machine: a child run whose step spends its attempts fails ``c`` and the
+    run; ``retry()`` of the run retries the child (the same one, its step's attempts
+    anew); ``retry_all()`` reads the completed child without a second one; a cancel of a
+    run cascades to its running child; a run past its deadline leaves its child running,
+    and purging it purges the child (the purge counting the parent alone)."""
+    ModelMachine.harness = harness
+    machine = ModelMachine()
+
+    def summary(tag: str) -> dict[str, str]:
+        return machine.model_of(tag).summary()
+
+    try:
+        machine.start(runs=[(True, False, True), (False, True, True), (False, False, True)])
+        machine.settled_and_as_modelled()
+        machine.bring_to_child(pick=1, then="exhaust")  # m1
+        machine.settled_and_as_modelled()
+        assert summary("m1") == {
+            "run": "failed",
+            "a": "completed",
+            "w": "completed",
+            "b": "completed",
+            "c": "failed",
+            "kid": "failed",
+            "k": "failed",
+        }
+        machine.retry(pick=0, every_step=False)
+        machine.settled_and_as_modelled()
+        assert (summary("m1")["c"], summary("m1")["kid"]) == ("parked", "running")
+        assert machine.model_of("m1").k.failures == 0
+        machine.finish(pick=0)  # k
+        machine.settled_and_as_modelled()
+        assert summary("m1")["run"] == "completed"
+        machine.retry(pick=0, every_step=True)
+        machine.settled_and_as_modelled()
+        machine.bring_to_child(pick=0, then=None)  # c reads its completed child at once
+        machine.settled_and_as_modelled()
+        assert summary("m1")["run"] == "completed"
+        (kid,) = machine.handles[1].children()
+        assert kid.status().parent_id == machine.handles[1].id
+
+        machine.bring_to_child(pick=3, then=None)  # m2, with a deadline
+        machine.settled_and_as_modelled()
+        machine.a_day_passes(pick=0)
+        machine.settled_and_as_modelled()
+        assert (summary("m2")["run"], summary("m2")["c"]) == ("failed", "cancelled")
+        assert (summary("m2")["kid"], summary("m2")["k"]) == ("running", "active")
+        machine.purge(everything=True)  # m1 and m2, with their children
+        machine.settled_and_as_modelled()
+        assert machine.model_of("m2").purged
+
+        machine.bring_to_child(pick=5, then=None)  # m3
+        machine.settled_and_as_modelled()
+        machine.cancel(pick=0)
+        machine.settled_and_as_modelled()
+        assert (summary("m3")["kid"], summary("m3")["k"]) == ("cancelled", "active")
+        machine.retry(pick=0, every_step=False)  # refused by c: its child's step runs
+        machine.settled_and_as_modelled()
+        assert (summary("m3")["run"], summary("m3")["c"]) == ("failed", "failed")
     finally:
         machine.teardown()

@@ -304,6 +304,17 @@ INVARIANTS: tuple[Invariant, ...] = (
         """,
     ),
     Invariant(
+        "a child node parked for its running child is awaited by it (its end wakes the node)",
+        """
+        SELECT c.id AS run_id, c.parent_id, c.parent_node, c.parent_item FROM cyclone_runs c
+        JOIN cyclone_runs p ON p.id = c.parent_id
+        JOIN cyclone_jobs j ON j.run_id = c.parent_id AND j.kind = c.parent_node
+                           AND j.item IS NOT DISTINCT FROM c.parent_item
+        WHERE c.state = 'running' AND NOT c.parent_waits AND p.state = 'running'
+          AND j.state = 'blocked' AND j.pending_deps = 0
+        """,
+    ),
+    Invariant(
         "a Concurrency's key runs at most max jobs at once",
         """
         SELECT j.limit_name, j.limit_key, l.max, count(*) AS running

@@ -8,8 +8,10 @@ worker holds what.
 A run is told by its *tag*: the input's ``tag``, except for a fork (same input as the run
 it came from), whose key ``fork-m<N>`` names its tag (:data:`TAG_SQL`).
 
-The workflow is ``a -> w -> b``: ``a`` and ``b`` are *gated* steps, ``w`` waits for the
-signal ``go`` (with a one-day timeout that the test makes pass by moving timestamps).
+The workflow is ``a -> w -> b -> c``: ``a`` and ``b`` are *gated* steps, ``w`` waits for
+the signal ``go`` (with a one-day timeout that the test makes pass by moving timestamps),
+``c`` is a child node: it submits a run of :data:`KID` (tagged ``<the run's tag>/kid``),
+whose one step ``k`` is gated too, and completes or fails as that child run does.
 Each execution of a gated step inserts a row into ``model_exec`` numbered per (tag,
 step), then waits for the advisory lock :func:`gate` of that number, which the test
 holds from the run's submission until it gives the execution its verdict (``finish``
@@ -35,9 +37,11 @@ DAY = timedelta(days=1)
 HEARTBEAT = timedelta(milliseconds=200)
 RESCUE_AFTER = timedelta(seconds=1)
 MAX_ATTEMPTS = 2
-"""Attempts of ``a`` and ``b``; ``w`` has one (a wait node's default)."""
+"""Attempts of ``a``, ``b`` and ``k``; ``w`` and ``c`` have one (wait and child nodes' default)."""
 GATE_CLASS = 0x6D6F
-STEP_NUMBER = {"a": 1, "b": 2}
+STEP_NUMBER = {"a": 1, "b": 2, "k": 3}
+KID_SUFFIX = "/kid"
+"""A child run's tag: its parent's tag and this."""
 EXEC_DDL = (
     "CREATE TABLE IF NOT EXISTS model_exec (tag text NOT NULL, step text NOT NULL, "
     "n integer NOT NULL, pid integer NOT NULL, attempt integer NOT NULL, "
@@ -65,8 +69,10 @@ class StepFailed(Exception):
 
 
 def gate(tag: str, step: str, n: int) -> tuple[int, int]:
-    """The advisory lock (two int4 keys) execution ``n`` of ``step`` of run ``tag`` waits for."""
-    return GATE_CLASS, int(tag.removeprefix("m")) * 1000 + STEP_NUMBER[step] * 100 + n
+    """The advisory lock (two int4 keys) execution ``n`` of ``step`` of run ``tag`` waits for
+    (a child run's ``k`` is told from its parent's steps by the step's number)."""
+    number = int(tag.removesuffix(KID_SUFFIX).removeprefix("m"))
+    return GATE_CLASS, number * 1000 + STEP_NUMBER[step] * 100 + n
 
 
 @cache
@@ -121,6 +127,14 @@ def gated(ctx: cyclone.StepContext, item: Item, step: str) -> int:
     return n
 
 
+KID: cyclone.Workflow[Item] = cyclone.Workflow(f"{NAME}_kid", input=Item)
+
+
+@KID.step(max_attempts=MAX_ATTEMPTS)
+def k(ctx: cyclone.StepContext, item: Item) -> int:
+    return gated(ctx, item, "k")
+
+
 WORKFLOW: cyclone.Workflow[Item] = cyclone.Workflow(NAME, input=Item)
 
 
@@ -139,6 +153,14 @@ def b(ctx: cyclone.StepContext, item: Item) -> int:
     return gated(ctx, item, "b")
 
 
+@WORKFLOW.child(KID, after=[b])
+def c(ctx: cyclone.StepContext, item: Item) -> Item:
+    """The child's input: tagged from this run's tag (a fork's is not its input's)."""
+    with engine().connect() as conn:
+        tag = conn.execute(_TAG, {"id": ctx.run_id}).scalar_one()
+    return Item(tag=f"{tag}{KID_SUFFIX}")
+
+
 def no_backoff(attempt: int) -> float:
     return 0.0
 
@@ -146,7 +168,7 @@ def no_backoff(attempt: int) -> float:
 def main() -> None:
     cyclone.Worker(
         engine(),
-        workflows=[WORKFLOW],
+        workflows=[WORKFLOW, KID],
         concurrency=16,
         poll_interval=0.5,
         heartbeat_interval=HEARTBEAT,

@@ -1,17 +1,19 @@
 """The reference model of the model-based test (``tests/test_model.py``): pure Python.
 
 One :class:`RunModel` per run of :data:`tests.support.model_proc.WORKFLOW` (``a -> w ->
-b``) says, from the operations applied to it, what state the run and each of its steps
-must be in once the workers have done what they can (the test *settles* the database
-before comparing). Each operation returns what the call must return or raise. Where
+b -> c``, ``c`` a child node) and its child run (the *kid*, one step ``k``) says, from the
+operations applied to it, what state the run and each of its steps must be in once the
+workers have done what they can (the test *settles* the database before comparing).
+Each operation returns what the call must return or raise. Where
 the real system races (a cancel sent while a released step is being recorded, a
 deadline and a wait's timeout falling due together), an operation returns several
 alternative models and the test keeps the one the database shows; none matching is a
 failure.
 
 Step states: ``blocked`` (upstream not completed), ``active`` (claimed and waiting at
-its gate, or available), ``parked`` (``w`` waiting for its signal), and the terminal
-``completed``, ``failed``, ``cancelled``.
+its gate, or available), ``parked`` (``w`` waiting for its signal, ``c`` for its kid to
+end), and the terminal ``completed``, ``failed``, ``cancelled``. The kid is ``none``
+until ``c`` first parks; then a run state of its own, with ``k``'s state.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-STEPS = ("a", "w", "b")
-UPSTREAM = {"a": None, "w": "a", "b": "w"}
-ATTEMPTS = {"a": 2, "w": 1, "b": 2}
+STEPS = ("a", "w", "b", "c")
+UPSTREAM = {"a": None, "w": "a", "b": "w", "c": "b"}
+ATTEMPTS = {"a": 2, "w": 1, "b": 2, "c": 1, "k": 2}
+KID_STEP = "k"
 LOSSES = 3
 """A job lost with its worker this many times fails (max(max_attempts, 3))."""
 TERMINAL = ("completed", "failed", "cancelled")
@@ -58,6 +61,10 @@ class RunModel:
     purged: bool = False
     input_tag: str = ""
     """The tag in the run's input: its own, or for a fork that of the run it came from."""
+    kid: str | None = None
+    """The state of the child run ``c`` made (None: not made yet)."""
+    k: StepModel = field(default_factory=StepModel)
+    """The kid's step."""
 
     def __post_init__(self) -> None:
         self.input_tag = self.input_tag or self.tag
@@ -70,15 +77,32 @@ class RunModel:
         return copy.deepcopy(self)
 
     def summary(self) -> dict[str, str]:
-        return {"run": self.state, **{s: self.steps[s].state for s in STEPS}}
+        return {
+            "run": self.state,
+            **{s: self.steps[s].state for s in STEPS},
+            "kid": self.kid or "none",
+            "k": self.k.state if self.kid else "none",
+        }
+
+    def step(self, step: str) -> StepModel:
+        return self.k if step == KID_STEP else self.steps[step]
+
+    def state_of(self, step: str) -> str | None:
+        """The state of the run ``step`` belongs to (the kid's for ``k``)."""
+        return self.kid if step == KID_STEP else self.state
 
     # -- progress that workers make on their own ---------------------------------------
 
     def advance_one(self) -> bool:
         """One step of progress the workers make without the test; False when none is left."""
-        if self.state != "running" or self.purged:
+        if self.purged:
             return False
-        a, w, b = (self.steps[s] for s in STEPS)
+        if self.kid == "running" and self.k.state == "blocked":
+            self.k.state = "active"  # whatever its parent's state: the kid runs on its own
+            return True
+        if self.state != "running":
+            return False
+        a, w, b, c = (self.steps[s] for s in STEPS)
         if a.state == "blocked":
             a.state = "active"
             return True
@@ -96,6 +120,15 @@ class RunModel:
         if b.state == "blocked" and w.state == "completed":
             b.state = "active"
             return True
+        if c.state == "blocked" and b.state == "completed":
+            self._start_kid()
+            return True
+        if c.state == "parked" and self.kid == "completed":
+            c.state = "completed"
+            return True
+        if c.state == "parked" and self.kid in ("failed", "cancelled"):
+            self._fail("c")
+            return True
         if all(self.steps[s].state == "completed" for s in STEPS):
             self.state = "completed"
             return True
@@ -105,6 +138,31 @@ class RunModel:
         while self.advance_one():
             pass
         return self
+
+    def _start_kid(self) -> None:
+        """``c`` is claimed: it makes its kid and parks, or (a later attempt) reads the
+        kid it made: completed, its output; running, it parks; failed or cancelled, it
+        retries the kid (its failed and cancelled step, attempts reset) and parks, unless
+        the kid's step still runs (cancelled while at its gate): then ``c`` fails."""
+        c = self.steps["c"]
+        if self.kid is None:
+            self.kid, self.k = "running", StepModel()
+        elif self.kid == "completed":
+            c.state = "completed"
+            return
+        elif self.kid in ("failed", "cancelled"):
+            if self.k.state == "active":
+                self._fail("c")
+                return
+            if self.k.state in ("failed", "cancelled"):
+                self.k = StepModel()
+            self.kid = "completed" if self.k.state == "completed" else "running"
+        c.state = "parked"
+
+    def _end_kid(self) -> None:
+        """The kid's step ended for good: the kid ends with it (one transaction)."""
+        if self.kid == "running":
+            self.kid = "completed" if self.k.state == "completed" else "failed"
 
     def _fail(self, step: str) -> None:
         """``step`` failed for good: the run fails and its steps not started are cancelled."""
@@ -122,7 +180,7 @@ class RunModel:
 
     def release(self, step: str, verdict: str) -> None:
         """The current execution of ``step`` (active) finishes or raises."""
-        s = self.steps[step]
+        s = self.step(step)
         assert s.state == "active", (self.tag, step, s)
         if self.purged:
             return
@@ -131,19 +189,34 @@ class RunModel:
         else:
             s.failures += 1
             if s.failures >= ATTEMPTS[step]:
-                self._fail(step)
-            elif self.state != "running":
+                self._fail_for_good(step)
+            elif self.state_of(step) != "running":
                 s.state = "cancelled"
+        if step == KID_STEP and s.state != "active":
+            self._end_kid()
+
+    def _fail_for_good(self, step: str) -> None:
+        if step == KID_STEP:
+            self.k.state = "failed"
+            self._end_kid()
+        else:
+            self._fail(step)
 
     def lose(self, step: str) -> None:
         """The worker running ``step`` died or froze: the leader hands the job back."""
-        s = self.steps[step]
+        s = self.step(step)
         assert s.state == "active", (self.tag, step, s)
         s.lost += 1
-        if self.state != "running":
+        if self.state_of(step) != "running":
             s.state = "cancelled"
         elif s.lost >= LOSSES:
-            self._fail(step)
+            self._fail_for_good(step)
+
+    def hand_back(self, step: str) -> None:
+        """The worker running ``step`` stops and hands it back: claimed again, or, its run
+        ended, cancelled."""
+        if self.state_of(step) != "running":
+            self.step(step).state = "cancelled"
 
     def cancel(self) -> str | None:
         if self.purged:
@@ -152,6 +225,31 @@ class RunModel:
             return Expect.INVALID_STATE
         self.state = "cancelled"
         self._cancel_unstarted()
+        if self.kid == "running":  # the cancel cascades to the running kid
+            self.kid = "cancelled"
+            if self.k.state == "blocked":
+                self.k.state = "cancelled"
+        return None
+
+    def cancel_kid(self) -> str | None:
+        """Cancel the kid by its own handle: ``c`` fails (naming it), and so does the run."""
+        if self.kid != "running":
+            return Expect.INVALID_STATE
+        self.kid = "cancelled"
+        if self.k.state == "blocked":
+            self.k.state = "cancelled"
+        self.advance()
+        return None
+
+    def retry_kid(self) -> str | None:
+        """Retry the kid by its own handle (its failed or cancelled step), whatever its
+        parent does: a later attempt of ``c`` finds it running, or ended, anew."""
+        if self.kid not in ("failed", "cancelled") or self.k.state == "active":
+            return Expect.INVALID_STATE
+        if self.k.state in ("failed", "cancelled"):
+            self.k = StepModel()
+        self.kid = "completed" if self.k.state == "completed" else "running"
+        self.advance()
         return None
 
     def retry(self, *, every_step: bool) -> str | None:
