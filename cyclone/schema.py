@@ -297,13 +297,14 @@ Index(
     unique=True,
     postgresql_where=text("item IS NULL"),
 )
+# Not partial: the index on run_id that the foreign key's cascade (a purged run's jobs)
+# and every read of a run's jobs reach; a partial one would leave them a scan per run.
 Index(
     "ix_cyclone_jobs_run_id_kind_item",
     jobs.c.run_id,
     jobs.c.kind,
     jobs.c.item,
     unique=True,
-    postgresql_where=text("item IS NOT NULL"),
 )
 Index(
     "ix_cyclone_jobs_unique_key",

@@ -221,3 +221,28 @@ def test_the_claim_starts_runs_from_the_start_index_and_the_deadline_sweep_reads
             _rescue.expire_runs(conn)  # what the maintenance leader sends
 
     assert "ix_cyclone_runs_deadline" in plans(expire)
+
+
+@pytest.mark.parametrize(
+    ("table", "column"),
+    [("cyclone_jobs", "run_id"), ("cyclone_signals", "run_id"), ("cyclone_runs", "parent_id")],
+)
+def test_a_purged_runs_rows_in_each_referencing_table_are_found_by_an_index(
+    own_engine: sa.Engine, table: str, column: str
+) -> None:
+    """Deleting a run cascades to its jobs, signals and child runs through a query on the
+    referencing column, planned once for any run (a generic plan, as the foreign key's
+    trigger keeps it): an index must serve it, or a purge scans the table once per run."""
+    with own_engine.connect() as conn:
+        conn.execute(sa.text("SET plan_cache_mode = force_generic_plan"))
+        conn.execute(sa.text("SET enable_seqscan = off"))
+        conn.execute(
+            sa.text(f"PREPARE cascade_of(uuid) AS DELETE FROM {table} WHERE {column} = $1")
+        )
+        plan = "\n".join(
+            conn.execute(
+                sa.text("EXPLAIN EXECUTE cascade_of('00000000-0000-0000-0000-000000000000')")
+            ).scalars()
+        )
+        conn.rollback()
+    assert "Seq Scan" not in plan, plan

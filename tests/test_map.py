@@ -346,8 +346,20 @@ def test_a_worker_killed_while_map_items_run_loses_no_item_and_no_output(
         with engine.connect() as conn:
             return int(conn.execute(sa.text(f'SELECT count(*) FROM "{table}"')).scalar_one())
 
+    def holding(pid: int) -> bool:
+        """Whether worker process ``pid`` holds running items."""
+        with engine.connect() as conn:
+            owners = conn.execute(
+                sa.text(
+                    "SELECT worker_id FROM cyclone_jobs WHERE run_id = :r "
+                    "AND item IS NOT NULL AND state = 'running'"
+                ),
+                {"r": run.id},
+            ).scalars()
+            return any(int(owner.split(":")[1]) == pid for owner in owners)
+
     try:
-        wait_until(lambda: executed() >= n // 4, timeout=60)
+        wait_until(lambda: executed() >= n // 4 and holding(procs[0].pid), timeout=60)
         os.kill(procs[0].pid, signal.SIGKILL)
         procs[0].communicate(timeout=10)
         assert run.result(timeout=90) == [i * i for i in range(n)]

@@ -8,8 +8,11 @@ Create Date: 2026-12-05
 job; NULL for every other job. A run has one job per step (``ix_cyclone_jobs_run_id_kind``,
 now partial on ``item IS NULL``) and one per item of each map node
 (``ix_cyclone_jobs_run_id_kind_item``), which also serves the count and the ordered
-collection of a map node's items. Adding a nullable column without a default rewrites
-no rows; the unique index is rebuilt.
+collection of a map node's items. That one is not partial: it is the index on ``run_id``
+that the foreign key's cascade (deleting a run deletes its jobs) and every read of a
+run's jobs reach, which a partial index cannot serve (a purge would scan the jobs once
+per run). Adding a nullable column without a default rewrites no rows; the unique index
+is rebuilt.
 """
 
 import sqlalchemy as sa
@@ -37,7 +40,6 @@ def upgrade() -> None:
         "cyclone_jobs",
         ["run_id", "kind", "item"],
         unique=True,
-        postgresql_where=sa.text("item IS NOT NULL"),
     )
 
 
