@@ -287,11 +287,22 @@ for mode in ("own", "shared"):
             command.upgrade(config, revision)
         assert migrations.find(engine).revision == revision
         run_id = uuid.uuid4()
-        with engine.begin() as c:  # a run and its job in flight, in revision cyclone_0001's columns
-            c.execute(sa.text(
-                "INSERT INTO cyclone_runs (id, workflow, submit_key, input, graph, state, "
-                "steps_remaining) VALUES (:id, 'inflight', 'k', '7', CAST(:g AS jsonb), "
-                "'running', 1)"), {"id": run_id, "g": wf.plan().graph})
+        with engine.begin() as c:  # a run and its job in flight, in the revision's columns
+            graph_column = c.execute(sa.text(
+                "SELECT count(*) FROM information_schema.columns "
+                "WHERE table_name = 'cyclone_runs' AND column_name = 'graph'")).scalar_one()
+            if graph_column:  # before cyclone_0020_definitions: the run keeps its graph
+                c.execute(sa.text(
+                    "INSERT INTO cyclone_runs (id, workflow, submit_key, input, graph, state, "
+                    "steps_remaining) VALUES (:id, 'inflight', 'k', '7', CAST(:g AS jsonb), "
+                    "'running', 1)"), {"id": run_id, "g": wf.plan().graph})
+            else:  # since: the run names its stored definition
+                c.execute(sa.text(
+                    "WITH d AS (INSERT INTO cyclone_definitions (id, workflow, graph) "
+                    "VALUES (gen_random_uuid(), 'inflight', CAST(:g AS jsonb)) RETURNING id) "
+                    "INSERT INTO cyclone_runs (id, workflow, submit_key, input, definition, "
+                    "state, steps_remaining) SELECT :id, 'inflight', 'k', '7', d.id, "
+                    "'running', 1 FROM d"), {"id": run_id, "g": wf.plan().graph})
             c.execute(sa.text(
                 "INSERT INTO cyclone_jobs (run_id, workflow, kind, queue, state, max_attempts) "
                 "VALUES (:id, 'inflight', 's0', 'default', 'available', 3)"), {"id": run_id})
