@@ -65,7 +65,7 @@ from hypothesis.stateful import (
 import cyclone
 from cyclone._store import notify as _notify
 from tests.conftest import create_database, drop_database, wait_until
-from tests.support import invariants
+from tests.support import invariants, run_model
 from tests.support.model_proc import (
     DAY,
     EXEC_DDL,
@@ -99,6 +99,9 @@ KNOWN_DEFECTS_FIXED: dict[str, bool] = {
     "signal_tx_lock": True,
     # A SIGSTOPped maintenance leader keeps the lead: nothing is rescued or expired.
     "frozen_leader": True,
+    # An item of a map node that spends its attempts fails the run, but leaves the map
+    # node cancelled (as a step not started), where docs/map.md says it fails the node.
+    "map_item_fails_node": False,
 }
 """Rules (or cases of rules) that reach a defect not yet fixed on main are left out
 while its flag is False; the lead switches each on once its fix is merged.
@@ -584,6 +587,7 @@ class ModelMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.h = type(self).harness
+        run_model.ITEM_FAILS_NODE["on"] = KNOWN_DEFECTS_FIXED["map_item_fails_node"]
         self.engine = self.h.engine
         self.runs: dict[int, RunModel] = {}
         self.handles: dict[int, cyclone.Run] = {}
@@ -1317,6 +1321,13 @@ SCENARIOS: dict[str, list[tuple[str, dict[str, Any]]]] = {
         ("freeze_leader", {}),
         ("a_day_passes", {"pick": 0}),  # the run's deadline passes: another worker fails it
     ],
+    "map_item_fails_node": [
+        ("start", {"runs": [(True, False, True)]}),
+        ("finish", {"pick": 0}),  # a; w runs at once (signalled)
+        ("finish", {"pick": 0}),  # b: c makes its kid, m expands
+        ("release_step", {"tag": "m1", "step": "m0", "verdict": "fail"}),
+        ("release_step", {"tag": "m1", "step": "m0", "verdict": "fail"}),  # its last attempt
+    ],
 }
 """A shortest interleaving reaching each known defect, for the machine to replay alone
 (``park_after_cancel`` is a race, left to the random interleavings)."""
@@ -1325,6 +1336,7 @@ SEEN_AS = {
     "retry_resets_waits": r"run m1 is \{'run': 'failed'.*the model says \{'run': 'running'",
     "signal_tx_lock": r"did not settle .*m1:a running, not at its gate",
     "frozen_leader": "m1:a held by stopped worker .*not rescued|m1: past its deadline, still",
+    "map_item_fails_node": r"run m1 is \{.*'m': 'cancelled'.*the model says \{.*'m': 'failed'",
 }
 """How the checks see each defect: the failure its replay must raise while it stands."""
 
@@ -1622,5 +1634,86 @@ def test_a_child_run_fails_its_parent_is_retried_with_it_and_is_never_made_twice
         machine.retry(pick=0, every_step=False)  # refused by c: its child's step runs
         machine.settled_and_as_modelled()
         assert (summary("m3")["run"], summary("m3")["c"]) == ("failed", "failed")
+    finally:
+        machine.teardown()
+
+
+@pytest.mark.processes
+def test_a_failed_map_item_fails_its_run_and_retry_runs_it_alone_and_retry_all_every_item(
+    harness: Harness,
+) -> None:
+    """Through the machine: an item of ``m`` that spends its attempts fails ``m`` and the
+    run, naming the item; ``retry()`` runs that item alone again (its attempts anew, the
+    completed item kept: not executed again), and ``m`` collects both; ``retry_all()``
+    forgets the items, and ``m`` expands anew once ``b`` completes again."""
+    ModelMachine.harness = harness
+    machine = ModelMachine()
+
+    def summary() -> dict[str, str]:
+        return machine.model_of("m1").summary()
+
+    def executions(step: str) -> int:
+        with harness.engine.connect() as conn:
+            return int(
+                conn.execute(
+                    sa.text("SELECT count(*) FROM model_exec WHERE tag = 'm1' AND step = :s"),
+                    {"s": step},
+                ).scalar_one()
+            )
+
+    def items_done() -> tuple[int | None, int | None]:
+        detail = cyclone.Client(harness.engine).get_run_detail(machine.handles[1].id)
+        (node,) = [s for s in detail.steps if s.name == "m"]
+        return node.items_done, node.items_total
+
+    try:
+        machine.start(runs=[(True, False, True)])
+        machine.settled_and_as_modelled()
+        machine.release_step("m1", "a", "finish")  # w runs on the stored signal
+        machine.release_step("m1", "b", "finish")  # c makes its kid; m expands
+        assert (summary()["m"], summary()["m0"], summary()["m1"]) == ("parked", "active", "active")
+        machine.release_step("m1/kid", KID_STEP, "finish")  # c completes
+        machine.release_step("m1", "m0", "finish")
+        machine.release_step("m1", "m1", "fail")
+        machine.release_step("m1", "m1", "fail")  # its last attempt
+        assert summary() == {
+            "run": "failed",
+            "a": "completed",
+            "w": "completed",
+            "b": "completed",
+            "c": "completed",
+            "kid": "completed",
+            "k": "completed",
+            "m": "failed" if KNOWN_DEFECTS_FIXED["map_item_fails_node"] else "cancelled",
+            "m0": "completed",
+            "m1": "failed",
+        }
+        error = machine.handles[1].status().error
+        assert error is not None
+        assert (error["step"], error["item"]) == ("m", 1)
+
+        machine.retry(pick=0, every_step=False)
+        machine.settled_and_as_modelled()
+        assert (summary()["m"], summary()["m0"], summary()["m1"]) == (
+            "parked",
+            "completed",
+            "active",
+        )
+        machine.release_step("m1", "m1", "finish")
+        assert summary()["run"] == "completed"
+        assert (executions("m0"), executions("m1")) == (1, 3)  # m0 kept, not run again
+        assert items_done() == (2, 2)
+
+        machine.retry(pick=0, every_step=True)
+        machine.settled_and_as_modelled()
+        assert (summary()["m"], summary()["m0"], summary()["m1"]) == ("blocked", "none", "none")
+        machine.release_step("m1", "a", "finish")
+        machine.release_step("m1", "b", "finish")  # c reads its completed kid; m expands
+        assert (summary()["m"], summary()["m0"], summary()["m1"]) == ("parked", "active", "active")
+        machine.release_step("m1", "m0", "finish")
+        machine.release_step("m1", "m1", "finish")
+        assert summary()["run"] == "completed"
+        assert (executions("m0"), executions("m1")) == (2, 4)
+        assert items_done() == (2, 2)
     finally:
         machine.teardown()

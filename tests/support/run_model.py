@@ -37,6 +37,10 @@ ITEMS = ("m0", "m1")
 """``m``'s items, by the node's name and the item's index."""
 ATTEMPTS = {"a": 2, "w": 1, "b": 2, "c": 1, "k": 2, "m0": 2, "m1": 2}
 KID_STEP = "k"
+ITEM_FAILS_NODE = {"on": True}
+"""Whether an item failed for good fails its map node (docs/map.md), or (the defect the
+model-based test's ``map_item_fails_node`` flag stands for) leaves it cancelled with the
+run's other steps not started; the test sets it from that flag."""
 LOSSES = 3
 """A job lost with its worker this many times fails (max(max_attempts, 3))."""
 TERMINAL = ("completed", "failed", "cancelled")
@@ -252,8 +256,11 @@ class RunModel:
     def _fail_for_good(self, step: str) -> None:
         if step in ITEMS:
             self.step(step).state = "failed"
-            if self.steps["m"].state == "parked":
+            if self.steps["m"].state == "parked" and ITEM_FAILS_NODE["on"]:
                 self._fail("m")  # the item's failure fails its node, and so the run
+            elif self.steps["m"].state == "parked":
+                self.state = "failed"
+                self._cancel_unstarted()
             return
         if step == KID_STEP:
             self.k.state = "failed"
