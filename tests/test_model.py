@@ -10,17 +10,19 @@ again or none, under a new key or an earlier fork's), cancel, retry, retry_all, 
 (by run, by key, ``signal_tx`` committed, rolled back or held open), a day passing for a
 run (its deadline and its wait's timeout), a run driven to its child node
 (``bring_to_child``), its child run cancelled or retried by the child's own handle,
-set_retention and purges, each gated step finishing or failing (with attempts left or
-its last), a step finishing while its run is cancelled, and workers killed with SIGKILL,
+set_retention and purges, each gated step (each map item among them) finishing or
+failing (with attempts left or its last), a step finishing while its run is cancelled,
+and workers killed with SIGKILL,
 frozen with SIGSTOP, thawed with SIGCONT or stopped with a hand-back of their jobs.
 Steps wait at gates the test holds (advisory locks, see
 :mod:`tests.support.model_proc`), so nothing here sleeps to synchronise: after every
 rule the test *settles* (waits until the database shows that every worker did all it
 can: each runnable step claimed and waiting at its gate, each outcome released recorded,
-each job of a dead or frozen worker rescued, each signal sent to a parked wait node
-delivered, each child node whose child ended woken, each run past its deadline failed),
-then checks cyclone's invariants and compares every run and step with the reference
-model (:mod:`tests.support.run_model`). At the end of each example every gate is
+each job of a dead or frozen worker rescued, each map node expanded or parked for its
+items (its job ``blocked``, an item's job per element of its list), each signal sent
+to a parked wait node delivered, each child node whose child ended woken, each run past
+its deadline failed), then checks cyclone's invariants and compares every run and step
+with the reference model (:mod:`tests.support.run_model`). At the end of each example every gate is
 released, the workers are stopped, and the at-rest invariants hold: every run has ended,
 or waits for its signal.
 
