@@ -1118,6 +1118,22 @@ class ModelMachine(RuleBasedStateMachine):
         ``k`` finishes, fails once, fails until its attempts are spent, or (None) waits.
         The rules acting on a child (a cancel, a retry, a worker lost) then have one
         without a long interleaving."""
+        self.drive_to(pick, then, KID_STEP)
+
+    @precondition(lambda self: self.has_runs())
+    @rule(
+        pick=PICK,
+        item=st.sampled_from(ITEMS),
+        then=st.sampled_from(["finish", "fail", "exhaust"]),
+    )
+    @guarded
+    def bring_to_map(self, pick: int, item: str, then: str) -> None:
+        """As :meth:`bring_to_child`, then one of ``m``'s items finishes, fails once or
+        spends its attempts (failing the run, its other item running on)."""
+        self.drive_to(pick, then, item)
+
+    def drive_to(self, pick: int, then: str | None, step: str) -> None:
+        """Drive a run to ``c`` and ``m``, then give ``step`` (``k`` or an item) ``then``."""
         model = self.pick_run(pick)
         for _ in range(4):
             assert self.snap is not None
@@ -1137,13 +1153,14 @@ class ModelMachine(RuleBasedStateMachine):
         verdicts = {None: [], "finish": ["finish"], "fail": ["fail"], "exhaust": ["fail"] * 2}
         for verdict in verdicts[then]:
             assert self.snap is not None
-            kid = self.snap.current(model.tag + KID_SUFFIX, KID_STEP)
-            if model.purged or kid is None or kid not in self.releasable(self.snap):
+            tag = model.tag + KID_SUFFIX if step == KID_STEP else model.tag
+            e = self.snap.current(tag, step)
+            if model.purged or e is None or e not in self.releasable(self.snap):
                 return
-            model.release(KID_STEP, verdict)
+            model.release(step, verdict)
             model.advance()
-            self.h.release(kid, verdict)
-            RULES_RUN[f"bring_to_child: k {verdict}"] += 1
+            self.h.release(e, verdict)
+            RULES_RUN[f"bring_to: {step} {verdict}"] += 1
             self.settle_and_check()
             model = self.runs[model.number]
 
