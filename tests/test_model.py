@@ -1,25 +1,28 @@
 """Model-based test: random interleavings of cyclone's operations against real workers.
 
 A hypothesis state machine submits runs of :data:`tests.support.model_proc.WORKFLOW`
-(``a -> w -> b -> c``, ``w`` waiting for the signal ``go``, ``c`` a child node whose
-child run has one gated step ``k``) on a database of its own, served by worker
+(``a -> w -> b -> {c, m}``, ``w`` waiting for the signal ``go``, ``c`` a child node whose
+child run has one gated step ``k``, ``m`` a map node whose two items ``m0`` and ``m1``
+are gated) on a database of its own, served by worker
 processes, and interleaves: submit and submit_once (new key, same key with the same or
 another input, a key freed by a purge), fork (of a run ended or not, with a step to run
 again or none, under a new key or an earlier fork's), cancel, retry, retry_all, signals
 (by run, by key, ``signal_tx`` committed, rolled back or held open), a day passing for a
 run (its deadline and its wait's timeout), a run driven to its child node
 (``bring_to_child``), its child run cancelled or retried by the child's own handle,
-set_retention and purges, each gated step finishing or failing (with attempts left or
-its last), a step finishing while its run is cancelled, and workers killed with SIGKILL,
+set_retention and purges, each gated step (each map item among them) finishing or
+failing (with attempts left or its last), a step finishing while its run is cancelled,
+and workers killed with SIGKILL,
 frozen with SIGSTOP, thawed with SIGCONT or stopped with a hand-back of their jobs.
 Steps wait at gates the test holds (advisory locks, see
 :mod:`tests.support.model_proc`), so nothing here sleeps to synchronise: after every
 rule the test *settles* (waits until the database shows that every worker did all it
 can: each runnable step claimed and waiting at its gate, each outcome released recorded,
-each job of a dead or frozen worker rescued, each signal sent to a parked wait node
-delivered, each child node whose child ended woken, each run past its deadline failed),
-then checks cyclone's invariants and compares every run and step with the reference
-model (:mod:`tests.support.run_model`). At the end of each example every gate is
+each job of a dead or frozen worker rescued, each map node expanded or parked for its
+items (its job ``blocked``, an item's job per element of its list), each signal sent
+to a parked wait node delivered, each child node whose child ended woken, each run past
+its deadline failed), then checks cyclone's invariants and compares every run and step
+with the reference model (:mod:`tests.support.run_model`). At the end of each example every gate is
 released, the workers are stopped, and the at-rest invariants hold: every run has ended,
 or waits for its signal.
 
@@ -64,7 +67,7 @@ from hypothesis.stateful import (
 import cyclone
 from cyclone._store import notify as _notify
 from tests.conftest import create_database, drop_database, wait_until
-from tests.support import invariants
+from tests.support import invariants, run_model
 from tests.support.model_proc import (
     DAY,
     EXEC_DDL,
@@ -75,7 +78,14 @@ from tests.support.model_proc import (
     Item,
     gate,
 )
-from tests.support.run_model import KID_STEP, STEPS, Expect, RunModel, release_and_cancel
+from tests.support.run_model import (
+    ITEMS,
+    KID_STEP,
+    STEPS,
+    Expect,
+    RunModel,
+    release_and_cancel,
+)
 
 KNOWN_DEFECTS_FIXED: dict[str, bool] = {
     # A cancelled run whose steps all completed (cancelled during its last step) and is
@@ -91,6 +101,9 @@ KNOWN_DEFECTS_FIXED: dict[str, bool] = {
     "signal_tx_lock": True,
     # A SIGSTOPped maintenance leader keeps the lead: nothing is rescued or expired.
     "frozen_leader": True,
+    # An item of a map node that spends its attempts fails the run, but leaves the map
+    # node cancelled (as a step not started), where docs/map.md says it fails the node.
+    "map_item_fails_node": False,
 }
 """Rules (or cases of rules) that reach a defect not yet fixed on main are left out
 while its flag is False; the lead switches each on once its fix is merged.
@@ -129,6 +142,9 @@ RULES_RUN: Counter[str] = Counter()
 CHILD_TRANSITIONS: Counter[str] = Counter()
 """How many times the child node ``c``, the kid and its step ``k`` were seen to move from
 one state to another between two checks (printed at the end)."""
+MAP_TRANSITIONS: Counter[str] = Counter()
+"""How many times the map node ``m`` and its items ``m0``, ``m1`` were seen to move from one
+state to another between two checks (printed at the end)."""
 
 
 def guarded(fn: Callable[..., None]) -> Callable[..., None]:
@@ -207,6 +223,11 @@ class Snapshot:
         assert len(mine) <= 1, f"two executions at their gate hold one claim: {mine}"
         return mine[0] if mine else None
 
+    def expanded(self, tag: str) -> bool:
+        """Whether ``m`` of run ``tag`` has items (they exist only once ``b`` completed)."""
+        b = self.jobs.get((tag, "b"))
+        return (tag, ITEMS[0]) in self.jobs and b is not None and b["state"] == "completed"
+
     def observed(self, tag: str) -> dict[str, str] | None:
         run = self.runs.get(tag)
         if run is None:
@@ -224,7 +245,14 @@ class Snapshot:
                 state = "parked" if step == "w" and job["later"] else "active"
             elif state == "blocked" and step in ("w", "c") and job["pending"] == 0:
                 state = "parked"
+            elif state == "blocked" and step == "m" and self.expanded(tag):
+                state = "parked"  # waiting for its items (pending: those not completed)
             seen[step] = state
+        for i in ITEMS:
+            job = self.jobs.get((tag, i))
+            seen[i] = "none" if job is None else job["state"]
+            if seen[i] in ("running", "available"):
+                seen[i] = "active"
         kid = self.runs.get(tag + KID_SUFFIX)
         seen["kid"] = kid["state"] if kid else "none"
         job = self.jobs.get((tag + KID_SUFFIX, KID_STEP))
@@ -392,7 +420,7 @@ class Harness:
         what follows it)."""
         query = (
             "SELECT j.state FROM cyclone_jobs j JOIN cyclone_runs r ON r.id = j.run_id "
-            f"WHERE {TAG_SQL.format(r='r')} = %s AND j.kind = %s"
+            f"WHERE {TAG_SQL.format(r='r')} = %s AND j.kind || coalesce(j.item::text, '') = %s"
         )
         deadline = time.monotonic() + SETTLE_TIMEOUT
         while self.gates.execute(query, (e.tag, e.step)).fetchone() == ("running",):
@@ -406,7 +434,7 @@ class Harness:
                 sa.text(
                     f"SELECT {TAG_SQL.format(r='r')}, r.state, r.steps_remaining, "
                     "r.deadline <= now(), r.start_at, r.parent_waits, "
-                    "j.kind, j.state, j.pending_deps, "
+                    "j.kind || coalesce(j.item::text, ''), j.state, j.pending_deps, "
                     "j.worker_id, j.attempt, j.lease, "
                     "j.scheduled_at <= now(), j.scheduled_at > now() + interval '1 hour', "
                     "s.payload IS NOT NULL "
@@ -502,7 +530,7 @@ class Harness:
                 continue
             if job["pid"] not in live:
                 todo.append(f"{tag}:{step} held by stopped worker {job['pid']}, not rescued")
-            elif step in ("w", "c"):
+            elif step in ("w", "c", "m"):
                 todo.append(f"{tag}:{step} running")
             elif snap.current(tag, step) is None:
                 todo.append(f"{tag}:{step} running, not at its gate (outcome not recorded)")
@@ -545,12 +573,23 @@ def unsignalled_by_key(machine: ModelMachine, model: RunModel) -> bool:
     )
 
 
+def gated_steps(model: RunModel) -> list[tuple[str, str]]:
+    """The (tag, step) of each gated step of a run and its kid: ``m``'s items among them."""
+    return [
+        (model.tag, "a"),
+        (model.tag, "b"),
+        (model.tag + KID_SUFFIX, KID_STEP),
+        *((model.tag, i) for i in ITEMS),
+    ]
+
+
 class ModelMachine(RuleBasedStateMachine):
     harness: Harness
 
     def __init__(self) -> None:
         super().__init__()
         self.h = type(self).harness
+        run_model.ITEM_FAILS_NODE["on"] = KNOWN_DEFECTS_FIXED["map_item_fails_node"]
         self.engine = self.h.engine
         self.runs: dict[int, RunModel] = {}
         self.handles: dict[int, cyclone.Run] = {}
@@ -672,15 +711,19 @@ class ModelMachine(RuleBasedStateMachine):
                 str(c.summary()) for c in candidates
             )
             self.runs[number] = matching[0]
-            self.count_child_transitions(number, seen)
+            self.count_transitions(number, seen)
 
-    def count_child_transitions(self, number: int, seen: dict[str, str] | None) -> None:
+    def count_transitions(self, number: int, seen: dict[str, str] | None) -> None:
         before = self.seen.get(number) or {}
-        for part in ("c", "kid", KID_STEP):
-            old = before.get(part, "none")
-            new = "purged" if seen is None else seen[part]
-            if old != new and not (old == "none" and new == "purged"):
-                CHILD_TRANSITIONS[f"{part}: {old} -> {new}"] += 1
+        for parts, counter in (
+            (("c", "kid", KID_STEP), CHILD_TRANSITIONS),
+            (("m", *ITEMS), MAP_TRANSITIONS),
+        ):
+            for part in parts:
+                old = before.get(part, "none")
+                new = "purged" if seen is None else seen[part]
+                if old != new and not (old == "none" and new == "purged"):
+                    counter[f"{part}: {old} -> {new}"] += 1
         self.seen[number] = seen
 
     def model_of(self, tag: str) -> RunModel:
@@ -694,11 +737,7 @@ class ModelMachine(RuleBasedStateMachine):
         for model in self.runs.values():
             if model.purged:
                 continue
-            for tag, step in (
-                (model.tag, "a"),
-                (model.tag, "b"),
-                (model.tag + KID_SUFFIX, KID_STEP),
-            ):
+            for tag, step in gated_steps(model):
                 e = snap.current(tag, step)
                 if e is not None and e.pid in live:
                     found.append(e)
@@ -741,7 +780,7 @@ class ModelMachine(RuleBasedStateMachine):
         return model
 
     def lock_first_gates(self, model: RunModel) -> None:
-        for tag, step in ((model.tag, "a"), (model.tag, "b"), (model.tag + KID_SUFFIX, KID_STEP)):
+        for tag, step in gated_steps(model):
             self.h.lock_gates(tag, step, LOOKAHEAD)
 
     @rule(keyed=st.booleans(), deadline=st.booleans())
@@ -788,7 +827,7 @@ class ModelMachine(RuleBasedStateMachine):
             assert got == Expect.CONFLICT, got
 
     @precondition(lambda self: self.has_runs())
-    @rule(pick=PICK, rerun=st.sampled_from([None, "a", "w", "b", "c"]), again=st.booleans())
+    @rule(pick=PICK, rerun=st.sampled_from([None, "a", "w", "b", "c", "m"]), again=st.booleans())
     @guarded
     def fork(self, pick: int, rerun: str | None, again: bool) -> None:
         """Fork a run under a new key, or under the key of an earlier fork (``submit_once``
@@ -878,7 +917,10 @@ class ModelMachine(RuleBasedStateMachine):
             return
         handle = self.handles[model.number]
         got = outcome_of(handle.retry_all if every_step else handle.retry)
-        assert got == model.retry(every_step=every_step), (model.tag, got)
+        expected, alternatives = model.retry_alternatives(every_step=every_step)
+        assert got == expected, (model.tag, got)
+        self.alternatives[model.number] = alternatives
+        self.runs[model.number] = alternatives[0]
 
     # signals
 
@@ -1049,6 +1091,18 @@ class ModelMachine(RuleBasedStateMachine):
         model.advance()
         self.h.release(e, verdict)
 
+    def release_step(self, tag: str, step: str, verdict: str) -> None:
+        """Release the execution holding ``step`` of run ``tag`` (scenarios only), then check."""
+        assert self.snap is not None
+        e = self.snap.current(tag, step)
+        assert e is not None, (tag, step, self.snap.waiting)
+        assert e in self.releasable(self.snap), (tag, step, e)
+        model = self.model_of(tag)
+        model.release(step, verdict)
+        model.advance()
+        self.h.release(e, verdict)
+        self.settle_and_check()
+
     @rule(pick=PICK)
     @guarded
     def finish(self, pick: int) -> None:
@@ -1064,6 +1118,22 @@ class ModelMachine(RuleBasedStateMachine):
         ``k`` finishes, fails once, fails until its attempts are spent, or (None) waits.
         The rules acting on a child (a cancel, a retry, a worker lost) then have one
         without a long interleaving."""
+        self.drive_to(pick, then, KID_STEP)
+
+    @precondition(lambda self: self.has_runs())
+    @rule(
+        pick=PICK,
+        item=st.sampled_from(ITEMS),
+        then=st.sampled_from(["finish", "fail", "exhaust"]),
+    )
+    @guarded
+    def bring_to_map(self, pick: int, item: str, then: str) -> None:
+        """As :meth:`bring_to_child`, then one of ``m``'s items finishes, fails once or
+        spends its attempts (failing the run, its other item running on)."""
+        self.drive_to(pick, then, item)
+
+    def drive_to(self, pick: int, then: str | None, step: str) -> None:
+        """Drive a run to ``c`` and ``m``, then give ``step`` (``k`` or an item) ``then``."""
         model = self.pick_run(pick)
         for _ in range(4):
             assert self.snap is not None
@@ -1083,13 +1153,14 @@ class ModelMachine(RuleBasedStateMachine):
         verdicts = {None: [], "finish": ["finish"], "fail": ["fail"], "exhaust": ["fail"] * 2}
         for verdict in verdicts[then]:
             assert self.snap is not None
-            kid = self.snap.current(model.tag + KID_SUFFIX, KID_STEP)
-            if model.purged or kid is None or kid not in self.releasable(self.snap):
+            tag = model.tag + KID_SUFFIX if step == KID_STEP else model.tag
+            e = self.snap.current(tag, step)
+            if model.purged or e is None or e not in self.releasable(self.snap):
                 return
-            model.release(KID_STEP, verdict)
+            model.release(step, verdict)
             model.advance()
-            self.h.release(kid, verdict)
-            RULES_RUN[f"bring_to_child: k {verdict}"] += 1
+            self.h.release(e, verdict)
+            RULES_RUN[f"bring_to: {step} {verdict}"] += 1
             self.settle_and_check()
             model = self.runs[model.number]
 
@@ -1231,12 +1302,14 @@ def test_random_interleavings_end_as_the_model_says(harness: Harness) -> None:
     ModelMachine.harness = harness
     RULES_RUN.clear()
     CHILD_TRANSITIONS.clear()
+    MAP_TRANSITIONS.clear()
     started = time.monotonic()
     try:
         run_state_machine_as_test(ModelMachine, settings=SETTINGS)
     finally:
         print(f"model: {time.monotonic() - started:.0f} s, rules run: {dict(RULES_RUN)}")
         print(f"child transitions seen: {dict(sorted(CHILD_TRANSITIONS.items()))}")
+        print(f"map transitions seen: {dict(sorted(MAP_TRANSITIONS.items()))}")
 
 
 # -- the test of the test: each known defect, replayed through the machine --------------
@@ -1267,6 +1340,13 @@ SCENARIOS: dict[str, list[tuple[str, dict[str, Any]]]] = {
         ("freeze_leader", {}),
         ("a_day_passes", {"pick": 0}),  # the run's deadline passes: another worker fails it
     ],
+    "map_item_fails_node": [
+        ("start", {"runs": [(True, False, True)]}),
+        ("finish", {"pick": 0}),  # a; w runs at once (signalled)
+        ("finish", {"pick": 0}),  # b: c makes its kid, m expands
+        ("release_step", {"tag": "m1", "step": "m0", "verdict": "fail"}),
+        ("release_step", {"tag": "m1", "step": "m0", "verdict": "fail"}),  # its last attempt
+    ],
 }
 """A shortest interleaving reaching each known defect, for the machine to replay alone
 (``park_after_cancel`` is a race, left to the random interleavings)."""
@@ -1275,6 +1355,7 @@ SEEN_AS = {
     "retry_resets_waits": r"run m1 is \{'run': 'failed'.*the model says \{'run': 'running'",
     "signal_tx_lock": r"did not settle .*m1:a running, not at its gate",
     "frozen_leader": "m1:a held by stopped worker .*not rescued|m1: past its deadline, still",
+    "map_item_fails_node": r"run m1 is \{.*'m': 'cancelled'.*the model says \{.*'m': 'failed'",
 }
 """How the checks see each defect: the failure its replay must raise while it stands."""
 
@@ -1423,6 +1504,9 @@ def test_a_child_node_parked_for_a_child_run_that_ended_is_not_settled() -> None
         "c": "parked",
         "kid": "failed",
         "k": "completed",
+        "m": "no job",
+        "m0": "none",
+        "m1": "none",
     }
     kid["parent_waits"] = False  # woken: the node (claimed) stops waiting as it records
     assert harness.unsettled(snap) == []
@@ -1462,8 +1546,10 @@ def test_a_fork_that_runs_its_wait_node_again_waits_for_a_signal_of_its_own(
         machine.settled_and_as_modelled()
         machine.finish(pick=0)  # b; c makes its child run, whose k waits at its gate
         machine.settled_and_as_modelled()
-        machine.finish(pick=0)  # k: the child completes, then c and m1
+        machine.finish(pick=0)  # k: the child completes, then c
         machine.settled_and_as_modelled()
+        machine.release_step("m1", "m0", "finish")
+        machine.release_step("m1", "m1", "finish")  # m collects, then m1 completes
         assert machine.model_of("m1").state == "completed"
         machine.fork(pick=0, rerun="w", again=False)
         machine.settled_and_as_modelled()
@@ -1475,6 +1561,9 @@ def test_a_fork_that_runs_its_wait_node_again_waits_for_a_signal_of_its_own(
             "c": "blocked",
             "kid": "none",
             "k": "none",
+            "m": "blocked",
+            "m0": "none",
+            "m1": "none",
         }
         machine.signal(pick=0, how="key", payload=2)
         machine.settled_and_as_modelled()
@@ -1516,10 +1605,19 @@ def test_a_child_run_fails_its_parent_is_retried_with_it_and_is_never_made_twice
             "c": "failed",
             "kid": "failed",
             "k": "failed",
+            "m": "cancelled",
+            "m0": "active",
+            "m1": "active",
         }
+        machine.retry(pick=0, every_step=False)  # refused: m's items still run
+        machine.settled_and_as_modelled()
+        assert summary("m1")["run"] == "failed"
+        machine.release_step("m1", "m0", "finish")
+        machine.release_step("m1", "m1", "finish")
         machine.retry(pick=0, every_step=False)
         machine.settled_and_as_modelled()
         assert (summary("m1")["c"], summary("m1")["kid"]) == ("parked", "running")
+        assert summary("m1")["m"] == "completed"  # its items completed: it collects at once
         assert machine.model_of("m1").k.failures == 0
         machine.finish(pick=0)  # k
         machine.settled_and_as_modelled()
@@ -1528,6 +1626,9 @@ def test_a_child_run_fails_its_parent_is_retried_with_it_and_is_never_made_twice
         machine.settled_and_as_modelled()
         machine.bring_to_child(pick=0, then=None)  # c reads its completed child at once
         machine.settled_and_as_modelled()
+        assert (summary("m1")["m0"], summary("m1")["m1"]) == ("active", "active")  # anew
+        machine.release_step("m1", "m0", "finish")
+        machine.release_step("m1", "m1", "finish")
         assert summary("m1")["run"] == "completed"
         (kid,) = machine.handles[1].children()
         assert kid.status().parent_id == machine.handles[1].id
@@ -1547,8 +1648,91 @@ def test_a_child_run_fails_its_parent_is_retried_with_it_and_is_never_made_twice
         machine.cancel(pick=0)
         machine.settled_and_as_modelled()
         assert (summary("m3")["kid"], summary("m3")["k"]) == ("cancelled", "active")
+        machine.release_step("m3", "m0", "finish")
+        machine.release_step("m3", "m1", "finish")  # in the cancelled run
         machine.retry(pick=0, every_step=False)  # refused by c: its child's step runs
         machine.settled_and_as_modelled()
         assert (summary("m3")["run"], summary("m3")["c"]) == ("failed", "failed")
+    finally:
+        machine.teardown()
+
+
+@pytest.mark.processes
+def test_a_failed_map_item_fails_its_run_and_retry_runs_it_alone_and_retry_all_every_item(
+    harness: Harness,
+) -> None:
+    """Through the machine: an item of ``m`` that spends its attempts fails ``m`` and the
+    run, naming the item; ``retry()`` runs that item alone again (its attempts anew, the
+    completed item kept: not executed again), and ``m`` collects both; ``retry_all()``
+    forgets the items, and ``m`` expands anew once ``b`` completes again."""
+    ModelMachine.harness = harness
+    machine = ModelMachine()
+
+    def summary() -> dict[str, str]:
+        return machine.model_of("m1").summary()
+
+    def executions(step: str) -> int:
+        with harness.engine.connect() as conn:
+            return int(
+                conn.execute(
+                    sa.text("SELECT count(*) FROM model_exec WHERE tag = 'm1' AND step = :s"),
+                    {"s": step},
+                ).scalar_one()
+            )
+
+    def items_done() -> tuple[int | None, int | None]:
+        detail = cyclone.Client(harness.engine).get_run_detail(machine.handles[1].id)
+        (node,) = [s for s in detail.steps if s.name == "m"]
+        return node.items_done, node.items_total
+
+    try:
+        machine.start(runs=[(True, False, True)])
+        machine.settled_and_as_modelled()
+        machine.release_step("m1", "a", "finish")  # w runs on the stored signal
+        machine.release_step("m1", "b", "finish")  # c makes its kid; m expands
+        assert (summary()["m"], summary()["m0"], summary()["m1"]) == ("parked", "active", "active")
+        machine.release_step("m1/kid", KID_STEP, "finish")  # c completes
+        machine.release_step("m1", "m0", "finish")
+        machine.release_step("m1", "m1", "fail")
+        machine.release_step("m1", "m1", "fail")  # its last attempt
+        assert summary() == {
+            "run": "failed",
+            "a": "completed",
+            "w": "completed",
+            "b": "completed",
+            "c": "completed",
+            "kid": "completed",
+            "k": "completed",
+            "m": "failed" if KNOWN_DEFECTS_FIXED["map_item_fails_node"] else "cancelled",
+            "m0": "completed",
+            "m1": "failed",
+        }
+        error = machine.handles[1].status().error
+        assert error is not None
+        assert (error["step"], error["item"]) == ("m", 1)
+
+        machine.retry(pick=0, every_step=False)
+        machine.settled_and_as_modelled()
+        assert (summary()["m"], summary()["m0"], summary()["m1"]) == (
+            "parked",
+            "completed",
+            "active",
+        )
+        machine.release_step("m1", "m1", "finish")
+        assert summary()["run"] == "completed"
+        assert (executions("m0"), executions("m1")) == (1, 3)  # m0 kept, not run again
+        assert items_done() == (2, 2)
+
+        machine.retry(pick=0, every_step=True)
+        machine.settled_and_as_modelled()
+        assert (summary()["m"], summary()["m0"], summary()["m1"]) == ("blocked", "none", "none")
+        machine.release_step("m1", "a", "finish")
+        machine.release_step("m1", "b", "finish")  # c reads its completed kid; m expands
+        assert (summary()["m"], summary()["m0"], summary()["m1"]) == ("parked", "active", "active")
+        machine.release_step("m1", "m0", "finish")
+        machine.release_step("m1", "m1", "finish")
+        assert summary()["run"] == "completed"
+        assert (executions("m0"), executions("m1")) == (2, 4)
+        assert items_done() == (2, 2)
     finally:
         machine.teardown()

@@ -8,10 +8,12 @@ worker holds what.
 A run is told by its *tag*: the input's ``tag``, except for a fork (same input as the run
 it came from), whose key ``fork-m<N>`` names its tag (:data:`TAG_SQL`).
 
-The workflow is ``a -> w -> b -> c``: ``a`` and ``b`` are *gated* steps, ``w`` waits for
+The workflow is ``a -> w -> b -> {c, m}``: ``a`` and ``b`` are *gated* steps, ``w`` waits for
 the signal ``go`` (with a one-day timeout that the test makes pass by moving timestamps),
 ``c`` is a child node: it submits a run of :data:`KID` (tagged ``<the run's tag>/kid``),
-whose one step ``k`` is gated too, and completes or fails as that child run does.
+whose one step ``k`` is gated too, and completes or fails as that child run does; ``m``
+is a map node over ``b``'s list ``[0, 1]``: its two items, gated too, are told in
+``model_exec`` as steps ``m0`` and ``m1`` (the node's name and the item's index).
 Each execution of a gated step inserts a row into ``model_exec`` numbered per (tag,
 step), then waits for the advisory lock :func:`gate` of that number, which the test
 holds from the run's submission until it gives the execution its verdict (``finish``
@@ -39,7 +41,9 @@ RESCUE_AFTER = timedelta(seconds=1)
 MAX_ATTEMPTS = 2
 """Attempts of ``a``, ``b`` and ``k``; ``w`` and ``c`` have one (wait and child nodes' default)."""
 GATE_CLASS = 0x6D6F
-STEP_NUMBER = {"a": 1, "b": 2, "k": 3}
+STEP_NUMBER = {"a": 1, "b": 2, "k": 3, "m0": 4, "m1": 5}
+MAP_ITEMS = 2
+"""The length of ``b``'s list, so the number of ``m``'s items."""
 KID_SUFFIX = "/kid"
 """A child run's tag: its parent's tag and this."""
 EXEC_DDL = (
@@ -149,8 +153,14 @@ def w(ctx: cyclone.StepContext, payload: int) -> int:
 
 
 @WORKFLOW.step(after=[w], max_attempts=MAX_ATTEMPTS)
-def b(ctx: cyclone.StepContext, item: Item) -> int:
-    return gated(ctx, item, "b")
+def b(ctx: cyclone.StepContext, item: Item) -> list[int]:
+    gated(ctx, item, "b")
+    return list(range(MAP_ITEMS))
+
+
+@WORKFLOW.map(over=b, max_attempts=MAX_ATTEMPTS)
+def m(ctx: cyclone.StepContext, index: int) -> int:
+    return gated(ctx, Item(tag=""), f"m{index}")
 
 
 @WORKFLOW.child(KID, after=[b])

@@ -1,7 +1,8 @@
 """The reference model of the model-based test (``tests/test_model.py``): pure Python.
 
 One :class:`RunModel` per run of :data:`tests.support.model_proc.WORKFLOW` (``a -> w ->
-b -> c``, ``c`` a child node) and its child run (the *kid*, one step ``k``) says, from the
+b -> {c, m}``, ``c`` a child node, ``m`` a map node with two items ``m0`` and ``m1``) and its
+child run (the *kid*, one step ``k``) says, from the
 operations applied to it, what state the run and each of its steps must be in once the
 workers have done what they can (the test *settles* the database before comparing).
 Each operation returns what the call must return or raise. Where
@@ -12,8 +13,10 @@ failure.
 
 Step states: ``blocked`` (upstream not completed), ``active`` (claimed and waiting at
 its gate, or available), ``parked`` (``w`` waiting for its signal, ``c`` for its kid to
-end), and the terminal ``completed``, ``failed``, ``cancelled``. The kid is ``none``
-until ``c`` first parks; then a run state of its own, with ``k``'s state.
+end, ``m`` for its items), and the terminal ``completed``, ``failed``, ``cancelled``. The
+kid is ``none`` until ``c`` first parks; then a run state of its own, with ``k``'s state.
+The items are ``none`` until ``m`` first expands (and again after a ``retry_all``); each
+then has a step's states and attempts of its own.
 """
 
 from __future__ import annotations
@@ -21,10 +24,23 @@ from __future__ import annotations
 import copy
 from dataclasses import dataclass, field
 
-STEPS = ("a", "w", "b", "c")
-UPSTREAM = {"a": None, "w": "a", "b": "w", "c": "b"}
-ATTEMPTS = {"a": 2, "w": 1, "b": 2, "c": 1, "k": 2}
+STEPS = ("a", "w", "b", "c", "m")
+DOWNSTREAM = {
+    "a": {"a", "w", "b", "c", "m"},
+    "w": {"w", "b", "c", "m"},
+    "b": {"b", "c", "m"},
+    "c": {"c"},
+    "m": {"m"},
+}
+"""Each step and the steps downstream of it (what a fork naming it runs again)."""
+ITEMS = ("m0", "m1")
+"""``m``'s items, by the node's name and the item's index."""
+ATTEMPTS = {"a": 2, "w": 1, "b": 2, "c": 1, "k": 2, "m0": 2, "m1": 2}
 KID_STEP = "k"
+ITEM_FAILS_NODE = {"on": True}
+"""Whether an item failed for good fails its map node (docs/map.md), or (the defect the
+model-based test's ``map_item_fails_node`` flag stands for) leaves it cancelled with the
+run's other steps not started; the test sets it from that flag."""
 LOSSES = 3
 """A job lost with its worker this many times fails (max(max_attempts, 3))."""
 TERMINAL = ("completed", "failed", "cancelled")
@@ -65,6 +81,8 @@ class RunModel:
     """The state of the child run ``c`` made (None: not made yet)."""
     k: StepModel = field(default_factory=StepModel)
     """The kid's step."""
+    items: dict[str, StepModel] | None = None
+    """``m``'s items (None: not expanded)."""
 
     def __post_init__(self) -> None:
         self.input_tag = self.input_tag or self.tag
@@ -82,10 +100,17 @@ class RunModel:
             **{s: self.steps[s].state for s in STEPS},
             "kid": self.kid or "none",
             "k": self.k.state if self.kid else "none",
+            **{i: self.items[i].state if self.items else "none" for i in ITEMS},
         }
 
     def step(self, step: str) -> StepModel:
+        if step in ITEMS:
+            assert self.items is not None, (self.tag, step)
+            return self.items[step]
         return self.k if step == KID_STEP else self.steps[step]
+
+    def items_active(self) -> bool:
+        return self.items is not None and any(i.state == "active" for i in self.items.values())
 
     def state_of(self, step: str) -> str | None:
         """The state of the run ``step`` belongs to (the kid's for ``k``)."""
@@ -93,8 +118,12 @@ class RunModel:
 
     # -- progress that workers make on their own ---------------------------------------
 
-    def advance_one(self) -> bool:
-        """One step of progress the workers make without the test; False when none is left."""
+    def advance_one(self, map_first: bool = False) -> bool:
+        """One step of progress the workers make without the test; False when none is left.
+
+        ``map_first``: the map node and its items move before ``c`` (which of the two a
+        worker reaches first is a race when both become runnable at once, after a retry).
+        """
         if self.purged:
             return False
         if self.kid == "running" and self.k.state == "blocked":
@@ -102,7 +131,7 @@ class RunModel:
             return True
         if self.state != "running":
             return False
-        a, w, b, c = (self.steps[s] for s in STEPS)
+        a, w, b, c = (self.steps[s] for s in STEPS[:4])
         if a.state == "blocked":
             a.state = "active"
             return True
@@ -120,6 +149,8 @@ class RunModel:
         if b.state == "blocked" and w.state == "completed":
             b.state = "active"
             return True
+        if map_first and self._advance_map():
+            return True
         if c.state == "blocked" and b.state == "completed":
             self._start_kid()
             return True
@@ -129,13 +160,37 @@ class RunModel:
         if c.state == "parked" and self.kid in ("failed", "cancelled"):
             self._fail("c")
             return True
+        if self._advance_map():
+            return True
         if all(self.steps[s].state == "completed" for s in STEPS):
             self.state = "completed"
             return True
         return False
 
-    def advance(self) -> RunModel:
-        while self.advance_one():
+    def _advance_map(self) -> bool:
+        b, m = self.steps["b"], self.steps["m"]
+        if m.state == "blocked" and b.state == "completed":
+            if self.items is None:  # expands: one job per item, claimed at once
+                self.items = {i: StepModel(state="active") for i in ITEMS}
+            done = all(i.state == "completed" for i in self.items.values())
+            m.state = "completed" if done else "parked"
+            return True
+        if self.items is not None and any(i.state == "blocked" for i in self.items.values()):
+            for i in self.items.values():
+                if i.state == "blocked":  # reset by a retry: available again, claimed
+                    i.state = "active"
+            return True
+        if (
+            m.state == "parked"
+            and self.items is not None
+            and all(i.state == "completed" for i in self.items.values())
+        ):
+            m.state = "completed"  # the last item made it runnable: it collects
+            return True
+        return False
+
+    def advance(self, map_first: bool = False) -> RunModel:
+        while self.advance_one(map_first):
             pass
         return self
 
@@ -175,6 +230,9 @@ class RunModel:
         for s in self.steps.values():
             if s.state in ("blocked", "parked"):
                 s.state = "cancelled"
+        for i in (self.items or {}).values():
+            if i.state == "blocked":
+                i.state = "cancelled"
 
     # -- what the test does ------------------------------------------------------------
 
@@ -196,6 +254,14 @@ class RunModel:
             self._end_kid()
 
     def _fail_for_good(self, step: str) -> None:
+        if step in ITEMS:
+            self.step(step).state = "failed"
+            if self.steps["m"].state == "parked" and ITEM_FAILS_NODE["on"]:
+                self._fail("m")  # the item's failure fails its node, and so the run
+            elif self.steps["m"].state == "parked":
+                self.state = "failed"
+                self._cancel_unstarted()
+            return
         if step == KID_STEP:
             self.k.state = "failed"
             self._end_kid()
@@ -252,34 +318,54 @@ class RunModel:
         self.advance()
         return None
 
-    def retry(self, *, every_step: bool) -> str | None:
+    def retry_alternatives(self, *, every_step: bool) -> tuple[str | None, list[RunModel]]:
+        """What ``retry`` (``retry_all``) returns, and the models it may leave: ``c`` and
+        ``m`` (or ``m``'s items) made runnable by the same retry race (``c`` failing the
+        run at once cancels those not claimed yet)."""
+        first = self.copy()
+        outcome = first.retry(every_step=every_step, map_first=True)
+        this = self.copy()
+        assert this.retry(every_step=every_step) == outcome
+        return outcome, [this, first]
+
+    def retry(self, *, every_step: bool, map_first: bool = False) -> str | None:
         sources = TERMINAL if every_step else ("failed", "cancelled")
         if self.purged:
             return Expect.NOT_FOUND
         if self.state not in sources or self.deadline_passed:
             return Expect.INVALID_STATE
-        if any(s.state == "active" for s in self.steps.values()):
+        if any(s.state == "active" for s in self.steps.values()) or self.items_active():
             return Expect.INVALID_STATE
         reset = ("completed", "failed", "cancelled") if every_step else ("failed", "cancelled")
         for s in self.steps.values():
             if s.state in reset:
                 s.state, s.failures, s.lost = "blocked", 0, 0
+        if every_step:
+            self.items = None  # the map node expands anew
+        for i in (self.items or {}).values():
+            if i.state in reset:  # only the failed and cancelled items run again
+                i.state, i.failures, i.lost = "blocked", 0, 0
         self.timer = False
         self.state = "running"
-        self.advance()
+        self.advance(map_first)
         return None
 
     def fork_refused(self) -> str | None:
         """What ``fork`` of this run raises, if it is refused."""
         if self.purged:
             return Expect.NOT_FOUND
-        if self.state == "running" or any(s.state == "active" for s in self.steps.values()):
+        if (
+            self.state == "running"
+            or any(s.state == "active" for s in self.steps.values())
+            or self.items_active()
+        ):
             return Expect.INVALID_STATE
         return None
 
     def fork(self, number: int, key: str, rerun: str | None) -> RunModel:
-        """The fork of this (ended) run under ``key``: the steps it completed before the
-        first one run again (``rerun``, and so everything after it) keep their outputs."""
+        """The fork of this (ended) run under ``key``: the steps it completed keep their
+        outputs, but ``rerun`` and those downstream of it; a kept map node keeps its
+        (completed) items, one the fork runs again expands anew."""
         fork = RunModel(
             number=number,
             key=key,
@@ -288,10 +374,12 @@ class RunModel:
             retention0=self.retention0,
             input_tag=self.input_tag,
         )
+        again = DOWNSTREAM[rerun] if rerun else set()
         for step in STEPS:
-            if step == rerun or self.steps[step].state != "completed":
-                break
-            fork.steps[step].state = "completed"
+            if step not in again and self.steps[step].state == "completed":
+                fork.steps[step].state = "completed"
+        if fork.steps["m"].state == "completed":
+            fork.items = {i: StepModel(state="completed") for i in ITEMS}
         return fork.advance()
 
     def signal_outcome(self, payload: int) -> bool | str:
