@@ -111,6 +111,7 @@ EDGES: dict[str, Edge] = {
         Edge("job", "park_blocked", (_J.RUNNING.value,), _J.BLOCKED.value),
         Edge("job", "wake_parent", (_J.BLOCKED.value,), _J.AVAILABLE.value),
         Edge("job", "fan_out", (_J.RUNNING.value,), _J.BLOCKED.value),
+        Edge("job", "fail_map_node", (_J.BLOCKED.value,), _J.FAILED.value),
         Edge("job", "rescue", (_J.RUNNING.value,), _J.AVAILABLE.value),
         Edge("job", "rescue_give_up", (_J.RUNNING.value,), _J.FAILED.value),
         Edge("job", "hand_back", (_J.RUNNING.value,), _J.AVAILABLE.value),
@@ -135,7 +136,8 @@ attempt fails (``cancel_ended_attempt``), or when it is a wait or sleep node tha
 park (``cancel_ended_park``). A wait or sleep node parks: ``park`` until a time,
 ``park_blocked`` until a signal; a child node parks as ``park_blocked`` until its child
 run ends, and is made available again then (``wake_parent``). A map node parks until its
-items complete (``fan_out``), after it created them or after a retry reset the failed
+items complete (``fan_out``), or fails when one of them fails for good
+(``fail_map_node``), after it created them or after a retry reset the failed
 ones. Unstarted jobs are
 cancelled by hand (``cancel``, a standalone job), when their run fails or is cancelled
 (``cancel_unstarted``), or when it expires (``cancel_unstarted_expired``). A failed or

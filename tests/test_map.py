@@ -226,6 +226,10 @@ def test_a_failed_item_fails_the_node_and_the_run_naming_the_item(
     assert (status.error["step"], status.error["item"]) == ("double", 3)
     assert "item 3 is broken" in status.error["message"]
     assert runs[3] == 2  # its own attempts
+    detail = cyclone.Client(engine).get_run_detail(run.id)
+    assert detail is not None
+    (node,) = [step for step in detail.steps if step.name == "double"]
+    assert node.state == cyclone.JobState.FAILED  # the node, not only the run
     with pytest.raises(cyclone.RunFailedError):
         run.result(timeout=1)
 

@@ -304,6 +304,21 @@ def fail_run_stmt() -> Any:
     )
 
 
+def fail_map_node_stmt() -> Any:
+    """Fail the map node ``:step`` of run ``:rid``, parked while its items ran, because one
+    of its items failed for good (a step that failed itself is not parked: untouched)."""
+    return (
+        update(jobs)
+        .where(
+            jobs.c.run_id == bindparam("rid"),
+            jobs.c.kind == bindparam("step", type_=Text),
+            jobs.c.item.is_(None),
+            jobs.c.state == const(JobState.BLOCKED.value),
+        )
+        .values(state=const(JobState.FAILED.value), finalized_at=func.now())
+    )
+
+
 def cancel_unstarted_stmt() -> Any:
     """Cancel the steps of a run that have not started."""
     return (
@@ -321,6 +336,7 @@ _RETRY = retry_job_stmt()
 _FAIL_JOB = fail_job_stmt()
 _FAIL_RUN = fail_run_stmt()
 CANCEL_UNSTARTED = cancel_unstarted_stmt()
+_FAIL_MAP_NODE = fail_map_node_stmt()
 
 
 def items_payload(successes: Sequence[Success]) -> str:
@@ -369,7 +385,9 @@ def record_failures(
 
 
 def fail_run(conn: Connection, run_id: Any, step: str, error: dict[str, Any]) -> None:
-    """Fail a running run because ``step`` failed for good, and cancel its unstarted steps."""
+    """Fail a running run because ``step`` failed for good, and cancel its unstarted steps;
+    an item of the map node ``step`` failed it: that node fails too."""
     params = {"rid": run_id, "step": step, "error": msgspec.json.encode(error).decode()}
     if _executor.first(conn, _FAIL_RUN, params) is not None:
+        _executor.affected(conn, _FAIL_MAP_NODE, {"rid": run_id, "step": step})
         _executor.affected(conn, CANCEL_UNSTARTED, {"rid": run_id})
