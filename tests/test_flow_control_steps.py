@@ -271,6 +271,7 @@ def test_a_retried_step_takes_a_slot_again_and_a_cancelled_run_frees_its_slot(
     wait_until(lambda: retried.status().state == "completed", timeout=20)
     assert tries[1] == 2
     blocked = wf.submit(engine, {"k": "a", "n": 2})
+    wait_until(lambda: state_of(engine, blocked, "gate") == "running")
     waiting = wf.submit(engine, {"k": "a", "n": 3})
     wait_until(lambda: state_of(engine, waiting, "gate") == "available")
     assert running(engine, f"step:{name}.gate") == Counter({"a": 1})
