@@ -297,6 +297,20 @@ Index(
     unique=True,
     postgresql_where=text("item IS NULL"),
 )
+STEP_JOB_COLUMNS = (
+    jobs.c.run_id,
+    jobs.c.workflow,
+    jobs.c.kind,
+    jobs.c.queue,
+    jobs.c.priority,
+    jobs.c.state,
+    jobs.c.deps,
+    jobs.c.pending_deps,
+    jobs.c.max_attempts,
+)
+"""The columns every insert of a run's step jobs sets first (a run's start, a fork, a map's
+items), each then adding its own."""
+
 # Not partial: the index on run_id that the foreign key's cascade (a purged run's jobs)
 # and every read of a run's jobs reach; a partial one would leave them a scan per run.
 Index(

@@ -48,7 +48,7 @@ from cyclone._store import notify as _notify
 from cyclone._store import queues as _queues
 from cyclone._store import unstarted as _unstarted
 from cyclone._store.executor import const
-from cyclone.schema import jobs, runs, signals
+from cyclone.schema import STEP_JOB_COLUMNS, jobs, runs, signals
 from cyclone.states import JobState, RunState
 
 
@@ -92,6 +92,35 @@ class Scope:
     def merges(self) -> bool:
         """Whether a claim merges several served keys (candidates from one snapshot)."""
         return len(self.workflows) + len(self.kinds) > 1
+
+
+def claimed_step_columns(claimed: Any) -> tuple[Any, ...]:
+    """A claimed job's input, its upstream outputs, key and trace context, read from its
+    run (joined as ``runs``, outer: a standalone job has none): in :class:`Claimed`'s order
+    after :func:`claimed_job_columns`."""
+    upstream = jobs.alias("upstream")
+    outputs = (
+        select(cast(func.jsonb_object_agg(upstream.c.kind, upstream.c.output), Text))
+        .where(
+            upstream.c.run_id == claimed.c.run_id,
+            upstream.c.kind == func.any(claimed.c.deps),
+            upstream.c.item.is_(None),
+        )
+        .scalar_subquery()
+    )
+    return (
+        # A map item runs with its item (its args), any other step with its run's input.
+        cast(
+            case(
+                (claimed.c.item.is_not(None), claimed.c.args),
+                else_=func.coalesce(runs.c.input, claimed.c.args),
+            ),
+            Text,
+        ),
+        outputs,
+        func.coalesce(runs.c.submit_key, claimed.c.unique_key),
+        func.coalesce(runs.c.trace_context, claimed.c.trace_context),
+    )
 
 
 def claimed_job_columns(claimed: Any) -> tuple[Any, ...]:
@@ -360,15 +389,7 @@ def _start_runs(scope: Scope, limit: int, chosen: Any, claimed: Any) -> Any:
         insert(jobs)
         .from_select(
             [
-                jobs.c.run_id,
-                jobs.c.workflow,
-                jobs.c.kind,
-                jobs.c.queue,
-                jobs.c.priority,
-                jobs.c.state,
-                jobs.c.deps,
-                jobs.c.pending_deps,
-                jobs.c.max_attempts,
+                *STEP_JOB_COLUMNS,
                 jobs.c.deadline,
                 jobs.c.scheduled_at,
                 jobs.c.created_at,
@@ -549,16 +570,6 @@ def claim_jobs_stmt(
                 new_jobs.c.state == const(JobState.RUNNING.value)
             ),
         ).cte("claims")
-    upstream = jobs.alias("upstream")
-    outputs = (
-        select(cast(func.jsonb_object_agg(upstream.c.kind, upstream.c.output), Text))
-        .where(
-            upstream.c.run_id == claimed.c.run_id,
-            upstream.c.kind == func.any(claimed.c.deps),
-            upstream.c.item.is_(None),
-        )
-        .scalar_subquery()
-    )
     recorded: Any = cast(null(), ARRAY(BigInteger))
     done: Any = None
     extra: tuple[Any, ...] = ()
@@ -574,17 +585,7 @@ def claim_jobs_stmt(
     stmt = select(
         recorded,
         *claimed_job_columns(claimed),
-        # A map item runs with its item (its args), any other step with its run's input.
-        cast(
-            case(
-                (claimed.c.item.is_not(None), claimed.c.args),
-                else_=func.coalesce(runs.c.input, claimed.c.args),
-            ),
-            Text,
-        ),
-        outputs,
-        func.coalesce(runs.c.submit_key, claimed.c.unique_key),
-        func.coalesce(runs.c.trace_context, claimed.c.trace_context),
+        *claimed_step_columns(claimed),
         const(0, Integer)
         if woken is None
         else select(func.count()).select_from(woken).scalar_subquery(),

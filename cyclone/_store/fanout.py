@@ -59,7 +59,7 @@ from cyclone._store import waits as _waits
 from cyclone._store.claim import Claimed
 from cyclone._store.completion import Failure, Success
 from cyclone._store.executor import const
-from cyclone.schema import jobs, runs
+from cyclone.schema import STEP_JOB_COLUMNS, jobs, runs
 from cyclone.states import JobState, RunState
 
 if TYPE_CHECKING:
@@ -137,15 +137,7 @@ def expand_stmt() -> Any:
         insert(jobs)
         .from_select(
             [
-                jobs.c.run_id,
-                jobs.c.workflow,
-                jobs.c.kind,
-                jobs.c.queue,
-                jobs.c.priority,
-                jobs.c.state,
-                jobs.c.deps,
-                jobs.c.pending_deps,
-                jobs.c.max_attempts,
+                *STEP_JOB_COLUMNS,
                 jobs.c.deadline,
                 jobs.c.trace_context,
                 jobs.c.args,

@@ -50,7 +50,7 @@ from cyclone._store import executor as _executor
 from cyclone._store import notify as _notify
 from cyclone._store import submission as _submission
 from cyclone._store.executor import const
-from cyclone.schema import jobs, runs
+from cyclone.schema import STEP_JOB_COLUMNS, jobs, runs
 from cyclone.states import TERMINAL_RUN_STATES, JobState, RunState
 
 _step_states = jobs.alias("source_step")
@@ -184,15 +184,7 @@ def insert_fork_stmt() -> Any:
         insert(jobs)
         .from_select(
             [
-                jobs.c.run_id,
-                jobs.c.workflow,
-                jobs.c.kind,
-                jobs.c.queue,
-                jobs.c.priority,
-                jobs.c.state,
-                jobs.c.deps,
-                jobs.c.pending_deps,
-                jobs.c.max_attempts,
+                *STEP_JOB_COLUMNS,
                 jobs.c.args,
                 jobs.c.output,
                 jobs.c.attempted_at,
@@ -249,15 +241,7 @@ def insert_fork_stmt() -> Any:
         insert(jobs)
         .from_select(
             [
-                jobs.c.run_id,
-                jobs.c.workflow,
-                jobs.c.kind,
-                jobs.c.queue,
-                jobs.c.priority,
-                jobs.c.state,
-                jobs.c.deps,
-                jobs.c.pending_deps,
-                jobs.c.max_attempts,
+                *STEP_JOB_COLUMNS,
                 jobs.c.args,
                 jobs.c.item,
                 jobs.c.output,

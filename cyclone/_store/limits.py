@@ -67,7 +67,13 @@ from cyclone._store import completion as _completion
 from cyclone._store import executor as _executor
 from cyclone._store import notify as _notify
 from cyclone._store import queues as _queues
-from cyclone._store.claim import _CLAIMED_COLUMNS, Claimed, _claimed, claimed_job_columns
+from cyclone._store.claim import (
+    _CLAIMED_COLUMNS,
+    Claimed,
+    _claimed,
+    claimed_job_columns,
+    claimed_step_columns,
+)
 from cyclone._store.executor import const
 from cyclone.schema import jobs, limit_keys, limits, runs
 from cyclone.states import JobState, RunState
@@ -477,30 +483,10 @@ def _gated_result(
         )
         source: Any = claimed
     else:
-        upstream = jobs.alias("upstream")
-        outputs = (
-            select(cast(func.jsonb_object_agg(upstream.c.kind, upstream.c.output), Text))
-            .where(
-                upstream.c.run_id == claimed.c.run_id,
-                upstream.c.kind == func.any(claimed.c.deps),
-                upstream.c.item.is_(None),
-            )
-            .scalar_subquery()
-        )
         stmt = select(
             recorded,
             *claimed_job_columns(claimed),
-            # A map item runs with its item (its args), any other step with its run's input.
-            cast(
-                case(
-                    (claimed.c.item.is_not(None), claimed.c.args),
-                    else_=func.coalesce(runs.c.input, claimed.c.args),
-                ),
-                Text,
-            ),
-            outputs,
-            func.coalesce(runs.c.submit_key, claimed.c.unique_key),
-            func.coalesce(runs.c.trace_context, claimed.c.trace_context),
+            *claimed_step_columns(claimed),
             served_count,
             claimed.c.item,
         )
