@@ -80,11 +80,13 @@ def _drop_checks(conn: Any) -> None:
 
 _VARIANTS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "cyclone": ("the schema and statement as shipped", lambda c: None),
-    "no NOTIFY": ("without the pg_notify of the new run", lambda c: None),
+    "no ring": ("without cyclone_ring() (NOTIFY when a worker waits)", lambda c: None),
     "no checks": ("without the CHECK constraints of the runs table", _drop_checks),
     "no listing indexes": (
-        "without the runs' created_at and listing indexes",
-        lambda c: c.execute("DROP INDEX ix_cyclone_runs_created_at_id, ix_cyclone_runs_listing"),
+        "without the runs' two listing indexes",
+        lambda c: c.execute(
+            "DROP INDEX ix_cyclone_runs_listing_state, ix_cyclone_runs_listing_workflow_state"
+        ),
     ),
     "no start index": (
         "without the index of the runs to start",
@@ -93,19 +95,32 @@ _VARIANTS: dict[str, tuple[str, Callable[[Any], Any]]] = {
 }
 
 
+def _backend_cpu(pid: int) -> int | None:
+    """Nanoseconds of CPU the server process ``pid`` has used, if it runs on this machine."""
+    try:
+        with open(f"/proc/{pid}/schedstat") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def parts(url: str, n: int) -> None:
     """What the new-key and existing-key statement costs on the server, part by part.
 
     Each variant lives in its own database (cyclone's schema, then one change) and has
     its own connection; each round calls every variant and the raw baseline once, in a
     new random order, so a swing of the VM's commit latency hits all of them alike.
-    Times are per call from the client, medians.
+    Times are per call from the client, medians; "server" is the CPU time the variant's
+    backend used per new key (``/proc/<pid>/schedstat``, when the server runs on this
+    machine and its processes are readable).
     """
     admin = make_url(url)
     plan = workloads.one_step.plan()
     full = plan.fast_insert_run_once.sql
-    notify = full.index(", pg_notify(")
-    silent = full[:notify] + full[full.index(" AS notified", notify) + len(" AS notified") :]
+    ring = "(SELECT cyclone_ring() AS cyclone_ring_1)"
+    if ring not in full:
+        raise RuntimeError("the new-key statement no longer calls cyclone_ring(): update parts")
+    silent = full.replace(ring, "NULL::boolean")
     created: list[Any] = []
     conns: dict[str, tuple[psycopg.Connection[Any], str | None]] = {}
     try:
@@ -115,7 +130,7 @@ def parts(url: str, n: int) -> None:
             db.install(made)
             c = psycopg.connect(db.conninfo(made), autocommit=True)
             change(c)
-            conns[label] = (c, silent if label == "no NOTIFY" else full)
+            conns[label] = (c, silent if label == "no ring" else full)
         # The baseline gets a connection of its own: a backend that ran the previous call
         # is warmer, so sharing one, or a fixed order, favours one side.
         conns["raw psycopg"] = (psycopg.connect(db.conninfo(created[0]), autocommit=True), None)
@@ -130,6 +145,8 @@ def parts(url: str, n: int) -> None:
                 c.execute(sql, {**params, "key": key})
 
         results: dict[str, dict[str, float]] = defaultdict(dict)
+        pids = {label: c.info.backend_pid for label, (c, _sql) in conns.items()}
+        server: dict[str, float] = defaultdict(float)
         for phase in ("new key", "existing key"):
             samples: dict[str, list[float]] = defaultdict(list)
             order = list(conns)
@@ -137,9 +154,12 @@ def parts(url: str, n: int) -> None:
                 random.shuffle(order)
                 for label in order:
                     c, sql = conns[label]
+                    cpu0 = _backend_cpu(pids[label])
                     t0 = time.perf_counter()
                     call(c, sql, f"k{i}")
                     samples[label].append(time.perf_counter() - t0)
+                    if phase == "new key" and cpu0 is not None:
+                        server[label] += (_backend_cpu(pids[label]) or cpu0) - cpu0
             for label, values in samples.items():
                 results[label][phase] = statistics.median(values[n // 20 :]) * 1e6
         wal: dict[str, float] = {}
@@ -152,12 +172,14 @@ def parts(url: str, n: int) -> None:
             assert row is not None
             wal[label] = float(row[0]) / 200
         print(f"{n} calls per variant and phase, in random order, medians (us per call)")
-        print(f"{'variant':<26} {'new key':>8} {'existing':>9} {'WAL B/new':>10}  what")
+        head = f"{'variant':<26} {'new key':>8} {'existing':>9} {'server':>7} {'WAL B/new':>10}"
+        print(head + "  what")
         for label in conns:
             by = results[label]
             what = _VARIANTS[label][0] if label in _VARIANTS else "one INSERT ... ON CONFLICT"
+            cpu = f"{server[label] / n / 1000:7.0f}" if label in server else f"{'-':>7}"
             print(
-                f"{label:<26} {by['new key']:8.0f} {by['existing key']:9.0f} "
+                f"{label:<26} {by['new key']:8.0f} {by['existing key']:9.0f} {cpu} "
                 f"{wal[label]:10.0f}  {what}"
             )
         for c, _sql in conns.values():

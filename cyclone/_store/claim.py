@@ -47,7 +47,7 @@ from cyclone._store import executor as _executor
 from cyclone._store import notify as _notify
 from cyclone._store import queues as _queues
 from cyclone._store import unstarted as _unstarted
-from cyclone._store.executor import const
+from cyclone._store.executor import among, const
 from cyclone.schema import STEP_JOB_COLUMNS, jobs, runs, signals
 from cyclone.states import JobState, RunState
 
@@ -546,7 +546,7 @@ def claim_jobs_stmt(
         claim_ids = select(chosen.c.job_id).where(chosen.c.job_id.is_not(None)).scalar_subquery()
         claim_where = jobs.c.id.in_(claim_ids)
     else:
-        claim_where = jobs.c.id == picked.c.id
+        claim_where = among(jobs.c.id, select(picked.c.id))
     claimed = (
         update(jobs)
         .where(claim_where)

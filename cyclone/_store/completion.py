@@ -35,7 +35,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from cyclone._store import executor as _executor
 from cyclone._store import notify as _notify
-from cyclone._store.executor import const
+from cyclone._store.executor import among, const
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
 
@@ -76,7 +76,7 @@ def runs_locked_first() -> Any:
     items = _items()
     locked = (
         select(runs.c.id)
-        .where(runs.c.id.in_(select(jobs.c.run_id).where(jobs.c.id.in_(select(items.c.id)))))
+        .where(runs.c.id.in_(select(jobs.c.run_id).where(among(jobs.c.id, select(items.c.id)))))
         .order_by(runs.c.id)
         .with_for_update(key_share=True)
         .cte("locked_runs")

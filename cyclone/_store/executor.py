@@ -50,8 +50,9 @@ from typing import Any, NoReturn, Protocol, TypeAlias
 import psycopg
 from psycopg import sql
 from psycopg.rows import tuple_row
-from sqlalchemy import Connection, Engine, Text, cast, event, literal, null
+from sqlalchemy import Connection, Engine, Text, any_, cast, event, func, literal, null
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import ClauseElement, ColumnElement, Executable
@@ -81,6 +82,18 @@ def const(value: str | int | None, type_: Any = Text) -> Any:
     if value is None:
         return cast(null(), type_)
     return _Const(value, type_)
+
+
+def among(column: Any, ids: Any) -> Any:
+    """``column = ANY(ARRAY(ids))``: ``column`` among the values of the one-column select ``ids``.
+
+    The array is an init plan, which a generic plan sizes at a few values, so the rows
+    are found through ``column``'s index. ``column IN (ids)`` is planned as a join whose
+    estimate for a CTE or a ``jsonb_to_recordset`` is a hundred rows, and on a table of
+    some thousand rows the planner then prefers to hash them against a scan of the table.
+    """
+    values = func.array(ids.scalar_subquery(), type_=ARRAY(column.type))
+    return column == any_(values)
 
 
 class _Const(ColumnElement[Any]):
