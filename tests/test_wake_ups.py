@@ -34,9 +34,12 @@ def recorded_waiters(engine: sa.Engine) -> set[str]:
 
 @pytest.fixture
 def listening(database_url: sa.URL) -> Iterator[psycopg.Connection[Any]]:
-    """A connection that LISTENs on cyclone_jobs_available."""
+    """A connection that LISTENs on cyclone_jobs_available, in a database where no worker
+    is recorded as waiting: a record left by an earlier test's worker killed in its
+    process (it lapses only after a minute) would make every new job ring."""
     conninfo = database_url.set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute("DELETE FROM cyclone_waiters")
         conn.execute('LISTEN "cyclone_jobs_available"')
         yield conn
 
