@@ -81,6 +81,10 @@ def _drop_checks(conn: Any) -> None:
 _VARIANTS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "cyclone": ("the schema and statement as shipped", lambda c: None),
     "no ring": ("without cyclone_ring() (NOTIFY when a worker waits)", lambda c: None),
+    "ring by try-lock": (
+        "cyclone_ring() replaced by one pg_try_advisory_xact_lock (a design not adopted)",
+        lambda c: None,
+    ),
     "no checks": ("without the CHECK constraints of the runs table", _drop_checks),
     "no listing indexes": (
         "without the runs' two listing indexes",
@@ -93,6 +97,12 @@ _VARIANTS: dict[str, tuple[str, Callable[[Any], Any]]] = {
         lambda c: c.execute("DROP INDEX ix_cyclone_runs_start"),
     ),
 }
+
+
+_TRY_LOCK_RING = (
+    "(SELECT CASE WHEN pg_try_advisory_xact_lock(1668899692, pg_backend_pid() %% 64) "
+    "THEN false ELSE pg_notify('cyclone_jobs_available', '') IS NOT NULL END)"
+)
 
 
 def _backend_cpu(pid: int) -> int | None:
@@ -121,6 +131,9 @@ def parts(url: str, n: int) -> None:
     if ring not in full:
         raise RuntimeError("the new-key statement no longer calls cyclone_ring(): update parts")
     silent = full.replace(ring, "NULL::boolean")
+    # A ring that asks a lock, not the waiters table, whether a worker waits: where a
+    # waiter would hold the slot's lock shared, the try fails and the statement notifies.
+    locked = full.replace(ring, _TRY_LOCK_RING)
     created: list[Any] = []
     conns: dict[str, tuple[psycopg.Connection[Any], str | None]] = {}
     try:
@@ -130,7 +143,7 @@ def parts(url: str, n: int) -> None:
             db.install(made)
             c = psycopg.connect(db.conninfo(made), autocommit=True)
             change(c)
-            conns[label] = (c, silent if label == "no ring" else full)
+            conns[label] = (c, {"no ring": silent, "ring by try-lock": locked}.get(label, full))
         # The baseline gets a connection of its own: a backend that ran the previous call
         # is warmer, so sharing one, or a fixed order, favours one side.
         conns["raw psycopg"] = (psycopg.connect(db.conninfo(created[0]), autocommit=True), None)
