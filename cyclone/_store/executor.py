@@ -43,6 +43,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, NoReturn, Protocol, TypeAlias
@@ -201,6 +202,15 @@ class Direct:
         except psycopg.Error as exc:
             lost = self._driver.closed or self._driver.broken
             _raise(self._engine, compiled.sql, values, exc, lost, translate=self._translate)
+
+    def discard_plans(self) -> None:
+        """Drop this session's cached plans (``DISCARD PLANS``): each prepared statement is
+        planned again at its next execution."""
+        try:
+            self._driver.execute("DISCARD PLANS")
+        except psycopg.Error as exc:
+            lost = self._driver.closed or self._driver.broken
+            _raise(self._engine, "DISCARD PLANS", {}, exc, lost, translate=self._translate)
 
     def affected(self, stmt: Statement, params: Mapping[str, Any] | None = None) -> int:
         compiled = _compiled(stmt)
@@ -435,6 +445,20 @@ def _raise_schema_problem(engine: Engine, exc: BaseException | None) -> None:
             raise schema from None
 
 
+REPLAN_FIRST = 1.0
+"""Seconds after a :class:`Held` connection opens until its cached plans are first made
+again; the interval then doubles up to :data:`REPLAN_EVERY`.
+
+A generic plan is made once, from the tables as they are then: a worker that starts on a
+new deployment plans its claim for nearly empty tables, and such a plan scans them
+whole (a step's upstream outputs, the jobs a record locks), which costs more with every
+job they gain. PostgreSQL makes plans again only when statistics change, which needs an
+ANALYZE (autovacuum's comes a minute or more later, or never where it is off); planning
+again reads the tables' current size."""
+REPLAN_EVERY = 60.0
+"""The longest interval between two plannings of a :class:`Held` connection's statements."""
+
+
 class Held:
     """A connection of its own for a long-lived loop's statements (a Worker's record and claim).
 
@@ -456,7 +480,7 @@ class Held:
     socket, woken by the server without a listener thread in between.
     """
 
-    __slots__ = ("_direct", "_engine", "_listen", "_on_notify")
+    __slots__ = ("_direct", "_engine", "_listen", "_on_notify", "_replan_at", "_replan_every")
 
     def __init__(
         self,
@@ -469,6 +493,8 @@ class Held:
         self._direct: Direct | None = None
         self._listen = listen
         self._on_notify = on_notify
+        self._replan_at = float("inf")
+        self._replan_every = REPLAN_FIRST
 
     def rows(self, stmt: Statement, params: Mapping[str, Any] | None = None) -> list[Row]:
         """Run one statement (its own transaction) and return its rows."""
@@ -476,7 +502,7 @@ class Held:
             with connect(self._engine) as conn:
                 return conn.rows(stmt, params)
         try:
-            return (self._direct or self._open()).rows(stmt, params)
+            return self._ready().rows(stmt, params)
         except sa_exc.DBAPIError as exc:
             if exc.connection_invalidated:
                 self.close()
@@ -488,11 +514,23 @@ class Held:
             with connect(self._engine) as conn:
                 return conn.affected(stmt, params)
         try:
-            return (self._direct or self._open()).affected(stmt, params)
+            return self._ready().affected(stmt, params)
         except sa_exc.DBAPIError as exc:
             if exc.connection_invalidated:
                 self.close()
             raise
+
+    def _ready(self) -> Direct:
+        """The open connection, its cached plans dropped first when they are due to be
+        made again (see :data:`REPLAN_FIRST`)."""
+        direct = self._direct
+        if direct is None:
+            return self._open()
+        if time.monotonic() >= self._replan_at:
+            self._replan_every = min(self._replan_every * 2, REPLAN_EVERY)
+            self._replan_at = time.monotonic() + self._replan_every
+            direct.discard_plans()
+        return direct
 
     def _open(self) -> Direct:
         driver = detached(self._engine)
@@ -511,6 +549,9 @@ class Held:
         if on_notify is not None:
             driver.add_notify_handler(lambda _note: on_notify())
         self._direct = Direct(self._engine, driver, driver.cursor(), prepare)
+        if prepare:
+            self._replan_every = REPLAN_FIRST
+            self._replan_at = time.monotonic() + REPLAN_FIRST
         return self._direct
 
     def fileno(self) -> int | None:
