@@ -80,7 +80,7 @@ def test_replanning_comes_at_doubling_intervals_up_to_a_minute(
     engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     now = [1000.0]
-    monkeypatch.setattr(_executor.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(_executor, "monotonic", lambda: now[0])
     held = _executor.Held(engine)
     one = _executor.Compiled(sa.select(sa.literal(1)))
     discarded: list[float] = []

@@ -43,9 +43,9 @@ import contextlib
 import logging
 import os
 import threading
-import time
 import weakref
 from collections.abc import Callable, Mapping
+from time import monotonic
 from typing import Any, NoReturn, Protocol, TypeAlias
 
 import psycopg
@@ -526,9 +526,9 @@ class Held:
         direct = self._direct
         if direct is None:
             return self._open()
-        if time.monotonic() >= self._replan_at:
+        if monotonic() >= self._replan_at:
             self._replan_every = min(self._replan_every * 2, REPLAN_EVERY)
-            self._replan_at = time.monotonic() + self._replan_every
+            self._replan_at = monotonic() + self._replan_every
             direct.discard_plans()
         return direct
 
@@ -551,7 +551,7 @@ class Held:
         self._direct = Direct(self._engine, driver, driver.cursor(), prepare)
         if prepare:
             self._replan_every = REPLAN_FIRST
-            self._replan_at = time.monotonic() + REPLAN_FIRST
+            self._replan_at = monotonic() + REPLAN_FIRST
         return self._direct
 
     def fileno(self) -> int | None:
