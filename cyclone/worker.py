@@ -540,13 +540,16 @@ class Worker:
                 if self._child_nodes:
                     channels += (_notify.RUN_FINISHED,)
                 self._held = _executor.Held(
-                    self.engine, listen=channels, on_notify=self._on_notified
+                    self.engine,
+                    listen=channels,
+                    on_notify=self._on_notified,
+                    sized=_claim.PLANNED_ON,
                 )
                 self._wake.open(self._held)
                 unsubscribe: Callable[[], None] = _no_op
                 self._hears = True
             else:
-                self._held = _executor.Held(self.engine)
+                self._held = _executor.Held(self.engine, sized=_claim.PLANNED_ON)
                 self._wake.open(None)
                 listener = _notify.listener(self.engine)
                 unsubscribes = [listener.subscribe(_notify.JOBS_AVAILABLE, self._on_jobs_available)]

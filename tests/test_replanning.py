@@ -3,6 +3,7 @@ grow: a generic plan made when they were nearly empty would scan them whole for 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 
 import pytest
@@ -51,7 +52,7 @@ def test_a_held_connection_plans_its_statements_again_once_its_tables_have_grown
 ) -> None:
     monkeypatch.setattr(_executor, "REPLAN_FIRST", 3600.0)
     read = _executor.Compiled(sa.select(table.c.v).where(table.c.g == sa.bindparam("g")))
-    held = _executor.Held(engine)
+    held = _executor.Held(engine, sized=(table,))
     try:
         assert held.rows(read, {"g": 1}) == []
         assert "Seq Scan" in _cached_plan(held, table)
@@ -67,7 +68,7 @@ def test_a_held_connection_plans_its_statements_again_once_its_tables_have_grown
         assert held.rows(read, {"g": 1}) == [(1,)]
         assert "Seq Scan" in _cached_plan(held, table)
 
-        monkeypatch.setattr(held, "_replan_at", 0.0)  # the next replanning falls due
+        monkeypatch.setattr(held, "_replan_at", 0.0)  # the next look at the table falls due
         assert held.rows(read, {"g": 2}) == [(2,)]
         plan = _cached_plan(held, table)
         assert "Seq Scan" not in plan
@@ -76,24 +77,36 @@ def test_a_held_connection_plans_its_statements_again_once_its_tables_have_grown
         held.close()
 
 
-def test_replanning_comes_at_doubling_intervals_up_to_a_minute(
-    engine: sa.Engine, monkeypatch: pytest.MonkeyPatch
+def test_plans_are_made_again_only_when_the_tables_grew_fourfold_looked_at_doubling_intervals(
+    engine: sa.Engine, table: sa.Table, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     now = [1000.0]
     monkeypatch.setattr(_executor, "monotonic", lambda: now[0])
-    held = _executor.Held(engine)
-    one = _executor.Compiled(sa.select(sa.literal(1)))
     discarded: list[float] = []
+    monkeypatch.setattr(_executor.Direct, "discard_plans", lambda _self: discarded.append(now[0]))
+    looked: list[float] = []
+    size = [0]
+    real_rows = _executor.Direct.rows
+
+    def rows(self: _executor.Direct, stmt: object, params: object = None) -> list[tuple[int]]:
+        if "pg_relation_size" in str(getattr(stmt, "sql", "")):
+            looked.append(now[0])
+            return [(size[0],)]
+        return real_rows(self, stmt, params)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_executor.Direct, "rows", rows)
+    held = _executor.Held(engine, sized=(table,))
+    one = _executor.Compiled(sa.select(sa.literal(1)))
+    grown = {1010.0: 200_000, 1050.0: 300_000, 1100.0: 900_000, 1500.0: 4_000_000}
     try:
-        held.rows(one, {})
-        monkeypatch.setattr(
-            _executor.Direct, "discard_plans", lambda _self: discarded.append(now[0])
-        )
         for _ in range(4000):
-            now[0] += 0.25
             held.rows(one, {})
+            now[0] += 0.25
+            size[0] = grown.get(now[0], size[0])
     finally:
         held.close()
-    gaps = [round(b - a, 2) for a, b in zip([1000.0, *discarded], discarded, strict=False)]
-    assert gaps[:7] == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0]
-    assert set(gaps[7:]) == {60.0}
+    gaps = [round(b - a, 2) for a, b in itertools.pairwise(looked)]
+    assert looked[0] == 1000.0  # when the connection opened: the size its plans were made for
+    assert gaps[:8] == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]
+    # 200 kB is not four times the 64 kB floor; 300 kB is; 900 kB is not four times 300 kB.
+    assert discarded == [1063.0, 1543.0]

@@ -54,8 +54,8 @@ def fig_d(bench: Bench, r: int) -> None:
             "steps/s",
             True,
             raw_label=RAW_LABEL,
-            goal=0.7 if nproc == 1 else None,
-            goal_text=">= 0.7x raw" if nproc == 1 else "",
+            goal=0.8 if nproc == 1 else None,
+            goal_text=">= 0.8x raw" if nproc == 1 else "",
         )
         jobs.raw.append(raw_rate(bench, n, nproc))
         steps.raw = jobs.raw

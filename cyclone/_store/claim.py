@@ -431,6 +431,11 @@ _CLAIMED_COLUMNS = (
 )
 
 
+PLANNED_ON = (jobs, runs)
+"""The tables whose growth can change the plans of the claim and the record: a worker's
+held connection plans them again as these grow (:data:`cyclone._store.executor.REPLAN_GROWTH`)."""
+
+
 DELIVER_PER_CLAIM = 16
 """How many pending signals one claim delivers at most."""
 

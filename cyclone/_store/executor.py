@@ -40,7 +40,9 @@ instead, so that its log and listeners see every one of them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import operator
 import os
 import threading
 import weakref
@@ -51,9 +53,21 @@ from typing import Any, NoReturn, Protocol, TypeAlias
 import psycopg
 from psycopg import sql
 from psycopg.rows import tuple_row
-from sqlalchemy import Connection, Engine, Text, any_, cast, event, func, literal, null
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Table,
+    Text,
+    any_,
+    cast,
+    event,
+    func,
+    literal,
+    null,
+    select,
+)
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.dialects.postgresql import ARRAY, REGCLASS
 from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import ClauseElement, ColumnElement, Executable
@@ -446,17 +460,31 @@ def _raise_schema_problem(engine: Engine, exc: BaseException | None) -> None:
 
 
 REPLAN_FIRST = 1.0
-"""Seconds after a :class:`Held` connection opens until its cached plans are first made
-again; the interval then doubles up to :data:`REPLAN_EVERY`.
+"""Seconds after a :class:`Held` connection opens until it first looks whether its tables
+have grown (see :data:`REPLAN_GROWTH`); the interval then doubles up to
+:data:`REPLAN_EVERY`."""
+REPLAN_EVERY = 60.0
+"""The longest interval between two looks at the size of a :class:`Held` connection's tables."""
+REPLAN_GROWTH = 4
+"""How many times larger a :class:`Held` connection's tables must have grown since its
+statements were planned (and at least :data:`REPLAN_FLOOR`) before they are planned again.
 
 A generic plan is made once, from the tables as they are then: a worker that starts on a
-new deployment plans its claim for nearly empty tables, and such a plan scans them
-whole (a step's upstream outputs, the jobs a record locks), which costs more with every
-job they gain. PostgreSQL makes plans again only when statistics change, which needs an
+new deployment plans its claim for nearly empty tables, and such a plan scans them whole
+(a step's upstream outputs, the jobs a record locks), which costs more with every job
+they gain. PostgreSQL makes plans again only when statistics change, which needs an
 ANALYZE (autovacuum's comes a minute or more later, or never where it is off); planning
-again reads the tables' current size."""
-REPLAN_EVERY = 60.0
-"""The longest interval between two plannings of a :class:`Held` connection's statements."""
+again reads the tables' current size. Planning the claim and the record again costs a
+few milliseconds on the next statements, so it happens only when it can change a plan:
+each fourfold growth, not on a clock."""
+REPLAN_FLOOR = 64 * 1024
+"""Bytes: tables smaller than this count as this size when their growth is measured."""
+
+
+def _size_of(tables: tuple[Table, ...]) -> Compiled:
+    """The statement that reads how many bytes ``tables`` take on disk (their main forks)."""
+    sizes = [func.pg_relation_size(cast(const(table.name), REGCLASS)) for table in tables]
+    return Compiled(select(functools.reduce(operator.add, sizes)))
 
 
 class Held:
@@ -480,7 +508,16 @@ class Held:
     socket, woken by the server without a listener thread in between.
     """
 
-    __slots__ = ("_direct", "_engine", "_listen", "_on_notify", "_replan_at", "_replan_every")
+    __slots__ = (
+        "_direct",
+        "_engine",
+        "_listen",
+        "_on_notify",
+        "_planned_size",
+        "_replan_at",
+        "_replan_every",
+        "_size",
+    )
 
     def __init__(
         self,
@@ -488,11 +525,14 @@ class Held:
         *,
         listen: tuple[str, ...] = (),
         on_notify: Callable[[], None] | None = None,
+        sized: tuple[Table, ...] = (),
     ) -> None:
         self._engine = engine
         self._direct: Direct | None = None
         self._listen = listen
         self._on_notify = on_notify
+        self._size = _size_of(sized) if sized else None
+        self._planned_size = 0
         self._replan_at = float("inf")
         self._replan_every = REPLAN_FIRST
 
@@ -521,15 +561,18 @@ class Held:
             raise
 
     def _ready(self) -> Direct:
-        """The open connection, its cached plans dropped first when they are due to be
-        made again (see :data:`REPLAN_FIRST`)."""
+        """The open connection, its cached plans dropped first when a look at its tables,
+        due, finds them grown enough to plan again (see :data:`REPLAN_GROWTH`)."""
         direct = self._direct
         if direct is None:
             return self._open()
-        if monotonic() >= self._replan_at:
+        if monotonic() >= self._replan_at and self._size is not None:
             self._replan_every = min(self._replan_every * 2, REPLAN_EVERY)
             self._replan_at = monotonic() + self._replan_every
-            direct.discard_plans()
+            size = int(direct.rows(self._size)[0][0])
+            if size >= REPLAN_GROWTH * max(self._planned_size, REPLAN_FLOOR):
+                direct.discard_plans()
+                self._planned_size = size
         return direct
 
     def _open(self) -> Direct:
@@ -548,11 +591,12 @@ class Held:
         on_notify = self._on_notify
         if on_notify is not None:
             driver.add_notify_handler(lambda _note: on_notify())
-        self._direct = Direct(self._engine, driver, driver.cursor(), prepare)
-        if prepare:
+        direct = self._direct = Direct(self._engine, driver, driver.cursor(), prepare)
+        if prepare and self._size is not None:
+            self._planned_size = int(direct.rows(self._size)[0][0])
             self._replan_every = REPLAN_FIRST
             self._replan_at = monotonic() + REPLAN_FIRST
-        return self._direct
+        return direct
 
     def fileno(self) -> int | None:
         """The open connection's socket, readable when the server sent something; None
