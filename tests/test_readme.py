@@ -150,6 +150,13 @@ print("returned", flush=True)
 """
 
 
+def _waiting_workers(engine: sa.Engine) -> set[str]:
+    """The workers recorded as idle and waiting for work (only ``run()`` records itself)."""
+    with engine.connect() as conn:
+        rows = conn.execute(sa.text("SELECT worker_id FROM cyclone_waiters"))
+        return {row[0] for row in rows}
+
+
 @pytest.mark.processes
 def test_the_running_block_drains_then_serves_until_sigterm(
     database_url: URL, engine: sa.Engine, name: str, tmp_path: Path
@@ -172,6 +179,7 @@ def test_the_running_block_drains_then_serves_until_sigterm(
     def reserve(ctx: cyclone.StepContext, order: dict[str, str]) -> None: ...
 
     client = cyclone.Client(engine)
+    before = _waiting_workers(engine)
     with processes.popen(
         [sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True
     ) as proc:
@@ -182,6 +190,9 @@ def test_the_running_block_drains_then_serves_until_sigterm(
         detail = client.get_run_detail(served.id)
         assert detail is not None
         assert [step.output for step in detail.steps] == [{"reserved": "served"}]
+        # drain() may have run "served" too: signal once run() is underway (its handlers
+        # set), which its worker shows by recording itself as waiting for work, idle.
+        wait_until(lambda: _waiting_workers(engine) - before, timeout=60)
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0
