@@ -67,7 +67,7 @@ def test_operator_follows_a_failed_run_to_its_dag_retries_it_and_sees_it_complet
     assert page.title() == "Overview · cyclone"
     shot(page, "1-overview")
     page.click(f"a.count-failed[href*='workflow={workflow}']")
-    assert page.locator("td.key").all_inner_texts() == ["order:42"]
+    expect(page.locator("td.key")).to_have_text(["order:42"])  # waits for the runs page
     shot(page, "2-failed-runs")
 
     page.click("a.run-link")

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from datetime import timedelta
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
 import cyclone
+from cyclone._store import executor as _executor
+from cyclone._store import limits as _limits_store
 from tests.conftest import wait_until
 from tests.support.flow_proc import workflow
 from tests.test_flow_control import spawn, stop
@@ -301,3 +304,28 @@ def test_a_run_parked_at_a_wait_keeps_its_workflow_slot_as_documented(
     wait_until(lambda: first.status().state == "completed", timeout=20)
     wait_until(lambda: jobs_of(engine, second) == 1, timeout=20)
     second.cancel()
+
+
+def test_a_worker_serving_only_a_limited_workflow_reads_when_its_next_held_run_falls_due(
+    engine: sa.Engine, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # No limited step kind: the read of the next due time has no limit names of jobs. It
+    # once rendered an empty IN list the compiled statement could not expand, failed on
+    # every idle loop, and its logged tracebacks filled a worker's unread stderr pipe.
+    spec = {"limit": "workflow", "max": 1}
+    wf = workflow(name, spec)
+    blocker = wf.submit(engine, {"k": "a", "ms": 0})
+    later = wf.submit(engine, {"k": "a", "ms": 0}, delay=timedelta(seconds=30))
+    held = _executor.Held(engine)
+    try:
+        seconds = _limits_store.seconds_until_gated_due(held, (), None, (f"workflow:{name}",))
+    finally:
+        held.close()
+    assert seconds is not None
+    assert 0 < seconds <= 30
+    worker = cyclone.Worker(engine, workflows=[wf], poll_interval=0.05)
+    with caplog.at_level("ERROR", logger="cyclone.worker"):
+        worker.drain()
+    assert blocker.status().state == cyclone.RunState.COMPLETED
+    assert later.status().state == cyclone.RunState.RUNNING  # held until its start
+    assert not [r for r in caplog.records if "limited job may start" in r.getMessage()]

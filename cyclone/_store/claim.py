@@ -47,7 +47,7 @@ from cyclone._store import executor as _executor
 from cyclone._store import notify as _notify
 from cyclone._store import queues as _queues
 from cyclone._store import unstarted as _unstarted
-from cyclone._store.executor import among, const
+from cyclone._store.executor import among, const, one_of
 from cyclone.schema import STEP_JOB_COLUMNS, jobs, runs, signals
 from cyclone.states import JobState, RunState
 
@@ -140,10 +140,6 @@ def claimed_job_columns(claimed: Any) -> tuple[Any, ...]:
     )
 
 
-def _one_of(column: Any, values: Sequence[str]) -> Any:
-    return column.in_([const(v) for v in values]) if values else false()
-
-
 CANDIDATES_PER_CLAIMED = 4
 MIN_CANDIDATES = 256
 """With several served keys, each key offers ``max(4 * limit, 256)`` candidates."""
@@ -168,7 +164,7 @@ def _available(table: Any, queues: tuple[str, ...] | None) -> tuple[Any, ...]:
     in a queue not paused (the paused queues are read once per statement)."""
     return (
         table.c.state == const(JobState.AVAILABLE.value),
-        true() if queues is None else _one_of(table.c.queue, queues),
+        true() if queues is None else one_of(table.c.queue, queues),
         table.c.scheduled_at <= func.now(),
         or_(table.c.deadline.is_(None), table.c.deadline > func.now()),
         _queues.served(table.c.queue),
@@ -318,7 +314,7 @@ def _start_runs(scope: Scope, limit: int, chosen: Any, claimed: Any) -> Any:
     eligible = and_(
         root,
         limit_name.is_(None),
-        true() if scope.queues is None else _one_of(step.c.queue, scope.queues),
+        true() if scope.queues is None else one_of(step.c.queue, scope.queues),
         _queues.served(step.c.queue),
     )
     rank = func.row_number().over(

@@ -13,17 +13,13 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sqlalchemy import Float, and_, extract, false, func, literal_column, or_, select, true
+from sqlalchemy import Float, and_, extract, func, literal_column, or_, select, true
 
 from cyclone._store import executor as _executor
 from cyclone._store.claim import Scope
-from cyclone._store.executor import const
+from cyclone._store.executor import const, one_of
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
-
-
-def _one_of(column: Any, values: tuple[str, ...]) -> Any:
-    return column.in_([const(v) for v in values]) if values else false()
 
 
 def next_due_stmt(scope: Scope) -> Any:
@@ -33,15 +29,15 @@ def next_due_stmt(scope: Scope) -> Any:
     ``ix_cyclone_runs_start``'s ranges of the served workflows.
     """
     served = or_(
-        _one_of(jobs.c.workflow, scope.workflows),
-        and_(jobs.c.workflow.is_(None), _one_of(jobs.c.kind, scope.kinds)),
+        one_of(jobs.c.workflow, scope.workflows),
+        and_(jobs.c.workflow.is_(None), one_of(jobs.c.kind, scope.kinds)),
     )
     due: Any = (
         select(func.min(jobs.c.scheduled_at))
         .where(
             jobs.c.state == const(JobState.AVAILABLE.value),
             served,
-            true() if scope.queues is None else _one_of(jobs.c.queue, scope.queues),
+            true() if scope.queues is None else one_of(jobs.c.queue, scope.queues),
             jobs.c.scheduled_at > func.now(),
         )
         .scalar_subquery()
@@ -50,7 +46,7 @@ def next_due_stmt(scope: Scope) -> Any:
         starts = (
             select(func.min(runs.c.start_at))
             .where(
-                _one_of(runs.c.workflow, scope.workflows),
+                one_of(runs.c.workflow, scope.workflows),
                 runs.c.start_at.is_not(None),
                 runs.c.state == const(RunState.RUNNING.value),
                 runs.c.start_at > func.now(),

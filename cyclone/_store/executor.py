@@ -46,7 +46,7 @@ import operator
 import os
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from time import monotonic
 from typing import Any, NoReturn, Protocol, TypeAlias
 
@@ -61,6 +61,7 @@ from sqlalchemy import (
     any_,
     cast,
     event,
+    false,
     func,
     literal,
     null,
@@ -97,6 +98,13 @@ def const(value: str | int | None, type_: Any = Text) -> Any:
     if value is None:
         return cast(null(), type_)
     return _Const(value, type_)
+
+
+def one_of(column: Any, values: Sequence[str]) -> Any:
+    """``column IN (...)`` over literal ``values`` (see :func:`const`); false when there are
+    none. An empty ``IN`` list would be an expanding parameter, which the statements
+    compiled once here (:class:`Compiled`) do not expand."""
+    return column.in_([const(v) for v in values]) if values else false()
 
 
 def among(column: Any, ids: Any) -> Any:

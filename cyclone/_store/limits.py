@@ -48,7 +48,6 @@ from sqlalchemy import (
     cast,
     exists,
     extract,
-    false,
     func,
     literal_column,
     null,
@@ -74,7 +73,7 @@ from cyclone._store.claim import (
     claimed_job_columns,
     claimed_step_columns,
 )
-from cyclone._store.executor import const
+from cyclone._store.executor import const, one_of
 from cyclone.schema import jobs, limit_keys, limits, runs
 from cyclone.states import JobState, RunState
 
@@ -193,7 +192,7 @@ def _due(
         table.c.state == const(JobState.AVAILABLE.value),
         table.c.scheduled_at <= func.now(),
         or_(table.c.deadline.is_(None), table.c.deadline > func.now()),
-        true() if queues is None else table.c.queue.in_([const(q) for q in queues]),
+        true() if queues is None else one_of(table.c.queue, queues),
         _queues.served(table.c.queue),
         run_check,
     )
@@ -259,7 +258,7 @@ def claim_gated_stmt(
         .join_from(k, lim, lim.c.name == k.c.name)
         .where(
             runs_locked,
-            k.c.name.in_([const(n) for n in names]),
+            one_of(k.c.name, names),
             lim.c.max - used > const(0, Integer),
             exists(select(a.c.id).where(*_due(a, k.c.name, k.c.key, queues, steps))),
         )
@@ -580,10 +579,10 @@ def next_gated_due_stmt(
     scheduled = (
         select(func.min(a.c.scheduled_at))
         .where(
-            a.c.limit_name.in_([const(n) for n in names]),
+            one_of(a.c.limit_name, names),
             a.c.state == const(JobState.AVAILABLE.value),
             a.c.scheduled_at > func.now(),
-            true() if queues is None else a.c.queue.in_([const(q) for q in queues]),
+            true() if queues is None else one_of(a.c.queue, queues),
         )
         .scalar_subquery()
     )
@@ -592,7 +591,7 @@ def next_gated_due_stmt(
         select(func.min(window + lim.c.per))
         .join_from(k, lim, lim.c.name == k.c.name)
         .where(
-            k.c.name.in_([const(n) for n in names]),
+            one_of(k.c.name, names),
             lim.c.per.is_not(None),
             k.c.window_start == window,
             k.c.window_count >= lim.c.max,
@@ -604,7 +603,7 @@ def next_gated_due_stmt(
     later = (
         select(func.min(held.c.limit_start_at))
         .where(
-            held.c.limit_name.in_([const(n) for n in admits]) if admits else false(),
+            one_of(held.c.limit_name, admits),
             held.c.state == const(RunState.RUNNING.value),
             held.c.start_at == _INFINITY,
             held.c.limit_start_at > func.now(),
@@ -619,7 +618,7 @@ def next_gated_due_stmt(
             select(d.c.id)
             .where(
                 *_due(d, d.c.limit_name, d.c.limit_key, queues),
-                d.c.limit_name.in_([const(n) for n in names]),
+                one_of(d.c.limit_name, names),
                 d.c.rate_name == k2.c.name,
                 d.c.rate_key == k2.c.key,
             )
@@ -629,7 +628,7 @@ def next_gated_due_stmt(
             select(func.min(window2 + lim2.c.per))
             .join_from(k2, lim2, lim2.c.name == k2.c.name)
             .where(
-                k2.c.name.in_([const(n) for n in rates]),
+                one_of(k2.c.name, rates),
                 k2.c.window_start == window2,
                 k2.c.window_count >= lim2.c.max,
                 exists(waiting),
@@ -818,7 +817,7 @@ def lock_held_keys_stmt(names: tuple[str, ...], batch: int) -> Any:
         select(limit_keys.c.name, limit_keys.c.key, limits.c.max, limits.c.on_limit)
         .join_from(limit_keys, limits, limits.c.name == limit_keys.c.name)
         .where(
-            limit_keys.c.name.in_([const(n) for n in names]),
+            one_of(limit_keys.c.name, names),
             exists(select(h.c.id).where(*_held_due(h, limit_keys.c.name, limit_keys.c.key))),
             or_(limits.c.on_limit != const("queue"), limits.c.max > running),
         )
