@@ -151,6 +151,12 @@ class Compiled:
         compiled = clause.compile(dialect=_DIALECT, **kw)  # type: ignore[arg-type]
         assert isinstance(compiled, SQLCompiler)
         self.sql: str = str(compiled)
+        if "[POSTCOMPILE_" in self.sql:
+            # Sent as is, its expanding parameter fails at the server on every call.
+            raise ValueError(
+                "a statement compiled once has an expanding parameter (IN a list): "
+                "use executor.one_of for literal values, or compile it on the call"
+            )
         self.defaults: dict[str, Any] = {
             name: bind.effective_value
             for bind, name in compiled.bind_names.items()
