@@ -77,36 +77,61 @@ def test_a_held_connection_plans_its_statements_again_once_its_tables_have_grown
         held.close()
 
 
-def test_plans_are_made_again_only_when_the_tables_grew_fourfold_looked_at_doubling_intervals(
-    engine: sa.Engine, table: sa.Table, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _looks(
+    engine: sa.Engine,
+    tables: tuple[sa.Table, ...],
+    monkeypatch: pytest.MonkeyPatch,
+    grown: dict[float, tuple[int, ...]],
+    steps: int,
+) -> tuple[list[float], list[float]]:
+    """When a held connection on ``tables`` looked at their sizes and discarded its plans,
+    its statements run every quarter second of a fake clock from 1000.0, the sizes (all 0
+    unless ``grown`` gives them at 1000.0) changing at the times in ``grown``."""
     now = [1000.0]
     monkeypatch.setattr(_executor, "monotonic", lambda: now[0])
     discarded: list[float] = []
     monkeypatch.setattr(_executor.Direct, "discard_plans", lambda _self: discarded.append(now[0]))
     looked: list[float] = []
-    size = [0]
+    size = [grown.get(now[0], tuple(0 for _ in tables))]
     real_rows = _executor.Direct.rows
 
-    def rows(self: _executor.Direct, stmt: object, params: object = None) -> list[tuple[int]]:
+    def rows(self: _executor.Direct, stmt: object, params: object = None) -> list[tuple[int, ...]]:
         if "pg_relation_size" in str(getattr(stmt, "sql", "")):
             looked.append(now[0])
-            return [(size[0],)]
+            return [size[0]]
         return real_rows(self, stmt, params)  # type: ignore[arg-type]
 
     monkeypatch.setattr(_executor.Direct, "rows", rows)
-    held = _executor.Held(engine, sized=(table,))
+    held = _executor.Held(engine, sized=tables)
     one = _executor.Compiled(sa.select(sa.literal(1)))
-    grown = {1010.0: 200_000, 1050.0: 300_000, 1100.0: 900_000, 1500.0: 4_000_000}
     try:
-        for _ in range(4000):
+        for _ in range(steps):
             held.rows(one, {})
             now[0] += 0.25
             size[0] = grown.get(now[0], size[0])
     finally:
         held.close()
+    return looked, discarded
+
+
+def test_plans_are_made_again_only_when_the_tables_grew_fourfold_looked_at_doubling_intervals(
+    engine: sa.Engine, table: sa.Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_executor, "REPLAN_FIRST", 1.0)
+    grown = {1010.0: (200_000,), 1050.0: (300_000,), 1100.0: (900_000,), 1500.0: (4_000_000,)}
+    looked, discarded = _looks(engine, (table,), monkeypatch, grown, 4000)
     gaps = [round(b - a, 2) for a, b in itertools.pairwise(looked)]
     assert looked[0] == 1000.0  # when the connection opened: the size its plans were made for
     assert gaps[:8] == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]
     # 200 kB is not four times the 64 kB floor; 300 kB is; 900 kB is not four times 300 kB.
     assert discarded == [1063.0, 1543.0]
+
+
+def test_a_small_table_grown_fourfold_is_planned_again_beside_a_large_one_that_did_not_grow(
+    engine: sa.Engine, table: sa.Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's jobs start empty beside a large table of runs: their sum hardly grows."""
+    monkeypatch.setattr(_executor, "REPLAN_FIRST", 1.0)
+    grown = {1000.0: (0, 4_000_000), 1002.0: (300_000, 4_100_000)}
+    _looked, discarded = _looks(engine, (table, table), monkeypatch, grown, 40)
+    assert discarded == [1003.0]

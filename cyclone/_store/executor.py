@@ -40,9 +40,7 @@ instead, so that its log and listeners see every one of them.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
-import operator
 import os
 import threading
 import weakref
@@ -473,15 +471,16 @@ def _raise_schema_problem(engine: Engine, exc: BaseException | None) -> None:
             raise schema from None
 
 
-REPLAN_FIRST = 1.0
+REPLAN_FIRST = 0.125
 """Seconds after a :class:`Held` connection opens until it first looks whether its tables
 have grown (see :data:`REPLAN_GROWTH`); the interval then doubles up to
 :data:`REPLAN_EVERY`."""
 REPLAN_EVERY = 60.0
 """The longest interval between two looks at the size of a :class:`Held` connection's tables."""
 REPLAN_GROWTH = 4
-"""How many times larger a :class:`Held` connection's tables must have grown since its
-statements were planned (and at least :data:`REPLAN_FLOOR`) before they are planned again.
+"""How many times larger one of a :class:`Held` connection's tables must have grown since
+its statements were planned (and at least :data:`REPLAN_FLOOR`) before they are planned
+again: each table on its own, as a large table would hide the growth of a small one.
 
 A generic plan is made once, from the tables as they are then: a worker that starts on a
 new deployment plans its claim for nearly empty tables, and such a plan scans them whole
@@ -496,9 +495,19 @@ REPLAN_FLOOR = 64 * 1024
 
 
 def _size_of(tables: tuple[Table, ...]) -> Compiled:
-    """The statement that reads how many bytes ``tables`` take on disk (their main forks)."""
-    sizes = [func.pg_relation_size(cast(const(table.name), REGCLASS)) for table in tables]
-    return Compiled(select(functools.reduce(operator.add, sizes)))
+    """The statement that reads how many bytes each of ``tables`` takes on disk (its main
+    fork), one column each."""
+    return Compiled(
+        select(*(func.pg_relation_size(cast(const(table.name), REGCLASS)) for table in tables))
+    )
+
+
+def _grown(sizes: tuple[int, ...], planned: tuple[int, ...]) -> bool:
+    """Whether a table of ``sizes`` has grown :data:`REPLAN_GROWTH`-fold over ``planned``."""
+    return any(
+        size >= REPLAN_GROWTH * max(was, REPLAN_FLOOR)
+        for size, was in zip(sizes, planned, strict=True)
+    )
 
 
 class Held:
@@ -546,7 +555,7 @@ class Held:
         self._listen = listen
         self._on_notify = on_notify
         self._size = _size_of(sized) if sized else None
-        self._planned_size = 0
+        self._planned_size: tuple[int, ...] = ()
         self._replan_at = float("inf")
         self._replan_every = REPLAN_FIRST
 
@@ -583,10 +592,10 @@ class Held:
         if monotonic() >= self._replan_at and self._size is not None:
             self._replan_every = min(self._replan_every * 2, REPLAN_EVERY)
             self._replan_at = monotonic() + self._replan_every
-            size = int(direct.rows(self._size)[0][0])
-            if size >= REPLAN_GROWTH * max(self._planned_size, REPLAN_FLOOR):
+            sizes = tuple(int(size) for size in direct.rows(self._size)[0])
+            if _grown(sizes, self._planned_size):
                 direct.discard_plans()
-                self._planned_size = size
+                self._planned_size = sizes
         return direct
 
     def _open(self) -> Direct:
@@ -607,7 +616,7 @@ class Held:
             driver.add_notify_handler(lambda _note: on_notify())
         direct = self._direct = Direct(self._engine, driver, driver.cursor(), prepare)
         if prepare and self._size is not None:
-            self._planned_size = int(direct.rows(self._size)[0][0])
+            self._planned_size = tuple(int(size) for size in direct.rows(self._size)[0])
             self._replan_every = REPLAN_FIRST
             self._replan_at = monotonic() + REPLAN_FIRST
         return direct
