@@ -101,6 +101,7 @@ EDGES: dict[str, Edge] = {
         # jobs
         Edge("job", "unblock", (_J.BLOCKED.value,), _J.AVAILABLE.value),
         Edge("job", "claim", (_J.AVAILABLE.value,), _J.RUNNING.value),
+        Edge("job", "continue", (_J.BLOCKED.value,), _J.RUNNING.value),
         Edge("job", "complete", (_J.RUNNING.value,), _J.COMPLETED.value),
         Edge("job", "retry_attempt", (_J.RUNNING.value,), _J.AVAILABLE.value),
         Edge("job", "fail", (_J.RUNNING.value,), _J.FAILED.value),
@@ -128,7 +129,10 @@ EDGES: dict[str, Edge] = {
 """Every transition of runs and jobs, by ``machine.name``.
 
 A job is born when the claim that starts its run creates the run's steps: blocked, or
-(a root) available, or running for that claim's worker, its first attempt.
+(a root) available, or running for that claim's worker, its first attempt. A blocked step
+whose last upstream step completes is made available (``unblock``), or, when the worker
+recording that completion could claim it, running for that worker in the same statement
+(``continue``).
 
 A step whose run ended while it ran (cancelled, failed by another step, past its
 deadline) is cancelled when it is rescued or handed back (``cancel_ended``), when its

@@ -417,6 +417,8 @@ class Worker:
         self._claim_turn = 0
         self._delivered = 0
         """Wait nodes the last record-and-claim woke by delivering their signals."""
+        self._unblocked = 0
+        """Jobs the last record made available (its claim's snapshot cannot see them)."""
         self._lock = threading.Lock()
         self._db_failures = 0
         self._step_seconds = 1.0
@@ -781,18 +783,17 @@ class Worker:
             free = {} if self._stopping.is_set() else self._free()
             if not (woken or until_idle or time.monotonic() >= poll_due):
                 free = {}
-            # The statement that records successes claims in the same snapshot, so it cannot
-            # see the dependents it unblocks: claim again after a success of a step that
-            # has dependents. Serving, a run of an older graph is still covered: its
-            # unblocked steps ring NOTIFY. A drain, which must not stop early, always does.
-            unblocking = any(
-                job.run_id is not None
-                and isinstance(outcome, _completion.Success)
-                and (until_idle or job.kind in self._upstream.get(job.workflow or "", ()))
+            # The statement that records successes continues the dependents they make
+            # ready that it has room for, and claims in the same snapshot, so it cannot see
+            # those it made available instead: claim again when it made some. A drain,
+            # which must not stop early, claims again after any success of a step.
+            unblocking = until_idle and any(
+                job.run_id is not None and isinstance(outcome, _completion.Success)
                 for job, outcome in outcomes
             )
             failed = False
             self._delivered = 0
+            self._unblocked = 0
             if outcomes or free:
                 recheck_due = self._recheck_due or time.monotonic() >= poll_due
                 self._recheck_due = False
@@ -818,7 +819,7 @@ class Worker:
             # A claim that delivered signals woke their wait nodes, in its own snapshot too.
             delivered = self._delivered > 0
             if (
-                (unblocking or delivered)
+                (unblocking or delivered or self._unblocked > 0)
                 and len(claimed) < sum(free.values())
                 and not self._stopping.is_set()
             ):
@@ -1008,6 +1009,16 @@ class Worker:
             # statement also records the successes (limit 0 when there is no room).
             left = self._capacity() - len(self._inflight)
             woke: list[int] = []
+            unblocked: list[int] = []
+            # The limited claim continues no step: a success of a step with dependents
+            # may have made them available.
+            upstream = {
+                o.job_id
+                for job, o in outcomes
+                if isinstance(o, _completion.Success)
+                and job.run_id is not None
+                and job.kind in self._upstream.get(job.workflow or "", ())
+            }
             turns = list(free.items())
             self._claim_turn += 1
             start = self._claim_turn % len(turns) if turns else 0
@@ -1032,6 +1043,7 @@ class Worker:
                         ring=gated_ended and not rang,
                     )
                     rang = rang or gated_ended
+                    unblocked.append(sum(1 for o in carrying if o.job_id in upstream))
                     if carrying:
                         self._settle(carrying, recorded)
                     carrying = []
@@ -1046,6 +1058,7 @@ class Worker:
                     limit=max(0, min(limit, left)),
                     woke=woke,
                     deliver=deliver and not woke,
+                    unblocked=unblocked,
                 )
                 if carrying:
                     self._settle(carrying, recorded)
@@ -1066,6 +1079,7 @@ class Worker:
                     claimed += got
                     left -= len(got)
             self._delivered = sum(woke)
+            self._unblocked = sum(unblocked)
             if self._child_nodes and (deliver or self._draining):
                 # Wake the child nodes whose child runs ended (a run's end rang, or a poll).
                 self._delivered += _children.deliver(self.engine)

@@ -141,12 +141,31 @@ def test_a_lapsed_wait_record_rings_no_more(
     assert received(listening, 0.5) == 0
 
 
+def two_queues(name: str) -> cyclone.Workflow[Any]:
+    """``first``, then ``second`` on a queue of its own."""
+    wf: cyclone.Workflow[Any] = cyclone.Workflow(name)
+
+    @wf.step()
+    def first(ctx: cyclone.StepContext, value: Any) -> int:
+        return 1
+
+    @wf.step(after=[first], queue=f"{name}-second")
+    def second(ctx: cyclone.StepContext, value: Any) -> int:
+        return 2
+
+    return wf
+
+
 def test_an_unblocked_step_rings_only_while_a_worker_waits(
     engine: sa.Engine, name: str, listening: psycopg.Connection[Any]
 ) -> None:
-    wf = workflow(name, 2)
+    wf = two_queues(name)
+    default_only = {"default": 1}
+    second_only = {f"{name}-second": 1}
     run = wf.submit(engine, {"n": 1})
-    with cyclone.Worker(engine, workflows=[wf], concurrency=1) as worker:
+    with cyclone.Worker(engine, workflows=[wf], queues=default_only) as worker:
+        worker.drain()
+    with cyclone.Worker(engine, workflows=[wf], queues=second_only) as worker:
         worker.drain()
     assert run.status().state is cyclone.RunState.COMPLETED
     assert received(listening, 0.5) == 0
@@ -157,10 +176,33 @@ def test_an_unblocked_step_rings_only_while_a_worker_waits(
     try:
         run = wf.submit(engine, {"n": 2})
         assert received(listening, 2.0) == 1
+        # The worker that ran the first step does not serve the second's queue: the
+        # record makes it available, and rings.
+        with cyclone.Worker(engine, workflows=[wf], queues=default_only) as worker:
+            worker.drain()
+        assert received(listening, 2.0) == 1
+        with cyclone.Worker(engine, workflows=[wf], queues=second_only) as worker:
+            worker.drain()
+        assert run.status().state is cyclone.RunState.COMPLETED
+    finally:
+        listening.execute("DELETE FROM cyclone_waiters WHERE worker_id = 'test'")
+
+
+def test_a_step_continued_by_the_worker_that_recorded_its_upstream_rings_nothing(
+    engine: sa.Engine, name: str, listening: psycopg.Connection[Any]
+) -> None:
+    wf = workflow(name, 3)
+    listening.execute(
+        "INSERT INTO cyclone_waiters (worker_id, waits_until) "
+        "VALUES ('test', now() + interval '50 seconds')"
+    )
+    try:
+        run = wf.submit(engine, {"n": 1})
+        assert received(listening, 2.0) == 1
         with cyclone.Worker(engine, workflows=[wf], concurrency=1) as worker:
             worker.drain()
         assert run.status().state is cyclone.RunState.COMPLETED
-        assert received(listening, 2.0) >= 1  # the second step, unblocked by an update
+        assert received(listening, 0.5) == 0
     finally:
         listening.execute("DELETE FROM cyclone_waiters WHERE worker_id = 'test'")
 

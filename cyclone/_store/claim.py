@@ -94,13 +94,14 @@ class Scope:
         return len(self.workflows) + len(self.kinds) > 1
 
 
-def claimed_step_columns(claimed: Any) -> tuple[Any, ...]:
+def claimed_step_columns(claimed: Any, done: Any = None) -> tuple[Any, ...]:
     """A claimed job's input, its upstream outputs, key and trace context, read from its
     run (joined as ``runs``, outer: a standalone job has none): in :class:`Claimed`'s order
-    after :func:`claimed_job_columns`."""
+    after :func:`claimed_job_columns`. ``done``: the jobs the statement completes, whose
+    outputs a step it continues reads from it (its snapshot has them running)."""
     upstream = jobs.alias("upstream")
-    outputs = (
-        select(cast(func.jsonb_object_agg(upstream.c.kind, upstream.c.output), Text))
+    stored = (
+        select(func.jsonb_object_agg(upstream.c.kind, upstream.c.output))
         .where(
             upstream.c.run_id == claimed.c.run_id,
             upstream.c.kind == func.any(claimed.c.deps),
@@ -108,6 +109,12 @@ def claimed_step_columns(claimed: Any) -> tuple[Any, ...]:
         )
         .scalar_subquery()
     )
+    merged: Any = stored
+    if done is not None:
+        merged = func.coalesce(stored, cast(const("{}"), JSONB)).op("||", return_type=JSONB)(
+            func.coalesce(_completion.continued_upstream(claimed, done), cast(const("{}"), JSONB))
+        )
+    outputs = cast(merged, Text)
     return (
         # A map item runs with its item (its args), any other step with its run's input.
         cast(
@@ -281,9 +288,10 @@ def _pick_runs(scope: Scope, limit: int) -> Any:
     )
 
 
-def _start_runs(scope: Scope, limit: int, chosen: Any, claimed: Any) -> Any:
-    """Start the runs ``chosen`` (``run_id``, ``t``: its start time): create their steps,
-    claiming roots for the slots ``claimed`` left free.
+def _start_runs(scope: Scope, limit: int, chosen: Any, within: Any, taken: Any) -> Any:
+    """Start the runs ``chosen`` (``run_id``, ``t``: its start time) that are ``within``
+    (a condition on ``chosen``): create their steps, claiming roots for the slots the
+    ``taken`` jobs (a count) left free.
 
     Every step of a started run is inserted from the graph of its run's definition, blocked or
     (a root) available, as the submit did before the steps moved here; the roots of the
@@ -291,10 +299,11 @@ def _start_runs(scope: Scope, limit: int, chosen: Any, claimed: Any) -> Any:
     running for ``:me``, their first attempt. The ``RETURNING`` rings NOTIFY for each
     root left available, for the other workers.
     """
-    room = const(int(limit), Integer) - select(func.count()).select_from(claimed).scalar_subquery()
+    room = const(int(limit), Integer) - taken
+    starting = select(chosen.c.run_id).where(chosen.c.run_id.is_not(None), within)
     started = (
         update(runs)
-        .where(runs.c.id == chosen.c.run_id)
+        .where(among(runs.c.id, starting), runs.c.id == chosen.c.run_id)
         .values(start_at=null())
         .returning(
             runs.c.id,
@@ -511,11 +520,27 @@ def _choose(picked: Any, to_start: Any, limit: int) -> Any:
     )
     runs_ = select(cast(null(), BigInteger), to_start.c.id, const(0, Integer), to_start.c.start_at)
     both = union_all(jobs_, runs_).subquery("both")
+    order = (both.c.p, both.c.t, both.c.job_id)
     return (
-        select(both.c.job_id, both.c.run_id, both.c.t)
-        .order_by(both.c.p, both.c.t, both.c.job_id)
+        select(
+            both.c.job_id,
+            both.c.run_id,
+            both.c.t,
+            func.row_number().over(order_by=order).label("rank"),
+        )
+        .order_by(*order)
         .limit(literal_column(str(int(limit))))
         .cte("chosen")
+    )
+
+
+def _count_running(advanced: Any) -> Any:
+    """How many of the jobs ``advanced`` made running: the steps the statement continues."""
+    return (
+        select(func.count())
+        .select_from(advanced)
+        .where(advanced.c.state == const(JobState.RUNNING.value))
+        .scalar_subquery()
     )
 
 
@@ -526,17 +551,37 @@ def claim_jobs_stmt(
 
     ``completing`` adds the CTEs that first record the successes in ``:items`` (see
     :func:`cyclone._store.completion.complete_jobs_ctes`). They touch other rows than the claim
-    (running jobs, blocked dependents, their runs), all in one snapshot: a dependent they
-    unblock is claimed by the next statement. The runs of ``:items`` are locked before
+    (running jobs, blocked dependents, their runs), all in one snapshot. With workflows
+    served, the dependents they make ready are continued first: running for ``:me`` in
+    the same statement (:class:`cyclone._store.completion.Continuing`), each taking one
+    of the ``limit`` slots before the jobs picked and the roots of runs started; one they
+    make ready and cannot continue is made available, for the next claim here or
+    elsewhere. The runs of ``:items`` are locked before
     the claim locks a job (the lock order), and the statement then returns at least one
     row, whose first column holds the ids of the jobs recorded (the others were refused:
     their lease was no longer the job's). The claimed columns follow; all NULL when
     nothing was claimed. ``delivering``, with workflows served, adds the delivery of
     pending signals (:func:`deliver_signals_ctes`, some 40 us more per claim): then the
-    statement returns at least one row too, and its last column counts the wait nodes it
-    woke (0 without the delivery).
+    statement returns at least one row too, and a column counts the wait nodes it woke
+    (0 without the delivery). The last column counts the jobs the recorded successes
+    made available (0 without ``completing``).
     """
     runs_locked = _completion.runs_locked_first() if completing else None
+    done: Any = None
+    extra: tuple[Any, ...] = ()
+    continued: Any = None
+    unblocked: Any = const(0, Integer)
+    if runs_locked is not None:
+        continuing = (
+            _completion.Continuing(scope.queues, scope.workflows, int(limit), _CLAIMED_COLUMNS)
+            if scope.workflows
+            else None
+        )
+        done, advanced, counted, finished = _completion.complete_jobs_ctes(runs_locked, continuing)
+        extra = (advanced, counted, finished)
+        unblocked = _completion.made_available(advanced, counted)
+        if continuing is not None:
+            continued = advanced
     pick = _pick(scope, limit)
     if runs_locked is not None:
         pick = pick.where(runs_locked)
@@ -544,7 +589,17 @@ def claim_jobs_stmt(
     chosen: Any = None
     if scope.workflows:
         chosen = _choose(picked, _pick_runs(scope, limit).cte("to_start"), limit)
-        claim_ids = select(chosen.c.job_id).where(chosen.c.job_id.is_not(None)).scalar_subquery()
+        # The steps continued take their slots first: the jobs and runs chosen beyond
+        # the slots left are neither claimed nor started (a run started without a slot
+        # for its root would make the root available, one more version to claim).
+        within: Any = true()
+        continued_count: Any = None
+        if continued is not None:
+            continued_count = _count_running(continued)
+            within = chosen.c.rank <= const(int(limit), Integer) - continued_count
+        claim_ids = (
+            select(chosen.c.job_id).where(chosen.c.job_id.is_not(None), within).scalar_subquery()
+        )
         claim_where = jobs.c.id.in_(claim_ids)
     else:
         claim_where = among(jobs.c.id, select(picked.c.id))
@@ -563,20 +618,26 @@ def claim_jobs_stmt(
         .cte("claimed")
     )
     if chosen is not None:
-        new_jobs = _start_runs(scope, limit, chosen, claimed)
+        taken: Any = select(func.count()).select_from(claimed).scalar_subquery()
+        if continued_count is not None:
+            taken = taken + continued_count
+        new_jobs = _start_runs(scope, limit, chosen, within, taken)
         names = [c.name for c in _CLAIMED_COLUMNS]
-        claimed = union_all(
+        parts = [
             select(*(claimed.c[n] for n in names)),
             select(*(new_jobs.c[n] for n in names)).where(
                 new_jobs.c.state == const(JobState.RUNNING.value)
             ),
-        ).cte("claims")
+        ]
+        if continued is not None:
+            parts.append(
+                select(*(continued.c[n] for n in names)).where(
+                    continued.c.state == const(JobState.RUNNING.value)
+                )
+            )
+        claimed = union_all(*parts).cte("claims")
     recorded: Any = cast(null(), ARRAY(BigInteger))
-    done: Any = None
-    extra: tuple[Any, ...] = ()
-    if runs_locked is not None:
-        done, *rest = _completion.complete_jobs_ctes(runs_locked)
-        extra = tuple(rest)
+    if done is not None:
         recorded = select(func.array_agg(done.c.id)).scalar_subquery()
     woken: Any = None
     delivered_ctes: tuple[Any, ...] = ()
@@ -586,11 +647,12 @@ def claim_jobs_stmt(
     stmt = select(
         recorded,
         *claimed_job_columns(claimed),
-        *claimed_step_columns(claimed),
+        *claimed_step_columns(claimed, done if continued is not None else None),
         const(0, Integer)
         if woken is None
         else select(func.count()).select_from(woken).scalar_subquery(),
         claimed.c.item,
+        unblocked,
     )
     claimed_runs = claimed.outerjoin(runs, runs.c.id == claimed.c.run_id)
     if done is None and woken is None:
@@ -671,12 +733,16 @@ def record_and_claim(
     limit: int,
     woke: list[int] | None = None,
     deliver: bool = True,
+    unblocked: list[int] | None = None,
 ) -> tuple[set[int], list[Claimed]]:
     """Record ``successes`` and claim up to ``limit`` jobs in one autocommit statement.
 
     Returns the ids of the successes recorded (the others were refused) and the jobs
-    claimed. With ``deliver``, the statement also delivers pending signals, and ``woke``
+    claimed, the steps the successes made ready among them when the worker could claim
+    them. With ``deliver``, the statement also delivers pending signals, and ``woke``
     is appended the number of wait nodes it woke: the next claim can take them.
+    ``unblocked`` is appended the number of jobs the successes made available instead,
+    which the next claim can take too.
     """
     rows = conn.rows(
         _fast_claim(scope, bool(successes), limit, deliver),
@@ -684,5 +750,7 @@ def record_and_claim(
     )
     if woke is not None and rows:
         woke.append(int(rows[0][14]))
+    if unblocked is not None and rows:
+        unblocked.append(int(rows[0][16]))
     recorded: set[int] = set(rows[0][0] or ()) if rows else set()
     return recorded, [_claimed(row) for row in rows if row[1] is not None]

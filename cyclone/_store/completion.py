@@ -29,13 +29,15 @@ from sqlalchemy import (
     func,
     or_,
     select,
+    true,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 
 from cyclone._store import executor as _executor
 from cyclone._store import notify as _notify
-from cyclone._store.executor import among, const
+from cyclone._store import queues as _queues
+from cyclone._store.executor import among, const, one_of
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
 
@@ -84,13 +86,33 @@ def runs_locked_first() -> Any:
     return select(func.count()).select_from(locked).scalar_subquery() >= const(0, Integer)
 
 
-def complete_jobs_ctes(runs_locked: Any) -> tuple[Any, ...]:
+@dataclass(frozen=True, slots=True)
+class Continuing:
+    """The steps a recording worker runs itself: those the successes it records make
+    ready, that its claim could take (not limited, of ``queues`` and ``workflows``, due,
+    not past their deadline, their queue not paused), up to ``limit`` in priority order.
+
+    They go from blocked to running for ``:me`` in the statement that records their last
+    upstream step (``job.continue``): no version of them is ever available, no claim
+    picks them, and no NOTIFY rings for them. ``returning`` are the columns a claimed
+    job's row returns.
+    """
+
+    queues: tuple[str, ...] | None
+    workflows: tuple[str, ...]
+    limit: int
+    returning: tuple[Any, ...]
+
+
+def complete_jobs_ctes(runs_locked: Any, continuing: Continuing | None = None) -> tuple[Any, ...]:
     """The CTEs that complete ``:items`` and advance the DAG: ``(done, advanced, counted,
     finished)`` (``counted``: the map nodes their items count down).
 
     They change rows when a statement carries them, whether or not it reads them, so the
     worker's claim statement carries them too: one statement records and claims.
     ``runs_locked`` is :func:`runs_locked_first`, shared with the claim's ``WHERE``.
+    ``advanced`` returns the ``state`` it set; with ``continuing``, after its columns, and
+    its running rows are the steps continued (see :class:`Continuing`).
     """
     done_items = _items()
     done = (
@@ -107,12 +129,15 @@ def complete_jobs_ctes(runs_locked: Any) -> tuple[Any, ...]:
             finalized_at=func.now(),
             heartbeat_at=None,
         )
-        .returning(jobs.c.id, jobs.c.run_id, jobs.c.kind, jobs.c.item)
+        .returning(jobs.c.id, jobs.c.run_id, jobs.c.kind, jobs.c.item, jobs.c.output)
         .cte("done")
     )
     dependent = jobs.alias("dependent")
+    counts: list[Any] = [dependent.c.id, func.count().label("n")]
+    if continuing is not None:
+        counts.append(_continued(dependent, continuing).label("mine"))
     unblocked_counts = (
-        select(dependent.c.id, func.count().label("n"))
+        select(*counts)
         .select_from(
             dependent.join(
                 done,
@@ -128,17 +153,39 @@ def complete_jobs_ctes(runs_locked: Any) -> tuple[Any, ...]:
         .subquery("c")
     )
     left = jobs.c.pending_deps - unblocked_counts.c.n
+    ready = left == const(0, Integer)
+    values: dict[str, Any] = {
+        "pending_deps": left,
+        "state": case(
+            (ready, const(JobState.AVAILABLE.value)), else_=const(JobState.BLOCKED.value)
+        ),
+    }
+    returning: tuple[Any, ...] = (jobs.c.state,)
+    if continuing is not None:
+        # Continued only when ready in the snapshot too, whose outputs the continued step
+        # is given: the snapshot lags the row when a record of another upstream step
+        # committed while this statement waited for the run's lock, and such a step is
+        # made available, for a claim in a later snapshot.
+        mine = and_(unblocked_counts.c.mine, ready)
+        values = {
+            "pending_deps": left,
+            "state": case(
+                (mine, const(JobState.RUNNING.value)),
+                (ready, const(JobState.AVAILABLE.value)),
+                else_=const(JobState.BLOCKED.value),
+            ),
+            "attempt": case((mine, jobs.c.attempt + 1), else_=jobs.c.attempt),
+            "lease": case((mine, jobs.c.lease + 1), else_=jobs.c.lease),
+            "worker_id": case((mine, bindparam("me", type_=Text)), else_=jobs.c.worker_id),
+            "attempted_at": case((mine, func.now()), else_=jobs.c.attempted_at),
+            "heartbeat_at": case((mine, func.now()), else_=jobs.c.heartbeat_at),
+        }
+        returning = (*continuing.returning, *returning)
     advanced = (
         update(jobs)
         .where(jobs.c.id == unblocked_counts.c.id, jobs.c.state == const(JobState.BLOCKED.value))
-        .values(
-            pending_deps=left,
-            state=case(
-                (left == const(0, Integer), const(JobState.AVAILABLE.value)),
-                else_=const(JobState.BLOCKED.value),
-            ),
-        )
-        .returning(jobs.c.id, _notify.when_available(jobs.c.state))
+        .values(**values)
+        .returning(*returning, _notify.when_available(jobs.c.state))
         .cte("advanced")
     )
     counted = _count_items_down(done)
@@ -166,6 +213,57 @@ def complete_jobs_ctes(runs_locked: Any) -> tuple[Any, ...]:
         .cte("finished")
     )
     return done, advanced, counted, finished
+
+
+def _continued(dependent: Any, continuing: Continuing) -> Any:
+    """Whether a dependent made ready in the snapshot is among the first ``limit`` steps
+    the recording worker could claim (grouped by the dependent: its columns are its
+    row's)."""
+    c = dependent.c
+    eligible = and_(
+        c.pending_deps == func.count(),
+        c.limit_name.is_(None),
+        c.rate_name.is_(None),
+        one_of(c.workflow, continuing.workflows),
+        true() if continuing.queues is None else one_of(c.queue, continuing.queues),
+        _queues.served(c.queue),
+        c.scheduled_at <= func.now(),
+        or_(c.deadline.is_(None), c.deadline > func.now()),
+    )
+    rank = func.row_number().over(
+        partition_by=eligible, order_by=(c.priority, c.scheduled_at, c.id)
+    )
+    return and_(eligible, rank <= const(int(continuing.limit), Integer))
+
+
+def made_available(advanced: Any, counted: Any) -> Any:
+    """How many jobs the CTEs of :func:`complete_jobs_ctes` made available: the claim in
+    their statement cannot see them (its snapshot), so its worker claims again."""
+    return sum(
+        (
+            select(func.count())
+            .select_from(cte)
+            .where(cte.c.state == const(JobState.AVAILABLE.value))
+            .scalar_subquery()
+            for cte in (advanced, counted)
+        ),
+        start=const(0, Integer),
+    )
+
+
+def continued_upstream(claimed: Any, done: Any) -> Any:
+    """The outputs of ``done`` that a claimed step comes after, as a jsonb object (NULL for
+    none): the statement that records them continues their dependents, and its snapshot
+    still holds them running, their output not written."""
+    return (
+        select(func.jsonb_object_agg(done.c.kind, done.c.output))
+        .where(
+            done.c.run_id == claimed.c.run_id,
+            done.c.kind == func.any(claimed.c.deps),
+            done.c.item.is_(None),
+        )
+        .scalar_subquery()
+    )
 
 
 def _count_items_down(done: Any) -> Any:
@@ -214,7 +312,7 @@ def _count_items_down(done: Any) -> Any:
                 else_=jobs.c.state,
             ),
         )
-        .returning(jobs.c.id)
+        .returning(jobs.c.id, jobs.c.state)
         .cte("items_counted")
     )
 

@@ -27,7 +27,7 @@ them are in tests/support/invariants.py):
   not completed: counted under the run's lock when it parks, then down by each item's
   ``job.complete``; a completed map node has exactly one completed item per element of
   its output.
-- A running job has an owner and a lease: ``job.claim`` sets them; the releases
+- A running job has an owner and a lease: ``job.claim`` and ``job.continue`` set them; the releases
   (``job.hand_back``, ``job.rescue``, ``job.park``, ``job.park_blocked``,
   ``job.cancel_ended``, ``job.cancel_ended_park``) clear the owner and move the lease on,
   so an outcome the execution records late is refused.
@@ -89,6 +89,7 @@ BUILDERS: dict[str, Callable[[], Any]] = {
     # jobs
     "job.unblock": claim._record_and_claim_one,
     "job.claim": claim._record_and_claim_one,
+    "job.continue": claim._record_and_claim_one,
     "job.complete": claim._record_and_claim_one,
     "job.retry_attempt": completion.retry_job_stmt,
     "job.cancel_ended_attempt": completion.retry_job_stmt,
