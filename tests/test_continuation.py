@@ -19,6 +19,7 @@ from cyclone._store import completion as _completion
 from cyclone._store import executor as _executor
 from cyclone._store import queues as _queues
 from cyclone.schema import jobs
+from tests.support.workers import start_runs
 
 
 def _fan(name: str, **c_options: Any) -> cyclone.Workflow[int]:
@@ -222,3 +223,28 @@ def test_a_join_recorded_concurrently_runs_once_with_both_upstream_outputs(
         finally:
             for claims in workers.values():
                 claims.close()
+
+
+def test_the_steps_made_ready_take_the_slots_in_priority_order_with_the_jobs_picked(
+    engine: sa.Engine, name: str
+) -> None:
+    """A step made ready comes after an available job of a higher priority: ``b``
+    (priority 1) is made available while ``c`` and another run's root (priority 0) take
+    the two slots, ``c`` first (its run started earlier)."""
+    wf = _fan(name)
+    first = wf.submit(engine, 1)
+    claims = _Claims(engine, wf)
+    try:
+        (a,) = claims(1)
+        second = wf.submit(engine, 2)
+        start_runs(engine, wf)
+        assert _states(engine, second.id)["a"] == ("available", None, 0)
+        got = claims(2, a)
+        assert [(job.run_id, job.kind) for job in got] == [(first.id, "c"), (second.id, "a")]
+        assert _states(engine, first.id)["b"] == ("available", None, 0)
+        assert got[0].attempt == got[1].attempt == 1
+        assert claims(0, *got) == []
+    finally:
+        claims.close()
+    for run in (first, second):
+        run.cancel()

@@ -288,10 +288,9 @@ def _pick_runs(scope: Scope, limit: int) -> Any:
     )
 
 
-def _start_runs(scope: Scope, limit: int, chosen: Any, within: Any, taken: Any) -> Any:
-    """Start the runs ``chosen`` (``run_id``, ``t``: its start time) that are ``within``
-    (a condition on ``chosen``): create their steps, claiming roots for the slots the
-    ``taken`` jobs (a count) left free.
+def _start_runs(scope: Scope, limit: int, chosen: Any, taken: Any) -> Any:
+    """Start the runs ``chosen`` (``run_id``, ``t``: its start time): create their steps,
+    claiming roots for the slots the ``taken`` jobs (a count) left free.
 
     Every step of a started run is inserted from the graph of its run's definition, blocked or
     (a root) available, as the submit did before the steps moved here; the roots of the
@@ -300,7 +299,7 @@ def _start_runs(scope: Scope, limit: int, chosen: Any, within: Any, taken: Any) 
     root left available, for the other workers.
     """
     room = const(int(limit), Integer) - taken
-    starting = select(chosen.c.run_id).where(chosen.c.run_id.is_not(None), within)
+    starting = select(chosen.c.run_id).where(chosen.c.run_id.is_not(None))
     started = (
         update(runs)
         .where(among(runs.c.id, starting), runs.c.id == chosen.c.run_id)
@@ -504,31 +503,46 @@ def deliver_signals_ctes() -> tuple[Any, Any]:
     return delivered, woken
 
 
-def _choose(picked: Any, to_start: Any, limit: int) -> Any:
-    """The first ``limit`` of the locked jobs and runs to start, in priority and time order.
+def _choose(picked: Any, to_start: Any, limit: int, continuable: Any = None) -> Any:
+    """The first ``limit`` of the locked jobs, the runs to start and the steps ``continuable``
+    (made ready by the successes recorded), in priority and time order.
 
-    A run to start ranks at the default priority by when it may start, a job by its own
-    priority and ``scheduled_at``: a job handed back or retried (scheduled anew) waits
-    behind the runs submitted before, as it did behind their roots when a submit wrote
-    them. A row locked here but not chosen is left as it was, for the next claim.
+    A run to start ranks at the default priority by when it may start, a job or a step by
+    its own priority and ``scheduled_at``: a job handed back or retried (scheduled anew)
+    waits behind the runs submitted before, as it did behind their roots when a submit
+    wrote them, and a step of a run started earlier comes before the runs submitted
+    since. A row locked here but not chosen is left as it was, for the next claim.
+    ``continued`` tells the steps from the jobs picked.
     """
     jobs_ = select(
         picked.c.id.label("job_id"),
         cast(null(), Uuid).label("run_id"),
         picked.c.priority.label("p"),
         picked.c.scheduled_at.label("t"),
+        false().label("continued"),
     )
-    runs_ = select(cast(null(), BigInteger), to_start.c.id, const(0, Integer), to_start.c.start_at)
-    both = union_all(jobs_, runs_).subquery("both")
-    order = (both.c.p, both.c.t, both.c.job_id)
-    return (
-        select(
-            both.c.job_id,
-            both.c.run_id,
-            both.c.t,
-            func.row_number().over(order_by=order).label("rank"),
+    runs_ = select(
+        cast(null(), BigInteger),
+        to_start.c.id,
+        const(0, Integer),
+        to_start.c.start_at,
+        false(),
+    )
+    parts = [jobs_, runs_]
+    if continuable is not None:
+        parts.append(
+            select(
+                continuable.c.id,
+                cast(null(), Uuid),
+                continuable.c.priority,
+                continuable.c.scheduled_at,
+                true(),
+            )
         )
-        .order_by(*order)
+    both = union_all(*parts).subquery("both")
+    return (
+        select(both.c.job_id, both.c.run_id, both.c.t, both.c.continued)
+        .order_by(both.c.p, both.c.t, both.c.job_id)
         .limit(literal_column(str(int(limit))))
         .cte("chosen")
     )
@@ -552,12 +566,13 @@ def claim_jobs_stmt(
     ``completing`` adds the CTEs that first record the successes in ``:items`` (see
     :func:`cyclone._store.completion.complete_jobs_ctes`). They touch other rows than the claim
     (running jobs, blocked dependents, their runs), all in one snapshot. With workflows
-    served, the dependents they make ready are continued first: running for ``:me`` in
-    the same statement (:class:`cyclone._store.completion.Continuing`), each taking one
-    of the ``limit`` slots before the jobs picked and the roots of runs started; one they
-    make ready and cannot continue is made available, for the next claim here or
-    elsewhere. The runs of ``:items`` are locked before
-    the claim locks a job (the lock order), and the statement then returns at least one
+    served, the dependents they make ready are ranked with the jobs picked and the runs
+    to start (:func:`_choose`), and those among the first ``limit`` are continued:
+    running for ``:me`` in the same statement
+    (:class:`cyclone._store.completion.Continuing`). One they make ready and do not
+    continue is made available, for the next claim here or elsewhere. The runs of
+    ``:items`` are locked before the claim locks a job (the lock order), and the
+    statement then returns at least one
     row, whose first column holds the ids of the jobs recorded (the others were refused:
     their lease was no longer the job's). The claimed columns follow; all NULL when
     nothing was claimed. ``delivering``, with workflows served, adds the delivery of
@@ -567,13 +582,25 @@ def claim_jobs_stmt(
     made available (0 without ``completing``).
     """
     runs_locked = _completion.runs_locked_first() if completing else None
+    pick = _pick(scope, limit)
+    if runs_locked is not None:
+        pick = pick.where(runs_locked)
+    picked = pick.cte("picked")
+    to_start = _pick_runs(scope, limit).cte("to_start") if scope.workflows else None
+    chosen: Any = None
+
+    def choose(continuable: Any) -> Any:
+        nonlocal chosen
+        chosen = _choose(picked, to_start, limit, continuable)
+        return select(chosen.c.job_id).where(chosen.c.continued)
+
     done: Any = None
     extra: tuple[Any, ...] = ()
     continued: Any = None
     unblocked: Any = const(0, Integer)
     if runs_locked is not None:
         continuing = (
-            _completion.Continuing(scope.queues, scope.workflows, int(limit), _CLAIMED_COLUMNS)
+            _completion.Continuing(scope.queues, scope.workflows, _CLAIMED_COLUMNS, choose)
             if scope.workflows
             else None
         )
@@ -582,23 +609,13 @@ def claim_jobs_stmt(
         unblocked = _completion.made_available(advanced, counted)
         if continuing is not None:
             continued = advanced
-    pick = _pick(scope, limit)
-    if runs_locked is not None:
-        pick = pick.where(runs_locked)
-    picked = pick.cte("picked")
-    chosen: Any = None
-    if scope.workflows:
-        chosen = _choose(picked, _pick_runs(scope, limit).cte("to_start"), limit)
-        # The steps continued take their slots first: the jobs and runs chosen beyond
-        # the slots left are neither claimed nor started (a run started without a slot
-        # for its root would make the root available, one more version to claim).
-        within: Any = true()
-        continued_count: Any = None
-        if continued is not None:
-            continued_count = _count_running(continued)
-            within = chosen.c.rank <= const(int(limit), Integer) - continued_count
+    if to_start is not None:
+        if chosen is None:
+            chosen = _choose(picked, to_start, limit)
         claim_ids = (
-            select(chosen.c.job_id).where(chosen.c.job_id.is_not(None), within).scalar_subquery()
+            select(chosen.c.job_id)
+            .where(chosen.c.job_id.is_not(None), chosen.c.continued.is_(False))
+            .scalar_subquery()
         )
         claim_where = jobs.c.id.in_(claim_ids)
     else:
@@ -619,9 +636,9 @@ def claim_jobs_stmt(
     )
     if chosen is not None:
         taken: Any = select(func.count()).select_from(claimed).scalar_subquery()
-        if continued_count is not None:
-            taken = taken + continued_count
-        new_jobs = _start_runs(scope, limit, chosen, within, taken)
+        if continued is not None:
+            taken = taken + _count_running(continued)
+        new_jobs = _start_runs(scope, limit, chosen, taken)
         names = [c.name for c in _CLAIMED_COLUMNS]
         parts = [
             select(*(claimed.c[n] for n in names)),

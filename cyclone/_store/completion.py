@@ -88,20 +88,22 @@ def runs_locked_first() -> Any:
 
 @dataclass(frozen=True, slots=True)
 class Continuing:
-    """The steps a recording worker runs itself: those the successes it records make
+    """The steps a recording worker runs itself: among those the successes it records make
     ready, that its claim could take (not limited, of ``queues`` and ``workflows``, due,
-    not past their deadline, their queue not paused), up to ``limit`` in priority order.
+    not past their deadline, their queue not paused), the ones ``choose`` picks.
 
     They go from blocked to running for ``:me`` in the statement that records their last
     upstream step (``job.continue``): no version of them is ever available, no claim
-    picks them, and no NOTIFY rings for them. ``returning`` are the columns a claimed
-    job's row returns.
+    picks them, and no NOTIFY rings for them. ``choose`` is given the candidates (a CTE
+    of ``id``, ``priority`` and ``scheduled_at``) and returns a select of the ids chosen:
+    the claim ranks them with the jobs it picks and the runs it starts. ``returning``
+    are the columns a claimed job's row returns.
     """
 
     queues: tuple[str, ...] | None
     workflows: tuple[str, ...]
-    limit: int
     returning: tuple[Any, ...]
+    choose: Callable[[Any], Any]
 
 
 def complete_jobs_ctes(runs_locked: Any, continuing: Continuing | None = None) -> tuple[Any, ...]:
@@ -135,7 +137,11 @@ def complete_jobs_ctes(runs_locked: Any, continuing: Continuing | None = None) -
     dependent = jobs.alias("dependent")
     counts: list[Any] = [dependent.c.id, func.count().label("n")]
     if continuing is not None:
-        counts.append(_continued(dependent, continuing).label("mine"))
+        counts += [
+            _could_continue(dependent, continuing).label("could"),
+            dependent.c.priority,
+            dependent.c.scheduled_at,
+        ]
     unblocked_counts = (
         select(*counts)
         .select_from(
@@ -150,7 +156,7 @@ def complete_jobs_ctes(runs_locked: Any, continuing: Continuing | None = None) -
         )
         .where(dependent.c.state == const(JobState.BLOCKED.value), dependent.c.item.is_(None))
         .group_by(dependent.c.id)
-        .subquery("c")
+        .cte("unblocked")
     )
     left = jobs.c.pending_deps - unblocked_counts.c.n
     ready = left == const(0, Integer)
@@ -166,7 +172,14 @@ def complete_jobs_ctes(runs_locked: Any, continuing: Continuing | None = None) -
         # is given: the snapshot lags the row when a record of another upstream step
         # committed while this statement waited for the run's lock, and such a step is
         # made available, for a claim in a later snapshot.
-        mine = and_(unblocked_counts.c.mine, ready)
+        candidates = (
+            select(
+                unblocked_counts.c.id, unblocked_counts.c.priority, unblocked_counts.c.scheduled_at
+            )
+            .where(unblocked_counts.c.could)
+            .cte("continuable")
+        )
+        mine = and_(among(jobs.c.id, continuing.choose(candidates)), ready)
         values = {
             "pending_deps": left,
             "state": case(
@@ -215,12 +228,11 @@ def complete_jobs_ctes(runs_locked: Any, continuing: Continuing | None = None) -
     return done, advanced, counted, finished
 
 
-def _continued(dependent: Any, continuing: Continuing) -> Any:
-    """Whether a dependent made ready in the snapshot is among the first ``limit`` steps
-    the recording worker could claim (grouped by the dependent: its columns are its
-    row's)."""
+def _could_continue(dependent: Any, continuing: Continuing) -> Any:
+    """Whether a dependent made ready in the snapshot is one the recording worker could
+    claim (grouped by the dependent: its columns are its row's)."""
     c = dependent.c
-    eligible = and_(
+    return and_(
         c.pending_deps == func.count(),
         c.limit_name.is_(None),
         c.rate_name.is_(None),
@@ -230,10 +242,6 @@ def _continued(dependent: Any, continuing: Continuing) -> Any:
         c.scheduled_at <= func.now(),
         or_(c.deadline.is_(None), c.deadline > func.now()),
     )
-    rank = func.row_number().over(
-        partition_by=eligible, order_by=(c.priority, c.scheduled_at, c.id)
-    )
-    return and_(eligible, rank <= const(int(continuing.limit), Integer))
 
 
 def made_available(advanced: Any, counted: Any) -> Any:
