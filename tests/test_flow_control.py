@@ -30,6 +30,9 @@ pytestmark = pytest.mark.processes
 
 
 def spawn(name: str, spec: dict[str, Any]) -> subprocess.Popen[str]:
+    """A worker process of ``spec``. Its stderr is the test's own (captured by pytest and
+    shown when the test fails): a pipe nobody reads until the end would block a worker
+    that logs more than the pipe holds."""
     env = dict(os.environ)
     assert "CYCLONE_TEST_DATABASE_URL" in env, "the database_url fixture sets it"
     proc = processes.popen(
@@ -37,7 +40,6 @@ def spawn(name: str, spec: dict[str, Any]) -> subprocess.Popen[str]:
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
         text=True,
     )
     return proc
