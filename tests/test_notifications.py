@@ -3,6 +3,7 @@ while a worker is recorded as waiting for work (``cyclone_waiters``), and not ot
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -28,15 +29,24 @@ def listening(database_url: sa.URL) -> Iterator[psycopg.Connection[Any]]:
         yield conn
 
 
-@pytest.fixture
-def waiting(listening: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any]]:
-    """``listening``, with a worker recorded in ``cyclone_waiters`` as waiting for work."""
+@contextlib.contextmanager
+def a_worker_waits(listening: psycopg.Connection[Any]) -> Iterator[None]:
+    """A waiter record for a worker that is not there: work rings while it lasts."""
     listening.execute(
         "INSERT INTO cyclone_waiters (worker_id, waits_until) "
         "VALUES ('test', now() + interval '50 seconds')"
     )
-    yield listening
-    listening.execute("DELETE FROM cyclone_waiters WHERE worker_id = 'test'")
+    try:
+        yield
+    finally:
+        listening.execute("DELETE FROM cyclone_waiters WHERE worker_id = 'test'")
+
+
+@pytest.fixture
+def waiting(listening: psycopg.Connection[Any]) -> Iterator[psycopg.Connection[Any]]:
+    """``listening``, with a worker recorded in ``cyclone_waiters`` as waiting for work."""
+    with a_worker_waits(listening):
+        yield listening
 
 
 def received(conn: psycopg.Connection[Any], timeout: float, quiet: float = 0.3) -> int:
@@ -169,11 +179,7 @@ def test_an_unblocked_step_rings_only_while_a_worker_waits(
         worker.drain()
     assert run.status().state is cyclone.RunState.COMPLETED
     assert received(listening, 0.5) == 0
-    listening.execute(
-        "INSERT INTO cyclone_waiters (worker_id, waits_until) "
-        "VALUES ('test', now() + interval '50 seconds')"
-    )
-    try:
+    with a_worker_waits(listening):
         run = wf.submit(engine, {"n": 2})
         assert received(listening, 2.0) == 1
         # The worker that ran the first step does not serve the second's queue: the
@@ -184,27 +190,18 @@ def test_an_unblocked_step_rings_only_while_a_worker_waits(
         with cyclone.Worker(engine, workflows=[wf], queues=second_only) as worker:
             worker.drain()
         assert run.status().state is cyclone.RunState.COMPLETED
-    finally:
-        listening.execute("DELETE FROM cyclone_waiters WHERE worker_id = 'test'")
 
 
 def test_a_step_continued_by_the_worker_that_recorded_its_upstream_rings_nothing(
-    engine: sa.Engine, name: str, listening: psycopg.Connection[Any]
+    engine: sa.Engine, name: str, waiting: psycopg.Connection[Any]
 ) -> None:
     wf = workflow(name, 3)
-    listening.execute(
-        "INSERT INTO cyclone_waiters (worker_id, waits_until) "
-        "VALUES ('test', now() + interval '50 seconds')"
-    )
-    try:
-        run = wf.submit(engine, {"n": 1})
-        assert received(listening, 2.0) == 1
-        with cyclone.Worker(engine, workflows=[wf], concurrency=1) as worker:
-            worker.drain()
-        assert run.status().state is cyclone.RunState.COMPLETED
-        assert received(listening, 0.5) == 0
-    finally:
-        listening.execute("DELETE FROM cyclone_waiters WHERE worker_id = 'test'")
+    run = wf.submit(engine, {"n": 1})
+    assert received(waiting, 2.0) == 1
+    with cyclone.Worker(engine, workflows=[wf], concurrency=1) as worker:
+        worker.drain()
+    assert run.status().state is cyclone.RunState.COMPLETED
+    assert received(waiting, 0.5) == 0
 
 
 @pytest.mark.parametrize("isolation", ["REPEATABLE READ", "SERIALIZABLE"])

@@ -99,20 +99,13 @@ def claimed_step_columns(claimed: Any, done: Any = None) -> tuple[Any, ...]:
     run (joined as ``runs``, outer: a standalone job has none): in :class:`Claimed`'s order
     after :func:`claimed_job_columns`. ``done``: the jobs the statement completes, whose
     outputs a step it continues reads from it (its snapshot has them running)."""
-    upstream = jobs.alias("upstream")
-    stored = (
-        select(func.jsonb_object_agg(upstream.c.kind, upstream.c.output))
-        .where(
-            upstream.c.run_id == claimed.c.run_id,
-            upstream.c.kind == func.any(claimed.c.deps),
-            upstream.c.item.is_(None),
-        )
-        .scalar_subquery()
-    )
+    stored = _completion.upstream_outputs(jobs.alias("upstream"), claimed)
     merged: Any = stored
     if done is not None:
-        merged = func.coalesce(stored, cast(const("{}"), JSONB)).op("||", return_type=JSONB)(
-            func.coalesce(_completion.continued_upstream(claimed, done), cast(const("{}"), JSONB))
+        empty = cast(const("{}"), JSONB)
+        recorded = _completion.upstream_outputs(done, claimed)
+        merged = func.coalesce(stored, empty).op("||", return_type=JSONB)(
+            func.coalesce(recorded, empty)
         )
     outputs = cast(merged, Text)
     return (

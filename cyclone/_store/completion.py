@@ -259,16 +259,16 @@ def made_available(advanced: Any, counted: Any) -> Any:
     )
 
 
-def continued_upstream(claimed: Any, done: Any) -> Any:
-    """The outputs of ``done`` that a claimed step comes after, as a jsonb object (NULL for
-    none): the statement that records them continues their dependents, and its snapshot
-    still holds them running, their output not written."""
+def upstream_outputs(source: Any, claimed: Any) -> Any:
+    """The outputs in ``source`` (the jobs table, or the ``done`` CTE of the statement that
+    records them) of the steps a ``claimed`` step comes after, as a jsonb object by step
+    name; NULL for none."""
     return (
-        select(func.jsonb_object_agg(done.c.kind, done.c.output))
+        select(func.jsonb_object_agg(source.c.kind, source.c.output))
         .where(
-            done.c.run_id == claimed.c.run_id,
-            done.c.kind == func.any(claimed.c.deps),
-            done.c.item.is_(None),
+            source.c.run_id == claimed.c.run_id,
+            source.c.kind == func.any(claimed.c.deps),
+            source.c.item.is_(None),
         )
         .scalar_subquery()
     )
