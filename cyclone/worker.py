@@ -1012,13 +1012,17 @@ class Worker:
             unblocked: list[int] = []
             # The limited claim continues no step: a success of a step with dependents
             # may have made them available.
-            upstream = {
-                o.job_id
-                for job, o in outcomes
-                if isinstance(o, _completion.Success)
-                and job.run_id is not None
-                and job.kind in self._upstream.get(job.workflow or "", ())
-            }
+            upstream = (
+                {
+                    o.job_id
+                    for job, o in outcomes
+                    if isinstance(o, _completion.Success)
+                    and job.run_id is not None
+                    and job.kind in self._upstream.get(job.workflow or "", ())
+                }
+                if self._gated
+                else set()
+            )
             turns = list(free.items())
             self._claim_turn += 1
             start = self._claim_turn % len(turns) if turns else 0

@@ -80,14 +80,19 @@ class _Claims:
     def close(self) -> None:
         self.held.close()
 
+    def __enter__(self) -> _Claims:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
 
 def test_the_steps_a_success_makes_ready_run_on_its_worker_in_priority_order_up_to_its_room(
     engine: sa.Engine, name: str
 ) -> None:
     wf = _fan(name)
     run = wf.submit(engine, 5)
-    claims = _Claims(engine, wf)
-    try:
+    with _Claims(engine, wf) as claims:
         (a,) = claims(4)
         assert a.kind == "a"
         later = wf.submit(engine, 6)
@@ -114,8 +119,6 @@ def test_the_steps_a_success_makes_ready_run_on_its_worker_in_priority_order_up_
         assert set(d.upstream) == {"b", "c"}
         assert claims(4, d) == []
         assert run.wait(timeout=5).state == "completed"
-    finally:
-        claims.close()
 
 
 def test_a_success_recorded_without_room_makes_its_dependents_available(
@@ -123,8 +126,7 @@ def test_a_success_recorded_without_room_makes_its_dependents_available(
 ) -> None:
     wf = _fan(name)
     run = wf.submit(engine, 5)
-    claims = _Claims(engine, wf)
-    try:
+    with _Claims(engine, wf) as claims:
         (a,) = claims(1)
         assert claims(0, a) == []
         states = _states(engine, run.id)
@@ -133,8 +135,6 @@ def test_a_success_recorded_without_room_makes_its_dependents_available(
         assert sorted(job.kind for job in got) == ["b", "c"]
         (d,) = claims(4, *got)
         assert claims(4, d) == []
-    finally:
-        claims.close()
 
 
 def test_a_step_its_worker_could_not_claim_is_made_available_not_continued(
@@ -156,15 +156,12 @@ def test_a_step_its_worker_could_not_claim_is_made_available_not_continued(
             (paused, None),
         ]:
             run = wf.submit(engine, 1)
-            claims = _Claims(engine, wf)
-            try:
+            with _Claims(engine, wf) as claims:
                 (a,) = claims(4, scope=scope)
                 (b,) = claims(4, a, scope=scope)
                 assert b.kind == "b", wf.name
                 assert _states(engine, run.id)["c"] == ("available", None, 0), wf.name
                 assert claims(0, b, scope=scope) == []
-            finally:
-                claims.close()
     finally:
         _queues.resume(engine, f"{name}-paused")
 
@@ -233,8 +230,7 @@ def test_the_steps_made_ready_take_the_slots_in_priority_order_with_the_jobs_pic
     the two slots, ``c`` first (its run started earlier)."""
     wf = _fan(name)
     first = wf.submit(engine, 1)
-    claims = _Claims(engine, wf)
-    try:
+    with _Claims(engine, wf) as claims:
         (a,) = claims(1)
         second = wf.submit(engine, 2)
         start_runs(engine, wf)
@@ -244,7 +240,5 @@ def test_the_steps_made_ready_take_the_slots_in_priority_order_with_the_jobs_pic
         assert _states(engine, first.id)["b"] == ("available", None, 0)
         assert got[0].attempt == got[1].attempt == 1
         assert claims(0, *got) == []
-    finally:
-        claims.close()
     for run in (first, second):
         run.cancel()
