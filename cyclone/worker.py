@@ -365,6 +365,10 @@ class Worker:
             + [(wf.name, step) for wf in self.workflows.values() for step in wf._limited_steps()]
         )
         """The (workflow, kind) of the limited jobs served: one leaving running frees a slot."""
+        self._served = _limits_store.Served(
+            tuple(sorted(self.steps)), tuple(sorted(self.workflows))
+        )
+        """What the limited claim may take: a limit's name can be another worker's too."""
         self._gated_steps = bool(step_specs)
         """Whether a served limit is a workflow step's: the limited claim reads runs too."""
         self._paired = bool(paired)
@@ -884,7 +888,12 @@ class Worker:
         if self._gated or self._admits:
             try:
                 gated = _limits_store.seconds_until_gated_due(
-                    self._held, self._gated, None, self._admits, self._paired_rates
+                    self._held,
+                    self._gated,
+                    None,
+                    self._served,
+                    self._admits,
+                    self._paired_rates,
                 )
             except Exception:
                 log.exception("worker %s could not read when a limited job may start", self.id)
@@ -1041,6 +1050,7 @@ class Worker:
                         successes=carrying,
                         names=self._gated,
                         queues=scope.queues,
+                        served=self._served,
                         limit=min(limit, left),
                         steps=self._gated_steps,
                         paired=self._paired,
@@ -1076,6 +1086,7 @@ class Worker:
                         worker_id=self.id,
                         names=self._gated,
                         queues=None if name == "*" else (name,),
+                        served=self._served,
                         limit=room,
                         steps=self._gated_steps,
                         paired=self._paired,

@@ -288,6 +288,23 @@ def test_a_worker_serving_only_limited_kinds_records_and_claims_in_one_statement
     assert len(others) <= 20, others
 
 
+def test_a_worker_serving_one_kind_of_a_shared_limit_never_claims_another_kinds_job(
+    engine: sa.Engine, name: str
+) -> None:
+    # The limited claim chose jobs by limit name alone: a worker serving kind a claimed
+    # kind b's job, sharing a's limit, and failed it as a kind it does not define.
+    a, b = kinds(name, {"limit": "shared", "max": 2})
+    ours = a.enqueue(engine, {"k": "x", "ms": 0})
+    theirs = b.enqueue(engine, {"k": "x", "ms": 0})
+    with cyclone.Worker(engine, steps=[a], sweep=False) as worker:
+        assert worker.drain() == 1
+    assert ours.status().state == "completed"
+    assert (theirs.status().state, theirs.status().attempt) == ("available", 0)
+    with cyclone.Worker(engine, steps=[b], sweep=False) as worker:
+        assert worker.drain() == 1
+    assert theirs.status().state == "completed"
+
+
 def test_a_paused_queues_limited_jobs_are_not_claimed_until_it_resumes(
     engine: sa.Engine, name: str
 ) -> None:

@@ -205,6 +205,47 @@ def state_of(engine: sa.Engine, run: Any, kind: str) -> str | None:
         ).scalar_one_or_none()
 
 
+def test_a_worker_serving_one_workflow_of_a_shared_step_limit_never_claims_anothers_step(
+    engine: sa.Engine, name: str
+) -> None:
+    # Two workflows' steps share one limit's name and are served by different workers.
+    # The limited claim chose steps by limit name alone: the worker of the first took the
+    # second's waiting step when its own freed the slot, and failed it as not defined.
+    shared = cyclone.Concurrency(1, name=f"{name}-shared")
+    release = threading.Event()
+    mine: cyclone.Workflow[Any] = cyclone.Workflow(name)
+    other: cyclone.Workflow[Any] = cyclone.Workflow(f"{name}.other")
+
+    @mine.step(concurrency=shared, name="gate")
+    def mine_gate(ctx: cyclone.StepContext, value: dict[str, Any]) -> None:
+        assert release.wait(30)
+
+    @other.step(concurrency=shared, name="gate")
+    def other_gate(ctx: cyclone.StepContext, value: dict[str, Any]) -> None:
+        return None
+
+    ours = mine.submit(engine, {})
+    first = cyclone.Worker(engine, workflows=[mine], sweep=False)
+    draining = threading.Thread(target=first.drain)
+    draining.start()
+    try:
+        wait_until(lambda: state_of(engine, ours, "gate") == "running")
+        theirs = other.submit(engine, {})
+        with cyclone.Worker(engine, workflows=[other], sweep=False) as second:
+            second.drain()  # starts the run; its step waits for the slot ours holds
+        assert state_of(engine, theirs, "gate") == "available"
+    finally:
+        release.set()
+        draining.join(30)
+    first.close()
+    assert ours.status().state == "completed"
+    assert job_of(engine, theirs, "gate")["state"] == "available"
+    assert job_of(engine, theirs, "gate")["attempt"] == 0
+    with cyclone.Worker(engine, workflows=[other], sweep=False) as second:
+        second.drain()
+    assert theirs.status().state == "completed"
+
+
 def test_a_steps_key_is_evaluated_at_submit_and_kept_with_the_run(
     engine: sa.Engine, name: str, serving: Any
 ) -> None:

@@ -318,7 +318,9 @@ def test_a_worker_serving_only_a_limited_workflow_reads_when_its_next_held_run_f
     later = wf.submit(engine, {"k": "a", "ms": 0}, delay=timedelta(seconds=30))
     held = _executor.Held(engine)
     try:
-        seconds = _limits_store.seconds_until_gated_due(held, (), None, (f"workflow:{name}",))
+        seconds = _limits_store.seconds_until_gated_due(
+            held, (), None, _limits_store.Served((), (name,)), (f"workflow:{name}",)
+        )
     finally:
         held.close()
     assert seconds is not None

@@ -31,7 +31,7 @@ import functools
 import json
 from collections.abc import Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     BigInteger,
@@ -176,12 +176,38 @@ def _window(per: Any) -> Any:
     return func.to_timestamp(func.floor(extract("epoch", func.now()) / seconds) * seconds)
 
 
+class Served(NamedTuple):
+    """What a worker runs: the step kinds of its standalone jobs and its workflows.
+
+    A limit's name may be shared by definitions that different workers serve, so every
+    read of a limit's jobs for a worker keeps to the jobs it can run: another's job
+    claimed would fail here as a kind not defined.
+    """
+
+    kinds: tuple[str, ...]
+    workflows: tuple[str, ...]
+
+
+def _of_served(table: Any, served: Served) -> Any:
+    """A job ``served`` covers: a standalone job of its kinds, or a step of its workflows."""
+    return or_(
+        and_(table.c.workflow.is_(None), one_of(table.c.kind, served.kinds)),
+        one_of(table.c.workflow, served.workflows),
+    )
+
+
 def _due(
-    table: Any, name: Any, key: Any, queues: tuple[str, ...] | None, steps: bool = False
+    table: Any,
+    name: Any,
+    key: Any,
+    queues: tuple[str, ...] | None,
+    served: Served,
+    steps: bool = False,
 ) -> tuple[Any, ...]:
-    """An available job of the limit ``name`` and ``key``, due, of ``queues`` (None: any),
-    in a queue not paused; with ``steps`` (workflow steps are served), of no run or of a
-    running run (its state read by a probe of its primary key, as the ordinary claim does)."""
+    """An available job of the limit ``name`` and ``key`` that ``served`` covers, due, of
+    ``queues`` (None: any), in a queue not paused; with ``steps`` (workflow steps are
+    served), of no run or of a running run (its state read by a probe of its primary key,
+    as the ordinary claim does)."""
     run_check: Any = true()
     if steps:
         run_state = select(runs.c.state).where(runs.c.id == table.c.run_id).scalar_subquery()
@@ -193,6 +219,7 @@ def _due(
         table.c.scheduled_at <= func.now(),
         or_(table.c.deadline.is_(None), table.c.deadline > func.now()),
         true() if queues is None else one_of(table.c.queue, queues),
+        _of_served(table, served),
         _queues.served(table.c.queue),
         run_check,
     )
@@ -215,12 +242,14 @@ def _running_of(name: Any, key: Any) -> Any:
 def claim_gated_stmt(
     names: tuple[str, ...],
     queues: tuple[str, ...] | None,
+    served: Served,
     limit: int,
     steps: bool = False,
     completing: bool = False,
     paired: bool = False,
 ) -> Any:
-    """Claim up to ``limit`` due jobs of the limits ``names`` for ``:me`` (see the module).
+    """Claim up to ``limit`` due jobs of the limits ``names`` that ``served`` covers, for
+    ``:me`` (see the module).
 
     With ``paired`` (a served definition has a Rate with its Concurrency), each candidate
     also passes its Rate (``rate_name``, ``rate_key``; for a job of a Rate alone, its own
@@ -260,7 +289,7 @@ def claim_gated_stmt(
             runs_locked,
             one_of(k.c.name, names),
             lim.c.max - used > const(0, Integer),
-            exists(select(a.c.id).where(*_due(a, k.c.name, k.c.key, queues, steps))),
+            exists(select(a.c.id).where(*_due(a, k.c.name, k.c.key, queues, served, steps))),
         )
         .order_by(k.c.served_at, k.c.name, k.c.key)
         .limit(top)
@@ -276,7 +305,7 @@ def claim_gated_stmt(
     c = jobs.alias("c")
     cand = (
         select(c.c.id, c.c.priority, c.c.scheduled_at, c.c.rate_name, c.c.rate_key)
-        .where(*_due(c, locked.c.name, locked.c.key, queues, steps))
+        .where(*_due(c, locked.c.name, locked.c.key, queues, served, steps))
         .order_by(c.c.priority, c.c.scheduled_at, c.c.id)
         .limit(func.least(locked.c.room, top))
         .with_for_update(skip_locked=True)
@@ -315,8 +344,8 @@ def claim_gated_stmt(
         .returning(*_CLAIMED_COLUMNS, jobs.c.limit_name, jobs.c.limit_key, *_rate_columns(paired))
         .cte("claimed")
     )
-    served = _served_paired(claimed) if paired else _served(claimed, locked)
-    served_count = select(func.count()).select_from(served).scalar_subquery()
+    bumped = _served_paired(claimed) if paired else _served(claimed, locked)
+    served_count = select(func.count()).select_from(bumped).scalar_subquery()
     return _gated_result(claimed, served_count, steps, completing, runs_locked, top)
 
 
@@ -509,12 +538,15 @@ def _gated_result(
 def _fast_claim_gated(
     names: tuple[str, ...],
     queues: tuple[str, ...] | None,
+    served: Served,
     limit: int,
     steps: bool,
     completing: bool,
     paired: bool,
 ) -> _executor.Compiled:
-    return _executor.Compiled(claim_gated_stmt(names, queues, limit, steps, completing, paired))
+    return _executor.Compiled(
+        claim_gated_stmt(names, queues, served, limit, steps, completing, paired)
+    )
 
 
 @_observe.claims
@@ -524,16 +556,17 @@ def claim_gated(
     worker_id: str,
     names: tuple[str, ...],
     queues: tuple[str, ...] | None,
+    served: Served,
     limit: int,
     steps: bool = False,
     paired: bool = False,
 ) -> list[Claimed]:
-    """Claim up to ``limit`` due jobs of the limits ``names`` in one autocommit statement
-    (``steps``: some are workflow steps)."""
+    """Claim up to ``limit`` due jobs of the limits ``names`` that ``served`` covers, in
+    one autocommit statement (``steps``: some are workflow steps)."""
     if limit <= 0 or not names:
         return []
     rows = conn.rows(
-        _fast_claim_gated(names, queues, limit, steps, False, paired), {"me": worker_id}
+        _fast_claim_gated(names, queues, served, limit, steps, False, paired), {"me": worker_id}
     )
     return [_claimed(row) for row in rows]
 
@@ -546,6 +579,7 @@ def record_and_claim_gated(
     successes: Sequence[_completion.Success],
     names: tuple[str, ...],
     queues: tuple[str, ...] | None,
+    served: Served,
     limit: int,
     steps: bool = False,
     ring: bool = False,
@@ -556,7 +590,7 @@ def record_and_claim_gated(
     With ``ring`` (a limited job among ``successes``), a claim that takes all it asked
     for rings NOTIFY: the slots freed are for the other workers."""
     rows = conn.rows(
-        _fast_claim_gated(names, queues, max(0, limit), steps, True, paired),
+        _fast_claim_gated(names, queues, served, max(0, limit), steps, True, paired),
         {"me": worker_id, "items": _completion.items_payload(successes), "ring": ring},
     )
     recorded: set[int] = set(rows[0][0] or ()) if rows else set()
@@ -566,10 +600,12 @@ def record_and_claim_gated(
 def next_gated_due_stmt(
     names: tuple[str, ...],
     queues: tuple[str, ...] | None,
+    served: Served,
     admits: tuple[str, ...] = (),
     rates: tuple[str, ...] = (),
 ) -> Any:
-    """Seconds until a limited job of ``names`` may next start, or NULL: a job scheduled
+    """Seconds until a limited job of ``names`` that ``served`` covers may next start, or
+    NULL: a job scheduled
     later falls due, or the next window of a rate whose current window is full (its own
     limit, or one of the Rates ``rates`` given with a Concurrency of ``names``); or a run
     of the workflow limits ``admits`` held back until a later start falls due."""
@@ -583,6 +619,7 @@ def next_gated_due_stmt(
             a.c.state == const(JobState.AVAILABLE.value),
             a.c.scheduled_at > func.now(),
             true() if queues is None else one_of(a.c.queue, queues),
+            _of_served(a, served),
         )
         .scalar_subquery()
     )
@@ -595,7 +632,7 @@ def next_gated_due_stmt(
             lim.c.per.is_not(None),
             k.c.window_start == window,
             k.c.window_count >= lim.c.max,
-            exists(select(b.c.id).where(*_due(b, k.c.name, k.c.key, queues))),
+            exists(select(b.c.id).where(*_due(b, k.c.name, k.c.key, queues, served))),
         )
         .scalar_subquery()
     )
@@ -617,7 +654,7 @@ def next_gated_due_stmt(
         waiting = (
             select(d.c.id)
             .where(
-                *_due(d, d.c.limit_name, d.c.limit_key, queues),
+                *_due(d, d.c.limit_name, d.c.limit_key, queues, served),
                 one_of(d.c.limit_name, names),
                 d.c.rate_name == k2.c.name,
                 d.c.rate_key == k2.c.key,
@@ -643,16 +680,18 @@ def next_gated_due_stmt(
 def _fast_next_due(
     names: tuple[str, ...],
     queues: tuple[str, ...] | None,
+    served: Served,
     admits: tuple[str, ...],
     rates: tuple[str, ...],
 ) -> _executor.Compiled:
-    return _executor.Compiled(next_gated_due_stmt(names, queues, admits, rates))
+    return _executor.Compiled(next_gated_due_stmt(names, queues, served, admits, rates))
 
 
 def seconds_until_gated_due(
     conn: _executor.Executor,
     names: tuple[str, ...],
     queues: tuple[str, ...] | None,
+    served: Served,
     admits: tuple[str, ...] = (),
     rates: tuple[str, ...] = (),
 ) -> float | None:
@@ -660,7 +699,7 @@ def seconds_until_gated_due(
     a held run of ``admits`` is due, None when none waits on time."""
     if not names and not admits:
         return None
-    rows = conn.rows(_fast_next_due(names, queues, admits, rates), {})
+    rows = conn.rows(_fast_next_due(names, queues, served, admits, rates), {})
     value = rows[0][0] if rows else None
     return None if value is None else max(0.0, float(value))
 
