@@ -75,6 +75,8 @@ DUE_SLACK = 0.005
 WAIT_RECORD = 60.0
 """How long an idle worker's record in ``cyclone_waiters`` lasts; renewed halfway."""
 SETTLE_RETRY = 0.01
+ADOPT_INTERVAL = 60.0
+"""Seconds between an idle worker's looks for limits its definitions no longer name."""
 """Seconds between looks at the ring slots still held when an idle worker recorded itself."""
 
 Outcome = _waits.Outcome
@@ -369,6 +371,7 @@ class Worker:
             tuple(sorted(self.steps)), tuple(sorted(self.workflows))
         )
         """What the limited claim may take: a limit's name can be another worker's too."""
+        self._adopted_at = 0.0
         self._gated_steps = bool(step_specs)
         """Whether a served limit is a workflow step's: the limited claim reads runs too."""
         self._paired = bool(paired)
@@ -532,6 +535,7 @@ class Worker:
                 migrations.check_schema_at_start(self.engine)  # once: not started without it
                 self._register_limits()
                 self._schema_checked = True
+            self._adopt_limits()
             self.stats = WorkerStats()
             self._draining = until_idle
             _observe.serving(self)
@@ -642,6 +646,40 @@ class Worker:
                         f"limit {spec.name!r} counts {counts} elsewhere, {spec.counts} here: "
                         "give the definitions different names"
                     )
+
+    def _adopt_limits(self) -> bool:
+        """Serve the limits that waiting steps, jobs and held runs of the served definitions
+        are under although no served definition names them (see
+        :func:`cyclone._store.limits.orphans`): at each start, then at most every
+        ``ADOPT_INTERVAL`` while idle, and before a drain ends. Whether it found any; a
+        failed look is logged and tried again later."""
+        self._adopted_at = time.monotonic()
+        try:
+            with _executor.connect(self.engine) as conn:
+                found = _limits_store.orphans(conn, self._served, self._gated, self._admits)
+        except Exception as exc:
+            log.warning(
+                "worker %s could not look for earlier limits (%s)", self.id, _first_line(exc)
+            )
+            return False
+        if found.gated:
+            log.info(
+                "worker %s serves the limits %s of jobs submitted under earlier definitions",
+                self.id,
+                ", ".join(found.gated),
+            )
+            self._gated = tuple(sorted({*self._gated, *found.gated}))
+            self._gated_steps = self._gated_steps or found.steps
+            self._paired = self._paired or found.paired
+            self._rated = self._rated or found.paired or found.rated
+        if found.admits:
+            log.info(
+                "worker %s admits the held runs of the limits %s of earlier definitions",
+                self.id,
+                ", ".join(found.admits),
+            )
+            self._admits = tuple(sorted({*self._admits, *found.admits}))
+        return bool(found.gated or found.admits)
 
     def _maintain_once(self) -> None:
         """A drain's deadline and rescue pass, if no other worker leads maintenance.
@@ -812,6 +850,8 @@ class Worker:
                     and (recheck_due or self._rated)
                     and not until_idle
                 ):
+                    if time.monotonic() - self._adopted_at >= ADOPT_INTERVAL:
+                        self._adopt_limits()
                     poll_due = min(poll_due, self._next_due())
             for job in claimed:
                 self._start(job)
@@ -836,6 +876,8 @@ class Worker:
                 if until_idle and not self._stopping.is_set() and not confirmed:
                     confirmed = True
                     continue
+                if until_idle and not self._stopping.is_set() and self._adopt_limits():
+                    continue  # the runs it started left steps under earlier limits
                 return False
             if claimed or outcomes:
                 confirmed = not merges

@@ -305,6 +305,23 @@ def test_a_worker_serving_one_kind_of_a_shared_limit_never_claims_another_kinds_
     assert theirs.status().state == "completed"
 
 
+def test_jobs_enqueued_before_a_redeploy_renamed_their_limit_run_under_the_one_they_kept(
+    engine: sa.Engine, name: str
+) -> None:
+    # A job keeps its limit's name; the kind's new definition names another, which the
+    # ordinary claim leaves to the limited claim, which served only the new name.
+    before = cyclone.step(name, concurrency=cyclone.Concurrency(1, name=f"{name}-old"))(
+        lambda ctx, args: None
+    )
+    jobs = [before.enqueue(engine, {"n": n}) for n in range(3)]
+    after = cyclone.step(name, concurrency=cyclone.Concurrency(1, name=f"{name}-new"))(
+        lambda ctx, args: None
+    )
+    with cyclone.Worker(engine, steps=[after], sweep=False) as worker:
+        assert worker.drain() == 3
+    assert {job.status().state for job in jobs} == {"completed"}
+
+
 def test_a_paused_queues_limited_jobs_are_not_claimed_until_it_resumes(
     engine: sa.Engine, name: str
 ) -> None:

@@ -8,6 +8,7 @@ this process.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import Counter
 from datetime import UTC, datetime, timedelta
@@ -244,6 +245,46 @@ def test_a_worker_serving_one_workflow_of_a_shared_step_limit_never_claims_anoth
     with cyclone.Worker(engine, workflows=[other], sweep=False) as second:
         second.drain()
     assert theirs.status().state == "completed"
+
+
+def redeployed(name: str, limit: cyclone.Concurrency | None) -> cyclone.Workflow[Any]:
+    """A definition of workflow ``name`` whose step ``gate`` has ``limit``: a deploy's."""
+    wf: cyclone.Workflow[Any] = cyclone.Workflow(name)
+
+    @wf.step(concurrency=limit)
+    def gate(ctx: cyclone.StepContext, value: dict[str, Any]) -> None:
+        return None
+
+    @wf.step(after=[gate])
+    def then(ctx: cyclone.StepContext, value: dict[str, Any]) -> None:
+        return None
+
+    return wf
+
+
+@pytest.mark.parametrize("limit", [None, "renamed"])
+def test_steps_submitted_before_a_redeploy_changed_their_limit_run_under_the_one_they_kept(
+    engine: sa.Engine, name: str, limit: str | None
+) -> None:
+    # A run keeps its steps' limits; a deploy that dropped or renamed one left its steps
+    # waiting, available, for a worker serving a name no definition had any more.
+    before = redeployed(name, cyclone.Concurrency(1))
+    runs = [before.submit(engine, {}) for _ in range(3)]
+    after = redeployed(name, None if limit is None else cyclone.Concurrency(1, name=limit))
+    with cyclone.Worker(engine, workflows=[after], sweep=False) as worker:
+        worker.drain()
+    assert [run.status().state for run in runs] == ["completed"] * 3
+    assert {job_of(engine, run, "gate")["limit_name"] for run in runs} == {f"step:{name}.gate"}
+    with engine.connect() as conn:
+        spans = conn.execute(
+            sa.text(
+                "SELECT attempted_at, finalized_at FROM cyclone_jobs "
+                "WHERE kind = 'gate' AND run_id = ANY(:ids) ORDER BY attempted_at"
+            ),
+            {"ids": [run.id for run in runs]},
+        ).all()
+    # Under the limit they kept, Concurrency(1): one at a time.
+    assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans)), spans
 
 
 def test_a_steps_key_is_evaluated_at_submit_and_kept_with_the_run(

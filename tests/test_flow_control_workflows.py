@@ -7,6 +7,7 @@ several worker processes serve; the others run a worker in this process.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import Counter
 from datetime import timedelta
@@ -280,6 +281,42 @@ def test_a_named_limit_shared_by_two_workflows_counts_the_runs_of_both(
     release.set()
     for run in (first, second):
         wait_until(lambda run=run: run.status().state == "completed", timeout=20)
+
+
+def test_runs_held_by_a_limit_a_redeploy_dropped_are_admitted_under_the_limit_they_kept(
+    engine: sa.Engine, name: str
+) -> None:
+    # Runs submitted under a workflow's limit wait held until a worker admits them; a
+    # deploy that dropped the limit left them held, no worker admitting its name.
+    before = workflow(name, {"limit": "workflow", "max": 1})
+    held = [before.submit(engine, {"k": "a", "ms": 0}) for _ in range(3)]
+    after: cyclone.Workflow[Any] = cyclone.Workflow(name)
+
+    @after.step()
+    def first(ctx: cyclone.StepContext, value: dict[str, Any]) -> None:
+        return None
+
+    @after.step(after=[first])
+    def second(ctx: cyclone.StepContext, value: dict[str, Any]) -> None:
+        return None
+
+    with cyclone.Worker(engine, workflows=[after], sweep=False) as worker:
+        worker.drain()
+    assert [run.status().state for run in held] == ["completed"] * 3
+    with engine.connect() as conn:
+        spans = conn.execute(
+            sa.text(
+                "SELECT j.attempted_at, r.finalized_at FROM cyclone_jobs j "
+                "JOIN cyclone_runs r ON r.id = j.run_id "
+                "WHERE j.kind = 'first' AND j.run_id = ANY(:ids) ORDER BY j.attempted_at"
+            ),
+            {"ids": [run.id for run in held]},
+        ).all()
+    # Admitted one at a time, as the limit they kept (max 1) says: each run's first step
+    # started after the run before it ended.
+    assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans)), [
+        (a.isoformat(), b.isoformat()) for a, b in spans
+    ]
 
 
 def test_a_run_parked_at_a_wait_keeps_its_workflow_slot_as_documented(

@@ -926,6 +926,78 @@ def _lock_held_keys(names: tuple[str, ...], batch: int) -> Any:
     return lock_held_keys_stmt(names, batch)
 
 
+class Orphans(NamedTuple):
+    """Limits that a worker's definitions no longer name but some of its work still waits
+    on: the jobs' (``gated``) and the held runs' (``admits``)."""
+
+    gated: tuple[str, ...]
+    steps: bool
+    """Whether a job of ``gated`` is a workflow step."""
+    paired: bool
+    """Whether a job of ``gated`` has a Rate besides its limit."""
+    rated: bool
+    """Whether a limit of ``gated`` is a Rate."""
+    admits: tuple[str, ...]
+
+
+def orphans_stmts(
+    served: Served, gated: tuple[str, ...], admits: tuple[str, ...]
+) -> tuple[Any, Any]:
+    """The two reads of :func:`orphans`: the limits of ``served``'s waiting jobs not among
+    ``gated`` (a range of ``ix_cyclone_jobs_gated``), and of its held runs not among
+    ``admits`` (of ``ix_cyclone_runs_held``)."""
+    waiting = (
+        select(
+            jobs.c.limit_name,
+            func.bool_or(jobs.c.run_id.is_not(None)),
+            func.bool_or(jobs.c.rate_name.is_not(None)),
+            func.bool_or(limits.c.per.is_not(None)),
+        )
+        .join_from(jobs, limits, limits.c.name == jobs.c.limit_name)
+        .where(
+            jobs.c.state == const(JobState.AVAILABLE.value),
+            jobs.c.limit_name.is_not(None),
+            ~one_of(jobs.c.limit_name, gated),
+            _of_served(jobs, served),
+        )
+        .group_by(jobs.c.limit_name)
+    )
+    held = (
+        select(runs.c.limit_name)
+        .distinct()
+        .where(
+            runs.c.state == const(RunState.RUNNING.value),
+            runs.c.start_at == _INFINITY,
+            runs.c.limit_name.is_not(None),
+            ~one_of(runs.c.limit_name, admits),
+            one_of(runs.c.workflow, served.workflows),
+        )
+    )
+    return waiting, held
+
+
+def orphans(
+    conn: _executor.Executor, served: Served, gated: tuple[str, ...], admits: tuple[str, ...]
+) -> Orphans:
+    """The limits ``served``'s waiting work is under that ``gated`` and ``admits`` miss.
+
+    A run keeps the limits of the definition it was submitted with, and its steps take
+    them when it starts: after a redeploy that drops or renames a limit, the steps and
+    held runs submitted before it wait under a name no worker's definition serves. A
+    worker serving their workflows (or step kinds) serves those names too, with the
+    ``max`` their rows keep, until they have drained.
+    """
+    waiting, held = orphans_stmts(served, gated, admits)
+    found = conn.rows(waiting)
+    return Orphans(
+        gated=tuple(sorted(row[0] for row in found)),
+        steps=any(row[1] for row in found),
+        paired=any(row[2] for row in found),
+        rated=any(row[3] for row in found),
+        admits=tuple(sorted(row[0] for row in conn.rows(held))),
+    )
+
+
 def admit_runs(engine: Engine, names: tuple[str, ...], batch: int = ADMIT_BATCH) -> int:
     """Admit the held runs of the workflow limits ``names`` that have room; how many.
 
