@@ -258,8 +258,9 @@ class Run:
         return RunStatus(*fields)
 
     def children(self) -> list[Run]:
-        """The handles of the runs this run's child nodes submitted (``@wf.child``), oldest
-        first; typed as their workflow's handles when this handle's definition names it."""
+        """The handles of the runs this run's child nodes submitted (``@wf.child``): node by
+        node, in the order the nodes made their first child, and a map of children's in
+        item order; typed as their workflow's handles when this handle's definition names it."""
         nodes: Mapping[str, Any] = getattr(self._definition, "steps", None) or {}
         found: list[Run] = []
         for run_id, workflow, key, node in _reads.children(self._engine, self.id):

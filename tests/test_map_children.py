@@ -245,6 +245,29 @@ def test_a_map_of_children_submits_one_child_per_item_and_outputs_their_results_
     assert sorted(f.outcome.submitted) == [0, 1, 2, 3]
 
 
+def test_a_runs_children_are_listed_in_item_order_whatever_order_they_were_made_in(
+    engine: sa.Engine, name: str
+) -> None:
+    # Items run in parallel, so their children are made in any order: listed by creation,
+    # run.children() and the run's detail showed a map of children shuffled.
+    f = fleet(name)
+    run = f.dispatch.submit(engine, 4)
+    drain(engine, *f.workflows)
+    with engine.begin() as conn:  # made last item first
+        conn.execute(
+            sa.text(
+                "UPDATE cyclone_runs SET created_at = created_at - parent_item * interval '1 s' "
+                "WHERE parent_id = :p"
+            ),
+            {"p": run.id},
+        )
+    assert [c.status().parent_item for c in run.children()] == [0, 1, 2, 3]
+    assert [c.result() for c in run.children()] == [1, 11, 21, 31]
+    detail = cyclone.Client(engine).get_run_detail(run.id)
+    assert detail is not None
+    assert [c.parent_item for c in detail.children] == [0, 1, 2, 3]
+
+
 def item_rows(engine: sa.Engine, run_id: Any, kind: str) -> list[sa.Row[Any]]:
     with engine.connect() as conn:
         return list(

@@ -180,16 +180,28 @@ _FAST_SELECT_STATUS = _executor.Compiled(_SELECT_STATUS)
 _FAST_SELECT_RESULT = _executor.Compiled(select_result_stmt())
 
 
+def _child_order() -> tuple[Any, ...]:
+    """A run's children by node, in the order the nodes made their first child, and a map
+    of children's in item order: its items' children are made in any order."""
+    return (
+        func.min(runs.c.created_at).over(partition_by=runs.c.parent_node),
+        runs.c.parent_node,
+        runs.c.parent_item.nulls_first(),
+        runs.c.created_at,
+        runs.c.id,
+    )
+
+
 _CHILDREN = (
     select(runs.c.id, runs.c.workflow, runs.c.submit_key, runs.c.parent_node)
     .where(runs.c.parent_id == bindparam("rid"))
-    .order_by(runs.c.created_at, runs.c.id)
+    .order_by(*_child_order())
 )
 
 
 def children(engine: Engine, run_id: uuid.UUID) -> list[tuple[uuid.UUID, str, str | None, str]]:
-    """The child runs of run ``run_id`` (id, workflow, key, parent node), oldest first:
-    a range of ``ix_cyclone_runs_parent``."""
+    """The child runs of run ``run_id`` (id, workflow, key, parent node), in the order of
+    :func:`_child_order`: a range of ``ix_cyclone_runs_parent``."""
     with engine.connect() as conn:
         return [
             (row[0], row[1], row[2], row[3])
@@ -611,14 +623,13 @@ def run_detail(
 
 
 _CHILD_STATUSES = (
-    select(*STATUS_COLUMNS)
-    .where(runs.c.parent_id == bindparam("id"))
-    .order_by(runs.c.created_at, runs.c.id)
+    select(*STATUS_COLUMNS).where(runs.c.parent_id == bindparam("id")).order_by(*_child_order())
 )
 
 
 def child_statuses(conn: Connection, run_id: uuid.UUID) -> list[RunStatusFields]:
-    """The statuses of run ``run_id``'s child runs (``@wf.child``), oldest first."""
+    """The statuses of run ``run_id``'s child runs (``@wf.child``), in the order of
+    :func:`_child_order`."""
     return [run_status_fields(row) for row in _executor.rows(conn, _CHILD_STATUSES, {"id": run_id})]
 
 
