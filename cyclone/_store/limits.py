@@ -932,48 +932,88 @@ class Orphans(NamedTuple):
 
     gated: tuple[str, ...]
     steps: bool
-    """Whether a job of ``gated`` is a workflow step."""
+    """Whether a job of ``gated`` is a workflow step (the first found of each limit)."""
     paired: bool
-    """Whether a job of ``gated`` has a Rate besides its limit."""
+    """Whether a job of ``gated`` has a Rate besides its limit (the first found of each)."""
     rated: bool
     """Whether a limit of ``gated`` is a Rate."""
     admits: tuple[str, ...]
 
 
+def _names(table: Any, waiting: Any, label: str) -> Any:
+    """The distinct limit names of ``table``'s rows that ``waiting(alias)`` holds for, as a
+    recursive CTE (column ``n``): one probe of the index those rows are a range of per
+    name, whatever the rows' number (a loose index scan)."""
+
+    def least_above(after: Any) -> Any:
+        probe = table.alias()
+        return (
+            select(probe.c.limit_name)
+            .where(
+                *waiting(probe),
+                probe.c.limit_name.is_not(None),
+                true() if after is None else probe.c.limit_name > after,
+            )
+            .order_by(probe.c.limit_name)
+            .limit(const(1, Integer))
+            .scalar_subquery()
+        )
+
+    names = select(least_above(None).label("n")).cte(label, recursive=True)
+    return names.union_all(select(least_above(names.c.n)).where(names.c.n.is_not(None)))
+
+
+def _available_jobs(table: Any) -> tuple[Any, ...]:
+    return (table.c.state == const(JobState.AVAILABLE.value),)
+
+
+def _held_runs(table: Any) -> tuple[Any, ...]:
+    return (table.c.state == const(RunState.RUNNING.value), table.c.start_at == _INFINITY)
+
+
 def orphans_stmts(
     served: Served, gated: tuple[str, ...], admits: tuple[str, ...]
 ) -> tuple[Any, Any]:
-    """The two reads of :func:`orphans`: the limits of ``served``'s waiting jobs not among
-    ``gated`` (a range of ``ix_cyclone_jobs_gated``), and of its held runs not among
-    ``admits`` (of ``ix_cyclone_runs_held``)."""
+    """The two reads of :func:`orphans`: the limit names of the available limited jobs
+    (``ix_cyclone_jobs_gated``) and of the held runs (``ix_cyclone_runs_held``), each
+    kept when it is not among ``gated`` (``admits``) and ``served`` has such a job (run),
+    with whether the first such job found is a step and has a Rate too."""
+    names = _names(jobs, _available_jobs, "job_limits")
+    theirs = jobs.alias("theirs")
+    first = (
+        select(theirs.c.run_id, theirs.c.rate_name)
+        .where(
+            theirs.c.limit_name == names.c.n,
+            *_available_jobs(theirs),
+            _of_served(theirs, served),
+        )
+        .limit(const(1, Integer))
+        .lateral("first_served")
+    )
     waiting = (
         select(
-            jobs.c.limit_name,
-            func.bool_or(jobs.c.run_id.is_not(None)),
-            func.bool_or(jobs.c.rate_name.is_not(None)),
-            func.bool_or(limits.c.per.is_not(None)),
+            names.c.n,
+            first.c.run_id.is_not(None),
+            first.c.rate_name.is_not(None),
+            limits.c.per.is_not(None),
         )
-        .join_from(jobs, limits, limits.c.name == jobs.c.limit_name)
-        .where(
-            jobs.c.state == const(JobState.AVAILABLE.value),
-            jobs.c.limit_name.is_not(None),
-            ~one_of(jobs.c.limit_name, gated),
-            _of_served(jobs, served),
-        )
-        .group_by(jobs.c.limit_name)
+        .join_from(names, first, true())
+        .join(limits, limits.c.name == names.c.n)
+        .where(~one_of(names.c.n, gated))
     )
-    held = (
-        select(runs.c.limit_name)
-        .distinct()
-        .where(
-            runs.c.state == const(RunState.RUNNING.value),
-            runs.c.start_at == _INFINITY,
-            runs.c.limit_name.is_not(None),
-            ~one_of(runs.c.limit_name, admits),
-            one_of(runs.c.workflow, served.workflows),
-        )
+    held_names = _names(runs, _held_runs, "run_limits")
+    held = runs.alias("theirs")
+    served_run = select(held.c.id).where(
+        held.c.limit_name == held_names.c.n,
+        *_held_runs(held),
+        one_of(held.c.workflow, served.workflows),
     )
-    return waiting, held
+    return (
+        waiting,
+        select(held_names.c.n).where(
+            held_names.c.n.is_not(None), ~one_of(held_names.c.n, admits), exists(served_run)
+        ),
+    )
 
 
 def orphans(
