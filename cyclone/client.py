@@ -104,8 +104,9 @@ class RunDetail:
     read_at: datetime
     """The database's clock when this was read, to measure the run's times against."""
     children: list[RunStatus] = field(default_factory=list)
-    """The runs its child nodes submitted (``@wf.child``), oldest first; their
-    ``parent_node`` names the node."""
+    """The runs its child nodes submitted (``@wf.child``), node by node (in the order the
+    nodes made their first child) and a map of children's in item order; their
+    ``parent_node`` names the node, ``parent_item`` the item."""
 
 
 @dataclass(frozen=True, slots=True)
