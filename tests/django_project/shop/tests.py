@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import uuid
 from typing import Any
 
@@ -325,6 +326,20 @@ class WorkerTests(EmptiesCycloneTables):
     def test_a_terminated_connection_is_replaced_before_the_next_step(self) -> None:
         first, second = self.drain_probe(Probe(alias="persistent", terminate=True))
         self.assertNotEqual(first, second)
+
+    def test_the_connection_a_step_thread_kept_is_closed_when_the_worker_stops(self) -> None:
+        # Left to the garbage collector, it outlived the worker, and now and then the test
+        # runner could not drop its test database ("being accessed by other users").
+        _, kept = self.drain_probe(Probe(alias="persistent"))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [kept])
+                if cursor.fetchone()[0] == 0:
+                    break
+            time.sleep(0.01)  # the server process ends after its client closed
+        else:
+            self.fail(f"the step thread's connection (server process {kept}) is still open")
 
 
 class AdminTests(EmptiesCycloneTables):
