@@ -535,7 +535,6 @@ class Worker:
                 migrations.check_schema_at_start(self.engine)  # once: not started without it
                 self._register_limits()
                 self._schema_checked = True
-            self._adopt_limits()
             self.stats = WorkerStats()
             self._draining = until_idle
             _observe.serving(self)
@@ -596,6 +595,7 @@ class Worker:
                 if until_idle:
                     self._maintain_once()
                 self._leader.start()
+                self._adopt_limits()
                 abandoned = self._loop(until_idle)
                 if until_idle:
                     self._leader.stop(release=False)
@@ -654,9 +654,9 @@ class Worker:
         ``ADOPT_INTERVAL`` while idle, and before a drain ends. Whether it found any; a
         failed look is logged and tried again later."""
         self._adopted_at = time.monotonic()
-        try:
-            with _executor.connect(self.engine) as conn:
-                found = _limits_store.orphans(conn, self._served, self._gated, self._admits)
+        assert self._held is not None
+        try:  # on the worker's own connection: none is left in the engine's pool
+            found = _limits_store.orphans(self._held, self._served, self._gated, self._admits)
         except Exception as exc:
             log.warning(
                 "worker %s could not look for earlier limits (%s)", self.id, _first_line(exc)
