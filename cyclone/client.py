@@ -106,7 +106,10 @@ class RunDetail:
     children: list[RunStatus] = field(default_factory=list)
     """The runs its child nodes submitted (``@wf.child``), node by node (in the order the
     nodes made their first child) and a map of children's in item order; their
-    ``parent_node`` names the node, ``parent_item`` the item."""
+    ``parent_node`` names the node, ``parent_item`` the item. The first
+    ``children_limit`` of them when :meth:`Client.get_run_detail` was given one."""
+    children_total: int = 0
+    """How many child runs it has, listed in ``children`` or not."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -553,11 +556,23 @@ class Client:
             row = _reads.run_status(conn, _run_uuid(run_id))
         return None if row is None else RunStatus(*row)
 
-    def get_run_detail(self, run_id: uuid.UUID | str) -> RunDetail | None:
-        """The run with its input, graph, result and steps (one snapshot), or None."""
+    def get_run_detail(
+        self, run_id: uuid.UUID | str, *, children_limit: int | None = None
+    ) -> RunDetail | None:
+        """The run with its input, graph, result and steps (one snapshot), or None.
+
+        ``children_limit`` lists at most that many of its child runs (a map of children
+        may have thousands): ``RunDetail.children_total`` counts them all.
+        """
+        if children_limit is not None and children_limit < 0:
+            raise ValueError("children_limit must be >= 0 or None")
         with self._reading_together() as conn:
             found = _reads.run_detail(conn, _run_uuid(run_id))
-            children = [] if found is None else _reads.child_statuses(conn, _run_uuid(run_id))
+            children, total = (
+                ([], 0)
+                if found is None
+                else _reads.child_statuses(conn, _run_uuid(run_id), children_limit)
+            )
         if found is None:
             return None
         run, step_rows = found
@@ -596,6 +611,7 @@ class Client:
             steps_remaining=steps_remaining,
             read_at=read_at,
             children=[RunStatus(*fields) for fields in children],
+            children_total=total,
         )
 
     def get_job_detail(self, job_id: int) -> JobDetail | None:

@@ -266,6 +266,30 @@ def test_a_runs_children_are_listed_in_item_order_whatever_order_they_were_made_
     detail = cyclone.Client(engine).get_run_detail(run.id)
     assert detail is not None
     assert [c.parent_item for c in detail.children] == [0, 1, 2, 3]
+    assert detail.children_total == 4
+
+
+def test_a_run_detail_lists_the_first_children_it_is_asked_for_and_counts_them_all(
+    engine: sa.Engine, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    f = fleet(name)
+    run = f.dispatch.submit(engine, 4)
+    drain(engine, *f.workflows)
+    client = cyclone.Client(engine)
+    some = client.get_run_detail(run.id, children_limit=2)
+    assert some is not None
+    assert ([c.parent_item for c in some.children], some.children_total) == ([0, 1], 4)
+    none = client.get_run_detail(run.id, children_limit=0)
+    assert none is not None
+    assert (none.children, none.children_total) == ([], 4)
+    with pytest.raises(ValueError, match="children_limit"):
+        client.get_run_detail(run.id, children_limit=-1)
+    # The dashboard's run page lists the first ones and says how many it leaves out.
+    monkeypatch.setattr("cyclone.dashboard._app.CHILDREN_SHOWN", 3)
+    page = text_of(WebClient(create_app(engine)).get(f"/runs/{run.id}").get_data(as_text=True))
+    assert "from node ship item 2" in page
+    assert "from node ship item 3" not in page
+    assert "and 1 more child, not listed here" in page
 
 
 def item_rows(engine: sa.Engine, run_id: Any, kind: str) -> list[sa.Row[Any]]:

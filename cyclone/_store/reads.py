@@ -17,6 +17,7 @@ from sqlalchemy import (
     BigInteger,
     Connection,
     Engine,
+    Integer,
     Select,
     Text,
     and_,
@@ -623,14 +624,28 @@ def run_detail(
 
 
 _CHILD_STATUSES = (
-    select(*STATUS_COLUMNS).where(runs.c.parent_id == bindparam("id")).order_by(*_child_order())
+    select(*STATUS_COLUMNS)
+    .where(runs.c.parent_id == bindparam("id"))
+    .order_by(*_child_order())
+    .limit(bindparam("n", type_=Integer))
 )
+_COUNT_CHILDREN = select(func.count()).where(runs.c.parent_id == bindparam("id"))
 
 
-def child_statuses(conn: Connection, run_id: uuid.UUID) -> list[RunStatusFields]:
-    """The statuses of run ``run_id``'s child runs (``@wf.child``), in the order of
-    :func:`_child_order`."""
-    return [run_status_fields(row) for row in _executor.rows(conn, _CHILD_STATUSES, {"id": run_id})]
+def child_statuses(
+    conn: Connection, run_id: uuid.UUID, limit: int | None = None
+) -> tuple[list[RunStatusFields], int]:
+    """The statuses of run ``run_id``'s first ``limit`` child runs (``@wf.child``; None:
+    all) in the order of :func:`_child_order`, and how many it has: a second read, a range
+    of ``ix_cyclone_runs_parent``, only when ``limit`` cut the list."""
+    if limit is not None and limit <= 0:
+        rows: list[_executor.Row] = []
+    else:
+        rows = _executor.rows(conn, _CHILD_STATUSES, {"id": run_id, "n": limit})
+    shown = [run_status_fields(row) for row in rows]
+    if limit is None or len(shown) < limit:
+        return shown, len(shown)
+    return shown, int(_executor.value(conn, _COUNT_CHILDREN, {"id": run_id}))
 
 
 _JOB_DETAIL = select(

@@ -37,6 +37,9 @@ from cyclone.states import TERMINAL_RUN_STATES, JobState, Parked, RunState
 Authorize = Callable[[Mapping[str, Any]], bool]
 
 PAGE_SIZE = 50
+CHILDREN_SHOWN = 100
+"""The child runs a run page lists; it counts the others (a map of children may have
+thousands)."""
 SCAN_LIMIT = 10_000
 """Runs a listing reads, at most, to fill a page with a key prefix (no index serves it)."""
 COUNT_CAP = 1_000
@@ -342,7 +345,7 @@ class Dashboard:
 
     def run_context(self, run_id: uuid.UUID) -> dict[str, Any] | None:
         """What the run page's template shows of the run (one read); None if there is none."""
-        detail = self.client.get_run_detail(run_id)
+        detail = self.client.get_run_detail(run_id, children_limit=CHILDREN_SHOWN)
         if detail is None:
             return None
         steps = {s.name: s for s in detail.steps}

@@ -101,7 +101,9 @@ def parked(run: Run) -> str:
 @admin.display(description="waits")
 def run_waits(run: Run) -> str:
     """What a parked run waits for: its signals, or when it wakes or starts."""
-    detail = _client(run).get_run_detail(run.id) if run.state == "running" else None
+    detail = (
+        _client(run).get_run_detail(run.id, children_limit=0) if run.state == "running" else None
+    )
     if detail is None or detail.status.parked is None:
         return str(admin.site.empty_value_display)
     kind = detail.status.parked
@@ -113,7 +115,7 @@ def step_waits(job: Job) -> str:
     """What a step of a running run waits for: its signal, or when it wakes (``StepStatus``)."""
     if job.state not in ("blocked", "available") or job.run_id is None:
         return ""
-    detail = _client(job).get_run_detail(job.run_id)
+    detail = _client(job).get_run_detail(job.run_id, children_limit=0)
     found = [] if detail is None else [s for s in detail.steps if s.job_id == job.id]
     return _waits(found[0]) if found else ""
 
