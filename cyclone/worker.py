@@ -75,9 +75,9 @@ DUE_SLACK = 0.005
 WAIT_RECORD = 60.0
 """How long an idle worker's record in ``cyclone_waiters`` lasts; renewed halfway."""
 SETTLE_RETRY = 0.01
-ADOPT_INTERVAL = 60.0
-"""Seconds between an idle worker's looks for limits its definitions no longer name."""
 """Seconds between looks at the ring slots still held when an idle worker recorded itself."""
+ADOPT_INTERVAL = 60.0
+"""Seconds between a serving worker's looks for limits its definitions no longer name."""
 
 Outcome = _waits.Outcome
 
@@ -595,7 +595,6 @@ class Worker:
                 if until_idle:
                     self._maintain_once()
                 self._leader.start()
-                self._adopt_limits()
                 abandoned = self._loop(until_idle)
                 if until_idle:
                     self._leader.stop(release=False)
@@ -650,9 +649,9 @@ class Worker:
     def _adopt_limits(self) -> bool:
         """Serve the limits that waiting steps, jobs and held runs of the served definitions
         are under although no served definition names them (see
-        :func:`cyclone._store.limits.orphans`): at each start, then at most every
-        ``ADOPT_INTERVAL`` while idle, and before a drain ends. Whether it found any; a
-        failed look is logged and tried again later."""
+        :func:`cyclone._store.limits.orphans`): after its first claim, then after a claim
+        at most every ``ADOPT_INTERVAL`` while it serves, busy or idle, and before a drain
+        ends. Whether it found any; a failed look is logged and tried again later."""
         self._adopted_at = time.monotonic()
         assert self._held is not None
         try:  # on the worker's own connection: none is left in the engine's pool
@@ -841,6 +840,12 @@ class Worker:
                 self._recheck_due = False
                 claimed, failed = self._record_and_claim(outcomes, free, deliver=recheck_due)
                 poll_due = time.monotonic() + self.poll_interval
+                if (
+                    not until_idle
+                    and not failed
+                    and time.monotonic() - self._adopted_at >= ADOPT_INTERVAL
+                ):
+                    self._adopt_limits()
                 # A full rate window opens without a NOTIFY: after an empty claim, a
                 # worker serving a Rate reads when it opens even if nothing rang.
                 if (
@@ -850,8 +855,6 @@ class Worker:
                     and (recheck_due or self._rated)
                     and not until_idle
                 ):
-                    if time.monotonic() - self._adopted_at >= ADOPT_INTERVAL:
-                        self._adopt_limits()
                     poll_due = min(poll_due, self._next_due())
             for job in claimed:
                 self._start(job)

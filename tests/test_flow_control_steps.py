@@ -287,6 +287,21 @@ def test_steps_submitted_before_a_redeploy_changed_their_limit_run_under_the_one
     assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(spans)), spans
 
 
+def test_a_serving_worker_takes_on_an_earlier_limit_once_steps_under_it_wait(
+    engine: sa.Engine, name: str, serving: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The runs are submitted under the old limit after the worker started: its look at
+    # the start found nothing, so the steps wait for its next look while it serves.
+    monkeypatch.setattr("cyclone.worker.ADOPT_INTERVAL", 0.05)
+    after = redeployed(name, None)
+    serving(cyclone.Worker(engine, workflows=[after], poll_interval=0.05, sweep=False))
+    before = redeployed(name, cyclone.Concurrency(1))
+    runs = [before.submit(engine, {}) for _ in range(3)]
+    for run in runs:
+        wait_until(lambda run=run: run.status().state == "completed", timeout=20)
+    assert {job_of(engine, run, "gate")["limit_name"] for run in runs} == {f"step:{name}.gate"}
+
+
 def test_a_steps_key_is_evaluated_at_submit_and_kept_with_the_run(
     engine: sa.Engine, name: str, serving: Any
 ) -> None:
