@@ -641,8 +641,7 @@ def next_gated_due_stmt(
         select(func.min(held.c.limit_start_at))
         .where(
             one_of(held.c.limit_name, admits),
-            held.c.state == const(RunState.RUNNING.value),
-            held.c.start_at == _INFINITY,
+            *_held_runs(held),
             held.c.limit_start_at > func.now(),
         )
         .scalar_subquery()
@@ -825,13 +824,17 @@ def _in_progress(name: Any, key: Any) -> tuple[Any, ...]:
     )
 
 
+def _held_runs(table: Any) -> tuple[Any, ...]:
+    """A run held back by its workflow's limit (the predicate of ``ix_cyclone_runs_held``)."""
+    return (table.c.state == const(RunState.RUNNING.value), table.c.start_at == _INFINITY)
+
+
 def _held_due(table: Any, name: Any, key: Any) -> tuple[Any, ...]:
     """A run of ``name`` and ``key`` held back whose start has come (``ix_cyclone_runs_held``)."""
     return (
         table.c.limit_name == name,
         table.c.limit_key == key,
-        table.c.state == const(RunState.RUNNING.value),
-        table.c.start_at == _INFINITY,
+        *_held_runs(table),
         table.c.limit_start_at <= func.now(),
         or_(table.c.deadline.is_(None), table.c.deadline > func.now()),
     )
@@ -965,10 +968,6 @@ def _names(table: Any, waiting: Any, label: str) -> Any:
 
 def _available_jobs(table: Any) -> tuple[Any, ...]:
     return (table.c.state == const(JobState.AVAILABLE.value),)
-
-
-def _held_runs(table: Any) -> tuple[Any, ...]:
-    return (table.c.state == const(RunState.RUNNING.value), table.c.start_at == _INFINITY)
 
 
 def orphans_stmts(
