@@ -1,5 +1,6 @@
 """Child runs and maps on the dashboard, in a real headless browser: an operator follows a
-parent's child node to the child run and back, and reads a map node's progress.
+parent's child node to the child run and back, reads a map node's progress, and sees a
+map of children's first children in item order with a count of the rest.
 
 The runs are made by a real worker before the pages load; pages are awaited with
 Playwright's ``expect``.
@@ -18,6 +19,7 @@ from playwright.sync_api import expect
 import cyclone
 from cyclone.dashboard import create_app
 from tests.support.browser import chromium, serve
+from tests.support.child_defs import fleet
 
 
 @pytest.fixture
@@ -96,3 +98,24 @@ def test_a_map_nodes_progress_reads_items_done_of_total_on_the_run_page(
     expect(page.get_by_text(f"{done}/5 items").first).to_be_visible()
     expect(page.locator("dd.items").first).to_have_text(f"{done} of 5 done")
     expect(page.get_by_text("item 3 is broken").first).to_be_visible()
+
+
+def test_a_map_of_children_lists_its_first_children_in_item_order_and_counts_the_rest(
+    engine: sa.Engine, live_url: str, page: Any, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("cyclone.dashboard._app.CHILDREN_SHOWN", 2)
+    f = fleet(name)
+    run = f.dispatch.submit(engine, 4)
+    cyclone.Worker(engine, workflows=f.workflows).drain()
+    assert run.wait(timeout=30).state == cyclone.RunState.COMPLETED
+
+    page.goto(f"{live_url}/runs/{run.id}")
+    listed = page.locator("section.run-family li.run-child")
+    expect(listed).to_have_count(2)
+    expect(listed.nth(0)).to_contain_text("item 0")
+    expect(listed.nth(1)).to_contain_text("item 1")
+    expect(page.locator("section.run-family li.run-more")).to_have_text(
+        "and 2 more children, not listed here"
+    )
+    listed.nth(1).locator("a").click()
+    expect(page.get_by_text("its child node ship item 1 submitted this run")).to_be_visible()
