@@ -124,7 +124,8 @@ def test_a_leader_frozen_by_sigstop_is_replaced_and_its_stale_term_acts_on_nothi
         second.send_signal(signal.SIGTERM)
         second.communicate(timeout=30)
         wait_until(lambda: lease(engine) == (first_id, term + 2), timeout=30)
-        assert first_log.having("leads maintenance", f"as term {term + 2}")
+        # The worker logs its new term after the transaction that took it has committed.
+        wait_until(lambda: first_log.having("leads maintenance", f"as term {term + 2}"))
     finally:
         for proc in procs:
             if proc.poll() is None:
