@@ -442,6 +442,8 @@ class Worker:
         self._unsettled: tuple[int, ...] = ()
         self._record_again_at = 0.0
         """After a failed record: when (monotonic) to try again; until then it polls."""
+        self._record_failures = 0
+        """Failed records in a row: the next try waits :func:`backoff_delay` of it."""
 
     def __repr__(self) -> str:
         return (
@@ -956,7 +958,9 @@ class Worker:
         new record, a transaction that read no waiter may still hold its ring slot: the
         worker looks again every :data:`SETTLE_RETRY` until each slot has been free once,
         then claims (True), and only then sleeps until its poll. A record still fresh is
-        renewed halfway through its :data:`WAIT_RECORD`; a lapsed one is made anew.
+        renewed halfway through its :data:`WAIT_RECORD`; a lapsed one is made anew. A
+        failed record is tried again after :func:`backoff_delay` (first half a second), on
+        a new connection that LISTENs again: until then no NOTIFY reaches the worker.
         """
         held = self._held
         assert held is not None
@@ -977,18 +981,21 @@ class Worker:
                 return False
             self._unsettled = _notify.unsettled(held, self._unsettled)
         except Exception as exc:
+            self._record_failures += 1
+            delay = backoff_delay(self._record_failures)
             log.warning(
-                "worker %s could not record that it waits (%s); polling for %.0f s",
+                "worker %s could not record that it waits (%s); polling, trying again in %.1f s",
                 self.id,
                 _first_line(exc),
-                WAIT_RECORD / 2,
+                delay,
             )
             # A new session: a slot's lock taken by a look cut short must not outlive it.
             held.close()
             self._recorded_until = None
             self._unsettled = ()
-            self._record_again_at = now + WAIT_RECORD / 2
+            self._record_again_at = now + delay
             return False
+        self._record_failures = 0
         return not self._unsettled
 
     def _stop_waiting(self) -> None:

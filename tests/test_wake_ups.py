@@ -188,3 +188,40 @@ def test_no_wake_up_is_lost_while_workers_fall_asleep_and_wake_at_random(
             proc.terminate()
         stop_all(procs)
     assert worker_proc.NEVER_POLL > WAKE_TIMEOUT
+
+
+def test_a_worker_whose_wait_record_failed_listens_again_within_a_second(
+    engine: sa.Engine, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A record cut short (here: cancelled while it waited for a lock) closes the worker's
+    connection, so no NOTIFY reaches it until a new record: that comes after half a second,
+    not after half a minute of a deaf worker that never polls."""
+    wf, ping = doorbell_kinds(name)
+    worker = cyclone.Worker(engine, workflows=[wf], steps=[ping], poll_interval=NEVER_POLL)
+    with engine.connect() as locker, caplog.at_level("WARNING", logger="cyclone.worker"):
+        locker.execute(sa.text("LOCK TABLE cyclone_waiters IN ACCESS EXCLUSIVE MODE"))
+        serving = Background(worker.run)
+        try:
+            blocked = sa.text(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND query LIKE '%cyclone_waiters%'"
+            )
+
+            def cancelled() -> bool:
+                with engine.connect() as conn:
+                    pids = conn.execute(blocked).scalars().all()
+                    for pid in pids:
+                        conn.execute(sa.text("SELECT pg_cancel_backend(:pid)"), {"pid": pid})
+                return bool(pids)
+
+            wait_until(cancelled, timeout=30)
+            wait_until(lambda: "could not record that it waits" in caplog.text, timeout=30)
+            locker.rollback()
+            job = ping.enqueue(engine, Item(n=20))
+            # Deaf for half a minute before: the job waited until then.
+            assert job.wait(timeout=10).state.value == "completed"
+        finally:
+            worker.stop()
+            serving.join(30)
+            worker.close()
+    assert worker.id not in recorded_waiters(engine)
