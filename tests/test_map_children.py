@@ -424,6 +424,45 @@ def test_runs_show_and_the_dashboard_list_each_child_of_a_map_of_children_with_i
     assert "its child node ship item 1 submitted this run" in child_page
 
 
+def test_runs_show_lists_the_children_it_is_told_to_and_counts_the_rest(
+    engine: sa.Engine, database_url: sa.URL, name: str
+) -> None:
+    f = fleet(name)
+    run = f.dispatch.submit(engine, 4)
+    drain(engine, *f.workflows)
+    url = database_url.render_as_string(hide_password=False)
+
+    def show(*args: str) -> subprocess.CompletedProcess[str]:
+        return processes.run(
+            [sys.executable, "-m", "cyclone", "--url", url, "runs", "show", str(run.id), *args],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    some = show("--children", "2")
+    assert some.returncode == 0, some.stderr
+    assert "(node ship item 1)" in some.stdout
+    assert "(node ship item 2)" not in some.stdout
+    assert "and 2 more, not listed (--children N lists N)" in some.stdout
+    every = show()
+    assert every.returncode == 0, every.stderr
+    assert "(node ship item 3)" in every.stdout
+    assert "more, not listed" not in every.stdout
+    one = json.loads(show("--json", "--children", "1").stdout)
+    assert ([c["parent_item"] for c in one["children"]], one["children_total"]) == ([0], 4)
+    whole = json.loads(show("--json").stdout)
+    assert ([c["parent_item"] for c in whole["children"]], whole["children_total"]) == (
+        [0, 1, 2, 3],
+        4,
+    )
+    bad = show("--children", "-1")
+    assert bad.returncode != 0
+    assert bad.stderr.startswith("cyclone: Invalid value for '--children'"), bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
+
+
 def test_a_worker_killed_while_submitting_an_items_child_leaves_one_child_per_item(
     engine: sa.Engine, name: str
 ) -> None:

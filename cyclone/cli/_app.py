@@ -31,6 +31,8 @@ from cyclone.workflow import StandaloneStep, Workflow
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 URL_ENV = "CYCLONE_DATABASE_URL"
+CHILDREN_SHOWN = 20
+"""Child runs `runs show` lists unless told otherwise (a map of children may have thousands)."""
 
 EngineFactory = Callable[[], Engine]
 DefinitionsFactory = Callable[
@@ -501,14 +503,31 @@ def _add_commands(group: click.Group) -> None:
     @click.argument("run_id", required=False, metavar="[RUN_ID]")
     @click.option("--workflow", help="With --key: the run of this workflow...")
     @click.option("--key", help="...with this submit key.")
+    @click.option(
+        "--children",
+        type=click.IntRange(min=0),
+        default=None,
+        help=f"List at most this many child runs (default {CHILDREN_SHOWN}; with --json, all).",
+    )
     @_json_option
-    def runs_show(run_id: str | None, workflow: str | None, key: str | None, as_json: bool) -> None:
+    def runs_show(
+        run_id: str | None,
+        workflow: str | None,
+        key: str | None,
+        children: int | None,
+        as_json: bool,
+    ) -> None:
         """Show one run: input, result, and each step's state, attempts, timing and errors.
 
-        Name the run by RUN_ID, or by --workflow and --key.
+        Name the run by RUN_ID, or by --workflow and --key. Its child runs are listed in
+        item order, the first --children of them; the count of the others follows.
         """
         client = _invocation().client()
-        detail = client.get_run_detail(_find_run(client, run_id, workflow, key))
+        if children is None and not as_json:
+            children = CHILDREN_SHOWN
+        detail = client.get_run_detail(
+            _find_run(client, run_id, workflow, key), children_limit=children
+        )
         if detail is None:
             raise CommandError(f"run {run_id} does not exist")
         if as_json:
@@ -1023,6 +1042,7 @@ def _run_detail_record(detail: RunDetail) -> dict[str, Any]:
         "result": detail.result,
         "steps": [_step_record(step) for step in detail.steps],
         "children": [_run_record(child) for child in detail.children],
+        "children_total": detail.children_total,
     }
 
 
@@ -1056,6 +1076,9 @@ def _print_run_detail(detail: RunDetail) -> None:
     for child in detail.children:
         node = f"node {child.parent_node}{_item(child)}"
         pairs.append(("child", f"{child.id} {child.workflow} {child.state.value} ({node})"))
+    if detail.children_total > len(detail.children):
+        more = detail.children_total - len(detail.children)
+        pairs.append(("child", f"and {more} more, not listed (--children N lists N)"))
     if run.error:
         item = f" item {run.error['item']}" if "item" in run.error else ""
         where = f"step {run.failed_step}{item}: " if run.failed_step else ""
