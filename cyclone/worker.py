@@ -366,7 +366,10 @@ class Worker:
             [(None, k) for k, st in self.steps.items() if st.limit is not None]
             + [(wf.name, step) for wf in self.workflows.values() for step in wf._limited_steps()]
         )
-        """The (workflow, kind) of the limited jobs served: one leaving running frees a slot."""
+        """The (workflow, kind) of the limited jobs served by its definitions."""
+        self._limited: set[tuple[int, int]] = set()
+        """``(id, lease)`` of the jobs in flight that a limited claim took: one leaving
+        running frees a slot, of a limit it defines or one it took on (``_adopt_limits``)."""
         self._served = _limits_store.Served(
             tuple(sorted(self.steps)), tuple(sorted(self.workflows))
         )
@@ -625,6 +628,7 @@ class Worker:
                 self._abandon.clear()
                 self._stop_deadline = None
                 self._inflight.clear()
+                self._limited.clear()
                 self._pending.clear()
                 self._busy.clear()
 
@@ -816,7 +820,9 @@ class Worker:
                 self._busy[job.queue] -= 1
                 if not isinstance(outcome, _waits.Parked):
                     self._pending[job.id, job.lease] = (job, outcome)
-                elif outcome.timed_out is not None:  # recorded as it was decided
+                    continue
+                self._limited.discard((job.id, job.lease))
+                if outcome.timed_out is not None:  # recorded as it was decided
                     if outcome.timed_out.retry_in is not None:
                         self.stats.retried += 1
                     else:
@@ -1088,7 +1094,7 @@ class Worker:
             self._claim_turn += 1
             start = self._claim_turn % len(turns) if turns else 0
             carrying = successes
-            gated_ended = any((job.workflow, job.kind) in self._gated_kinds for job, _ in outcomes)
+            gated_ended = any((job.id, job.lease) in self._limited for job, _ in outcomes)
             rang = False
             for name, limit in turns[start:] + turns[:start] or [("*", 0)]:
                 if left <= 0 and not carrying:
@@ -1113,6 +1119,7 @@ class Worker:
                     if carrying:
                         self._settle(carrying, recorded)
                     carrying = []
+                    self._limited.update((job.id, job.lease) for job in got)
                     claimed += got
                     left -= len(got)
                     continue
@@ -1143,6 +1150,7 @@ class Worker:
                         steps=self._gated_steps,
                         paired=self._paired,
                     )
+                    self._limited.update((job.id, job.lease) for job in got)
                     claimed += got
                     left -= len(got)
             self._delivered = sum(woke)
@@ -1150,9 +1158,10 @@ class Worker:
             if self._child_nodes and (deliver or self._draining):
                 # Wake the child nodes whose child runs ended (a run's end rang, or a poll).
                 self._delivered += _children.deliver(self.engine)
-            if left <= 0 and gated_ended and not rang:
-                # A limited job left running, and this worker has no room to take its
-                # slot: wake the others now rather than at their next poll.
+            if gated_ended and not rang:
+                # A limited job left running: its slot may be for a job this worker does
+                # not take (no room, another queue or kind under the same limit's name):
+                # wake the others now rather than at their next poll.
                 _limits_store.ring(held)
             if self._admits:
                 # After the outcomes above are recorded (a run they ended frees its slot).
@@ -1186,6 +1195,7 @@ class Worker:
             newest[outcome.job_id] = max(outcome.lease, newest.get(outcome.job_id, 0))
         for outcome in outcomes:
             job, _ = self._pending.pop((outcome.job_id, outcome.lease), (None, None))
+            self._limited.discard((outcome.job_id, outcome.lease))
             if outcome.job_id not in recorded or outcome.lease < newest[outcome.job_id]:
                 self.stats.refused += 1
                 log.warning(

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from datetime import timedelta
@@ -24,7 +25,7 @@ import cyclone
 from tests.conftest import wait_until
 from tests.support import processes
 from tests.support.flow_proc import kinds
-from tests.support.workers import REPO
+from tests.support.workers import REPO, Background
 
 pytestmark = pytest.mark.processes
 
@@ -396,3 +397,71 @@ def test_list_limits_counts_a_shared_rates_jobs_alone_and_beside_a_concurrency_t
     assert dict(limits[f"kind:{name}.paired"].keys) == {"a": (0, 1)}
     with engine.begin() as conn:
         conn.execute(sa.text("DELETE FROM cyclone_jobs WHERE kind LIKE :p"), {"p": name + "%"})
+
+
+def _asleep(engine: sa.Engine, worker: cyclone.Worker) -> bool:
+    """Whether ``worker`` is recorded as waiting for work and its own connection went idle
+    after its last claim: it sleeps, and only a NOTIFY (or its poll) wakes it."""
+    held = worker._held
+    direct = None if held is None else held._direct
+    if direct is None:
+        return False
+    pid = direct._driver.info.backend_pid
+    with engine.connect() as conn:
+        recorded = conn.execute(
+            sa.text("SELECT 1 FROM cyclone_waiters WHERE worker_id = :me AND waits_until > now()"),
+            {"me": worker.id},
+        ).first()
+        row = conn.execute(
+            sa.text("SELECT state, query FROM pg_stat_activity WHERE pid = :pid"), {"pid": pid}
+        ).first()
+    return (
+        recorded is not None
+        and row is not None
+        and row[0] == "idle"
+        and "cyclone_waiters" not in row[1]
+        and "pg_try_advisory_lock" not in row[1]
+    )
+
+
+@pytest.mark.parametrize("limit", ["defined", "taken on"])
+def test_a_limited_job_that_ends_wakes_the_worker_waiting_for_its_slot_in_another_queue(
+    engine: sa.Engine, name: str, limit: str
+) -> None:
+    # The worker whose job ended had room again, but not for the waiting job (another
+    # queue): it rang only when it had no room, or, for a limit it took on from an earlier
+    # definition, never; the other worker slept until its poll.
+    release = threading.Event()
+
+    def hold(ctx: cyclone.StepContext, n: int) -> int:
+        if n == 1:
+            release.wait(60)
+        return n
+
+    before = cyclone.step(name, concurrency=cyclone.Concurrency(1, name=f"{name}-old"))(hold)
+    first = before.enqueue(engine, 1, queue="one")
+    second = before.enqueue(engine, 2, queue="two")
+    kind = before
+    if limit == "taken on":
+        kind = cyclone.step(name, concurrency=cyclone.Concurrency(1, name=f"{name}-new"))(hold)
+    workers = [
+        cyclone.Worker(engine, steps=[kind], queues={queue: 1}, poll_interval=3600, sweep=False)
+        for queue in ("one", "two")
+    ]
+    serving = [Background(workers[0].run)]
+    try:
+        wait_until(lambda: first.status().state == "running", timeout=30)
+        serving.append(Background(workers[1].run))
+        wait_until(lambda: _asleep(engine, workers[1]), timeout=30)
+        assert second.status().state == "available"
+        release.set()
+        assert first.wait(timeout=30).state.value == "completed"
+        assert second.wait(timeout=30).state.value == "completed"
+    finally:
+        release.set()
+        for worker in workers:
+            worker.stop()
+        for each in serving:
+            each.join(30)
+        for worker in workers:
+            worker.close()

@@ -520,10 +520,9 @@ def _gated_result(
         )
         source = claimed.outerjoin(runs, runs.c.id == claimed.c.run_id)
     if completing:
-        # A limited job recorded here freed a slot: when this claim fills the worker
-        # (took all it asked for), ring the others to take it, in this statement.
-        full = select(func.count()).select_from(claimed).scalar_subquery() >= top
-        ring = case((and_(bindparam("ring", type_=Boolean), full), _notify_workers()))
+        # A limited job recorded here freed a slot, maybe for a job of a kind, workflow
+        # or queue this worker does not serve under the same name: ring the others.
+        ring = case((bindparam("ring", type_=Boolean), _notify_workers()))
         stmt = stmt.add_columns(ring)
         one = select(const(1, Integer).label("one")).subquery("one")
         source = one.outerjoin(source, true())
@@ -587,8 +586,8 @@ def record_and_claim_gated(
 ) -> tuple[set[int], list[Claimed]]:
     """Record ``successes`` and claim up to ``limit`` limited jobs in one autocommit
     statement: the ids of the successes recorded (the others were refused), the jobs.
-    With ``ring`` (a limited job among ``successes``), a claim that takes all it asked
-    for rings NOTIFY: the slots freed are for the other workers."""
+    With ``ring`` (a limited job among ``successes``), it rings NOTIFY: a slot freed may
+    be for a job that another worker serves."""
     rows = conn.rows(
         _fast_claim_gated(names, queues, served, max(0, limit), steps, True, paired),
         {"me": worker_id, "items": _completion.items_payload(successes), "ring": ring},
