@@ -196,6 +196,48 @@ def test_retry_of_an_ended_run_respects_the_limit(
     wait_until(lambda: done.status().state == "completed", timeout=20)
 
 
+def test_a_fork_counts_as_a_run_in_progress_of_its_sources_key_and_needs_room(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    # A fork was inserted started with no limit: it ran beside the key's run in progress,
+    # and later runs of the key were admitted beside it.
+    wf, release = blocking_workflow(name)
+    done = wf.submit(engine, {"k": "a", "n": 1})
+    release.set()
+    cyclone.Worker(engine, workflows=[wf], concurrency=2).drain()
+    assert done.status().state == "completed"
+    release.clear()
+    busy = wf.submit(engine, {"k": "a", "n": 2})
+    serving(cyclone.Worker(engine, workflows=[wf], concurrency=2, poll_interval=30))
+    wait_until(lambda: started(engine, busy))
+    with pytest.raises(cyclone.InvalidStateError, match=r"at its limit .* fork once one ends"):
+        done.fork("again", rerun=["only"])
+    assert states(engine, name) == Counter({"completed": 1, "running": 1})  # nothing written
+    # A fork with nothing to run is born completed: it takes no slot and needs none.
+    kept, created = done.fork("kept")
+    assert created
+    assert kept.status().state == "completed"
+    release.set()
+    wait_until(lambda: busy.status().state == "completed", timeout=20)
+    release.clear()
+    fork, created = done.fork("again", rerun=["only"])
+    assert created
+    wait_until(lambda: started(engine, fork))
+    assert in_progress(engine, name) == Counter({"a": 1})
+    later = wf.submit(engine, {"k": "a", "n": 4})  # held while the fork runs
+    assert done.fork("again", rerun=["only"]) == (fork, False)  # the key's fork: no room needed
+    assert jobs_of(engine, later) == 0
+    release.set()
+    wait_until(lambda: later.status().state == "completed", timeout=20)
+    ended = fork.status().finished_at
+    assert ended is not None
+    with engine.connect() as conn:
+        began = conn.execute(
+            sa.text("SELECT min(attempted_at) FROM cyclone_jobs WHERE run_id = :r"), {"r": later.id}
+        ).scalar_one()
+    assert began >= ended  # admitted only once the fork ended
+
+
 def test_a_workflows_limit_key_that_raises_refuses_the_submit(engine: sa.Engine, name: str) -> None:
     wf: cyclone.Workflow[Any] = cyclone.Workflow(
         name, concurrency=cyclone.Concurrency(1, key=lambda v: v["missing"])

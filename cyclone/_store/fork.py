@@ -47,6 +47,7 @@ from cyclone import _graph, _keys, _observe, errors
 from cyclone._store import binds as _binds
 from cyclone._store import definitions as _definitions
 from cyclone._store import executor as _executor
+from cyclone._store import limits as _limits
 from cyclone._store import notify as _notify
 from cyclone._store import submission as _submission
 from cyclone._store.executor import const
@@ -71,13 +72,15 @@ _SOURCE = (
         )
         .limit(const(1, Integer))
         .scalar_subquery(),
+        runs.c.limit_name,
+        runs.c.limit_key,
     )
     .where(runs.c.id == bindparam("source", type_=runs.c.id.type))
     .with_for_update(read=True, of=runs)
 )
 """Lock the source run ``FOR SHARE`` and read its workflow, state, graph, the states of its
-steps (not of map items, which share their node's name) and a map node with an item still
-running, if any."""
+steps (not of map items, which share their node's name), a map node with an item still
+running, if any, and the workflow limit and key it ran under."""
 
 _STEP_FIELDS = (
     column("ord", Integer),
@@ -116,6 +119,8 @@ def insert_fork_stmt() -> Any:
         "forked_from": source.c.id,
         "finalized_at": case((done, func.now()), else_=null()),
         "step_limits": source.c.step_limits,
+        "limit_name": bindparam("limit_name", type_=Text),
+        "limit_key": bindparam("limit_key", type_=Text),
     }
     inserted = (
         insert(runs)
@@ -397,7 +402,8 @@ def fork(
     Raises:
         InvalidKeyError: a bad key (nothing is sent).
         NotFoundError: the source run does not exist or is of another workflow.
-        InvalidStateError: the source is running, or one of its steps still is.
+        InvalidStateError: the source is running, or one of its steps still is, or the
+            source's workflow limit has no room for the fork in the source's key.
         DefinitionError: a step to keep is gone or changed, or ``rerun`` names no step.
         SubmitConflictError: the key's run has another input than the source.
     """
@@ -429,6 +435,19 @@ def fork(
             completed=completed,
             rerun=rerun,
         )
+        limit_name, limit_key = row[5], row[6]
+        if limit_name is not None:
+            # Under its workflow's limit, the fork is a run in progress of the source's key
+            # (the input is the same): it needs room there, as a retry does.
+            _limits.room_for_fork(
+                conn,
+                source_id=source_id,
+                name=limit_name,
+                key=limit_key,
+                workflow=workflow,
+                fork_key=key,
+                runs=plan.remaining > 0,
+            )
         # Once the fork is known to be valid; in a statement of its own (see definitions).
         _definitions.ensure(conn.engine, definition, workflow, encoded)
         params = {
@@ -440,6 +459,8 @@ def fork(
             "remaining": plan.remaining,
             "trace_context": _observe.trace_context(),
             "steps": plan.steps,
+            "limit_name": limit_name,
+            "limit_key": limit_key,
         }
 
         def once(insert: bool) -> Sequence[Any] | None:

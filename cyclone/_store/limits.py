@@ -1078,6 +1078,52 @@ def admit_runs(engine: Engine, names: tuple[str, ...], batch: int = ADMIT_BATCH)
     return admitted
 
 
+_KEYED_RUN = select(runs.c.id).where(
+    runs.c.workflow == bindparam("b_workflow", type_=Text),
+    runs.c.submit_key == bindparam("b_submit_key", type_=Text),
+)
+
+
+def room_for_fork(
+    conn: Any,
+    *,
+    source_id: Any,
+    name: str,
+    key: str,
+    workflow: str,
+    fork_key: str,
+    runs: bool,
+) -> None:
+    """Before the fork of a run of a limited workflow: take the key's lock (kept until the
+    fork commits), then, when the fork ``runs`` steps and its key has no run yet, check
+    that the key has room for one more run in progress, as a retry of a started run does.
+    Called under the source's lock (an ended run: admissions never lock one, so no cycle
+    of waits). A second fork of the key returns the first and needs no room.
+
+    Raises:
+        InvalidStateError: the key has ``max`` runs in progress.
+    """
+    from cyclone import errors
+
+    params = {"b_name": name, "b_key": key}
+    max_ = _executor.value(conn, _LOCK_KEY, params)
+    if (
+        runs
+        and max_ is not None
+        and _executor.first(conn, _KEYED_RUN, {"b_workflow": workflow, "b_submit_key": fork_key})
+        is None
+    ):
+        in_progress = len(_executor.rows(conn, _IN_PROGRESS, params))
+        if in_progress >= max_:
+            raise errors.InvalidStateError(
+                operation="fork",
+                run_id=source_id,
+                state=f"at its limit {name!r}: {in_progress} of {max_} runs in progress for "
+                "its key; fork once one ends",
+            )
+    _executor.affected(conn, _SERVED, params)
+
+
 def hold_for_restart(conn: Any, run_id: Any, operation: str) -> None:
     """Before a limited run restarts (``retry``/``retry_all``): take its key's lock, then
     check there is room. A run that never started is held again (admitted by a worker as
