@@ -676,6 +676,7 @@ class Worker:
             self._gated = tuple(sorted({*self._gated, *found.gated}))
             self._gated_steps = self._gated_steps or found.steps
             self._paired = self._paired or found.paired
+            self._paired_rates = tuple(sorted({*self._paired_rates, *found.rates}))
             self._rated = self._rated or found.paired or found.rated
         if found.admits:
             log.info(

@@ -385,6 +385,34 @@ def test_a_worker_waiting_on_a_full_rate_window_wakes_when_it_opens_not_at_its_p
         wait_until(lambda job=job: job.status().state == "completed", timeout=30)
 
 
+def test_a_worker_that_took_on_an_earlier_limit_with_a_rate_wakes_when_its_window_opens(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    # The jobs keep the Concurrency and the Rate they were enqueued under; the worker took
+    # both on, but read when a limited job may start without the Rate's window: it slept
+    # until its poll.
+    rate = cyclone.Rate(2, timedelta(seconds=1), name=f"{name}-old-rate")
+    before = cyclone.step(name, concurrency=cyclone.Concurrency(5, name=f"{name}-old"), rate=rate)(
+        lambda ctx, args: None
+    )
+    jobs = [before.enqueue(engine, {"n": n}) for n in range(6)]
+    after = cyclone.step(name, concurrency=cyclone.Concurrency(5, name=f"{name}-new"))(
+        lambda ctx, args: None
+    )
+    serving(cyclone.Worker(engine, steps=[after], concurrency=4, poll_interval=600))
+    for job in jobs:
+        wait_until(lambda job=job: job.status().state == "completed", timeout=30)
+    with engine.connect() as conn:
+        windows = conn.execute(
+            sa.text(
+                "SELECT floor(extract(epoch FROM attempted_at)), count(*) FROM cyclone_jobs "
+                "WHERE kind = :k GROUP BY 1"
+            ),
+            {"k": name},
+        ).all()
+    assert all(n <= 2 for _, n in windows), windows  # the Rate it took on still holds
+
+
 def test_list_limits_counts_a_shared_rates_jobs_alone_and_beside_a_concurrency_together(
     engine: sa.Engine, name: str
 ) -> None:

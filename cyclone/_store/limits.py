@@ -937,6 +937,8 @@ class Orphans(NamedTuple):
     """Whether a job of ``gated`` is a workflow step (the first found of each limit)."""
     paired: bool
     """Whether a job of ``gated`` has a Rate besides its limit (the first found of each)."""
+    rates: tuple[str, ...]
+    """The names of those Rates: the read of when a limited job next may start reads them."""
     rated: bool
     """Whether a limit of ``gated`` is a Rate."""
     admits: tuple[str, ...]
@@ -975,7 +977,7 @@ def orphans_stmts(
     """The two reads of :func:`orphans`: the limit names of the available limited jobs
     (``ix_cyclone_jobs_gated``) and of the held runs (``ix_cyclone_runs_held``), each
     kept when it is not among ``gated`` (``admits``) and ``served`` has such a job (run),
-    with whether the first such job found is a step and has a Rate too."""
+    with whether the first such job found is a step, and its Rate's name (or NULL)."""
     names = _names(jobs, _available_jobs, "job_limits")
     theirs = jobs.alias("theirs")
     first = (
@@ -992,7 +994,7 @@ def orphans_stmts(
         select(
             names.c.n,
             first.c.run_id.is_not(None),
-            first.c.rate_name.is_not(None),
+            first.c.rate_name,
             limits.c.per.is_not(None),
         )
         .join_from(names, first, true())
@@ -1030,7 +1032,8 @@ def orphans(
     return Orphans(
         gated=tuple(sorted(row[0] for row in found)),
         steps=any(row[1] for row in found),
-        paired=any(row[2] for row in found),
+        paired=any(row[2] is not None for row in found),
+        rates=tuple(sorted({row[2] for row in found if row[2] is not None})),
         rated=any(row[3] for row in found),
         admits=tuple(sorted(row[0] for row in conn.rows(held))),
     )
