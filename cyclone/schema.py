@@ -245,7 +245,9 @@ jobs = Table(
 )
 # The claim indexes, one range per workflow and per standalone kind, so that a claim reads
 # only the jobs its worker serves: see revision cyclone_0003. A limited step is left out
-# of its workflow's range and claimed through ix_cyclone_jobs_gated (cyclone_0018_step_limits).
+# of its workflow's range and claimed through ix_cyclone_jobs_gated (cyclone_0018_step_limits),
+# and so is a limited job of a kind (cyclone_0022_kind_claim_index): one enqueued under a
+# limit its kind no longer has keeps it, and is claimed by a worker that takes it on.
 Index(
     "ix_cyclone_jobs_claim_workflow",
     jobs.c.workflow,
@@ -260,7 +262,7 @@ Index(
     jobs.c.priority,
     jobs.c.scheduled_at,
     jobs.c.id,
-    postgresql_where=text("state = 'available' AND workflow IS NULL"),
+    postgresql_where=text("state = 'available' AND workflow IS NULL AND limit_name IS NULL"),
 )
 # The available jobs per queue, workflow and kind, counted from the index alone
 # (revision cyclone_0013).

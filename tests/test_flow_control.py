@@ -6,6 +6,7 @@ per key is sampled from the database while they run.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -321,6 +322,33 @@ def test_jobs_enqueued_before_a_redeploy_renamed_their_limit_run_under_the_one_t
     with cyclone.Worker(engine, steps=[after], sweep=False) as worker:
         assert worker.drain() == 3
     assert {job.status().state for job in jobs} == {"completed"}
+
+
+def test_jobs_enqueued_before_a_redeploy_dropped_their_kinds_limit_keep_it(
+    engine: sa.Engine, name: str
+) -> None:
+    # The kind's new definition has no limit: its ordinary claim took the earlier jobs
+    # too, three at once under a limit of one.
+    def slow(ctx: cyclone.StepContext, args: dict[str, int]) -> None:
+        time.sleep(0.05)  # the step's work, long enough for attempts to overlap
+
+    before = cyclone.step(name, concurrency=cyclone.Concurrency(1, name=f"{name}-old"))(slow)
+    earlier = [before.enqueue(engine, {"n": n}) for n in range(3)]
+    after = cyclone.step(name)(slow)
+    later = [after.enqueue(engine, {"n": n}) for n in range(3, 6)]
+    with cyclone.Worker(engine, steps=[after], concurrency=6, sweep=False) as worker:
+        assert worker.drain() == 6
+    assert {job.status().state for job in earlier + later} == {"completed"}
+    with engine.connect() as conn:
+        spans = conn.execute(
+            sa.text(
+                "SELECT attempted_at, finalized_at FROM cyclone_jobs "
+                "WHERE kind = :k AND limit_name IS NOT NULL ORDER BY attempted_at"
+            ),
+            {"k": name},
+        ).all()
+    assert len(spans) == 3
+    assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans)), spans
 
 
 def test_a_paused_queues_limited_jobs_are_not_claimed_until_it_resumes(

@@ -150,13 +150,16 @@ def _serves(table: Any, key: tuple[str, str]) -> Any:
 
     Each is a range of its own claim index (``ix_cyclone_jobs_claim_workflow`` or
     ``ix_cyclone_jobs_claim_kind``), so a claim never reads the available jobs of
-    workflows and kinds its worker does not serve. A workflow's limited steps are not in
-    its range: the limited claim takes them (:mod:`cyclone._store.limits`).
+    workflows and kinds its worker does not serve. Limited steps and jobs are not in their
+    range: the limited claim takes them (:mod:`cyclone._store.limits`), also those of a
+    limit their definition no longer has.
     """
     what, name = key
     if what == "workflow":
         return and_(table.c.workflow == const(name), table.c.limit_name.is_(None))
-    return and_(table.c.workflow.is_(None), table.c.kind == const(name))
+    return and_(
+        table.c.workflow.is_(None), table.c.kind == const(name), table.c.limit_name.is_(None)
+    )
 
 
 def _available(table: Any, queues: tuple[str, ...] | None) -> tuple[Any, ...]:
