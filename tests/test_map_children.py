@@ -269,6 +269,29 @@ def test_a_runs_children_are_listed_in_item_order_whatever_order_they_were_made_
     assert detail.children_total == 4
 
 
+def test_retry_all_over_a_shorter_list_keeps_the_children_of_the_items_gone(
+    engine: sa.Engine, name: str
+) -> None:
+    f = fleet(name)
+    run = f.dispatch.submit(engine, 4)
+    drain(engine, *f.workflows)
+    before = [c.id for c in run.children()]
+    f.outcome.orders = 2
+    run.retry_all()
+    drain(engine, *f.workflows)
+    assert run.status().state == "completed"
+    # Items 0 and 1 read the children they had; the node's output has two results.
+    detail = cyclone.Client(engine).get_run_detail(run.id)
+    assert detail is not None
+    (total,) = [s for s in detail.steps if s.name == "total"]
+    assert total.output == [1, 11]
+    # The children of items 2 and 3 stay the run's children, listed after the others.
+    assert [c.id for c in run.children()] == before
+    assert [c.parent_item for c in detail.children] == [0, 1, 2, 3]
+    assert detail.children_total == 4
+    assert sorted(f.outcome.submitted) == [0, 1, 2, 3]  # each item found its child
+
+
 def test_a_run_detail_lists_the_first_children_it_is_asked_for_and_counts_them_all(
     engine: sa.Engine, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

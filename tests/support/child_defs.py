@@ -93,6 +93,8 @@ class FleetOutcome:
     broken: set[int] = field(default_factory=set)
     submitted: list[int] = field(default_factory=list)
     packed: list[int] = field(default_factory=list)
+    orders: int | None = None
+    """When set, ``orders`` returns at most this many orders."""
 
 
 @dataclass(frozen=True)
@@ -135,7 +137,7 @@ def fleet(name: str, *, hold: bool = False) -> Fleet:
 
     @dispatch.step()
     def orders(ctx: cyclone.StepContext, n: int) -> list[int]:
-        return list(range(n))
+        return list(range(n if outcome.orders is None else min(n, outcome.orders)))
 
     @dispatch.child(parcel, over=orders)
     def ship(ctx: cyclone.StepContext, order: int) -> int:
