@@ -131,7 +131,7 @@ def test_runs_show_json_keys_are_run_status_and_each_steps_step_status() -> None
         read_at=NOW,
     )
     record = _app._run_detail_record(detail)
-    expected = {"input", "result_step", "result", "steps", "children"}
+    expected = {"input", "result_step", "result", "steps", "children", "children_total"}
     assert set(record) == names(cyclone.RunStatus) | expected
     assert set(record["steps"][0]) == names(StepStatus) | {"duration"}
 
