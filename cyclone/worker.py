@@ -1057,6 +1057,8 @@ class Worker:
         failures = [o for _, o in outcomes if isinstance(o, _completion.Failure)]
         returned = [o for _, o in outcomes if isinstance(o, _waits.HandBack)]
         claimed: list[_claim.Claimed] = []
+        # Before any is settled: a limited job that failed or was handed back frees a slot too.
+        gated_ended = any((job.id, job.lease) in self._limited for job, _ in outcomes)
         try:
             if failures:
                 ended: set[int] = set()
@@ -1095,7 +1097,6 @@ class Worker:
             self._claim_turn += 1
             start = self._claim_turn % len(turns) if turns else 0
             carrying = successes
-            gated_ended = any((job.id, job.lease) in self._limited for job, _ in outcomes)
             rang = False
             for name, limit in turns[start:] + turns[:start] or [("*", 0)]:
                 if left <= 0 and not carrying:

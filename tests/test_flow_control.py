@@ -480,9 +480,11 @@ def _asleep(engine: sa.Engine, worker: cyclone.Worker) -> bool:
     )
 
 
-@pytest.mark.parametrize("limit", ["defined", "taken on"])
+@pytest.mark.parametrize(
+    ("limit", "end"), [("defined", "completed"), ("taken on", "completed"), ("defined", "failed")]
+)
 def test_a_limited_job_that_ends_wakes_the_worker_waiting_for_its_slot_in_another_queue(
-    engine: sa.Engine, name: str, limit: str
+    engine: sa.Engine, name: str, limit: str, end: str
 ) -> None:
     # The worker whose job ended had room again, but not for the waiting job (another
     # queue): it rang only when it had no room, or, for a limit it took on from an earlier
@@ -492,14 +494,18 @@ def test_a_limited_job_that_ends_wakes_the_worker_waiting_for_its_slot_in_anothe
     def hold(ctx: cyclone.StepContext, n: int) -> int:
         if n == 1:
             release.wait(60)
+            if end == "failed":
+                raise RuntimeError("the first job fails, freeing its slot")
         return n
 
-    before = cyclone.step(name, concurrency=cyclone.Concurrency(1, name=f"{name}-old"))(hold)
+    limited = cyclone.Concurrency(1, name=f"{name}-old")
+    before = cyclone.step(name, concurrency=limited, max_attempts=1)(hold)
     first = before.enqueue(engine, 1, queue="one")
     second = before.enqueue(engine, 2, queue="two")
     kind = before
     if limit == "taken on":
-        kind = cyclone.step(name, concurrency=cyclone.Concurrency(1, name=f"{name}-new"))(hold)
+        renamed = cyclone.Concurrency(1, name=f"{name}-new")
+        kind = cyclone.step(name, concurrency=renamed, max_attempts=1)(hold)
     workers = [
         cyclone.Worker(engine, steps=[kind], queues={queue: 1}, poll_interval=3600, sweep=False)
         for queue in ("one", "two")
@@ -511,7 +517,7 @@ def test_a_limited_job_that_ends_wakes_the_worker_waiting_for_its_slot_in_anothe
         wait_until(lambda: _asleep(engine, workers[1]), timeout=30)
         assert second.status().state == "available"
         release.set()
-        assert first.wait(timeout=30).state.value == "completed"
+        assert first.wait(timeout=30).state.value == end
         assert second.wait(timeout=30).state.value == "completed"
     finally:
         release.set()
