@@ -446,7 +446,7 @@ def fork(
                 key=limit_key,
                 workflow=workflow,
                 fork_key=key,
-                runs=plan.remaining > 0,
+                starts=plan.remaining > 0,
             )
         # Once the fork is known to be valid; in a statement of its own (see definitions).
         _definitions.ensure(conn.engine, definition, workflow, encoded)

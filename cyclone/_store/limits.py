@@ -1095,13 +1095,14 @@ def room_for_fork(
     key: str,
     workflow: str,
     fork_key: str,
-    runs: bool,
+    starts: bool,
 ) -> None:
     """Before the fork of a run of a limited workflow: take the key's lock (kept until the
-    fork commits), then, when the fork ``runs`` steps and its key has no run yet, check
-    that the key has room for one more run in progress, as a retry of a started run does.
-    Called under the source's lock (an ended run: admissions never lock one, so no cycle
-    of waits). A second fork of the key returns the first and needs no room.
+    fork commits), then, when the fork ``starts`` (it has steps to run) and its submit key
+    has no run yet, check that the limit's key has room for one more run in progress, as a
+    retry of a started run does. Called under the source's lock (an ended run: admissions
+    never lock one, so no cycle of waits). A second fork of the key returns the first and
+    needs no room.
 
     Raises:
         InvalidStateError: the key has ``max`` runs in progress.
@@ -1111,7 +1112,7 @@ def room_for_fork(
     params = {"b_name": name, "b_key": key}
     max_ = _executor.value(conn, _LOCK_KEY, params)
     if (
-        runs
+        starts
         and max_ is not None
         and _executor.first(conn, _KEYED_RUN, {"b_workflow": workflow, "b_submit_key": fork_key})
         is None
