@@ -75,7 +75,10 @@ DUE_SLACK = 0.005
 WAIT_RECORD = 60.0
 """How long an idle worker's record in ``cyclone_waiters`` lasts; renewed halfway."""
 SETTLE_RETRY = 0.01
-"""Seconds between looks at the ring slots still held when an idle worker recorded itself."""
+SETTLE_CAP = 0.5
+"""Seconds between looks at the ring slots still held when an idle worker recorded itself:
+0.01 s, doubling up to 0.5 s, so a transaction left open (a web request's) is not polled
+a hundred times a second; the worker, recorded, is rung by any new work meanwhile."""
 ADOPT_INTERVAL = 60.0
 """Seconds between a serving worker's looks for limits its definitions no longer name."""
 
@@ -443,6 +446,8 @@ class Worker:
         self._recorded_until: float | None = None
         """While recorded as waiting for work: when (monotonic) the record lapses at the latest."""
         self._unsettled: tuple[int, ...] = ()
+        self._looks = 0
+        """Looks at the ring slots since the record was made: the next comes later."""
         self._record_again_at = 0.0
         """After a failed record: when (monotonic) to try again; until then it polls."""
         self._record_failures = 0
@@ -906,7 +911,7 @@ class Worker:
                     woken = self._recheck_due = True
                     continue
                 if self._unsettled:
-                    timeout = min(timeout, SETTLE_RETRY)
+                    timeout = min(timeout, _retry.doubling(SETTLE_RETRY, SETTLE_CAP, self._looks))
             woken = not self._outcomes.empty() or self._wake.wait(timeout)
             self._wake.clear()
 
@@ -963,7 +968,7 @@ class Worker:
 
         Work rings only for recorded workers (see :mod:`cyclone._store.notify`). After a
         new record, a transaction that read no waiter may still hold its ring slot: the
-        worker looks again every :data:`SETTLE_RETRY` until each slot has been free once,
+        worker looks again (:data:`SETTLE_RETRY`, doubling) until each slot has been free once,
         then claims (True), and only then sleeps until its poll. A record still fresh is
         renewed halfway through its :data:`WAIT_RECORD`; a lapsed one is made anew. A
         failed record is tried again after :func:`backoff_delay` (first half a second), on
@@ -981,12 +986,14 @@ class Worker:
                 _notify.mark_waiting(held, self.id, WAIT_RECORD)
                 self._recorded_until = now + WAIT_RECORD
                 self._unsettled = _notify.ALL_SLOTS
+                self._looks = 0
             elif now >= lapses - WAIT_RECORD / 2:
                 _notify.mark_waiting(held, self.id, WAIT_RECORD)
                 self._recorded_until = now + WAIT_RECORD
             if not self._unsettled:
                 return False
             self._unsettled = _notify.unsettled(held, self._unsettled)
+            self._looks += 1
         except Exception as exc:
             self._record_failures += 1
             delay = backoff_delay(self._record_failures)

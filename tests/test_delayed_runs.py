@@ -18,7 +18,7 @@ import cyclone
 from cyclone._store import notify as _notify
 from cyclone.schema import jobs
 from tests.conftest import StatementCounter, wait_until
-from tests.support.counting import Recorder
+from tests.support.counting import ThreadStatements
 from tests.support.factories import count_runs, workflow
 from tests.support.workers import Background
 
@@ -160,24 +160,6 @@ def test_bad_start_options_raise_before_anything_is_written(
         SUBMITS[form](wf, engine, options)
     assert statements.statements == []
     assert count_runs(engine, name) == 0
-
-
-class ThreadStatements(Recorder):
-    """The statements sent by one thread."""
-
-    def __init__(self, thread: str) -> None:
-        self.thread = thread
-        self.statements: list[str] = []
-        self.lock = threading.Lock()
-
-    def record(self, thread: str, statement: str) -> None:
-        if thread == self.thread:
-            with self.lock:
-                self.statements.append(statement)
-
-    def count(self) -> int:
-        with self.lock:
-            return len(self.statements)
 
 
 def test_an_idle_worker_wakes_for_a_delayed_run_without_polling(

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 import cyclone
 from tests.conftest import wait_until
 from tests.support import worker_proc
+from tests.support.counting import ThreadStatements
 from tests.support.worker_proc import NEVER_POLL, Item, doorbell_kinds
 from tests.support.workers import Background, spawn_worker, stop_all
 
@@ -225,3 +226,31 @@ def test_a_worker_whose_wait_record_failed_listens_again_within_a_second(
             serving.join(30)
             worker.close()
     assert worker.id not in recorded_waiters(engine)
+
+
+def test_a_worker_falling_asleep_looks_at_a_slot_held_open_less_and_less_often(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    """A transaction that rang and stays open (a web request's) holds its ring slot: the
+    worker falling asleep looked at it every 10 ms for as long as it stayed open. It now
+    waits twice as long each time, up to half a second, and new work still wakes it at
+    once (it is recorded as waiting, so the work rings)."""
+    wf, ping = doorbell_kinds(name)
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM cyclone_waiters"))
+    with engine.connect() as holder:
+        holder.execute(sa.text("SELECT cyclone_ring()"))  # its slot, held until it ends
+        worker = cyclone.Worker(engine, workflows=[wf], steps=[ping], poll_interval=NEVER_POLL)
+        loop = serving(worker)
+        with ThreadStatements(loop.thread.name) as sent:
+
+            def looks() -> list[float]:
+                return [t for t, s in sent.timed if "pg_try_advisory_lock" in s]
+
+            wait_until(lambda: len(looks()) >= 8, timeout=30)
+            first, eighth = looks()[0], looks()[7]
+            # 10 + 20 + 40 + 80 + 160 + 320 + 500 ms at least between them (70 ms before).
+            assert eighth - first >= 1.0, looks()
+            job = ping.enqueue(engine, Item(n=20))
+            assert job.wait(timeout=WAKE_TIMEOUT).state.value == "completed"
+        holder.rollback()

@@ -12,6 +12,7 @@ started by any earlier test of the process, runs on its own schedule.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -62,3 +63,24 @@ class CountingCursor(psycopg.Cursor[Any]):
     def executemany(self, query: Any, params_seq: Iterable[Any], **kwargs: Any) -> None:
         _record(query)
         super().executemany(query, params_seq, **kwargs)
+
+
+class ThreadStatements(Recorder):
+    """The statements sent by one thread."""
+
+    def __init__(self, thread: str) -> None:
+        self.thread = thread
+        self.statements: list[str] = []
+        self.timed: list[tuple[float, str]] = []
+        """``(time.monotonic(), statement)`` of each, as it was sent."""
+        self.lock = threading.Lock()
+
+    def record(self, thread: str, statement: str) -> None:
+        if thread == self.thread:
+            with self.lock:
+                self.statements.append(statement)
+                self.timed.append((time.monotonic(), statement))
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.statements)
