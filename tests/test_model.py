@@ -2,7 +2,8 @@
 
 A hypothesis state machine submits runs of :data:`tests.support.model_proc.WORKFLOW`
 (``a -> w -> b -> {c, m}``, ``w`` waiting for the signal ``go``, ``c`` a child node whose
-child run has one gated step ``k``, ``m`` a map node whose two items ``m0`` and ``m1``
+child run has one gated step ``k`` (two attempts: the second runs a failed or cancelled
+child again), ``m`` a map node whose two items ``m0`` and ``m1``
 are gated) on a database of its own, served by worker
 processes, and interleaves: submit and submit_once (new key, same key with the same or
 another input, a key freed by a purge), fork (of a run ended or not, with a step to run
@@ -1581,7 +1582,8 @@ def test_a_fork_that_runs_its_wait_node_again_waits_for_a_signal_of_its_own(
 def test_a_child_run_fails_its_parent_is_retried_with_it_and_is_never_made_twice(
     harness: Harness,
 ) -> None:
-    """Through the machine: a child run whose step spends its attempts fails ``c`` and the
+    """Through the machine: a child run whose step spends its attempts fails an attempt of
+    ``c``, whose next attempt runs the same child again, and its last fails ``c`` and the
     run; ``retry()`` of the run retries the child (the same one, its step's attempts
     anew); ``retry_all()`` reads the completed child without a second one; a cancel of a
     run cascades to its running child; a run past its deadline leaves its child running,
@@ -1597,6 +1599,23 @@ def test_a_child_run_fails_its_parent_is_retried_with_it_and_is_never_made_twice
         machine.settled_and_as_modelled()
         machine.bring_to_child(pick=1, then="exhaust")  # m1
         machine.settled_and_as_modelled()
+        # c's second attempt runs the failed child again, its step's attempts anew.
+        assert summary("m1") == {
+            "run": "running",
+            "a": "completed",
+            "w": "completed",
+            "b": "completed",
+            "c": "parked",
+            "kid": "running",
+            "k": "active",
+            "m": "parked",
+            "m0": "active",
+            "m1": "active",
+        }
+        (kid,) = machine.handles[1].children()
+        machine.bring_to_child(pick=1, then="exhaust")  # m1 again: c's last attempt fails
+        machine.settled_and_as_modelled()
+        assert [c.id for c in machine.handles[1].children()] == [kid.id]  # never made twice
         assert summary("m1") == {
             "run": "failed",
             "a": "completed",

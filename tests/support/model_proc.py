@@ -11,7 +11,8 @@ it came from), whose key ``fork-m<N>`` names its tag (:data:`TAG_SQL`).
 The workflow is ``a -> w -> b -> {c, m}``: ``a`` and ``b`` are *gated* steps, ``w`` waits for
 the signal ``go`` (with a one-day timeout that the test makes pass by moving timestamps),
 ``c`` is a child node: it submits a run of :data:`KID` (tagged ``<the run's tag>/kid``),
-whose one step ``k`` is gated too, and completes or fails as that child run does; ``m``
+whose one step ``k`` is gated too, and completes as that child run does, or, when it
+fails or is cancelled, runs it again in its second attempt and fails after that; ``m``
 is a map node over ``b``'s list ``[0, 1]``: its two items, gated too, are told in
 ``model_exec`` as steps ``m0`` and ``m1`` (the node's name and the item's index).
 Each execution of a gated step inserts a row into ``model_exec`` numbered per (tag,
@@ -39,7 +40,8 @@ DAY = timedelta(days=1)
 HEARTBEAT = timedelta(milliseconds=200)
 RESCUE_AFTER = timedelta(seconds=1)
 MAX_ATTEMPTS = 2
-"""Attempts of ``a``, ``b`` and ``k``; ``w`` and ``c`` have one (wait and child nodes' default)."""
+"""Attempts of ``a``, ``b``, ``k``, ``m``'s items and ``c`` (a child node's further attempt
+runs its failed or cancelled child again); ``w`` has one (a wait node's default)."""
 GATE_CLASS = 0x6D6F
 STEP_NUMBER = {"a": 1, "b": 2, "k": 3, "m0": 4, "m1": 5}
 MAP_ITEMS = 2
@@ -163,7 +165,7 @@ def m(ctx: cyclone.StepContext, index: int) -> int:
     return gated(ctx, Item(tag=""), f"m{index}")
 
 
-@WORKFLOW.child(KID, after=[b])
+@WORKFLOW.child(KID, after=[b], max_attempts=MAX_ATTEMPTS)
 def c(ctx: cyclone.StepContext, item: Item) -> Item:
     """The child's input: tagged from this run's tag (a fork's is not its input's)."""
     with engine().connect() as conn:

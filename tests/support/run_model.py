@@ -35,7 +35,7 @@ DOWNSTREAM = {
 """Each step and the steps downstream of it (what a fork naming it runs again)."""
 ITEMS = ("m0", "m1")
 """``m``'s items, by the node's name and the item's index."""
-ATTEMPTS = {"a": 2, "w": 1, "b": 2, "c": 1, "k": 2, "m0": 2, "m1": 2}
+ATTEMPTS = {"a": 2, "w": 1, "b": 2, "c": 2, "k": 2, "m0": 2, "m1": 2}
 KID_STEP = "k"
 ITEM_FAILS_NODE = {"on": True}
 """Whether an item failed for good fails its map node (docs/map.md), or (the defect the
@@ -158,7 +158,11 @@ class RunModel:
             c.state = "completed"
             return True
         if c.state == "parked" and self.kid in ("failed", "cancelled"):
-            self._fail("c")
+            c.failures += 1  # the kid's end fails this attempt of c
+            if c.failures >= ATTEMPTS["c"]:
+                self._fail("c")
+            else:
+                self._start_kid()  # the next attempt (no backoff) runs the kid again
             return True
         if self._advance_map():
             return True
@@ -298,7 +302,8 @@ class RunModel:
         return None
 
     def cancel_kid(self) -> str | None:
-        """Cancel the kid by its own handle: ``c`` fails (naming it), and so does the run."""
+        """Cancel the kid by its own handle: that attempt of ``c`` fails (naming it); the
+        next runs the kid again, and the last fails ``c`` and so the run."""
         if self.kid != "running":
             return Expect.INVALID_STATE
         self.kid = "cancelled"
