@@ -370,6 +370,8 @@ class Worker:
             + [(wf.name, step) for wf in self.workflows.values() for step in wf._limited_steps()]
         )
         """The (workflow, kind) of the limited jobs served by its definitions."""
+        self._unlimited_kinds: frozenset[str] = frozenset()
+        """Limited kinds with jobs enqueued before their limit: the ordinary claim takes those."""
         self._limited: set[tuple[int, int]] = set()
         """``(id, lease)`` of the jobs in flight that a limited claim took: one leaving
         running frees a slot, of a limit it defines or one it took on (``_adopt_limits``)."""
@@ -662,16 +664,30 @@ class Worker:
         are under although no served definition names them (see
         :func:`cyclone._store.limits.orphans`): after its first claim, then after a claim
         at most every ``ADOPT_INTERVAL`` while it serves, busy or idle, and before a drain
-        ends. Whether it found any; a failed look is logged and tried again later."""
+        ends. It also looks for jobs of its limited kinds enqueued before the kind had a
+        limit: the ordinary claim takes those. Whether it found any; a failed look is
+        logged and tried again later."""
         self._adopted_at = time.monotonic()
         assert self._held is not None
+        limited_kinds = tuple(
+            sorted(k for w, k in self._gated_kinds if w is None and k not in self._unlimited_kinds)
+        )
         try:  # on the worker's own connection: none is left in the engine's pool
             found = _limits_store.orphans(self._held, self._served, self._gated, self._admits)
+            unlimited = _limits_store.unlimited_kinds(self._held, limited_kinds)
         except Exception as exc:
             log.warning(
                 "worker %s could not look for earlier limits (%s)", self.id, _first_line(exc)
             )
             return False
+        if unlimited:
+            log.info(
+                "worker %s claims the jobs of %s enqueued before their kind had a limit",
+                self.id,
+                ", ".join(unlimited),
+            )
+            self._unlimited_kinds |= frozenset(unlimited)
+            self._scopes.clear()
         if found.gated:
             log.info(
                 "worker %s serves the limits %s of jobs submitted under earlier definitions",
@@ -690,7 +706,7 @@ class Worker:
                 ", ".join(found.admits),
             )
             self._admits = tuple(sorted({*self._admits, *found.admits}))
-        return bool(found.gated or found.admits)
+        return bool(found.gated or found.admits or unlimited)
 
     def _maintain_once(self) -> None:
         """A drain's deadline and rescue pass, if no other worker leads maintenance.
@@ -776,7 +792,13 @@ class Worker:
             scope = self._scopes[queue] = _claim.Scope(
                 queues=None if queue == "*" else (queue,),
                 workflows=tuple(sorted(self.workflows)),
-                kinds=tuple(sorted(k for k in self.steps if (None, k) not in self._gated_kinds)),
+                kinds=tuple(
+                    sorted(
+                        k
+                        for k in self.steps
+                        if (None, k) not in self._gated_kinds or k in self._unlimited_kinds
+                    )
+                ),
             )
         return scope
 

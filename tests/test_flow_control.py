@@ -351,6 +351,25 @@ def test_jobs_enqueued_before_a_redeploy_dropped_their_kinds_limit_keep_it(
     assert all(end <= start for (_, end), (start, _) in itertools.pairwise(spans)), spans
 
 
+def test_jobs_enqueued_before_a_redeploy_gave_their_kind_a_limit_still_run(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    # They have no limit; the kind's new definition has one, so the ordinary claim left
+    # the whole kind to the limited claim, which reads only limited jobs: they waited forever.
+    before = cyclone.step(name)(lambda ctx, args: None)
+    earlier = [before.enqueue(engine, {"n": n}) for n in range(3)]
+    after = cyclone.step(name, concurrency=cyclone.Concurrency(1))(lambda ctx, args: None)
+    later = after.enqueue(engine, {"n": 3})
+    with cyclone.Worker(engine, steps=[after], sweep=False) as worker:
+        assert worker.drain() == 4
+    assert {job.status().state for job in [*earlier, later]} == {"completed"}
+    # A serving worker takes them on too, after its first claim.
+    more = [before.enqueue(engine, {"n": n}) for n in range(4, 6)]
+    serving(cyclone.Worker(engine, steps=[after], poll_interval=600, sweep=False))
+    for job in more:
+        assert job.wait(timeout=30).state.value == "completed"
+
+
 def test_a_paused_queues_limited_jobs_are_not_claimed_until_it_resumes(
     engine: sa.Engine, name: str
 ) -> None:

@@ -30,7 +30,9 @@ def next_due_stmt(scope: Scope) -> Any:
     """
     served = or_(
         one_of(jobs.c.workflow, scope.workflows),
-        and_(jobs.c.workflow.is_(None), one_of(jobs.c.kind, scope.kinds)),
+        and_(
+            jobs.c.workflow.is_(None), one_of(jobs.c.kind, scope.kinds), jobs.c.limit_name.is_(None)
+        ),
     )
     due: Any = (
         select(func.min(jobs.c.scheduled_at))

@@ -1039,6 +1039,28 @@ def orphans(
     )
 
 
+_kind = func.unnest(bindparam("kinds", type_=ARRAY(Text))).column_valued("kind")
+_UNLIMITED_KINDS = select(_kind).where(
+    exists(
+        select(jobs.c.id).where(
+            jobs.c.workflow.is_(None),
+            jobs.c.kind == _kind,
+            jobs.c.limit_name.is_(None),
+            *_available_jobs(jobs),
+        )
+    )
+)
+
+
+def unlimited_kinds(conn: _executor.Executor, kinds: tuple[str, ...]) -> tuple[str, ...]:
+    """The limited step kinds of ``kinds`` that have available jobs enqueued without a
+    limit (before a deploy gave the kind one): the ordinary claim takes those, one probe
+    of ``ix_cyclone_jobs_claim_kind`` per kind."""
+    if not kinds:
+        return ()
+    return tuple(row[0] for row in conn.rows(_UNLIMITED_KINDS, {"kinds": list(kinds)}))
+
+
 def admit_runs(engine: Engine, names: tuple[str, ...], batch: int = ADMIT_BATCH) -> int:
     """Admit the held runs of the workflow limits ``names`` that have room; how many.
 
