@@ -1087,7 +1087,8 @@ class Worker:
         returned = [o for _, o in outcomes if isinstance(o, _waits.HandBack)]
         claimed: list[_claim.Claimed] = []
         # Before any is settled: a limited job that failed or was handed back frees a slot too.
-        gated_ended = any((job.id, job.lease) in self._limited for job, _ in outcomes)
+        freed = sum(1 for job, _ in outcomes if (job.id, job.lease) in self._limited)
+        retaken = 0
         try:
             if failures:
                 ended: set[int] = set()
@@ -1143,9 +1144,9 @@ class Worker:
                         limit=min(limit, left),
                         steps=self._gated_steps,
                         paired=self._paired,
-                        ring=gated_ended and not rang,
+                        ended=0 if rang else freed,
                     )
-                    rang = rang or gated_ended
+                    rang = rang or freed > 0  # decided: the statement rang unless it took them
                     unblocked.append(sum(1 for o in carrying if o.job_id in upstream))
                     if carrying:
                         self._settle(carrying, recorded)
@@ -1182,6 +1183,7 @@ class Worker:
                         paired=self._paired,
                     )
                     self._limited.update((job.id, job.lease) for job in got)
+                    retaken += len(got)
                     claimed += got
                     left -= len(got)
             self._delivered = sum(woke)
@@ -1189,10 +1191,10 @@ class Worker:
             if self._child_nodes and (deliver or self._draining):
                 # Wake the child nodes whose child runs ended (a run's end rang, or a poll).
                 self._delivered += _children.deliver(self.engine)
-            if gated_ended and not rang:
-                # A limited job left running: its slot may be for a job this worker does
-                # not take (no room, another queue or kind under the same limit's name):
-                # wake the others now rather than at their next poll.
+            if freed > retaken and not rang:
+                # Limited jobs left running and this worker did not take all their slots
+                # again: one may be for a job it does not take (no room, another queue or
+                # kind under the same limit's name): wake the others now, not at their poll.
                 _limits_store.ring(held)
             if self._admits:
                 # After the outcomes above are recorded (a run they ended frees its slot).

@@ -19,6 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 
@@ -546,3 +547,41 @@ def test_a_limited_job_that_ends_wakes_the_worker_waiting_for_its_slot_in_anothe
             each.join(30)
         for worker in workers:
             worker.close()
+
+
+def test_a_worker_that_takes_a_freed_slot_again_rings_no_other_worker(
+    engine: sa.Engine, name: str
+) -> None:
+    # A worker serving a limited kind and an unlimited one records an end, then claims
+    # the limited jobs in a statement of its own, which takes the freed slot again: it
+    # rang at every end all the same, waking every idle worker; now only when a slot
+    # stays free (the last job's end).
+    step = cyclone.step(name, concurrency=cyclone.Concurrency(1))(lambda ctx, args: None)
+    free = cyclone.step(f"{name}.free")(lambda ctx, args: None)
+    for n in range(5):
+        step.enqueue(engine, {"n": n})
+    conninfo = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(conninfo, autocommit=True) as listening:
+        # A worker recorded as waiting, so that each ring notifies.
+        listening.execute("DELETE FROM cyclone_waiters")
+        listening.execute("INSERT INTO cyclone_waiters VALUES ('elsewhere', now() + '1 minute')")
+        listening.execute('LISTEN "cyclone_jobs_available"')
+        try:
+            with cyclone.Worker(engine, steps=[step, free], sweep=False) as worker:
+                assert worker.drain() == 5
+            rings = sum(1 for _ in listening.notifies(timeout=0.5))
+        finally:
+            listening.execute("DELETE FROM cyclone_waiters")
+    assert rings <= 1
+
+
+def test_a_serving_worker_runs_a_limited_kinds_jobs_one_after_another_without_polling(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    # Its statement that records an end cannot take the slot it frees (its claim sees the
+    # job still running): it waited for its poll before the next job, one job a poll.
+    step = cyclone.step(name, concurrency=cyclone.Concurrency(1))(lambda ctx, args: None)
+    serving(cyclone.Worker(engine, steps=[step], poll_interval=600, sweep=False))
+    jobs = [step.enqueue(engine, {"n": n}) for n in range(5)]
+    for job in jobs:
+        assert job.wait(timeout=30).state.value == "completed"

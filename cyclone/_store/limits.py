@@ -35,7 +35,6 @@ from typing import Any, NamedTuple
 
 from sqlalchemy import (
     BigInteger,
-    Boolean,
     Engine,
     Float,
     Integer,
@@ -520,9 +519,11 @@ def _gated_result(
         )
         source = claimed.outerjoin(runs, runs.c.id == claimed.c.run_id)
     if completing:
-        # A limited job recorded here freed a slot, maybe for a job of a kind, workflow
-        # or queue this worker does not serve under the same name: ring the others.
-        ring = case((bindparam("ring", type_=Boolean), _notify_workers()))
+        # Limited jobs that ended freed their slots: when this claim takes fewer jobs than
+        # ended, a freed slot may be for a job of a kind, workflow or queue this worker does
+        # not serve under the same name, or for a worker with room: ring the others.
+        taken = select(func.count()).select_from(claimed).scalar_subquery()
+        ring = case((taken < bindparam("ended", type_=Integer), _notify_workers()))
         stmt = stmt.add_columns(ring)
         one = select(const(1, Integer).label("one")).subquery("one")
         source = one.outerjoin(source, true())
@@ -581,16 +582,17 @@ def record_and_claim_gated(
     served: Served,
     limit: int,
     steps: bool = False,
-    ring: bool = False,
+    ended: int = 0,
     paired: bool = False,
 ) -> tuple[set[int], list[Claimed]]:
     """Record ``successes`` and claim up to ``limit`` limited jobs in one autocommit
     statement: the ids of the successes recorded (the others were refused), the jobs.
-    With ``ring`` (a limited job among ``successes``), it rings NOTIFY: a slot freed may
-    be for a job that another worker serves."""
+    When it claims fewer limited jobs than ``ended`` (the limited jobs that left running
+    since the last claim), it rings NOTIFY: a slot it did not take again may be for
+    another worker."""
     rows = conn.rows(
         _fast_claim_gated(names, queues, served, max(0, limit), steps, True, paired),
-        {"me": worker_id, "items": _completion.items_payload(successes), "ring": ring},
+        {"me": worker_id, "items": _completion.items_payload(successes), "ended": ended},
     )
     recorded: set[int] = set(rows[0][0] or ()) if rows else set()
     return recorded, [_claimed(row) for row in rows if row[1] is not None]
