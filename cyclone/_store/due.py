@@ -13,10 +13,10 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from sqlalchemy import Float, and_, extract, func, literal_column, or_, select, true
+from sqlalchemy import Float, extract, func, literal_column, or_, select, true
 
 from cyclone._store import executor as _executor
-from cyclone._store.claim import Scope
+from cyclone._store.claim import Scope, unlimited_standalone
 from cyclone._store.executor import const, one_of
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
@@ -30,9 +30,7 @@ def next_due_stmt(scope: Scope) -> Any:
     """
     served = or_(
         one_of(jobs.c.workflow, scope.workflows),
-        and_(
-            jobs.c.workflow.is_(None), one_of(jobs.c.kind, scope.kinds), jobs.c.limit_name.is_(None)
-        ),
+        unlimited_standalone(jobs, one_of(jobs.c.kind, scope.kinds)),
     )
     due: Any = (
         select(func.min(jobs.c.scheduled_at))

@@ -71,6 +71,7 @@ from cyclone._store.claim import (
     _claimed,
     claimed_job_columns,
     claimed_step_columns,
+    unlimited_standalone,
 )
 from cyclone._store.executor import const, one_of
 from cyclone.schema import jobs, limit_keys, limits, runs
@@ -1045,10 +1046,7 @@ _kind = func.unnest(bindparam("kinds", type_=ARRAY(Text))).column_valued("kind")
 _UNLIMITED_KINDS = select(_kind).where(
     exists(
         select(jobs.c.id).where(
-            jobs.c.workflow.is_(None),
-            jobs.c.kind == _kind,
-            jobs.c.limit_name.is_(None),
-            *_available_jobs(jobs),
+            unlimited_standalone(jobs, jobs.c.kind == _kind), *_available_jobs(jobs)
         )
     )
 )
@@ -1131,25 +1129,33 @@ def room_for_fork(
     Raises:
         InvalidStateError: the key has ``max`` runs in progress.
     """
-    from cyclone import errors
-
     params = {"b_name": name, "b_key": key}
     max_ = _executor.value(conn, _LOCK_KEY, params)
-    if (
-        starts
-        and max_ is not None
-        and _executor.first(conn, _KEYED_RUN, {"b_workflow": workflow, "b_submit_key": fork_key})
-        is None
-    ):
-        in_progress = len(_executor.rows(conn, _IN_PROGRESS, params))
-        if in_progress >= max_:
-            raise errors.InvalidStateError(
-                operation="fork",
-                run_id=source_id,
-                state=f"at its limit {name!r}: {in_progress} of {max_} runs in progress for "
-                "its key; fork once one ends",
-            )
+    keyed = {"b_workflow": workflow, "b_submit_key": fork_key}
+    if starts and _executor.first(conn, _KEYED_RUN, keyed) is None:
+        _refuse_when_full(conn, params, max_, source_id, "fork")
     _executor.affected(conn, _SERVED, params)
+
+
+def _refuse_when_full(
+    conn: Any, params: dict[str, Any], max_: int | None, run_id: Any, operation: str
+) -> None:
+    """Refuse ``operation`` on ``run_id`` when the limit's key (``params``, locked by the
+    caller) has ``max_`` runs in progress already.
+
+    Raises:
+        InvalidStateError: naming the limit, the runs in progress and ``max_``.
+    """
+    from cyclone import errors
+
+    in_progress = len(_executor.rows(conn, _IN_PROGRESS, params))
+    if max_ is not None and in_progress >= max_:
+        raise errors.InvalidStateError(
+            operation=operation,
+            run_id=run_id,
+            state=f"at its limit {params['b_name']!r}: {in_progress} of {max_} runs in "
+            f"progress for its key; {operation} once one ends",
+        )
 
 
 def hold_for_restart(conn: Any, run_id: Any, operation: str) -> None:
@@ -1159,8 +1165,6 @@ def hold_for_restart(conn: Any, run_id: Any, operation: str) -> None:
     room, and is refused otherwise. Called under the run's lock; the key's lock is kept
     until the caller commits. (An admission locks keys, then runs in progress or held,
     never an ended run such as this one: no cycle of waits.)"""
-    from cyclone import errors
-
     row = _executor.first(conn, _RUN_LIMIT, {"rid": run_id})
     if row is None or row[0] is None:
         return
@@ -1171,12 +1175,5 @@ def hold_for_restart(conn: Any, run_id: Any, operation: str) -> None:
         _executor.affected(conn, _HOLD_AGAIN, {"b_rid": run_id})
         _executor.affected(conn, _SERVED, params)
         return
-    in_progress = len(_executor.rows(conn, _IN_PROGRESS, params))
-    if max_ is not None and in_progress >= max_:
-        raise errors.InvalidStateError(
-            operation=operation,
-            run_id=run_id,
-            state=f"at its limit {name!r}: {in_progress} of {max_} runs in progress for "
-            f"its key; {operation} once one ends",
-        )
+    _refuse_when_full(conn, params, max_, run_id, operation)
     _executor.affected(conn, _SERVED, params)
