@@ -24,10 +24,12 @@ import pytest
 import sqlalchemy as sa
 
 import cyclone
+from cyclone.schema import jobs
 from tests.conftest import wait_until
 from tests.support import processes
+from tests.support.factories import starts_per_second
 from tests.support.flow_proc import kinds
-from tests.support.workers import REPO, Background
+from tests.support.workers import REPO
 
 pytestmark = pytest.mark.processes
 
@@ -201,14 +203,7 @@ def test_a_rate_starts_at_most_limit_attempts_per_window(engine: sa.Engine, name
         sample_until_done(engine, name, timeout=30)
     finally:
         stop(procs)
-    with engine.connect() as conn:
-        windows = conn.execute(
-            sa.text(
-                "SELECT floor(extract(epoch FROM attempted_at)), count(*) FROM cyclone_jobs "
-                "WHERE kind = :k GROUP BY 1 ORDER BY 1"
-            ),
-            {"k": name},
-        ).all()
+    windows = starts_per_second(engine, jobs.c.kind == name)
     assert all(n <= 3 for _, n in windows), windows
     assert len(windows) >= 4, windows
 
@@ -414,14 +409,8 @@ def test_a_concurrency_and_a_rate_together_both_hold_and_a_shared_rate_counts_ev
         most = sample_until_done(engine, name, timeout=60)
     finally:
         stop(procs)
+    windows = starts_per_second(engine, jobs.c.kind.startswith(name))
     with engine.connect() as conn:
-        windows = conn.execute(
-            sa.text(
-                "SELECT floor(extract(epoch FROM attempted_at)), count(*) FROM cyclone_jobs "
-                "WHERE kind LIKE :p GROUP BY 1 ORDER BY 1"
-            ),
-            {"p": name + "%"},
-        ).all()
         rate_keys = conn.execute(
             sa.text("SELECT DISTINCT rate_name, rate_key FROM cyclone_jobs WHERE kind = :k"),
             {"k": f"{name}.paired"},
@@ -455,21 +444,14 @@ def test_a_worker_that_took_on_an_earlier_limit_with_a_rate_wakes_when_its_windo
     before = cyclone.step(name, concurrency=cyclone.Concurrency(5, name=f"{name}-old"), rate=rate)(
         lambda ctx, args: None
     )
-    jobs = [before.enqueue(engine, {"n": n}) for n in range(6)]
+    waiting = [before.enqueue(engine, {"n": n}) for n in range(6)]
     after = cyclone.step(name, concurrency=cyclone.Concurrency(5, name=f"{name}-new"))(
         lambda ctx, args: None
     )
     serving(cyclone.Worker(engine, steps=[after], concurrency=4, poll_interval=600))
-    for job in jobs:
+    for job in waiting:
         wait_until(lambda job=job: job.status().state == "completed", timeout=30)
-    with engine.connect() as conn:
-        windows = conn.execute(
-            sa.text(
-                "SELECT floor(extract(epoch FROM attempted_at)), count(*) FROM cyclone_jobs "
-                "WHERE kind = :k GROUP BY 1"
-            ),
-            {"k": name},
-        ).all()
+    windows = starts_per_second(engine, jobs.c.kind == name)
     assert all(n <= 2 for _, n in windows), windows  # the Rate it took on still holds
 
 
@@ -516,7 +498,7 @@ def _asleep(engine: sa.Engine, worker: cyclone.Worker) -> bool:
     ("limit", "end"), [("defined", "completed"), ("taken on", "completed"), ("defined", "failed")]
 )
 def test_a_limited_job_that_ends_wakes_the_worker_waiting_for_its_slot_in_another_queue(
-    engine: sa.Engine, name: str, limit: str, end: str
+    engine: sa.Engine, name: str, limit: str, end: str, serving: Any
 ) -> None:
     # The worker whose job ended had room again, but not for the waiting job (another
     # queue): it rang only when it had no room, or, for a limit it took on from an earlier
@@ -538,27 +520,21 @@ def test_a_limited_job_that_ends_wakes_the_worker_waiting_for_its_slot_in_anothe
     if limit == "taken on":
         renamed = cyclone.Concurrency(1, name=f"{name}-new")
         kind = cyclone.step(name, concurrency=renamed, max_attempts=1)(hold)
-    workers = [
+    one, two = (
         cyclone.Worker(engine, steps=[kind], queues={queue: 1}, poll_interval=3600, sweep=False)
         for queue in ("one", "two")
-    ]
-    serving = [Background(workers[0].run)]
+    )
     try:
+        serving(one)
         wait_until(lambda: first.status().state == "running", timeout=30)
-        serving.append(Background(workers[1].run))
-        wait_until(lambda: _asleep(engine, workers[1]), timeout=30)
+        serving(two)
+        wait_until(lambda: _asleep(engine, two), timeout=30)
         assert second.status().state == "available"
         release.set()
         assert first.wait(timeout=30).state.value == end
         assert second.wait(timeout=30).state.value == "completed"
     finally:
-        release.set()
-        for worker in workers:
-            worker.stop()
-        for each in serving:
-            each.join(30)
-        for worker in workers:
-            worker.close()
+        release.set()  # the serving fixture stops both workers
 
 
 def test_a_worker_that_takes_a_freed_slot_again_rings_no_other_worker(

@@ -17,7 +17,9 @@ import pytest
 import sqlalchemy as sa
 
 import cyclone
+from cyclone.schema import jobs
 from tests.conftest import wait_until
+from tests.support.factories import starts_per_second
 from tests.support.flow_proc import map_workflow
 from tests.test_flow_control import spawn, stop
 
@@ -96,14 +98,9 @@ def test_a_rate_on_a_map_starts_at_most_limit_items_per_window(
     serving(cyclone.Worker(engine, workflows=[wf], concurrency=4, poll_interval=0.2))
     serving(cyclone.Worker(engine, workflows=[wf], concurrency=4, poll_interval=0.2))
     assert run.result(timeout=60) == [2 * i for i in range(8)]
-    with engine.connect() as conn:
-        windows = conn.execute(
-            sa.text(
-                "SELECT floor(extract(epoch FROM attempted_at)), count(*) FROM cyclone_jobs "
-                "WHERE workflow = :w AND limit_name = :n GROUP BY 1 ORDER BY 1"
-            ),
-            {"w": name, "n": f"step:{name}.double"},
-        ).all()
+    windows = starts_per_second(
+        engine, jobs.c.workflow == name, jobs.c.limit_name == f"step:{name}.double"
+    )
     assert all(n <= 3 for _, n in windows), windows
     assert len(windows) >= 3, windows
 

@@ -19,7 +19,9 @@ import pytest
 import sqlalchemy as sa
 
 import cyclone
+from cyclone.schema import jobs
 from tests.conftest import wait_until
+from tests.support.factories import starts_per_second
 from tests.support.flow_proc import step_workflows
 from tests.test_flow_control import spawn, stop
 
@@ -423,14 +425,7 @@ def test_a_rate_on_a_step_starts_at_most_limit_attempts_per_window(
     serving(cyclone.Worker(engine, workflows=[wf], concurrency=4, poll_interval=0.2))
     for run in runs:
         wait_until(lambda run=run: run.status().state == "completed", timeout=30)
-    with engine.connect() as conn:
-        windows = conn.execute(
-            sa.text(
-                "SELECT floor(extract(epoch FROM attempted_at)), count(*) FROM cyclone_jobs "
-                "WHERE workflow = :w GROUP BY 1 ORDER BY 1"
-            ),
-            {"w": name},
-        ).all()
+    windows = starts_per_second(engine, jobs.c.workflow == name)
     assert all(n <= 3 for _, n in windows), windows
     assert len(windows) >= 3, windows
 

@@ -171,16 +171,22 @@ def test_cancel_in_progress_cancels_the_oldest_run_and_admits_the_new_one(
     wait_until(lambda: new.status().state == "completed", timeout=20)
 
 
+def completed_run(engine: sa.Engine, wf: cyclone.Workflow[Any], release: threading.Event) -> Any:
+    """A run of key ``a`` of ``blocking_workflow`` that ran to its end; ``release`` is
+    cleared again, so the key's next runs block."""
+    done = wf.submit(engine, {"k": "a", "n": 1})
+    release.set()
+    cyclone.Worker(engine, workflows=[wf], concurrency=2).drain()
+    assert done.status().state == "completed"
+    release.clear()
+    return done
+
+
 def test_retry_of_an_ended_run_respects_the_limit(
     engine: sa.Engine, name: str, serving: Any
 ) -> None:
     wf, release = blocking_workflow(name)
-    done = wf.submit(engine, {"k": "a", "n": 1})
-    release.set()
-    worker = cyclone.Worker(engine, workflows=[wf], concurrency=2)
-    worker.drain()
-    assert done.status().state == "completed"
-    release.clear()
+    done = completed_run(engine, wf, release)
     busy = wf.submit(engine, {"k": "a", "n": 2})
     waiting = wf.submit(engine, {"k": "a", "n": 3})
     serving(cyclone.Worker(engine, workflows=[wf], concurrency=2, poll_interval=30))
@@ -202,11 +208,7 @@ def test_a_fork_counts_as_a_run_in_progress_of_its_sources_key_and_needs_room(
     # A fork was inserted started with no limit: it ran beside the key's run in progress,
     # and later runs of the key were admitted beside it.
     wf, release = blocking_workflow(name)
-    done = wf.submit(engine, {"k": "a", "n": 1})
-    release.set()
-    cyclone.Worker(engine, workflows=[wf], concurrency=2).drain()
-    assert done.status().state == "completed"
-    release.clear()
+    done = completed_run(engine, wf, release)
     busy = wf.submit(engine, {"k": "a", "n": 2})
     serving(cyclone.Worker(engine, workflows=[wf], concurrency=2, poll_interval=30))
     wait_until(lambda: started(engine, busy))

@@ -59,6 +59,15 @@ def count_jobs(engine: sa.Engine, workflow: str) -> int:
         return int(conn.execute(created).scalar_one() + conn.execute(to_create).scalar_one())
 
 
+def starts_per_second(engine: sa.Engine, *where: Any) -> list[tuple[float, int]]:
+    """Attempts started in each second (a one-second Rate's windows) by the jobs ``where``
+    selects, in time order."""
+    second = sa.func.floor(sa.extract("epoch", jobs.c.attempted_at))
+    stmt = sa.select(second, sa.func.count()).where(*where).group_by(second).order_by(second)
+    with engine.connect() as conn:
+        return [(float(at), int(n)) for at, n in conn.execute(stmt)]
+
+
 def run_ids(engine: sa.Engine, workflow: str) -> set[uuid.UUID]:
     with engine.connect() as conn:
         return set(conn.execute(sa.select(runs.c.id).where(runs.c.workflow == workflow)).scalars())
