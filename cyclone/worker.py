@@ -375,6 +375,9 @@ class Worker:
         self._limited: set[tuple[int, int]] = set()
         """``(id, lease)`` of the jobs in flight that a limited claim took: one leaving
         running frees a slot, of a limit it defines or one it took on (``_adopt_limits``)."""
+        self._parked_limited = 0
+        """Limited jobs that parked since the last record: their slots are free, and no
+        statement of theirs rang (a child node that finds its child submitted parks again)."""
         self._served = _limits_store.Served(
             tuple(sorted(self.steps)), tuple(sorted(self.workflows))
         )
@@ -849,7 +852,9 @@ class Worker:
                 if not isinstance(outcome, _waits.Parked):
                     self._pending[job.id, job.lease] = (job, outcome)
                     continue
-                self._limited.discard((job.id, job.lease))
+                if (job.id, job.lease) in self._limited:
+                    self._limited.discard((job.id, job.lease))
+                    self._parked_limited += 1
                 if outcome.timed_out is not None:  # recorded as it was decided
                     if outcome.timed_out.retry_in is not None:
                         self.stats.retried += 1
@@ -1086,8 +1091,10 @@ class Worker:
         failures = [o for _, o in outcomes if isinstance(o, _completion.Failure)]
         returned = [o for _, o in outcomes if isinstance(o, _waits.HandBack)]
         claimed: list[_claim.Claimed] = []
-        # Before any is settled: a limited job that failed or was handed back frees a slot too.
-        freed = sum(1 for job, _ in outcomes if (job.id, job.lease) in self._limited)
+        # Before any is settled: a limited job that failed, was handed back or parked frees
+        # a slot too.
+        freed = self._parked_limited
+        freed += sum(1 for job, _ in outcomes if (job.id, job.lease) in self._limited)
         retaken = 0
         try:
             if failures:
@@ -1214,6 +1221,7 @@ class Worker:
         if self._db_failures:
             log.info("worker %s reaches the database again", self.id)
         self._db_failures = 0
+        self._parked_limited = 0
         return claimed, False
 
     def _settle(self, outcomes: list[Any], recorded: set[int]) -> None:

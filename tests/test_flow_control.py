@@ -469,7 +469,7 @@ def test_list_limits_counts_a_shared_rates_jobs_alone_and_beside_a_concurrency_t
         conn.execute(sa.text("DELETE FROM cyclone_jobs WHERE kind LIKE :p"), {"p": name + "%"})
 
 
-def _asleep(engine: sa.Engine, worker: cyclone.Worker) -> bool:
+def asleep(engine: sa.Engine, worker: cyclone.Worker) -> bool:
     """Whether ``worker`` is recorded as waiting for work and its own connection went idle
     after its last claim: it sleeps, and only a NOTIFY (or its poll) wakes it."""
     held = worker._held
@@ -528,7 +528,7 @@ def test_a_limited_job_that_ends_wakes_the_worker_waiting_for_its_slot_in_anothe
         serving(one)
         wait_until(lambda: first.status().state == "running", timeout=30)
         serving(two)
-        wait_until(lambda: _asleep(engine, two), timeout=30)
+        wait_until(lambda: asleep(engine, two), timeout=30)
         assert second.status().state == "available"
         release.set()
         assert first.wait(timeout=30).state.value == end
