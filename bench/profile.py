@@ -10,6 +10,7 @@
     .venv/bin/python -m bench.profile notify       # 8 submitters: raw, raw + NOTIFY, cyclone
     .venv/bin/python -m bench.profile unprepared   # figure k: statements planned on every call
     .venv/bin/python -m bench.profile start        # a drain's fixed cost: drains of an empty queue
+    .venv/bin/python -m bench.profile writes       # WAL, row versions, index entries per step
 
 Each creates and drops its own throwaway database, like ``bench.run``. The profiles are
 in ``bench/profiles/``, one module per question.
@@ -29,7 +30,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from bench import db
-from bench.profiles import drain, notify, ping, statements, submit
+from bench.profiles import drain, notify, ping, statements, submit, writes
 
 CHOICES = [
     "submit",
@@ -42,6 +43,7 @@ CHOICES = [
     "notify",
     "unprepared",
     "start",
+    "writes",
 ]
 
 
@@ -74,6 +76,8 @@ def main() -> None:
                 statements.unprepared(engine, args.n)
             elif args.what == "start":
                 drain.start(engine, min(args.n, 50))
+            elif args.what == "writes":
+                writes.writes(engine, args.n)
             else:
                 statements.explain(engine)
         finally:
