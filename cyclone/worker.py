@@ -1134,7 +1134,6 @@ class Worker:
             self._claim_turn += 1
             start = self._claim_turn % len(turns) if turns else 0
             carrying = successes
-            rang = False
             for name, limit in turns[start:] + turns[:start] or [("*", 0)]:
                 if left <= 0 and not carrying:
                     break
@@ -1151,16 +1150,33 @@ class Worker:
                         limit=min(limit, left),
                         steps=self._gated_steps,
                         paired=self._paired,
-                        ended=0 if rang else freed,
                     )
-                    rang = rang or freed > 0  # decided: the statement rang unless it took them
                     unblocked.append(sum(1 for o in carrying if o.job_id in upstream))
                     if carrying:
                         self._settle(carrying, recorded)
                     carrying = []
                     self._limited.update((job.id, job.lease) for job in got)
+                    retaken += len(got)
                     claimed += got
                     left -= len(got)
+                    room = min(limit - len(got), left)
+                    if freed > retaken and room > 0:
+                        # Its claim saw the jobs it recorded still running: claim again for
+                        # the slots they freed, rather than ring and wait for its own ring.
+                        got = _limits_store.claim_gated(
+                            held,
+                            worker_id=self.id,
+                            names=self._gated,
+                            queues=scope.queues,
+                            served=self._served,
+                            limit=room,
+                            steps=self._gated_steps,
+                            paired=self._paired,
+                        )
+                        self._limited.update((job.id, job.lease) for job in got)
+                        retaken += len(got)
+                        claimed += got
+                        left -= len(got)
                     continue
                 recorded, got = _claim.record_and_claim(
                     held,
@@ -1198,7 +1214,7 @@ class Worker:
             if self._child_nodes and (deliver or self._draining):
                 # Wake the child nodes whose child runs ended (a run's end rang, or a poll).
                 self._delivered += _children.deliver(self.engine)
-            if freed > retaken and not rang:
+            if freed > retaken:
                 # Limited jobs left running and this worker did not take all their slots
                 # again: one may be for a job it does not take (no room, another queue or
                 # kind under the same limit's name): wake the others now, not at their poll.

@@ -537,15 +537,19 @@ def test_a_limited_job_that_ends_wakes_the_worker_waiting_for_its_slot_in_anothe
         release.set()  # the serving fixture stops both workers
 
 
+@pytest.mark.parametrize("serves", ["a limited and an unlimited kind", "a limited kind only"])
 def test_a_worker_that_takes_a_freed_slot_again_rings_no_other_worker(
-    engine: sa.Engine, name: str
+    engine: sa.Engine, name: str, serves: str
 ) -> None:
     # A worker serving a limited kind and an unlimited one records an end, then claims
     # the limited jobs in a statement of its own, which takes the freed slot again: it
     # rang at every end all the same, waking every idle worker; now only when a slot
-    # stays free (the last job's end).
+    # stays free (the last job's end). A worker serving only limited kinds records and
+    # claims in one statement, which cannot see the slot it frees: that statement rang,
+    # at every end, and the worker waited for its own ring; it now claims again at once.
     step = cyclone.step(name, concurrency=cyclone.Concurrency(1))(lambda ctx, args: None)
     free = cyclone.step(f"{name}.free")(lambda ctx, args: None)
+    served = [step, free] if serves.startswith("a limited and") else [step]
     for n in range(5):
         step.enqueue(engine, {"n": n})
     conninfo = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
@@ -555,7 +559,7 @@ def test_a_worker_that_takes_a_freed_slot_again_rings_no_other_worker(
         listening.execute("INSERT INTO cyclone_waiters VALUES ('elsewhere', now() + '1 minute')")
         listening.execute('LISTEN "cyclone_jobs_available"')
         try:
-            with cyclone.Worker(engine, steps=[step, free], sweep=False) as worker:
+            with cyclone.Worker(engine, steps=served, sweep=False) as worker:
                 assert worker.drain() == 5
             rings = sum(1 for _ in listening.notifies(timeout=0.5))
         finally:

@@ -520,12 +520,6 @@ def _gated_result(
         )
         source = claimed.outerjoin(runs, runs.c.id == claimed.c.run_id)
     if completing:
-        # Limited jobs that ended freed their slots: when this claim takes fewer jobs than
-        # ended, a freed slot may be for a job of a kind, workflow or queue this worker does
-        # not serve under the same name, or for a worker with room: ring the others.
-        taken = select(func.count()).select_from(claimed).scalar_subquery()
-        ring = case((taken < bindparam("ended", type_=Integer), _notify_workers()))
-        stmt = stmt.add_columns(ring)
         one = select(const(1, Integer).label("one")).subquery("one")
         source = one.outerjoin(source, true())
         for cte in extra:
@@ -583,17 +577,15 @@ def record_and_claim_gated(
     served: Served,
     limit: int,
     steps: bool = False,
-    ended: int = 0,
     paired: bool = False,
 ) -> tuple[set[int], list[Claimed]]:
     """Record ``successes`` and claim up to ``limit`` limited jobs in one autocommit
     statement: the ids of the successes recorded (the others were refused), the jobs.
-    When it claims fewer limited jobs than ``ended`` (the limited jobs that left running
-    since the last claim), it rings NOTIFY: a slot it did not take again may be for
-    another worker."""
+    Its claim sees the jobs it records still running: the slots they free are for the
+    next claim."""
     rows = conn.rows(
         _fast_claim_gated(names, queues, served, max(0, limit), steps, True, paired),
-        {"me": worker_id, "items": _completion.items_payload(successes), "ended": ended},
+        {"me": worker_id, "items": _completion.items_payload(successes)},
     )
     recorded: set[int] = set(rows[0][0] or ()) if rows else set()
     return recorded, [_claimed(row) for row in rows if row[1] is not None]
