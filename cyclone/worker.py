@@ -74,6 +74,11 @@ DUE_SLACK = 0.005
 """Seconds added to a scheduled job's due time, so the claim that wakes for it finds it due."""
 WAIT_RECORD = 60.0
 """How long an idle worker's record in ``cyclone_waiters`` lasts; renewed halfway."""
+CONTENDED_RETRY = 0.002
+CONTENDED_CAP = 0.5
+"""Seconds before claiming again when a limited claim could not serve a key with room and
+a due job (another claim held it, or had just claimed from it): 2 ms, doubling up to
+0.5 s while it stays so (a transaction holding a key's lock, a fork's)."""
 SETTLE_RETRY = 0.01
 SETTLE_CAP = 0.5
 """Seconds between looks at the ring slots still held when an idle worker recorded itself:
@@ -378,6 +383,9 @@ class Worker:
         self._parked_limited = 0
         """Limited jobs that parked since the last record: their slots are free, and no
         statement of theirs rang (a child node that finds its child submitted parks again)."""
+        self._contended = 0
+        """Keys with room and a due job that the last limited claims could not serve."""
+        self._contention_looks = 0
         self._served = _limits_store.Served(
             tuple(sorted(self.steps)), tuple(sorted(self.workflows))
         )
@@ -876,6 +884,7 @@ class Worker:
             failed = False
             self._delivered = 0
             self._unblocked = 0
+            self._contended = 0
             if outcomes or free:
                 recheck_due = self._recheck_due or time.monotonic() >= poll_due
                 self._recheck_due = False
@@ -911,6 +920,19 @@ class Worker:
                 and len(claimed) < sum(free.values())
                 and not self._stopping.is_set()
             ):
+                woken = True
+                continue
+            if not self._contended:
+                self._contention_looks = 0
+            elif self._free() and not self._stopping.is_set():
+                # A limited key with room and a due job that this claim could not serve
+                # (another worker's claim held it): nothing will ring for it, so claim again
+                # shortly rather than at the poll.
+                self._contention_looks += 1
+                delay = _retry.doubling(CONTENDED_RETRY, CONTENDED_CAP, self._contention_looks)
+                if self._outcomes.empty():
+                    self._wake.wait(delay)
+                self._wake.clear()
                 woken = True
                 continue
             idle = not self._inflight and not self._pending and not claimed
@@ -1117,6 +1139,7 @@ class Worker:
             left = self._capacity() - len(self._inflight)
             woke: list[int] = []
             unblocked: list[int] = []
+            contended: list[int] = []
             # The limited claim continues no step: a success of a step with dependents
             # may have made them available.
             upstream = (
@@ -1150,6 +1173,7 @@ class Worker:
                         limit=min(limit, left),
                         steps=self._gated_steps,
                         paired=self._paired,
+                        contended=contended,
                     )
                     unblocked.append(sum(1 for o in carrying if o.job_id in upstream))
                     if carrying:
@@ -1172,6 +1196,7 @@ class Worker:
                             limit=room,
                             steps=self._gated_steps,
                             paired=self._paired,
+                            contended=contended,
                         )
                         self._limited.update((job.id, job.lease) for job in got)
                         retaken += len(got)
@@ -1204,6 +1229,7 @@ class Worker:
                         limit=room,
                         steps=self._gated_steps,
                         paired=self._paired,
+                        contended=contended,
                     )
                     self._limited.update((job.id, job.lease) for job in got)
                     retaken += len(got)
@@ -1211,6 +1237,7 @@ class Worker:
                     left -= len(got)
             self._delivered = sum(woke)
             self._unblocked = sum(unblocked)
+            self._contended = sum(contended)
             if self._child_nodes and (deliver or self._draining):
                 # Wake the child nodes whose child runs ended (a run's end rang, or a poll).
                 self._delivered += _children.deliver(self.engine)

@@ -577,3 +577,41 @@ def test_a_serving_worker_runs_a_limited_kinds_jobs_one_after_another_without_po
     jobs = [step.enqueue(engine, {"n": n}) for n in range(5)]
     for job in jobs:
         assert job.wait(timeout=30).state.value == "completed"
+
+
+def test_two_workers_woken_by_one_ring_both_take_a_job_of_a_key_with_room(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    # Found by a review: the limited claim locks a key's row SKIP LOCKED, and skips a key
+    # claimed from since its snapshot. Of two workers woken by one NOTIFY, the one that
+    # lost the race for the key claimed nothing and slept until its poll, though the key
+    # had room and a job waited.
+    release = threading.Event()
+
+    def hold(ctx: cyclone.StepContext, n: int) -> int:
+        release.wait(60)
+        return n
+
+    kind = cyclone.step(name, concurrency=cyclone.Concurrency(5))(hold)
+    one, two = (
+        cyclone.Worker(engine, steps=[kind], concurrency=1, poll_interval=3600, sweep=False)
+        for _ in range(2)
+    )
+    try:
+        serving(one)
+        serving(two)
+        for _ in range(3):
+            wait_until(lambda: asleep(engine, one) and asleep(engine, two), timeout=30)
+            with engine.begin() as conn:
+                first = kind.enqueue_tx(conn, 1)
+                second = kind.enqueue_tx(conn, 2)
+            wait_until(
+                lambda: first.status().state == second.status().state == "running",
+                timeout=10,
+                message=lambda: f"{first.status().state}, {second.status().state}",
+            )
+            release.set()
+            assert first.wait(timeout=30).state.value == second.wait(timeout=30).state.value
+            release.clear()
+    finally:
+        release.set()

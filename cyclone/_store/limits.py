@@ -12,7 +12,8 @@ of its ordinary claim, and claims them here instead, one statement per claim:
    key row's ``version`` under its lock, and a locked row is read at its newest
    version: a key whose locked version differs from the one in the snapshot was
    claimed from by a transaction the snapshot does not see, so its count may be short,
-   and it is skipped this time (the next claim serves it). Otherwise every claim of the
+   and it is skipped this time. The statement counts the keys it skipped, locked or
+   claimed from since its snapshot, and the worker claims again shortly for them. Otherwise every claim of the
    key is in the snapshot and the count is exact or higher (a job ended since): never
    too low. A Rate's room is ``max`` minus the starts in the key's current window, kept
    on the locked row itself.
@@ -346,7 +347,44 @@ def claim_gated_stmt(
     )
     bumped = _served_paired(claimed) if paired else _served(claimed, locked)
     served_count = select(func.count()).select_from(bumped).scalar_subquery()
-    return _gated_result(claimed, served_count, steps, completing, runs_locked, top)
+    contended = _contended(names, queues, served, steps, top, locked, in_snapshot)
+    return _gated_result(claimed, served_count, contended, steps, completing, runs_locked, top)
+
+
+def _contended(
+    names: tuple[str, ...],
+    queues: tuple[str, ...] | None,
+    served: Served,
+    steps: bool,
+    top: Any,
+    locked: Any,
+    in_snapshot: Any,
+) -> Any:
+    """How many keys with room and a due job the claim could not serve this time: locked
+    by another claim (``SKIP LOCKED``), or claimed from since its snapshot. Their jobs are
+    for the next claim, which the worker makes at once rather than at its poll: a NOTIFY
+    that woke two workers for one key woke the one that lost the race for nothing."""
+    k, lim = limit_keys.alias("ek"), limits.alias("el")
+    window = _window(lim.c.per)
+    used = case(
+        (lim.c.per.is_(None), _running_of(k.c.name, k.c.key)),
+        (k.c.window_start == window, k.c.window_count),
+        else_=const(0, Integer),
+    )
+    e = jobs.alias("e")
+    eligible = (
+        select(k.c.name)
+        .join_from(k, lim, lim.c.name == k.c.name)
+        .where(
+            one_of(k.c.name, names),
+            lim.c.max - used > const(0, Integer),
+            exists(select(e.c.id).where(*_due(e, k.c.name, k.c.key, queues, served, steps))),
+        )
+        .limit(top)
+        .subquery("eligible")
+    )
+    current = select(func.count()).select_from(locked).where(locked.c.version == in_snapshot)
+    return select(func.count()).select_from(eligible).scalar_subquery() - current.scalar_subquery()
 
 
 def _rate_columns(paired: bool) -> tuple[Any, ...]:
@@ -489,9 +527,16 @@ def _served(claimed: Any, locked: Any) -> Any:
 
 
 def _gated_result(
-    claimed: Any, served_count: Any, steps: bool, completing: bool, runs_locked: Any, top: Any
+    claimed: Any,
+    served_count: Any,
+    contended: Any,
+    steps: bool,
+    completing: bool,
+    runs_locked: Any,
+    top: Any,
 ) -> Any:
-    """The limited claim's rows, as the ordinary claim returns them (see claim_gated_stmt)."""
+    """The limited claim's rows, as the ordinary claim returns them (see claim_gated_stmt),
+    and at least one: its last column counts the keys it could not serve (:func:`_contended`)."""
     recorded: Any = cast(null(), ARRAY(BigInteger))
     extra: tuple[Any, ...] = ()
     if completing:
@@ -508,6 +553,7 @@ def _gated_result(
             claimed.c.trace_context,
             served_count,
             claimed.c.item,
+            contended,
         )
         source: Any = claimed
     else:
@@ -517,13 +563,13 @@ def _gated_result(
             *claimed_step_columns(claimed),
             served_count,
             claimed.c.item,
+            contended,
         )
         source = claimed.outerjoin(runs, runs.c.id == claimed.c.run_id)
-    if completing:
-        one = select(const(1, Integer).label("one")).subquery("one")
-        source = one.outerjoin(source, true())
-        for cte in extra:
-            stmt = stmt.add_cte(cte)
+    one = select(const(1, Integer).label("one")).subquery("one")
+    source = one.outerjoin(source, true())
+    for cte in extra:
+        stmt = stmt.add_cte(cte)
     return stmt.select_from(source).order_by(
         claimed.c.priority, claimed.c.scheduled_at, claimed.c.id
     )
@@ -555,15 +601,20 @@ def claim_gated(
     limit: int,
     steps: bool = False,
     paired: bool = False,
+    contended: list[int] | None = None,
 ) -> list[Claimed]:
     """Claim up to ``limit`` due jobs of the limits ``names`` that ``served`` covers, in
-    one autocommit statement (``steps``: some are workflow steps)."""
+    one autocommit statement (``steps``: some are workflow steps). ``contended`` is
+    appended how many keys with room and a due job it could not serve (another claim
+    held or had just claimed from them): the next claim can."""
     if limit <= 0 or not names:
         return []
     rows = conn.rows(
         _fast_claim_gated(names, queues, served, limit, steps, False, paired), {"me": worker_id}
     )
-    return [_claimed(row) for row in rows]
+    if contended is not None and rows:
+        contended.append(int(rows[0][-1]))
+    return [_claimed(row) for row in rows if row[1] is not None]
 
 
 @_observe.claims
@@ -578,15 +629,18 @@ def record_and_claim_gated(
     limit: int,
     steps: bool = False,
     paired: bool = False,
+    contended: list[int] | None = None,
 ) -> tuple[set[int], list[Claimed]]:
     """Record ``successes`` and claim up to ``limit`` limited jobs in one autocommit
     statement: the ids of the successes recorded (the others were refused), the jobs.
     Its claim sees the jobs it records still running: the slots they free are for the
-    next claim."""
+    next claim. ``contended`` as for :func:`claim_gated`."""
     rows = conn.rows(
         _fast_claim_gated(names, queues, served, max(0, limit), steps, True, paired),
         {"me": worker_id, "items": _completion.items_payload(successes)},
     )
+    if contended is not None and rows:
+        contended.append(int(rows[0][-1]))
     recorded: set[int] = set(rows[0][0] or ()) if rows else set()
     return recorded, [_claimed(row) for row in rows if row[1] is not None]
 
