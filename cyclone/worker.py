@@ -377,12 +377,14 @@ class Worker:
         """The (workflow, kind) of the limited jobs served by its definitions."""
         self._unlimited_kinds: frozenset[str] = frozenset()
         """Limited kinds with jobs enqueued before their limit: the ordinary claim takes those."""
-        self._limited: set[tuple[int, int]] = set()
-        """``(id, lease)`` of the jobs in flight that a limited claim took: one leaving
-        running frees a slot, of a limit it defines or one it took on (``_adopt_limits``)."""
-        self._parked_limited = 0
-        """Limited jobs that parked since the last record: their slots are free, and no
-        statement of theirs rang (a child node that finds its child submitted parks again)."""
+        self._limited: dict[tuple[int, int], tuple[str, str]] = {}
+        """The slot (limit name, key) of each job in flight, by ``(id, lease)``, that a
+        limited claim took: one leaving running frees it, of a limit it defines or one it
+        took on (``_adopt_limits``)."""
+        self._freed: Counter[tuple[str, str]] = Counter()
+        """Slots freed by jobs that ended, failed, were handed back or parked (a child node
+        that finds its child submitted parks again) and not rung for yet: kept until a
+        round of claims succeeds, then rung for unless this worker took each again."""
         self._contended = 0
         """Keys with room and a due job that the last limited claims could not serve."""
         self._contention_looks = 0
@@ -647,6 +649,7 @@ class Worker:
                 self._stop_deadline = None
                 self._inflight.clear()
                 self._limited.clear()
+                self._freed.clear()
                 self._pending.clear()
                 self._busy.clear()
 
@@ -849,6 +852,7 @@ class Worker:
         while True:
             if self._stopping.is_set() and self._stop_now():
                 self._hand_back()
+                self._ring_freed()
                 return True
             if self._batching():
                 self._wake.wait(min(self.heartbeat_interval, IDLE_WAKE))
@@ -860,9 +864,7 @@ class Worker:
                 if not isinstance(outcome, _waits.Parked):
                     self._pending[job.id, job.lease] = (job, outcome)
                     continue
-                if (job.id, job.lease) in self._limited:
-                    self._limited.discard((job.id, job.lease))
-                    self._parked_limited += 1
+                self._free_slot(job.id, job.lease)
                 if outcome.timed_out is not None:  # recorded as it was decided
                     if outcome.timed_out.retry_in is not None:
                         self.stats.retried += 1
@@ -944,6 +946,7 @@ class Worker:
                     continue
                 if until_idle and not self._stopping.is_set() and self._adopt_limits():
                     continue  # the runs it started left steps under earlier limits
+                self._ring_freed()
                 return False
             if claimed or outcomes:
                 confirmed = not merges
@@ -1113,11 +1116,11 @@ class Worker:
         failures = [o for _, o in outcomes if isinstance(o, _completion.Failure)]
         returned = [o for _, o in outcomes if isinstance(o, _waits.HandBack)]
         claimed: list[_claim.Claimed] = []
-        # Before any is settled: a limited job that failed, was handed back or parked frees
-        # a slot too.
-        freed = self._parked_limited
-        freed += sum(1 for job, _ in outcomes if (job.id, job.lease) in self._limited)
-        retaken = 0
+        # Before any is settled: a limited job that failed or was handed back frees a slot
+        # too. Kept in _freed if a statement below fails, for the round that succeeds.
+        for job, _ in outcomes:
+            self._free_slot(job.id, job.lease)
+        retaken: Counter[tuple[str, str]] = Counter()
         try:
             if failures:
                 ended: set[int] = set()
@@ -1179,12 +1182,11 @@ class Worker:
                     if carrying:
                         self._settle(carrying, recorded)
                     carrying = []
-                    self._limited.update((job.id, job.lease) for job in got)
-                    retaken += len(got)
+                    self._take_slots(got, retaken)
                     claimed += got
                     left -= len(got)
                     room = min(limit - len(got), left)
-                    if freed > retaken and room > 0:
+                    if self._unmatched(retaken) and room > 0:
                         # Its claim saw the jobs it recorded still running: claim again for
                         # the slots they freed, rather than ring and wait for its own ring.
                         got = _limits_store.claim_gated(
@@ -1198,8 +1200,7 @@ class Worker:
                             paired=self._paired,
                             contended=contended,
                         )
-                        self._limited.update((job.id, job.lease) for job in got)
-                        retaken += len(got)
+                        self._take_slots(got, retaken)
                         claimed += got
                         left -= len(got)
                     continue
@@ -1231,8 +1232,7 @@ class Worker:
                         paired=self._paired,
                         contended=contended,
                     )
-                    self._limited.update((job.id, job.lease) for job in got)
-                    retaken += len(got)
+                    self._take_slots(got, retaken)
                     claimed += got
                     left -= len(got)
             self._delivered = sum(woke)
@@ -1241,7 +1241,7 @@ class Worker:
             if self._child_nodes and (deliver or self._draining):
                 # Wake the child nodes whose child runs ended (a run's end rang, or a poll).
                 self._delivered += _children.deliver(self.engine)
-            if freed > retaken:
+            if self._unmatched(retaken):
                 # Limited jobs left running and this worker did not take all their slots
                 # again: one may be for a job it does not take (no room, another queue or
                 # kind under the same limit's name): wake the others now, not at their poll.
@@ -1264,8 +1264,35 @@ class Worker:
         if self._db_failures:
             log.info("worker %s reaches the database again", self.id)
         self._db_failures = 0
-        self._parked_limited = 0
+        self._freed.clear()
         return claimed, False
+
+    def _free_slot(self, job_id: int, lease: int) -> None:
+        """Note that the job left running: the slot a limited claim gave it is free."""
+        slot = self._limited.pop((job_id, lease), None)
+        if slot is not None:
+            self._freed[slot] += 1
+
+    def _take_slots(self, got: list[_claim.Claimed], taken: Counter[tuple[str, str]]) -> None:
+        """Note the slots that a limited claim took, in ``taken`` too."""
+        for job in got:
+            if job.slot is not None:
+                self._limited[job.id, job.lease] = job.slot
+                taken[job.slot] += 1
+
+    def _unmatched(self, taken: Counter[tuple[str, str]]) -> bool:
+        """Whether a slot freed is one this worker did not take again in ``taken``."""
+        return any(n > taken[slot] for slot, n in self._freed.items())
+
+    def _ring_freed(self) -> None:
+        """Ring for the slots freed and not rung for yet (a worker that stops claims nothing)."""
+        if not self._freed or self._held is None:
+            return
+        try:
+            _limits_store.ring(self._held)
+        except Exception as exc:
+            log.debug("worker %s could not ring for the slots it freed (%s)", self.id, exc)
+        self._freed.clear()
 
     def _settle(self, outcomes: list[Any], recorded: set[int]) -> None:
         """Count recorded outcomes, log refused ones; neither is pending any more.
@@ -1279,7 +1306,7 @@ class Worker:
             newest[outcome.job_id] = max(outcome.lease, newest.get(outcome.job_id, 0))
         for outcome in outcomes:
             job, _ = self._pending.pop((outcome.job_id, outcome.lease), (None, None))
-            self._limited.discard((outcome.job_id, outcome.lease))
+            self._limited.pop((outcome.job_id, outcome.lease), None)
             if outcome.job_id not in recorded or outcome.lease < newest[outcome.job_id]:
                 self.stats.refused += 1
                 log.warning(

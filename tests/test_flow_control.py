@@ -605,13 +605,124 @@ def test_two_workers_woken_by_one_ring_both_take_a_job_of_a_key_with_room(
             with engine.begin() as conn:
                 first = kind.enqueue_tx(conn, 1)
                 second = kind.enqueue_tx(conn, 2)
+            pair = (first, second)
             wait_until(
-                lambda: first.status().state == second.status().state == "running",
+                lambda pair=pair: [job.status().state for job in pair] == ["running"] * 2,
                 timeout=10,
-                message=lambda: f"{first.status().state}, {second.status().state}",
+                message=lambda pair=pair: str([job.status().state for job in pair]),
             )
             release.set()
-            assert first.wait(timeout=30).state.value == second.wait(timeout=30).state.value
+            assert [job.wait(timeout=30).state.value for job in pair] == ["completed"] * 2
             release.clear()
+    finally:
+        release.set()
+
+
+def test_a_slot_freed_under_one_limit_rings_though_the_worker_takes_a_slot_of_another(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    # Found by a review. W1 (concurrency 1) serves a (limit A) and b (limit B); W2 serves
+    # c (limit A too). a1 ends and W1's claim takes b1 (limit B): the worker counted one
+    # slot freed and one taken, and rang no one, though A's slot was free and c1 waited
+    # for it on W2 until its poll. Slots are now told by limit and key.
+    release_a = threading.Event()
+    release_b = threading.Event()
+
+    def hold_a(ctx: cyclone.StepContext, n: int) -> int:
+        release_a.wait(60)
+        return n
+
+    def hold_b(ctx: cyclone.StepContext, n: int) -> int:
+        release_b.wait(60)
+        return n
+
+    a = cyclone.step(f"{name}.a", concurrency=cyclone.Concurrency(1, name=f"{name}-A"))(hold_a)
+    b = cyclone.step(f"{name}.b", concurrency=cyclone.Concurrency(1, name=f"{name}-B"))(hold_b)
+    c = cyclone.step(f"{name}.c", concurrency=cyclone.Concurrency(1, name=f"{name}-A"))(
+        lambda ctx, n: n
+    )
+    w1 = cyclone.Worker(engine, steps=[a, b], concurrency=1, poll_interval=3600, sweep=False)
+    w2 = cyclone.Worker(engine, steps=[c], poll_interval=3600, sweep=False)
+    try:
+        a1 = a.enqueue(engine, 1)
+        serving(w1)
+        wait_until(lambda: a1.status().state == "running", timeout=30)
+        b1 = b.enqueue(engine, 1)  # W1 is full: it waits
+        c1 = c.enqueue(engine, 1)  # limit A is full: it waits
+        serving(w2)
+        wait_until(lambda: asleep(engine, w2), timeout=30)
+        assert c1.status().state == "available"
+        release_a.set()
+        assert a1.wait(timeout=30).state.value == "completed"
+        wait_until(lambda: b1.status().state == "running", timeout=30)
+        # A's slot is free now; c1 starts at once, while b1 still runs.
+
+        def state() -> str:
+            with engine.connect() as conn:
+                running_a = conn.execute(
+                    sa.select(sa.func.count()).where(
+                        jobs.c.limit_name == f"{name}-A", jobs.c.state == "running"
+                    )
+                ).scalar()
+            return (
+                f"c1 is {c1.status().state}, {running_a} running under limit A, "
+                f"W2 asleep: {asleep(engine, w2)}"
+            )
+
+        wait_until(lambda: c1.status().state == "completed", timeout=15, message=state)
+    finally:
+        release_a.set()
+        release_b.set()
+
+
+def test_a_slot_freed_by_a_failure_is_rung_for_after_the_next_statement_failed(
+    engine: sa.Engine, name: str, serving: Any, monkeypatch: Any
+) -> None:
+    # Found by a review. W1's limited job fails: its failure is recorded (committed), then
+    # the record-and-claim statement fails once (a lost connection, injected). The round
+    # tried again counted no freed slot, so nothing rang for c1 on W2 until its poll.
+    from cyclone._store import limits as limits_store
+
+    release = threading.Event()
+
+    def fail(ctx: cyclone.StepContext, n: int) -> int:
+        release.wait(60)
+        raise RuntimeError("a1 fails, freeing A's slot")
+
+    a = cyclone.step(
+        f"{name}.a", concurrency=cyclone.Concurrency(1, name=f"{name}-A"), max_attempts=1
+    )(fail)
+    c = cyclone.step(f"{name}.c", concurrency=cyclone.Concurrency(1, name=f"{name}-A"))(
+        lambda ctx, n: n
+    )
+    w1 = cyclone.Worker(engine, steps=[a], concurrency=1, poll_interval=3600, sweep=False)
+    w2 = cyclone.Worker(engine, steps=[c], poll_interval=3600, sweep=False)
+    real = limits_store.record_and_claim_gated
+    armed = threading.Event()
+
+    def flaky(conn: Any, **kw: Any) -> Any:
+        if kw["worker_id"] == w1.id and armed.is_set():
+            armed.clear()
+            raise sa.exc.OperationalError("claim", {}, psycopg.OperationalError("lost"))
+        return real(conn, **kw)
+
+    monkeypatch.setattr(limits_store, "record_and_claim_gated", flaky)
+    try:
+        a1 = a.enqueue(engine, 1)
+        serving(w1)
+        wait_until(lambda: a1.status().state == "running", timeout=30)
+        c1 = c.enqueue(engine, 1)
+        serving(w2)
+        wait_until(lambda: asleep(engine, w2), timeout=30)
+        assert c1.status().state == "available"
+        armed.set()
+        release.set()
+        assert a1.wait(timeout=30).state.value == "failed"
+        wait_until(lambda: not armed.is_set(), timeout=30)  # the injected failure happened
+        wait_until(
+            lambda: c1.status().state == "completed",
+            timeout=15,
+            message=lambda: f"c1 is {c1.status().state}, W2 asleep: {asleep(engine, w2)}",
+        )
     finally:
         release.set()

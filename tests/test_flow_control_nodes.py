@@ -264,6 +264,71 @@ def test_a_limited_child_node_parking_again_wakes_the_worker_waiting_for_its_slo
     wait_until(lambda: run.status().state == "completed", timeout=30)
 
 
+def test_a_limited_child_node_parking_while_its_worker_stops_wakes_the_waiting_worker(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    # Found by a review. As the test above, but the parent's worker is asked to stop while
+    # the node runs: the node parks, and the stopping worker, with no outcome to record
+    # and no room to claim, made no statement that rang for the slot.
+    limit = cyclone.Concurrency(1, name=f"{name}-slot")
+    child: cyclone.Workflow[int] = cyclone.Workflow(f"{name}-child", input=int)
+
+    @child.wait("go")
+    def hold(ctx: cyclone.StepContext, payload: int) -> int:
+        return payload
+
+    parent: cyclone.Workflow[int] = cyclone.Workflow(name, input=int)
+
+    @parent.child(child, concurrency=limit)
+    def start(ctx: cyclone.StepContext, n: int) -> int:
+        return n
+
+    other = cyclone.step(f"{name}.other", concurrency=limit)(lambda ctx, args: args)
+    run = parent.submit(engine, 1)
+    parents = cyclone.Worker(engine, workflows=[parent, child], poll_interval=0.2, sweep=False)
+    background = serving(parents)
+    waiting = cyclone.Worker(engine, steps=[other], poll_interval=3600, sweep=False)
+    serving(waiting)
+    node = (jobs.c.run_id == run.id) & (jobs.c.kind == "start")
+    with engine.connect() as conn:
+        wait_until(
+            lambda: (
+                len(run.children()) == 1
+                and conn.execute(sa.select(jobs.c.state).where(node)).scalar() == "blocked"
+            ),
+            timeout=30,
+        )
+        conn.rollback()
+    (kid,) = run.children()
+    with engine.connect() as locking:
+        locking.execute(sa.select(runs.c.id).where(runs.c.id == kid.id).with_for_update())
+        with engine.begin() as conn:  # as the node is woken when its child ended
+            conn.execute(
+                sa.update(jobs).where(node).values(state="available", scheduled_at=sa.func.now())
+            )
+        with engine.connect() as conn:
+            wait_until(
+                lambda: conn.execute(sa.select(jobs.c.state).where(node)).scalar() == "running",
+                timeout=30,
+            )
+        job = other.enqueue(engine, 1)
+        wait_until(lambda: asleep(engine, waiting), timeout=30)
+        assert job.status().state == "available"
+        parents.stop()  # no grace: it waits for the node, which parks
+        locking.rollback()
+    background.join(30)
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(jobs.c.state).where(node)).scalar() == "blocked"
+    wait_until(
+        lambda: job.status().state == "completed",
+        timeout=15,
+        message=lambda: (
+            f"the job under the freed slot is {job.status().state}, "
+            f"its worker asleep: {asleep(engine, waiting)}"
+        ),
+    )
+
+
 def test_map_and_child_limits_refuse_bad_values_at_definition(name: str) -> None:
     other: cyclone.Workflow[Any] = cyclone.Workflow(f"{name}-other")
     wf: cyclone.Workflow[Any] = cyclone.Workflow(name)

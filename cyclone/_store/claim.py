@@ -72,6 +72,8 @@ class Claimed:
     trace_context: str | None = None
     item: int | None = None
     """A map item's index in the list its map node maps over (its ``input`` is the item)."""
+    slot: tuple[str, str] | None = None
+    """The limit's name and key whose slot a limited claim gave it."""
 
 
 @dataclass(frozen=True, slots=True)

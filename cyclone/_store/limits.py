@@ -13,10 +13,10 @@ of its ordinary claim, and claims them here instead, one statement per claim:
    version: a key whose locked version differs from the one in the snapshot was
    claimed from by a transaction the snapshot does not see, so its count may be short,
    and it is skipped this time. The statement counts the keys it skipped, locked or
-   claimed from since its snapshot, and the worker claims again shortly for them. Otherwise every claim of the
-   key is in the snapshot and the count is exact or higher (a job ended since): never
-   too low. A Rate's room is ``max`` minus the starts in the key's current window, kept
-   on the locked row itself.
+   claimed from since its snapshot, and the worker claims again shortly for them.
+   Otherwise every claim of the key is in the snapshot and the count is exact or higher
+   (a job ended since): never too low. A Rate's room is ``max`` minus the starts in the
+   key's current window, kept on the locked row itself.
 3. **Claim** up to the room of each key, the oldest due jobs first, one job per key
    before a second of any key, and bump each key served: ``served_at``, ``version``
    (by the jobs claimed from it, so it counts at least a Rate window's starts), and for a
@@ -28,6 +28,7 @@ touches no limit row: the count is of the rows, so it cannot drift.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections.abc import Sequence
@@ -553,6 +554,8 @@ def _gated_result(
             claimed.c.trace_context,
             served_count,
             claimed.c.item,
+            claimed.c.limit_name,
+            claimed.c.limit_key,
             contended,
         )
         source: Any = claimed
@@ -563,6 +566,8 @@ def _gated_result(
             *claimed_step_columns(claimed),
             served_count,
             claimed.c.item,
+            claimed.c.limit_name,
+            claimed.c.limit_key,
             contended,
         )
         source = claimed.outerjoin(runs, runs.c.id == claimed.c.run_id)
@@ -573,6 +578,11 @@ def _gated_result(
     return stmt.select_from(source).order_by(
         claimed.c.priority, claimed.c.scheduled_at, claimed.c.id
     )
+
+
+def _slotted(row: Sequence[Any]) -> Claimed:
+    """A limited claim's row: the job, with the limit name and key of its slot."""
+    return dataclasses.replace(_claimed(row), slot=(row[-3], row[-2]))
 
 
 @functools.lru_cache(maxsize=256)
@@ -614,7 +624,7 @@ def claim_gated(
     )
     if contended is not None and rows:
         contended.append(int(rows[0][-1]))
-    return [_claimed(row) for row in rows if row[1] is not None]
+    return [_slotted(row) for row in rows if row[1] is not None]
 
 
 @_observe.claims
@@ -642,7 +652,7 @@ def record_and_claim_gated(
     if contended is not None and rows:
         contended.append(int(rows[0][-1]))
     recorded: set[int] = set(rows[0][0] or ()) if rows else set()
-    return recorded, [_claimed(row) for row in rows if row[1] is not None]
+    return recorded, [_slotted(row) for row in rows if row[1] is not None]
 
 
 def next_gated_due_stmt(
