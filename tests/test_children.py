@@ -451,6 +451,47 @@ def test_retry_all_of_a_parent_reads_its_completed_child_and_makes_no_second_one
     assert job_rows(engine, run.id)["done"].output == 4
 
 
+def test_a_child_run_again_by_its_retry_all_leaves_its_parents_node_until_the_parent_reruns(
+    engine: sa.Engine, name: str
+) -> None:
+    # Found by a review: the docs advise retry_all() on a child's handle to run it again
+    # from scratch, after which the suite's invariant (a completed node's output is its
+    # child's result) failed. The node keeps the result it read until its parent runs it
+    # again; the invariant holds for a child that has not ended again since its node.
+    bump = {"n": 0}
+    leaf: cyclone.ResultWorkflow[int, int] = cyclone.ResultWorkflow(
+        f"{name}-leaf", input=int, output=int
+    )
+
+    @leaf.result()
+    def tens(ctx: cyclone.StepContext, n: int) -> int:
+        return n * 10 + bump["n"]
+
+    top: cyclone.ResultWorkflow[int, int] = cyclone.ResultWorkflow(name, input=int, output=int)
+
+    @top.child(leaf)
+    def sub(ctx: cyclone.StepContext, n: int) -> int:
+        return n + 1
+
+    @top.result(after=[sub])
+    def middle(ctx: cyclone.StepContext, n: int) -> int:
+        return int(ctx.output(sub))
+
+    run = top.submit(engine, 1)
+    drain(engine, top, leaf)
+    assert run.result(timeout=10) == 20
+    (kid,) = run.children()
+    bump["n"] = 1
+    kid.retry_all()
+    drain(engine, top, leaf)
+    assert kid.result(timeout=10) == 21
+    assert run.result() == 20  # the parent's node keeps what it read
+    run.retry_all()
+    drain(engine, top, leaf)
+    assert run.result(timeout=10) == 21
+    assert [c.id for c in run.children()] == [kid.id]
+
+
 def test_a_child_workflows_concurrency_holds_children_as_any_runs(
     engine: sa.Engine, name: str
 ) -> None:

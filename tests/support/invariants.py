@@ -270,12 +270,16 @@ INVARIANTS: tuple[Invariant, ...] = (
         """,
     ),
     Invariant(
-        "a completed child node's (or item's) output is its child run's result",
+        # A child run again (its own retry_all) after its node completed ends later than the
+        # node: the node keeps the result it read until the parent runs it again.
+        "a completed child node's (or item's) output is its child run's result, "
+        "unless the child ended again after the node",
         """
         SELECT j.run_id, j.kind, j.item, c.id AS child_id FROM cyclone_jobs j
         JOIN cyclone_runs c ON c.parent_id = j.run_id AND c.parent_node = j.kind
                            AND j.item IS NOT DISTINCT FROM c.parent_item
         WHERE j.state = 'completed' AND c.state = 'completed'
+          AND c.finalized_at <= j.finalized_at
           AND j.output IS DISTINCT FROM COALESCE(
                 (SELECT r.output FROM cyclone_jobs r
                  WHERE r.run_id = c.id AND r.kind = c.result_step), 'null'::jsonb)
