@@ -7,6 +7,7 @@ them and this module. Nothing here creates tables at runtime.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from sqlalchemy import (
     BigInteger,
@@ -481,6 +482,17 @@ waiters = Table(
 )
 """One row per worker asleep waiting for work: ``cyclone_ring()`` rings only while one is
 recorded with ``waits_until`` still ahead (see :mod:`cyclone._store.notify`)."""
+
+
+def run_lock_order(table: Any = runs) -> tuple[Any, Any]:
+    """The order in which every statement locks several runs: by creation time, then id.
+
+    A child run (``@wf.child``) is created after its parent, in a transaction that holds
+    the parent's lock, so this order puts a parent before its children, as a cancel
+    walking down a tree and a child node locking its run then its child do: no two
+    transactions wait for each other's runs in a cycle (see :mod:`cyclone.states`).
+    """
+    return table.c.created_at, table.c.id
 
 
 def include_name(name: str | None, type_: str, parent_names: object) -> bool:

@@ -535,3 +535,60 @@ def test_listing_a_runs_children_costs_one_statement(
     sql = [q for q in statements.statements if q.split()[0].upper() not in ("BEGIN", "COMMIT")]
     assert len(sql) == 1, sql
     assert "parent_id" in sql[0]
+
+
+def _waiting_on_locks(engine: sa.Engine) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'"
+                )
+            ).scalar_one()
+        )
+
+
+def test_a_bulk_cancel_and_a_cancel_of_the_parent_lock_a_tree_in_one_order(
+    own_engine: sa.Engine, name: str
+) -> None:
+    # Found by a review: a bulk cancel locked its runs in id order, a child before its
+    # parent when the child's id sorted first, while a cancel of the parent locks the
+    # parent, then walks down to the child: a deadlock (one of them failed, 3 times in
+    # 3). Every statement now locks several runs by creation time, then id, and a child
+    # is created after its parent.
+    kid: cyclone.Workflow[int] = cyclone.Workflow(f"{name}-kid", input=int)
+
+    @kid.wait("go")
+    def hold(ctx: cyclone.StepContext, payload: int) -> int:
+        return payload
+
+    top: cyclone.Workflow[int] = cyclone.Workflow(name, input=int)
+
+    @top.child(kid)
+    def sub(ctx: cyclone.StepContext, n: int) -> int:
+        return n
+
+    for _ in range(60):
+        parent = top.submit(own_engine, 1)
+        drain(own_engine, top, kid)
+        (child,) = parent.children()
+        if child.id < parent.id:
+            break
+        parent.cancel()
+    else:
+        pytest.fail("no child's id sorted before its parent's in 60 tries")
+    client = cyclone.Client(own_engine)
+    with own_engine.connect() as holder:
+        # The parent's steps held: its cancel locks the parent, then waits for them.
+        holder.execute(
+            sa.text("SELECT id FROM cyclone_jobs WHERE run_id = :r FOR UPDATE"), {"r": parent.id}
+        )
+        one = Background(parent.cancel, name="cancel-parent")
+        wait_until(lambda: _waiting_on_locks(own_engine) >= 1, 10)
+        bulk = Background(lambda: client.cancel_runs(state="running"), name="bulk-cancel")
+        wait_until(lambda: _waiting_on_locks(own_engine) >= 2, 10)
+        holder.rollback()
+    one.join(30)
+    bulk.join(30)
+    assert [r.status().state.value for r in (parent, child)] == ["cancelled"] * 2

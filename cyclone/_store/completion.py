@@ -38,7 +38,7 @@ from cyclone._store import executor as _executor
 from cyclone._store import notify as _notify
 from cyclone._store import queues as _queues
 from cyclone._store.executor import among, const, one_of
-from cyclone.schema import jobs, runs
+from cyclone.schema import jobs, run_lock_order, runs
 from cyclone.states import JobState, RunState
 
 
@@ -69,7 +69,7 @@ def _items() -> Any:
 
 
 def runs_locked_first() -> Any:
-    """A condition that locks the runs of ``:items`` in id order before anything else.
+    """A condition that locks the runs of ``:items`` (in the run lock order) before anything else.
 
     An uncorrelated scalar subquery is a one-time filter, evaluated before the scan it
     guards reads a row: a statement carrying it in every ``WHERE`` that locks rows takes
@@ -79,7 +79,7 @@ def runs_locked_first() -> Any:
     locked = (
         select(runs.c.id)
         .where(runs.c.id.in_(select(jobs.c.run_id).where(among(jobs.c.id, select(items.c.id)))))
-        .order_by(runs.c.id)
+        .order_by(*run_lock_order())
         .with_for_update(key_share=True)
         .cte("locked_runs")
     )
@@ -331,8 +331,8 @@ def run_over() -> Any:
 
 
 def lock_runs_of_jobs_stmt() -> Any:
-    """Lock the runs of the jobs ``:ids`` in id order: the first statement of a transaction
-    that then changes those jobs (the lock order of :mod:`cyclone.states`)."""
+    """Lock the runs of the jobs ``:ids`` in the run lock order: the first statement of a
+    transaction that then changes those jobs (the lock order of :mod:`cyclone.states`)."""
     return (
         select(runs.c.id)
         .where(
@@ -342,7 +342,7 @@ def lock_runs_of_jobs_stmt() -> Any:
                 )
             )
         )
-        .order_by(runs.c.id)
+        .order_by(*run_lock_order())
         .with_for_update(key_share=True)
     )
 

@@ -17,6 +17,7 @@ very same guarded statements, one bounded transaction per batch.
 
 from __future__ import annotations
 
+import heapq
 import uuid
 from collections.abc import Sequence
 from datetime import timedelta
@@ -47,7 +48,7 @@ from cyclone._store import fanout as _fanout
 from cyclone._store import limits as _limits
 from cyclone._store import notify as _notify
 from cyclone._store.executor import const
-from cyclone.schema import jobs, runs, signals
+from cyclone.schema import jobs, run_lock_order, runs, signals
 from cyclone.states import EDGES, TERMINAL_RUN_STATES, JobState, RunState
 
 
@@ -56,22 +57,26 @@ def _rids() -> Any:
     return func.any(bindparam("rids", type_=ARRAY(Uuid)))
 
 
-def cancel_run_stmt() -> Any:
-    """Move the running runs of ``:rids`` to cancelled; returns the ids of those it moved.
+def cancel_run_stmt(*, with_parent: bool = False) -> Any:
+    """Move the run ``:rid`` to cancelled if it is running; returns its id if it moved.
 
     ``:error`` (JSON text, or None: SQL NULL) says why, when a limit cancelled it
-    (``on_limit="cancel_newest"`` / ``"cancel_in_progress"``). The ``RETURNING`` rings
-    NOTIFY for a limited run: a run that ends frees its limit's slot, and a worker admits
-    the next.
+    (``on_limit="cancel_newest"`` / ``"cancel_in_progress"``). ``with_parent``: its
+    parent is cancelled in the same transaction, whose node no longer waits for it. The
+    ``RETURNING`` rings NOTIFY for a limited run: a run that ends frees its limit's slot,
+    and a worker admits the next.
     """
+    values: dict[str, Any] = {
+        "state": const(RunState.CANCELLED.value),
+        "finalized_at": func.now(),
+        "error": cast(bindparam("error", None, type_=Text), JSONB),
+    }
+    if with_parent:
+        values["parent_waits"] = False
     return (
         update(runs)
-        .where(runs.c.id == _rids(), runs.c.state == const(RunState.RUNNING.value))
-        .values(
-            state=const(RunState.CANCELLED.value),
-            finalized_at=func.now(),
-            error=cast(bindparam("error", None, type_=Text), JSONB),
-        )
+        .where(runs.c.id == bindparam("rid"), runs.c.state == const(RunState.RUNNING.value))
+        .values(**values)
         .returning(
             runs.c.id,
             case(
@@ -197,12 +202,27 @@ def any_running_stmt() -> Any:
 
 
 def lock_runs_stmt(states: Sequence[str]) -> Any:
-    """Lock the runs of ``:rids`` that are in ``states``, in id order (the lock order)."""
+    """Lock the runs of ``:rids`` that are in ``states``, in the run lock order."""
     return (
         select(runs.c.id)
         .where(runs.c.id == _rids(), runs.c.state.in_([const(s) for s in states]))
-        .order_by(runs.c.id)
+        .order_by(*run_lock_order())
         .with_for_update(key_share=True)
+    )
+
+
+def running_runs_stmt() -> Any:
+    """The running runs of ``:rids``, with their place in the run lock order (no lock)."""
+    return select(runs.c.id, runs.c.created_at).where(
+        runs.c.id == _rids(), runs.c.state == const(RunState.RUNNING.value)
+    )
+
+
+def running_children_stmt() -> Any:
+    """The running children of the run ``:rid``, with their place in the lock order (no
+    lock: read after the parent's lock, when no child of it can be created any more)."""
+    return select(runs.c.id, runs.c.created_at).where(
+        runs.c.parent_id == bindparam("rid"), runs.c.state == const(RunState.RUNNING.value)
     )
 
 
@@ -225,29 +245,6 @@ def restartable_stmt() -> Any:
     )
 
 
-def lock_running_children_stmt() -> Any:
-    """Lock the running children of the runs ``:rids`` (after their parents: the lock order),
-    in id order, and forget that their parents' nodes wait for them."""
-    child = runs.alias("child")
-    return (
-        update(runs)
-        .where(
-            runs.c.id.in_(
-                select(child.c.id)
-                .where(
-                    child.c.parent_id == _rids(),
-                    child.c.state == const(RunState.RUNNING.value),
-                )
-                .order_by(child.c.id)
-                .with_for_update(key_share=True)
-                .scalar_subquery()
-            )
-        )
-        .values(parent_waits=False)
-        .returning(runs.c.id)
-    )
-
-
 def forget_ended_children_stmt() -> Any:
     """Forget that the nodes of the restarted runs ``:rids`` wait for their ended children.
 
@@ -266,7 +263,9 @@ def forget_ended_children_stmt() -> Any:
 
 
 _CANCEL_RUN = cancel_run_stmt()
-_LOCK_RUNNING_CHILDREN = lock_running_children_stmt()
+_CANCEL_CHILD = cancel_run_stmt(with_parent=True)
+_RUNNING = running_runs_stmt()
+_RUNNING_CHILDREN = running_children_stmt()
 _FORGET_ENDED_CHILDREN = forget_ended_children_stmt()
 _RESET_FAILED = reset_jobs_stmt(every_step=False)
 _RESET_ALL = reset_jobs_stmt(every_step=True)
@@ -277,7 +276,6 @@ _CLEAR_UNSENT_SIGNALS = clear_unsent_signals_stmt()
 _LOCK_RUN = lock_run_stmt()
 _ANY_RUNNING = any_running_stmt()
 _STATE = select(runs.c.state).where(runs.c.id == bindparam("rid"))
-_LOCK_RUNNING = lock_runs_stmt(EDGES["run.cancel"].sources)
 _LOCK_RETRYABLE = lock_runs_stmt(EDGES["run.retry"].sources)
 _RESTARTABLE = restartable_stmt()
 
@@ -295,27 +293,48 @@ def cancel(engine: Engine, run_id: uuid.UUID) -> None:
 def _cancel_locked(
     conn: Connection, run_ids: list[uuid.UUID], error: str | None = None
 ) -> list[uuid.UUID]:
-    """Cancel the running runs of ``run_ids`` (locked, or one run) and their unstarted steps;
-    ``error`` (JSON text) says why, when a limit cancels them."""
-    cancelled = _executor.column(conn, _CANCEL_RUN, {"rids": run_ids, "error": error})
-    for run_id in cancelled:
-        _executor.affected(conn, _completion.CANCEL_UNSTARTED, {"rid": run_id})
-    if cancelled:
-        # Their children (child runs, @wf.child), and theirs: a cancel cascades down.
-        children = _executor.column(conn, _LOCK_RUNNING_CHILDREN, {"rids": cancelled})
-        if children:
-            _cancel_locked(conn, sorted(children))
+    """Cancel those of ``run_ids`` still running, their unstarted steps, and their running
+    children (child runs, ``@wf.child``), recursively; the ones of ``run_ids`` it cancelled.
+
+    The runs are taken one at a time in the run lock order (creation time, then id), each
+    locked by the update that cancels it: a child, created after its parent, comes after
+    it, and its children are read once its parent is locked, when no new one can be made.
+    So the runs of a tree are locked in the order every other statement locks several runs
+    (a worker recording steps of a parent and of its child, a bulk cancel holding both).
+    ``error`` (JSON text) says why, when a limit cancels them (the children get none).
+    """
+    seeds = set(run_ids)
+    heap = [(created, rid) for rid, created in _executor.rows(conn, _RUNNING, {"rids": run_ids})]
+    heapq.heapify(heap)
+    under_cancelled: set[uuid.UUID] = set()
+    seen: set[uuid.UUID] = set()
+    cancelled: list[uuid.UUID] = []
+    while heap:
+        _created, rid = heapq.heappop(heap)
+        if rid in seen:
+            continue
+        seen.add(rid)
+        statement = _CANCEL_CHILD if rid in under_cancelled else _CANCEL_RUN
+        params = {"rid": rid, "error": error if rid in seeds else None}
+        if not _executor.rows(conn, statement, params):
+            continue  # it ended meanwhile
+        _executor.affected(conn, _completion.CANCEL_UNSTARTED, {"rid": rid})
+        if rid in seeds:
+            cancelled.append(rid)
+        for child, created in _executor.rows(conn, _RUNNING_CHILDREN, {"rid": rid}):
+            under_cancelled.add(child)
+            heapq.heappush(heap, (created, child))
     return cancelled
 
 
 def cancel_many(engine: Engine, run_ids: Sequence[uuid.UUID]) -> int:
     """Cancel those of ``run_ids`` that are running, in one transaction; how many it cancelled.
 
-    The runs are locked first, in id order; a run no longer running is left as it is.
+    The runs are locked one by one in the run lock order (see :func:`_cancel_locked`); a
+    run no longer running is left as it is.
     """
     with engine.begin() as conn:
-        locked = _executor.column(conn, _LOCK_RUNNING, {"rids": list(run_ids)})
-        return len(_cancel_locked(conn, locked)) if locked else 0
+        return len(_cancel_locked(conn, list(run_ids)))
 
 
 def _restart_locked(conn: Connection, run_ids: list[uuid.UUID], *, every_step: bool) -> None:
