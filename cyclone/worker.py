@@ -676,18 +676,21 @@ class Worker:
     def _adopt_limits(self) -> bool:
         """Serve the limits that waiting steps, jobs and held runs of the served definitions
         are under although no served definition names them (see
-        :func:`cyclone._store.limits.orphans`): after its first claim, then after a claim
-        at most every ``ADOPT_INTERVAL`` while it serves, busy or idle, and before a drain
-        ends. It also looks for jobs of its limited kinds enqueued before the kind had a
-        limit: the ordinary claim takes those. Whether it found any; a failed look is
-        logged and tried again later."""
+        :func:`cyclone._store.limits.orphans`), and the Rates their jobs keep beside a
+        served limit: before its first claim, then after a claim at most every
+        ``ADOPT_INTERVAL`` while it serves, busy or idle, and before a drain ends. It also
+        looks for jobs of its limited kinds enqueued before the kind had a limit: the
+        ordinary claim takes those. Whether it found any; a failed look is logged and
+        tried again later."""
         self._adopted_at = time.monotonic()
         assert self._held is not None
         limited_kinds = tuple(
             sorted(k for w, k in self._gated_kinds if w is None and k not in self._unlimited_kinds)
         )
         try:  # on the worker's own connection: none is left in the engine's pool
-            found = _limits_store.orphans(self._held, self._served, self._gated, self._admits)
+            found = _limits_store.orphans(
+                self._held, self._served, self._gated, self._admits, self._paired_rates
+            )
             unlimited = _limits_store.unlimited_kinds(self._held, limited_kinds)
         except Exception as exc:
             log.warning(
@@ -702,6 +705,7 @@ class Worker:
             )
             self._unlimited_kinds |= frozenset(unlimited)
             self._scopes.clear()
+        rates = tuple(r for r in found.rates if r not in self._paired_rates)
         if found.gated:
             log.info(
                 "worker %s serves the limits %s of jobs submitted under earlier definitions",
@@ -710,9 +714,17 @@ class Worker:
             )
             self._gated = tuple(sorted({*self._gated, *found.gated}))
             self._gated_steps = self._gated_steps or found.steps
-            self._paired = self._paired or found.paired
-            self._paired_rates = tuple(sorted({*self._paired_rates, *found.rates}))
-            self._rated = self._rated or found.paired or found.rated
+            self._rated = self._rated or found.rated
+        if rates:
+            log.info(
+                "worker %s serves the Rates %s given with limits of jobs submitted under "
+                "earlier definitions",
+                self.id,
+                ", ".join(rates),
+            )
+            self._paired = True
+            self._paired_rates = tuple(sorted({*self._paired_rates, *rates}))
+            self._rated = True
         if found.admits:
             log.info(
                 "worker %s admits the held runs of the limits %s of earlier definitions",
@@ -720,7 +732,7 @@ class Worker:
                 ", ".join(found.admits),
             )
             self._admits = tuple(sorted({*self._admits, *found.admits}))
-        return bool(found.gated or found.admits or unlimited)
+        return bool(found.gated or rates or found.admits or unlimited)
 
     def _maintain_once(self) -> None:
         """A drain's deadline and rescue pass, if no other worker leads maintenance.
@@ -846,6 +858,9 @@ class Worker:
         """
         poll_due = 0.0
         woken = True
+        # Before the first claim: jobs under a served limit may keep a Rate that the
+        # served definitions dropped, which that claim must already check.
+        self._adopt_limits()
         # Limited jobs are claimed from keys seen in the claim's snapshot too.
         merges = self._scope("*").merges or bool(self._gated)
         confirmed = not merges

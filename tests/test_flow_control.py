@@ -726,3 +726,40 @@ def test_a_slot_freed_by_a_failure_is_rung_for_after_the_next_statement_failed(
         )
     finally:
         release.set()
+
+
+def test_a_rate_that_a_deploy_dropped_beside_a_kept_concurrency_still_holds_its_jobs(
+    engine: sa.Engine, name: str
+) -> None:
+    # Found by a review: jobs enqueued under a Concurrency and a Rate keep both; a deploy
+    # that kept the Concurrency (its default name) and dropped the Rate left the Rate
+    # unserved: the worker's claim did not read the jobs' Rate, and all three started.
+    before = cyclone.step(
+        name, concurrency=cyclone.Concurrency(10), rate=cyclone.Rate(1, timedelta(hours=1))
+    )(lambda ctx, n: n)
+    for n in range(3):
+        before.enqueue(engine, n)
+    after = cyclone.step(name, concurrency=cyclone.Concurrency(10))(lambda ctx, n: n)
+    with cyclone.Worker(engine, steps=[after], sweep=False) as worker:
+        assert worker.drain() == 1
+    started = starts_per_second(engine, jobs.c.kind == name, jobs.c.attempted_at.is_not(None))
+    assert sum(n for _, n in started) == 1
+    with engine.begin() as conn:
+        conn.execute(sa.delete(jobs).where(jobs.c.kind == name))
+
+
+def test_a_rate_that_a_deploy_renamed_beside_a_kept_concurrency_wakes_its_worker_for_its_window(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    # Found by a review: the claim checked the jobs' earlier Rate, but the read of when a
+    # limited job may next start knew only the definition's Rate: the worker slept until
+    # its poll, not until the earlier Rate's next window.
+    concurrency = cyclone.Concurrency(10, name=f"{name}-c")
+    earlier = cyclone.Rate(1, timedelta(seconds=2), name=f"{name}-earlier")
+    before = cyclone.step(name, concurrency=concurrency, rate=earlier)(lambda ctx, n: n)
+    first, second = (before.enqueue(engine, n) for n in range(2))
+    later = cyclone.Rate(100, timedelta(hours=1), name=f"{name}-later")
+    after = cyclone.step(name, concurrency=concurrency, rate=later)(lambda ctx, n: n)
+    serving(cyclone.Worker(engine, steps=[after], poll_interval=3600, sweep=False))
+    assert first.wait(timeout=30).state.value == "completed"
+    assert second.wait(timeout=30).state.value == "completed"

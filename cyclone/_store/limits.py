@@ -1031,12 +1031,17 @@ def _available_jobs(table: Any) -> tuple[Any, ...]:
 
 
 def orphans_stmts(
-    served: Served, gated: tuple[str, ...], admits: tuple[str, ...]
+    served: Served,
+    gated: tuple[str, ...],
+    admits: tuple[str, ...],
+    rates: tuple[str, ...] = (),
 ) -> tuple[Any, Any]:
     """The two reads of :func:`orphans`: the limit names of the available limited jobs
     (``ix_cyclone_jobs_gated``) and of the held runs (``ix_cyclone_runs_held``), each
     kept when it is not among ``gated`` (``admits``) and ``served`` has such a job (run),
-    with whether the first such job found is a step, and its Rate's name (or NULL)."""
+    with whether the first such job found is a step, and its Rate's name (or NULL). A
+    name of ``gated`` is kept too when that Rate is not among ``rates``: a deploy that
+    kept a Concurrency and dropped or renamed the Rate given with it."""
     names = _names(jobs, _available_jobs, "job_limits")
     theirs = jobs.alias("theirs")
     first = (
@@ -1058,7 +1063,12 @@ def orphans_stmts(
         )
         .join_from(names, first, true())
         .join(limits, limits.c.name == names.c.n)
-        .where(~one_of(names.c.n, gated))
+        .where(
+            or_(
+                ~one_of(names.c.n, gated),
+                and_(first.c.rate_name.is_not(None), ~one_of(first.c.rate_name, rates)),
+            )
+        )
     )
     held_names = _names(runs, _held_runs, "run_limits")
     held = runs.alias("theirs")
@@ -1076,7 +1086,11 @@ def orphans_stmts(
 
 
 def orphans(
-    conn: _executor.Executor, served: Served, gated: tuple[str, ...], admits: tuple[str, ...]
+    conn: _executor.Executor,
+    served: Served,
+    gated: tuple[str, ...],
+    admits: tuple[str, ...],
+    rates: tuple[str, ...] = (),
 ) -> Orphans:
     """The limits ``served``'s waiting work is under that ``gated`` and ``admits`` miss.
 
@@ -1084,12 +1098,13 @@ def orphans(
     them when it starts: after a redeploy that drops or renames a limit, the steps and
     held runs submitted before it wait under a name no worker's definition serves. A
     worker serving their workflows (or step kinds) serves those names too, with the
-    ``max`` their rows keep, until they have drained.
+    ``max`` their rows keep, until they have drained. So does a Rate given with a limit
+    of ``gated`` that ``rates`` (the worker's) lacks: its jobs keep it.
     """
-    waiting, held = orphans_stmts(served, gated, admits)
+    waiting, held = orphans_stmts(served, gated, admits, rates)
     found = conn.rows(waiting)
     return Orphans(
-        gated=tuple(sorted(row[0] for row in found)),
+        gated=tuple(sorted(row[0] for row in found if row[0] not in gated)),
         steps=any(row[1] for row in found),
         paired=any(row[2] is not None for row in found),
         rates=tuple(sorted({row[2] for row in found if row[2] is not None})),
