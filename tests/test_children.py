@@ -435,6 +435,35 @@ def test_a_parent_past_its_deadline_fails_and_leaves_its_child_running(
     assert run.status().state == cyclone.RunState.FAILED
 
 
+def test_a_parent_whose_child_still_runs_is_purged_only_once_the_child_ends(
+    own_engine: sa.Engine, name: str
+) -> None:
+    # Found by a review: a parent past its deadline leaves its child running, and a purge
+    # of the parent deleted the child (and its steps) under its worker.
+    s = shop(name, hold=True)
+    run = s.checkout.submit(own_engine, Order(lines=[1]), deadline=timedelta(hours=1))
+    drain(own_engine, *s.workflows)
+    (child,) = run.children()
+    with own_engine.begin() as conn:  # the hour passes
+        conn.execute(
+            sa.text(
+                "UPDATE cyclone_runs SET deadline = now() - interval '1 second' WHERE id = :id"
+            ),
+            {"id": run.id},
+        )
+    worker = cyclone.Worker(own_engine, workflows=s.workflows, sweep=False)
+    wait_until(lambda: worker.drain() >= 0 and run.status().done, 30)
+    client = cyclone.Client(own_engine)
+    assert client.purge_terminal_runs(older_than=timedelta(0)) == 0
+    assert child.status().state == cyclone.RunState.RUNNING
+    child.signal("go", 1)
+    worker.drain()
+    assert child.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    assert client.purge_terminal_runs(older_than=timedelta(0)) == 1
+    assert client.get_run(run.id) is None
+    assert client.get_run(child.id) is None
+
+
 def test_retry_all_of_a_parent_reads_its_completed_child_and_makes_no_second_one(
     engine: sa.Engine, name: str
 ) -> None:

@@ -5,6 +5,7 @@ Each batch locks its runs in id order (skipping locked ones), then the delete ca
 to their jobs: the lock order of :mod:`cyclone.states`. A child run (``@wf.child``) is
 never purged on its own: purging its parent purges it (and its children), whatever its
 own retention, so a parent never names a child that is gone; the counts are of parents.
+A parent is not purged while a run of its tree still runs.
 """
 
 from __future__ import annotations
@@ -13,11 +14,22 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Delete, Engine, Interval, bindparam, delete, func, select
+from sqlalchemy import (
+    Connection,
+    Delete,
+    Engine,
+    Interval,
+    bindparam,
+    delete,
+    exists,
+    func,
+    select,
+)
 
 from cyclone._store import executor as _executor
+from cyclone._store.executor import const
 from cyclone.schema import jobs, runs
-from cyclone.states import TERMINAL_JOB_STATES, TERMINAL_RUN_STATES
+from cyclone.states import TERMINAL_JOB_STATES, TERMINAL_RUN_STATES, RunState
 
 DEFAULT_BATCH = 1000
 DEFAULT_KEEP = timedelta(days=7)
@@ -31,7 +43,26 @@ def _runs_due() -> list[Any]:
         runs.c.state.in_([s.value for s in TERMINAL_RUN_STATES]),
         runs.c.finalized_at < func.now() - keep,
         runs.c.parent_id.is_(None),
+        ~_runs_below(runs),
     ]
+
+
+def _runs_below(parent: Any) -> Any:
+    """Whether a run of ``parent``'s tree of child runs still runs: a parent that failed
+    or passed its deadline leaves its children running, and purging it would delete them
+    under their workers; it is purged once they have ended. One probe of
+    ``ix_cyclone_runs_parent`` per run of the tree (none for a run without children)."""
+    child, deeper = runs.alias("child"), runs.alias("deeper")
+    tree = (
+        select(child.c.id, child.c.state)
+        .where(child.c.parent_id == parent.c.id)
+        .correlate(parent)
+        .cte("tree", recursive=True, nesting=True)
+    )
+    tree = tree.union_all(
+        select(deeper.c.id, deeper.c.state).where(deeper.c.parent_id == tree.c.id)
+    )
+    return exists(select(tree.c.id).where(tree.c.state == const(RunState.RUNNING.value)))
 
 
 def _jobs_due() -> list[Any]:
