@@ -681,8 +681,9 @@ def test_a_slot_freed_by_a_failure_is_rung_for_after_the_next_statement_failed(
     # Found by a review. W1's limited job fails: its failure is recorded (committed), then
     # the record-and-claim statement fails once (a lost connection, injected). The round
     # tried again counted no freed slot, so nothing rang for c1 on W2 until its poll.
-    from cyclone._store import limits as limits_store
-
+    # The store module the Worker class calls (another test may have imported cyclone
+    # anew, leaving other module objects in sys.modules).
+    limits_store = sys.modules[cyclone.Worker.__module__]._limits_store
     release = threading.Event()
 
     def fail(ctx: cyclone.StepContext, n: int) -> int:

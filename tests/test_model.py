@@ -1057,10 +1057,15 @@ class ModelMachine(RuleBasedStateMachine):
         """Purge every terminal run, or (the sweep's default keep) those kept no longer."""
         older_than = timedelta(0) if everything else timedelta(days=1)
         deleted = cyclone.Client(self.engine).purge_terminal_runs(older_than=older_than)
+        # A run whose child still runs is kept until the child ends (its purge would
+        # delete the child under its worker).
         doomed = [
             m
             for m in self.runs.values()
-            if not m.purged and m.state != "running" and (everything or m.retention0)
+            if not m.purged
+            and m.state != "running"
+            and m.kid != "running"
+            and (everything or m.retention0)
         ]
         for m in doomed:
             m.purged = True
@@ -1587,7 +1592,8 @@ def test_a_child_run_fails_its_parent_is_retried_with_it_and_is_never_made_twice
     run; ``retry()`` of the run retries the child (the same one, its step's attempts
     anew); ``retry_all()`` reads the completed child without a second one; a cancel of a
     run cascades to its running child; a run past its deadline leaves its child running,
-    and purging it purges the child (the purge counting the parent alone)."""
+    is not purged while the child runs, and purging it then purges the child (the purge
+    counting the parent alone)."""
     ModelMachine.harness = harness
     machine = ModelMachine()
 
@@ -1658,7 +1664,13 @@ def test_a_child_run_fails_its_parent_is_retried_with_it_and_is_never_made_twice
         machine.settled_and_as_modelled()
         assert (summary("m2")["run"], summary("m2")["c"]) == ("failed", "cancelled")
         assert (summary("m2")["kid"], summary("m2")["k"]) == ("running", "active")
-        machine.purge(everything=True)  # m1 and m2, with their children
+        machine.purge(everything=True)  # m1 with its child; m2's child still runs
+        machine.settled_and_as_modelled()
+        assert machine.model_of("m1").purged
+        assert not machine.model_of("m2").purged
+        machine.release_step("m2/kid", KID_STEP, "finish")
+        assert summary("m2")["kid"] == "completed"
+        machine.purge(everything=True)  # m2, with its child
         machine.settled_and_as_modelled()
         assert machine.model_of("m2").purged
 
