@@ -886,6 +886,8 @@ class Worker:
                     else:
                         self.stats.failed += 1
             outcomes = list(self._pending.values())
+            if self._stopping.is_set() and self._freed and not outcomes:
+                self._ring_freed()  # a stopping worker claims nothing that would take them
             claimed: list[_claim.Claimed] = []
             free = {} if self._stopping.is_set() else self._free()
             if not (woken or until_idle or time.monotonic() >= poll_due):
@@ -1348,7 +1350,9 @@ class Worker:
         """
         for job, outcome in self._take_outcomes():
             self._inflight.pop((job.id, job.lease), None)
-            if not isinstance(outcome, _waits.Parked):
+            if isinstance(outcome, _waits.Parked):
+                self._free_slot(job.id, job.lease)
+            else:
                 self._pending[job.id, job.lease] = (job, outcome)
         if self._pending:
             _claimed, failed = self._record_and_claim(list(self._pending.values()), {})
