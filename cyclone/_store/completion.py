@@ -20,6 +20,7 @@ from sqlalchemy import (
     Connection,
     Integer,
     Text,
+    Uuid,
     and_,
     bindparam,
     case,
@@ -426,11 +427,11 @@ def fail_map_node_stmt() -> Any:
 
 
 def cancel_unstarted_stmt() -> Any:
-    """Cancel the steps of a run that have not started."""
+    """Cancel the steps of the runs ``:rids`` that have not started."""
     return (
         update(jobs)
         .where(
-            jobs.c.run_id == bindparam("rid"),
+            jobs.c.run_id == func.any(bindparam("rids", type_=ARRAY(Uuid))),
             jobs.c.state.in_([const(JobState.BLOCKED.value), const(JobState.AVAILABLE.value)]),
         )
         .values(state=const(JobState.CANCELLED.value), finalized_at=func.now())
@@ -496,4 +497,4 @@ def fail_run(conn: Connection, run_id: Any, step: str, error: dict[str, Any]) ->
     params = {"rid": run_id, "step": step, "error": msgspec.json.encode(error).decode()}
     if _executor.first(conn, _FAIL_RUN, params) is not None:
         _executor.affected(conn, _FAIL_MAP_NODE, {"rid": run_id, "step": step})
-        _executor.affected(conn, CANCEL_UNSTARTED, {"rid": run_id})
+        _executor.affected(conn, CANCEL_UNSTARTED, {"rids": [run_id]})

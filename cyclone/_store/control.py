@@ -17,7 +17,6 @@ very same guarded statements, one bounded transaction per batch.
 
 from __future__ import annotations
 
-import heapq
 import uuid
 from collections.abc import Sequence
 from datetime import timedelta
@@ -32,10 +31,12 @@ from sqlalchemy import (
     case,
     cast,
     delete,
+    false,
     func,
     null,
     or_,
     select,
+    true,
     update,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
@@ -47,7 +48,7 @@ from cyclone._store import executor as _executor
 from cyclone._store import fanout as _fanout
 from cyclone._store import limits as _limits
 from cyclone._store import notify as _notify
-from cyclone._store.executor import const
+from cyclone._store.executor import among, const
 from cyclone.schema import jobs, run_lock_order, runs, signals
 from cyclone.states import EDGES, TERMINAL_RUN_STATES, JobState, RunState
 
@@ -57,26 +58,50 @@ def _rids() -> Any:
     return func.any(bindparam("rids", type_=ARRAY(Uuid)))
 
 
-def cancel_run_stmt(*, with_parent: bool = False) -> Any:
-    """Move the run ``:rid`` to cancelled if it is running; returns its id if it moved.
+def cancel_run_stmt(*, cascaded: bool = False) -> Any:
+    """Move the running runs of ``:rids`` and their running children, recursively, to
+    cancelled, locking them first in the run lock order; returns the ids it moved.
 
-    ``:error`` (JSON text, or None: SQL NULL) says why, when a limit cancelled it
-    (``on_limit="cancel_newest"`` / ``"cancel_in_progress"``). ``with_parent``: its
-    parent is cancelled in the same transaction, whose node no longer waits for it. The
-    ``RETURNING`` rings NOTIFY for a limited run: a run that ends frees its limit's slot,
-    and a worker admits the next.
+    The tree is read in the statement's snapshot, then locked (creation time, then id: a
+    child after its parent, the order of every statement that locks several runs), and
+    a run that ended meanwhile is left as it is. ``:error`` (JSON text, or None: SQL
+    NULL) says why, when a limit cancelled the runs of ``:rids``
+    (``on_limit="cancel_newest"`` / ``"cancel_in_progress"``); their children get none,
+    and their parent's node no longer waits for them (``parent_waits``), the parent being
+    cancelled too (``cascaded``: the runs of ``:rids`` too, children of runs cancelled by
+    an earlier statement). The ``RETURNING`` rings NOTIFY for a limited run: a run that
+    ends frees its limit's slot, and a worker admits the next.
     """
-    values: dict[str, Any] = {
-        "state": const(RunState.CANCELLED.value),
-        "finalized_at": func.now(),
-        "error": cast(bindparam("error", None, type_=Text), JSONB),
-    }
-    if with_parent:
-        values["parent_waits"] = False
+    child = runs.alias("child")
+    tree = (
+        select(runs.c.id, true().label("seed"))
+        .where(runs.c.id == _rids(), runs.c.state == const(RunState.RUNNING.value))
+        .cte("tree", recursive=True)
+    )
+    tree = tree.union_all(
+        select(child.c.id, false()).where(
+            child.c.parent_id == tree.c.id, child.c.state == const(RunState.RUNNING.value)
+        )
+    )
+    locked = (
+        select(runs.c.id)
+        .where(runs.c.id.in_(select(tree.c.id)))
+        .order_by(*run_lock_order())
+        .with_for_update(key_share=True)
+        .cte("locked")
+    )
+    below = true() if cascaded else runs.c.id.in_(select(tree.c.id).where(~tree.c.seed))
     return (
         update(runs)
-        .where(runs.c.id == bindparam("rid"), runs.c.state == const(RunState.RUNNING.value))
-        .values(**values)
+        .where(among(runs.c.id, select(locked.c.id)), runs.c.state == const(RunState.RUNNING.value))
+        .values(
+            state=const(RunState.CANCELLED.value),
+            finalized_at=func.now(),
+            error=case(
+                (runs.c.id == _rids(), cast(bindparam("error", None, type_=Text), JSONB)),
+            ),
+            parent_waits=case((below, false()), else_=runs.c.parent_waits),
+        )
         .returning(
             runs.c.id,
             case(
@@ -211,18 +236,12 @@ def lock_runs_stmt(states: Sequence[str]) -> Any:
     )
 
 
-def running_runs_stmt() -> Any:
-    """The running runs of ``:rids``, with their place in the run lock order (no lock)."""
-    return select(runs.c.id, runs.c.created_at).where(
-        runs.c.id == _rids(), runs.c.state == const(RunState.RUNNING.value)
-    )
-
-
 def running_children_stmt() -> Any:
-    """The running children of the run ``:rid``, with their place in the lock order (no
-    lock: read after the parent's lock, when no child of it can be created any more)."""
-    return select(runs.c.id, runs.c.created_at).where(
-        runs.c.parent_id == bindparam("rid"), runs.c.state == const(RunState.RUNNING.value)
+    """The running children of the runs ``:rids`` (no lock): read once they are locked and
+    cancelled, when no child of theirs can be made any more, to find a child made while
+    the statement that cancelled them waited for their locks."""
+    return select(runs.c.id).where(
+        runs.c.parent_id == _rids(), runs.c.state == const(RunState.RUNNING.value)
     )
 
 
@@ -263,8 +282,7 @@ def forget_ended_children_stmt() -> Any:
 
 
 _CANCEL_RUN = cancel_run_stmt()
-_CANCEL_CHILD = cancel_run_stmt(with_parent=True)
-_RUNNING = running_runs_stmt()
+_CANCEL_CASCADED = cancel_run_stmt(cascaded=True)
 _RUNNING_CHILDREN = running_children_stmt()
 _FORGET_ENDED_CHILDREN = forget_ended_children_stmt()
 _RESET_FAILED = reset_jobs_stmt(every_step=False)
@@ -296,34 +314,25 @@ def _cancel_locked(
     """Cancel those of ``run_ids`` still running, their unstarted steps, and their running
     children (child runs, ``@wf.child``), recursively; the ones of ``run_ids`` it cancelled.
 
-    The runs are taken one at a time in the run lock order (creation time, then id), each
-    locked by the update that cancels it: a child, created after its parent, comes after
-    it, and its children are read once its parent is locked, when no new one can be made.
-    So the runs of a tree are locked in the order every other statement locks several runs
-    (a worker recording steps of a parent and of its child, a bulk cancel holding both).
+    One statement locks and cancels the trees in the run lock order (see
+    :func:`cancel_run_stmt`), so their runs are locked in the order every other statement
+    locks several runs (a worker recording steps of a parent and of its child, another
+    cancel). A child made by a transaction that held its parent while that statement
+    waited is not in its snapshot: the running children of the runs cancelled are read
+    again, and cancelled the same way, until none is left.
     ``error`` (JSON text) says why, when a limit cancels them (the children get none).
     """
     seeds = set(run_ids)
-    heap = [(created, rid) for rid, created in _executor.rows(conn, _RUNNING, {"rids": run_ids})]
-    heapq.heapify(heap)
-    under_cancelled: set[uuid.UUID] = set()
-    seen: set[uuid.UUID] = set()
     cancelled: list[uuid.UUID] = []
-    while heap:
-        _created, rid = heapq.heappop(heap)
-        if rid in seen:
-            continue
-        seen.add(rid)
-        statement = _CANCEL_CHILD if rid in under_cancelled else _CANCEL_RUN
-        params = {"rid": rid, "error": error if rid in seeds else None}
-        if not _executor.rows(conn, statement, params):
-            continue  # it ended meanwhile
-        _executor.affected(conn, _completion.CANCEL_UNSTARTED, {"rid": rid})
-        if rid in seeds:
-            cancelled.append(rid)
-        for child, created in _executor.rows(conn, _RUNNING_CHILDREN, {"rid": rid}):
-            under_cancelled.add(child)
-            heapq.heappush(heap, (created, child))
+    statement, todo, why = _CANCEL_RUN, run_ids, error
+    while todo:
+        moved = _executor.column(conn, statement, {"rids": todo, "error": why})
+        if not moved:
+            break
+        _executor.affected(conn, _completion.CANCEL_UNSTARTED, {"rids": moved})
+        cancelled += [rid for rid in moved if rid in seeds]
+        todo = _executor.column(conn, _RUNNING_CHILDREN, {"rids": moved})
+        statement, why = _CANCEL_CASCADED, None
     return cancelled
 
 
