@@ -708,9 +708,16 @@ def test_a_slot_freed_by_a_failure_is_rung_for_after_the_next_statement_failed(
         return real(conn, **kw)
 
     monkeypatch.setattr(limits_store, "record_and_claim_gated", flaky)
+
+    def w1_state() -> str:
+        return (
+            f"W1: serving thread alive {background.alive()}, db failures {w1._db_failures}, "
+            f"limits {w1._gated}, freed {dict(w1._freed)}, a1 {a1.status().state}"
+        )
+
     try:
         a1 = a.enqueue(engine, 1)
-        serving(w1)
+        background = serving(w1)
         wait_until(lambda: a1.status().state == "running", timeout=30)
         c1 = c.enqueue(engine, 1)
         serving(w2)
@@ -719,7 +726,8 @@ def test_a_slot_freed_by_a_failure_is_rung_for_after_the_next_statement_failed(
         armed.set()
         release.set()
         assert a1.wait(timeout=30).state.value == "failed"
-        wait_until(lambda: not armed.is_set(), timeout=30)  # the injected failure happened
+        # The injected failure happened.
+        wait_until(lambda: not armed.is_set(), timeout=30, message=w1_state)
         wait_until(
             lambda: c1.status().state == "completed",
             timeout=15,
