@@ -679,10 +679,9 @@ def test_a_slot_freed_by_a_failure_is_rung_for_after_the_next_statement_failed(
     engine: sa.Engine, name: str, serving: Any, monkeypatch: Any
 ) -> None:
     # Found by a review. W1's limited job fails: its failure is recorded (committed), then
-    # the record-and-claim statement fails once (a lost connection, injected). The round
-    # tried again counted no freed slot, so nothing rang for c1 on W2 until its poll.
-    # The store module the Worker class calls (another test may have imported cyclone
-    # anew, leaving other module objects in sys.modules).
+    # a statement of the same round fails (a lost connection, injected into its ring).
+    # The round tried again counted the slots of the outcomes it still had to record,
+    # none: nothing rang for c1 on W2 until its poll.
     limits_store = sys.modules[cyclone.Worker.__module__]._limits_store
     release = threading.Event()
 
@@ -698,26 +697,19 @@ def test_a_slot_freed_by_a_failure_is_rung_for_after_the_next_statement_failed(
     )
     w1 = cyclone.Worker(engine, steps=[a], concurrency=1, poll_interval=3600, sweep=False)
     w2 = cyclone.Worker(engine, steps=[c], poll_interval=3600, sweep=False)
-    real = limits_store.record_and_claim_gated
+    real = limits_store.ring
     armed = threading.Event()
 
-    def flaky(conn: Any, **kw: Any) -> Any:
-        if kw["worker_id"] == w1.id and armed.is_set():
+    def flaky(conn: Any) -> None:
+        if threading.current_thread() is w1_thread.thread and armed.is_set():
             armed.clear()
-            raise sa.exc.OperationalError("claim", {}, psycopg.OperationalError("lost"))
-        return real(conn, **kw)
+            raise sa.exc.OperationalError("ring", {}, psycopg.OperationalError("lost"))
+        real(conn)
 
-    monkeypatch.setattr(limits_store, "record_and_claim_gated", flaky)
-
-    def w1_state() -> str:
-        return (
-            f"W1: serving thread alive {background.alive()}, db failures {w1._db_failures}, "
-            f"limits {w1._gated}, freed {dict(w1._freed)}, a1 {a1.status().state}"
-        )
-
+    monkeypatch.setattr(limits_store, "ring", flaky)
     try:
         a1 = a.enqueue(engine, 1)
-        background = serving(w1)
+        w1_thread = serving(w1)
         wait_until(lambda: a1.status().state == "running", timeout=30)
         c1 = c.enqueue(engine, 1)
         serving(w2)
@@ -726,8 +718,7 @@ def test_a_slot_freed_by_a_failure_is_rung_for_after_the_next_statement_failed(
         armed.set()
         release.set()
         assert a1.wait(timeout=30).state.value == "failed"
-        # The injected failure happened.
-        wait_until(lambda: not armed.is_set(), timeout=30, message=w1_state)
+        wait_until(lambda: not armed.is_set(), timeout=30)  # the injected failure happened
         wait_until(
             lambda: c1.status().state == "completed",
             timeout=15,
