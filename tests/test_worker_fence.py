@@ -129,10 +129,12 @@ def test_a_rescued_jobs_old_executions_see_cancelled_and_their_outcomes_are_refu
         wait_until(ctx.cancelled, 30, 0.05, "ctx.cancelled() never saw the lease move on")
         return "first"
 
-    # The rescuer leads maintenance and rescues after 1 s; the worker beats every 20 s,
-    # so each of its executions is rescued until the rescuer leaves.
+    # The rescuer leads maintenance and rescues after 2 s; the worker beats every 20 s,
+    # so each of its executions is rescued until the rescuer leaves. (With 1 s, the
+    # rescuer's maintenance transaction may sit idle past half its 1 s lease on a loaded
+    # machine: the server ends it, and the worker may take the lease, rescuing after 30 s.)
     rescuer = cyclone.Worker(
-        engine, workflows=[other], rescue_after=timedelta(seconds=1), sweep=False, **QUICK
+        engine, workflows=[other], rescue_after=timedelta(seconds=2), sweep=False, **QUICK
     )
     rescuing = Background(rescuer.run)
     worker = cyclone.Worker(
