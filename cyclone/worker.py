@@ -1206,18 +1206,7 @@ class Worker:
                     if self._unmatched(retaken) and room > 0:
                         # Its claim saw the jobs it recorded still running: claim again for
                         # the slots they freed, rather than ring and wait for its own ring.
-                        got = _limits_store.claim_gated(
-                            held,
-                            worker_id=self.id,
-                            names=self._gated,
-                            queues=scope.queues,
-                            served=self._served,
-                            limit=room,
-                            steps=self._gated_steps,
-                            paired=self._paired,
-                            contended=contended,
-                        )
-                        self._take_slots(got, retaken)
+                        got = self._claim_limited(held, scope.queues, room, contended, retaken)
                         claimed += got
                         left -= len(got)
                     continue
@@ -1238,18 +1227,8 @@ class Worker:
                 left -= len(got)
                 room = min(limit - len(got), left)
                 if self._gated and room > 0:
-                    got = _limits_store.claim_gated(
-                        held,
-                        worker_id=self.id,
-                        names=self._gated,
-                        queues=None if name == "*" else (name,),
-                        served=self._served,
-                        limit=room,
-                        steps=self._gated_steps,
-                        paired=self._paired,
-                        contended=contended,
-                    )
-                    self._take_slots(got, retaken)
+                    queues = None if name == "*" else (name,)
+                    got = self._claim_limited(held, queues, room, contended, retaken)
                     claimed += got
                     left -= len(got)
             self._delivered = sum(woke)
@@ -1289,6 +1268,30 @@ class Worker:
         slot = self._limited.pop((job_id, lease), None)
         if slot is not None:
             self._freed[slot] += 1
+
+    def _claim_limited(
+        self,
+        held: _executor.Executor,
+        queues: tuple[str, ...] | None,
+        limit: int,
+        contended: list[int],
+        taken: Counter[tuple[str, str]],
+    ) -> list[_claim.Claimed]:
+        """Claim up to ``limit`` limited jobs of ``queues`` (None: every served queue) in a
+        statement of their own, noting the slots they take in ``taken``."""
+        got = _limits_store.claim_gated(
+            held,
+            worker_id=self.id,
+            names=self._gated,
+            queues=queues,
+            served=self._served,
+            limit=limit,
+            steps=self._gated_steps,
+            paired=self._paired,
+            contended=contended,
+        )
+        self._take_slots(got, taken)
+        return got
 
     def _take_slots(self, got: list[_claim.Claimed], taken: Counter[tuple[str, str]]) -> None:
         """Note the slots that a limited claim took, in ``taken`` too."""

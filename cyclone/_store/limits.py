@@ -241,6 +241,17 @@ def _running_of(name: Any, key: Any) -> Any:
     )
 
 
+def _used(k: Any, lim: Any) -> Any:
+    """What a key of ``k`` (its limit ``lim``) has used: running jobs for a Concurrency, the
+    current window's starts for a Rate."""
+    window = _window(lim.c.per)
+    return case(
+        (lim.c.per.is_(None), _running_of(k.c.name, k.c.key)),
+        (k.c.window_start == window, k.c.window_count),
+        else_=const(0, Integer),
+    )
+
+
 def claim_gated_stmt(
     names: tuple[str, ...],
     queues: tuple[str, ...] | None,
@@ -271,11 +282,7 @@ def claim_gated_stmt(
     top: Any = literal_column(str(int(limit)))
     k, lim = limit_keys, limits
     window = _window(lim.c.per)
-    used = case(
-        (lim.c.per.is_(None), _running_of(k.c.name, k.c.key)),
-        (k.c.window_start == window, k.c.window_count),
-        else_=const(0, Integer),
-    )
+    used = _used(k, lim)
     a = jobs.alias("a")
     locked = (
         select(
@@ -366,12 +373,7 @@ def _contended(
     for the next claim, which the worker makes at once rather than at its poll: a NOTIFY
     that woke two workers for one key woke the one that lost the race for nothing."""
     k, lim = limit_keys.alias("ek"), limits.alias("el")
-    window = _window(lim.c.per)
-    used = case(
-        (lim.c.per.is_(None), _running_of(k.c.name, k.c.key)),
-        (k.c.window_start == window, k.c.window_count),
-        else_=const(0, Integer),
-    )
+    used = _used(k, lim)
     e = jobs.alias("e")
     eligible = (
         select(k.c.name)
