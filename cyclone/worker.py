@@ -621,6 +621,7 @@ class Worker:
                     self._maintain_once()
                 self._leader.start()
                 abandoned = self._loop(until_idle)
+                self._ring_freed()  # slots freed by its last outcomes, claimed by no one here
                 if until_idle:
                     self._leader.stop(release=False)
                     self._maintain_once()
@@ -867,7 +868,6 @@ class Worker:
         while True:
             if self._stopping.is_set() and self._stop_now():
                 self._hand_back()
-                self._ring_freed()
                 return True
             if self._batching():
                 self._wake.wait(min(self.heartbeat_interval, IDLE_WAKE))
@@ -963,7 +963,6 @@ class Worker:
                     continue
                 if until_idle and not self._stopping.is_set() and self._adopt_limits():
                     continue  # the runs it started left steps under earlier limits
-                self._ring_freed()
                 return False
             if claimed or outcomes:
                 confirmed = not merges

@@ -23,7 +23,7 @@ from tests.support import child_proc, docs, processes
 from tests.support.child_defs import Order, Shipment, shop
 from tests.support.counting import Recorder
 from tests.support.dashboard import text_of
-from tests.support.workers import REPO, Background, job_rows, rescue_lost_jobs
+from tests.support.workers import REPO, Background, job_rows, rescue_lost_jobs, waiting_on_locks
 
 
 def children_of(engine: sa.Engine, run_id: Any) -> list[sa.Row[Any]]:
@@ -409,6 +409,20 @@ def test_the_children_page_blocks_run_in_order(
             engine.dispose()
 
 
+def fail_past_its_deadline(engine: sa.Engine, run: Any, workflows: Any) -> cyclone.Worker:
+    """Let the hour of ``run``'s deadline pass and drain until it has failed; the worker."""
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE cyclone_runs SET deadline = now() - interval '1 second' WHERE id = :id"
+            ),
+            {"id": run.id},
+        )
+    worker = cyclone.Worker(engine, workflows=workflows, sweep=False)
+    wait_until(lambda: worker.drain() >= 0 and run.status().done, 30)
+    return worker
+
+
 def test_a_parent_past_its_deadline_fails_and_leaves_its_child_running(
     engine: sa.Engine, name: str
 ) -> None:
@@ -417,15 +431,7 @@ def test_a_parent_past_its_deadline_fails_and_leaves_its_child_running(
     drain(engine, *s.workflows)
     (child,) = run.children()
     assert child.status().deadline is None  # a child inherits no deadline
-    with engine.begin() as conn:  # the hour passes
-        conn.execute(
-            sa.text(
-                "UPDATE cyclone_runs SET deadline = now() - interval '1 second' WHERE id = :id"
-            ),
-            {"id": run.id},
-        )
-    worker = cyclone.Worker(engine, workflows=s.workflows, sweep=False)
-    wait_until(lambda: worker.drain() >= 0 and run.status().done, 30)
+    worker = fail_past_its_deadline(engine, run, s.workflows)
     assert run.status().state == cyclone.RunState.FAILED
     assert child.status().state == cyclone.RunState.RUNNING
     assert job_rows(engine, run.id)["ship"].state == "cancelled"
@@ -444,15 +450,7 @@ def test_a_parent_whose_child_still_runs_is_purged_only_once_the_child_ends(
     run = s.checkout.submit(own_engine, Order(lines=[1]), deadline=timedelta(hours=1))
     drain(own_engine, *s.workflows)
     (child,) = run.children()
-    with own_engine.begin() as conn:  # the hour passes
-        conn.execute(
-            sa.text(
-                "UPDATE cyclone_runs SET deadline = now() - interval '1 second' WHERE id = :id"
-            ),
-            {"id": run.id},
-        )
-    worker = cyclone.Worker(own_engine, workflows=s.workflows, sweep=False)
-    wait_until(lambda: worker.drain() >= 0 and run.status().done, 30)
+    worker = fail_past_its_deadline(own_engine, run, s.workflows)
     client = cyclone.Client(own_engine)
     assert client.purge_terminal_runs(older_than=timedelta(0)) == 0
     assert child.status().state == cyclone.RunState.RUNNING
@@ -566,18 +564,6 @@ def test_listing_a_runs_children_costs_one_statement(
     assert "parent_id" in sql[0]
 
 
-def _waiting_on_locks(engine: sa.Engine) -> int:
-    with engine.connect() as conn:
-        return int(
-            conn.execute(
-                sa.text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock'"
-                )
-            ).scalar_one()
-        )
-
-
 def test_a_bulk_cancel_and_a_cancel_of_the_parent_lock_a_tree_in_one_order(
     own_engine: sa.Engine, name: str
 ) -> None:
@@ -614,9 +600,9 @@ def test_a_bulk_cancel_and_a_cancel_of_the_parent_lock_a_tree_in_one_order(
             sa.text("SELECT id FROM cyclone_jobs WHERE run_id = :r FOR UPDATE"), {"r": parent.id}
         )
         one = Background(parent.cancel, name="cancel-parent")
-        wait_until(lambda: _waiting_on_locks(own_engine) >= 1, 10)
+        wait_until(lambda: waiting_on_locks(own_engine) >= 1, 10)
         bulk = Background(lambda: client.cancel_runs(state="running"), name="bulk-cancel")
-        wait_until(lambda: _waiting_on_locks(own_engine) >= 2, 10)
+        wait_until(lambda: waiting_on_locks(own_engine) >= 2, 10)
         holder.rollback()
     one.join(30)
     bulk.join(30)

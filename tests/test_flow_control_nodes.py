@@ -204,72 +204,16 @@ def test_a_parked_child_node_holds_no_slot_of_its_limit(
     wait_until(lambda: first.status().state == second.status().state == "completed", timeout=30)
 
 
+@pytest.mark.parametrize("parents_worker", ["serving", "stopping"])
 def test_a_limited_child_node_parking_again_wakes_the_worker_waiting_for_its_slot(
-    engine: sa.Engine, name: str, serving: Any
+    engine: sa.Engine, name: str, serving: Any, parents_worker: str
 ) -> None:
     # A node that finds its child already submitted (woken after the child ended, the
     # child retried before the node ran) parks again without submitting anything: no
     # statement rang for the slot it freed, and a job of another kind under the same
-    # limit's name, served by another worker, waited for that worker's poll.
-    limit = cyclone.Concurrency(1, name=f"{name}-slot")
-    child: cyclone.Workflow[int] = cyclone.Workflow(f"{name}-child", input=int)
-
-    @child.wait("go")
-    def hold(ctx: cyclone.StepContext, payload: int) -> int:
-        return payload
-
-    parent: cyclone.Workflow[int] = cyclone.Workflow(name, input=int)
-
-    @parent.child(child, concurrency=limit)
-    def start(ctx: cyclone.StepContext, n: int) -> int:
-        return n
-
-    other = cyclone.step(f"{name}.other", concurrency=limit)(lambda ctx, args: args)
-    run = parent.submit(engine, 1)
-    serving(cyclone.Worker(engine, workflows=[parent, child], poll_interval=0.2, sweep=False))
-    waiting = cyclone.Worker(engine, steps=[other], poll_interval=3600, sweep=False)
-    serving(waiting)
-    node = (jobs.c.run_id == run.id) & (jobs.c.kind == "start")
-    with engine.connect() as conn:
-        wait_until(
-            lambda: (
-                len(run.children()) == 1
-                and conn.execute(sa.select(jobs.c.state).where(node)).scalar() == "blocked"
-            ),
-            timeout=30,
-        )
-        conn.rollback()
-    (kid,) = run.children()
-    with engine.connect() as locking:
-        # The child run's row locked: the node's next attempt holds its slot until the
-        # test lets it go on (it records itself as the child's parent).
-        locking.execute(sa.select(runs.c.id).where(runs.c.id == kid.id).with_for_update())
-        with engine.begin() as conn:  # as the node is woken when its child ended
-            conn.execute(
-                sa.update(jobs).where(node).values(state="available", scheduled_at=sa.func.now())
-            )
-        with engine.connect() as conn:
-            wait_until(
-                lambda: conn.execute(sa.select(jobs.c.state).where(node)).scalar() == "running",
-                timeout=30,
-            )
-        job = other.enqueue(engine, 1)
-        wait_until(lambda: asleep(engine, waiting), timeout=30)
-        assert job.status().state == "available"
-        locking.rollback()
-    assert job.wait(timeout=30).state.value == "completed"
-    with engine.connect() as conn:
-        assert conn.execute(sa.select(jobs.c.state).where(node)).scalar() == "blocked"
-    child.signal(engine, kid.key, "go", 0)
-    wait_until(lambda: run.status().state == "completed", timeout=30)
-
-
-def test_a_limited_child_node_parking_while_its_worker_stops_wakes_the_waiting_worker(
-    engine: sa.Engine, name: str, serving: Any
-) -> None:
-    # Found by a review. As the test above, but the parent's worker is asked to stop while
-    # the node runs: the node parks, and the stopping worker, with no outcome to record
-    # and no room to claim, made no statement that rang for the slot.
+    # limit's name, served by another worker, waited for that worker's poll. Found by a
+    # review: when the parent's worker was asked to stop while the node ran, it had no
+    # outcome to record and no room to claim, and made no statement that rang either.
     limit = cyclone.Concurrency(1, name=f"{name}-slot")
     child: cyclone.Workflow[int] = cyclone.Workflow(f"{name}-child", input=int)
 
@@ -301,6 +245,8 @@ def test_a_limited_child_node_parking_while_its_worker_stops_wakes_the_waiting_w
         conn.rollback()
     (kid,) = run.children()
     with engine.connect() as locking:
+        # The child run's row locked: the node's next attempt holds its slot until the
+        # test lets it go on (it records itself as the child's parent).
         locking.execute(sa.select(runs.c.id).where(runs.c.id == kid.id).with_for_update())
         with engine.begin() as conn:  # as the node is woken when its child ended
             conn.execute(
@@ -314,19 +260,24 @@ def test_a_limited_child_node_parking_while_its_worker_stops_wakes_the_waiting_w
         job = other.enqueue(engine, 1)
         wait_until(lambda: asleep(engine, waiting), timeout=30)
         assert job.status().state == "available"
-        parents.stop()  # no grace: it waits for the node, which parks
+        if parents_worker == "stopping":
+            parents.stop()  # no grace: it waits for the node, which parks
         locking.rollback()
-    background.join(30)
-    with engine.connect() as conn:
-        assert conn.execute(sa.select(jobs.c.state).where(node)).scalar() == "blocked"
+    if parents_worker == "stopping":
+        background.join(30)
     wait_until(
         lambda: job.status().state == "completed",
-        timeout=15,
+        timeout=30,
         message=lambda: (
             f"the job under the freed slot is {job.status().state}, "
             f"its worker asleep: {asleep(engine, waiting)}"
         ),
     )
+    with engine.connect() as conn:
+        assert conn.execute(sa.select(jobs.c.state).where(node)).scalar() == "blocked"
+    if parents_worker == "serving":
+        child.signal(engine, kid.key, "go", 0)
+        wait_until(lambda: run.status().state == "completed", timeout=30)
 
 
 def test_map_and_child_limits_refuse_bad_values_at_definition(name: str) -> None:

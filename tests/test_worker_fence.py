@@ -23,7 +23,7 @@ from cyclone._store import rescue as _rescue
 from cyclone.schema import jobs
 from tests.conftest import wait_until
 from tests.support import invariants
-from tests.support.workers import Background, job_rows, lease
+from tests.support.workers import Background, job_rows, lease, waiting_on_locks
 
 QUICK = {"heartbeat_interval": timedelta(milliseconds=200), "poll_interval": 0.05}
 
@@ -240,19 +240,6 @@ def test_a_heartbeat_interval_not_below_rescue_after_is_refused(
             cyclone.Worker(
                 engine, workflows=[wf], heartbeat_interval=beat, rescue_after=timedelta(seconds=60)
             )
-
-
-def waiting_on_locks(engine: sa.Engine) -> int:
-    """How many backends of this database wait for a lock."""
-    with engine.connect() as conn:
-        return int(
-            conn.execute(
-                sa.text(
-                    "SELECT count(*) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-                )
-            ).scalar_one()
-        )
 
 
 def test_a_hand_back_racing_a_cancel_leaves_no_job_to_run_in_the_cancelled_run(

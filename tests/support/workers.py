@@ -211,3 +211,16 @@ def stop_all(procs: Sequence[subprocess.Popen[str]]) -> None:
         if proc.poll() is None:
             proc.kill()
         proc.communicate(timeout=10)
+
+
+def waiting_on_locks(engine: sa.Engine) -> int:
+    """How many backends of this database wait for a lock."""
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                )
+            ).scalar_one()
+        )
