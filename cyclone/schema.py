@@ -488,7 +488,9 @@ def run_lock_order(table: Any = runs) -> tuple[Any, Any]:
     """The order in which every statement locks several runs: by creation time, then id.
 
     A child run (``@wf.child``) is created after its parent, in a transaction that holds
-    the parent's lock, so this order puts a parent before its children, as a cancel
+    the parent's lock, and made to sort after it even if the server's clock has stepped
+    back since (:mod:`cyclone._store.children`), so this order puts a parent before its
+    children, as a cancel
     walking down a tree and a child node locking its run then its child do: no two
     transactions wait for each other's runs in a cycle (see :mod:`cyclone.states`).
     """

@@ -607,3 +607,29 @@ def test_a_bulk_cancel_and_a_cancel_of_the_parent_lock_a_tree_in_one_order(
     one.join(30)
     bulk.join(30)
     assert [r.status().state.value for r in (parent, child)] == ["cancelled"] * 2
+
+
+def test_a_child_sorts_after_its_parent_in_the_lock_order_when_the_clock_steps_back(
+    engine: sa.Engine, name: str
+) -> None:
+    """Runs are locked in ``(created_at, id)`` order, parents first: a child made while the
+    server's clock reads earlier than its parent's ``created_at`` (a clock stepped back)
+    still sorts after its parent."""
+    s = shop(name)
+    run = s.checkout.submit(engine, Order(lines=[1, 2]))
+    with engine.begin() as conn:  # the parent as if made before the clock stepped back
+        conn.execute(
+            sa.text("UPDATE cyclone_runs SET created_at = now() + interval '1 hour' WHERE id = :r"),
+            {"r": run.id},
+        )
+    drain(engine, *s.workflows)
+    assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    with engine.connect() as conn:
+        parent_at, child_at = conn.execute(
+            sa.text(
+                "SELECT p.created_at, c.created_at FROM cyclone_runs c "
+                "JOIN cyclone_runs p ON p.id = c.parent_id WHERE p.id = :r"
+            ),
+            {"r": run.id},
+        ).one()
+    assert child_at > parent_at

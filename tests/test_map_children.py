@@ -256,8 +256,8 @@ def test_a_runs_children_are_listed_in_item_order_whatever_order_they_were_made_
     with engine.begin() as conn:  # made last item first
         conn.execute(
             sa.text(
-                "UPDATE cyclone_runs SET created_at = created_at - parent_item * interval '1 s' "
-                "WHERE parent_id = :p"
+                "UPDATE cyclone_runs SET created_at = created_at + (3 - parent_item) "
+                "* interval '1 s' WHERE parent_id = :p"
             ),
             {"p": run.id},
         )

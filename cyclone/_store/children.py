@@ -38,7 +38,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Engine, Integer, Text, and_, bindparam, func, or_, select, update
+from sqlalchemy import (
+    Engine,
+    Integer,
+    Text,
+    and_,
+    bindparam,
+    func,
+    literal_column,
+    or_,
+    select,
+    update,
+)
 
 from cyclone import errors
 from cyclone._store import completion as _completion
@@ -87,6 +98,7 @@ _FIND = select(runs.c.id).where(
     runs.c.workflow == bindparam("cw", type_=Text), runs.c.submit_key == bindparam("key", Text)
 )
 _result = jobs.alias("result")
+_parent = runs.alias("parent")
 _ADOPT = (
     update(runs)
     .where(runs.c.id == bindparam("cid"))
@@ -94,6 +106,14 @@ _ADOPT = (
         parent_id=bindparam("rid"),
         parent_node=bindparam("node", type_=Text),
         parent_item=bindparam("item", type_=Integer),
+        # After the parent in the lock order (cyclone.schema.run_lock_order) even if the
+        # server's clock stepped back since the parent was made.
+        created_at=func.greatest(
+            runs.c.created_at,
+            select(_parent.c.created_at + literal_column("interval '1 microsecond'"))
+            .where(_parent.c.id == bindparam("rid"))
+            .scalar_subquery(),
+        ),
     )
     .returning(
         runs.c.state,

@@ -224,6 +224,14 @@ INVARIANTS: tuple[Invariant, ...] = (
         """,
     ),
     Invariant(
+        "a child run sorts after its parent in the runs' lock order (created_at, id)",
+        """
+        SELECT c.id AS run_id, c.created_at, p.id AS parent_id, p.created_at AS parent_created_at
+        FROM cyclone_runs c JOIN cyclone_runs p ON p.id = c.parent_id
+        WHERE (c.created_at, c.id) <= (p.created_at, p.id)
+        """,
+    ),
+    Invariant(
         "a child run names its parent node (and item), and its parent has that job",
         """
         SELECT c.id AS run_id, c.parent_id, c.parent_node, c.parent_item FROM cyclone_runs c
