@@ -8,7 +8,8 @@ Lock order: a statement or transaction that locks both a run and its jobs locks 
 first (``FOR NO KEY UPDATE``; several runs by creation time, then id, which puts a child
 run after its parent: :func:`cyclone.schema.run_lock_order`), then the jobs (in id
 order). A cancel locks a tree of child runs in that order, in the statement that
-cancels them.
+cancels them; a bulk retry locks its batch and the children it stops waiting for in
+that order, in one statement.
 Submit inserts the run only; a claim locks jobs, skipping locked rows, and the runs it
 starts (whose jobs do not exist yet), skipping locked runs, then inserts their jobs; a
 heartbeat locks jobs only, skipping locked rows; a hand-back locks the runs of its

@@ -16,8 +16,9 @@ import pytest
 import sqlalchemy as sa
 
 import cyclone
+from cyclone._store import completion as _completion
 from tests.conftest import wait_until
-from tests.support.workers import Background, job_rows, start_runs
+from tests.support.workers import Background, job_rows, start_runs, waiting_on_locks
 
 
 def flaky_kind(kind: str, failing: threading.Event) -> cyclone.StandaloneStep[Any, str]:
@@ -277,6 +278,110 @@ def test_retry_runs_skips_a_run_past_its_deadline(engine: sa.Engine, name: str) 
         cyclone.RunState.RUNNING,
     )
     fine.cancel()
+
+
+def _running(engine: sa.Engine, run_id: Any, kind: str) -> tuple[int, int]:
+    """Make the step ``kind`` of a started run running for a worker that is not there; its
+    id and lease, for recording its outcome as that worker would."""
+    with engine.begin() as conn:
+        job_id, lease = conn.execute(
+            sa.text(
+                "UPDATE cyclone_jobs SET state = 'running', attempt = 1, lease = lease + 1,"
+                " worker_id = 'gone', heartbeat_at = now(), attempted_at = now()"
+                " WHERE run_id = :r AND kind = :k RETURNING id, lease"
+            ),
+            {"r": run_id, "k": kind},
+        ).one()
+    return int(job_id), int(lease)
+
+
+def test_a_bulk_retry_locks_the_children_it_forgets_with_its_batch_in_the_run_lock_order(
+    own_engine: sa.Engine, name: str
+) -> None:
+    # Found by a review: a bulk retry locked its batch (the failed parent P, then a run R
+    # made after P's child C), then, restarting P, forgot that P's node waits for C, locking
+    # C last; a worker recording a step of C and one of R locks C, then R: a deadlock. The
+    # bulk retry now locks the children it forgets with its batch, in the run lock order.
+    kid: cyclone.Workflow[int] = cyclone.Workflow(f"{name}-kid", input=int)
+
+    @kid.step()
+    def work(ctx: cyclone.StepContext, n: int) -> int:
+        return n
+
+    top: cyclone.Workflow[int] = cyclone.Workflow(name, input=int)
+
+    @top.child(kid)
+    def sub(ctx: cyclone.StepContext, n: int) -> int:
+        return n
+
+    @top.step(max_attempts=1, queue="later")
+    def boom(ctx: cyclone.StepContext, n: int) -> None:
+        raise RuntimeError("boom")
+
+    other: cyclone.Workflow[int] = cyclone.Workflow(f"{name}-other", input=int)
+
+    @other.step(max_attempts=1)
+    def fails(ctx: cyclone.StepContext, n: int) -> None:
+        raise RuntimeError("fails")
+
+    @other.step()
+    def slow(ctx: cyclone.StepContext, n: int) -> None: ...
+
+    parent = top.submit(own_engine, 1)
+    with cyclone.Worker(own_engine, workflows=[top], queues={"default": 1}, sweep=False) as worker:
+        worker.drain()  # sub submits the child and parks; boom waits on its queue
+    (child,) = parent.children()
+    start_runs(own_engine, kid)
+    in_child = _running(own_engine, child.id, "work")
+    with cyclone.Worker(own_engine, workflows=[top], queues={"later": 1}, sweep=False) as worker:
+        worker.drain()  # boom fails the parent; its node no longer waits, its child runs on
+    child.cancel()  # its step still runs, and the parent's node is still said to wait for it
+    late = other.submit(own_engine, 2)  # made after the child
+    start_runs(own_engine, other)
+    in_late = _running(own_engine, late.id, "slow")
+    with cyclone.Worker(own_engine, workflows=[other], sweep=False) as worker:
+        worker.drain()  # fails fails the run; slow still runs
+    assert [r.status().state.value for r in (parent, child, late)] == [
+        "failed",
+        "cancelled",
+        "failed",
+    ]
+    client = cyclone.Client(own_engine)
+
+    def record_late_failures() -> set[int]:
+        # As a worker records the failures of the steps of two runs: their runs first.
+        error = {"type": "RuntimeError", "message": "late", "attempt": 1}
+        with own_engine.begin() as conn:
+            return _completion.record_failures(
+                conn,
+                [_completion.Failure(j, lease, error, None) for j, lease in (in_child, in_late)],
+            )
+
+    with own_engine.connect() as holder:
+        # The parent's failed step held: the bulk retry locks the parent and the late run
+        # (and, fixed, the child between them), then waits to reset that step.
+        holder.execute(
+            sa.text("SELECT id FROM cyclone_jobs WHERE run_id = :r AND kind = 'boom' FOR UPDATE"),
+            {"r": parent.id},
+        )
+        retrying = Background(lambda: client.retry_runs(state="failed"), name="bulk-retry")
+        wait_until(lambda: waiting_on_locks(own_engine) >= 1, 10)
+        recording = Background(record_late_failures, name="record-failures")
+        wait_until(lambda: waiting_on_locks(own_engine) >= 2, 10)
+        holder.rollback()
+    assert retrying.join(30) == 1  # the parent; the late run has a step running
+    assert recording.join(30) == {in_child[0], in_late[0]}
+    assert [r.status().state.value for r in (parent, child, late)] == [
+        "running",
+        "cancelled",
+        "failed",
+    ]
+    with own_engine.connect() as conn:
+        waits = conn.execute(
+            sa.text("SELECT parent_waits FROM cyclone_runs WHERE id = :r"), {"r": child.id}
+        ).scalar_one()
+    assert waits is False  # forgotten: the parent's node retries its child
+    parent.cancel()
 
 
 def test_bulk_actions_reject_bad_filters_before_touching_anything(

@@ -11,8 +11,9 @@ anew, its timeout counted from when it parks again.
 
 Each statement takes the runs it acts on as an array, ``:rids``: a single run's cancel or
 retry passes one, and the bulk forms (:func:`cancel_many`, :func:`restart_many`) pass a
-batch of runs, locked first in id order, so that a bulk action takes each run through the
-very same guarded statements, one bounded transaction per batch.
+batch of runs, locked first in the run lock order (a bulk retry's with the children it
+stops waiting for), so that a bulk action takes each run through the very same guarded
+statements, one bounded transaction per batch.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from sqlalchemy import (
     Engine,
     Text,
     Uuid,
+    and_,
     bindparam,
     case,
     cast,
@@ -226,11 +228,27 @@ def any_running_stmt() -> Any:
     )
 
 
-def lock_runs_stmt(states: Sequence[str]) -> Any:
-    """Lock the runs of ``:rids`` that are in ``states``, in the run lock order."""
+def lock_retryable_stmt() -> Any:
+    """Lock the runs of ``:rids`` that a retry may restart (failed or cancelled), with the
+    children their nodes wait for, all in the run lock order; returns each run's id and
+    whether it is one of the batch.
+
+    A restarted run's nodes stop waiting for their ended children
+    (:func:`forget_ended_children_stmt`): those children are locked here, in order with the
+    batch (a child may sort before a run of the batch, and a worker recording a step of
+    it and one of that run locks them in that order), not after the batch. Every child
+    whose node waits is locked, running or not: one that ends meanwhile is forgotten too.
+    A retried run's node makes no new child while the retry holds the run (a node's
+    transaction locks its run, which it finds ended).
+    """
+    retryable = [const(s) for s in EDGES["run.retry"].sources]
+    parent = runs.alias("parent")
+    batch = and_(runs.c.id == _rids(), runs.c.state.in_(retryable))
+    retried = select(parent.c.id).where(parent.c.id == _rids(), parent.c.state.in_(retryable))
+    awaited = and_(among(runs.c.parent_id, retried), runs.c.parent_waits)
     return (
-        select(runs.c.id)
-        .where(runs.c.id == _rids(), runs.c.state.in_([const(s) for s in states]))
+        select(runs.c.id, batch.label("batch"))
+        .where(or_(batch, awaited))
         .order_by(*run_lock_order())
         .with_for_update(key_share=True)
     )
@@ -294,7 +312,7 @@ _CLEAR_UNSENT_SIGNALS = clear_unsent_signals_stmt()
 _LOCK_RUN = lock_run_stmt()
 _ANY_RUNNING = any_running_stmt()
 _STATE = select(runs.c.state).where(runs.c.id == bindparam("rid"))
-_LOCK_RETRYABLE = lock_runs_stmt(EDGES["run.retry"].sources)
+_LOCK_RETRYABLE = lock_retryable_stmt()
 _RESTARTABLE = restartable_stmt()
 
 
@@ -420,12 +438,14 @@ def restart(engine: Engine, run_id: uuid.UUID, *, every_step: bool) -> None:
 def restart_many(engine: Engine, run_ids: Sequence[uuid.UUID]) -> int:
     """``retry`` those of ``run_ids`` that it may restart, in one transaction; how many.
 
-    The failed and cancelled runs among them are locked first, in id order; those past
-    their deadline or with a step still running are left as they are (as ``retry``
-    refuses them), and so is every run in another state.
+    The failed and cancelled runs among them are locked first, in the run lock order with
+    the children their nodes wait for (:func:`lock_retryable_stmt`); those past their
+    deadline or with a step still running are left as they are (as ``retry`` refuses
+    them), and so is every run in another state.
     """
     with engine.begin() as conn:
-        locked = _executor.column(conn, _LOCK_RETRYABLE, {"rids": list(run_ids)})
+        rows = _executor.rows(conn, _LOCK_RETRYABLE, {"rids": list(run_ids)})
+        locked = [row[0] for row in rows if row[1]]
         if not locked:
             return 0
         chosen = []
