@@ -9,7 +9,9 @@ first (``FOR NO KEY UPDATE``; several runs by creation time, then id, which puts
 run after its parent: :func:`cyclone.schema.run_lock_order`), then the jobs (in id
 order). A cancel locks a tree of child runs in that order, in the statement that
 cancels them; a bulk retry locks its batch and the children it stops waiting for in
-that order, in one statement.
+that order, in one statement. A limit's key comes before every run: an admission locks
+keys, then runs; a transaction that waits for a key locks it before any run
+(:func:`cyclone._store.limits.keys_locked_first`).
 Submit inserts the run only; a claim locks jobs, skipping locked rows, and the runs it
 starts (whose jobs do not exist yet), skipping locked runs, then inserts their jobs; a
 heartbeat locks jobs only, skipping locked rows; a hand-back locks the runs of its

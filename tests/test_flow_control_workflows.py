@@ -21,6 +21,7 @@ from cyclone._store import executor as _executor
 from cyclone._store import limits as _limits_store
 from tests.conftest import wait_until
 from tests.support.flow_proc import workflow
+from tests.support.workers import Background, waiting_on_locks
 from tests.test_flow_control import spawn, stop
 
 IN_PROGRESS = (
@@ -412,3 +413,63 @@ def test_a_worker_serving_only_a_limited_workflow_reads_when_its_next_held_run_f
     assert blocker.status().state == cyclone.RunState.COMPLETED
     assert later.status().state == cyclone.RunState.RUNNING  # held until its start
     assert not [r for r in caplog.records if "limited job may start" in r.getMessage()]
+
+
+def test_an_admission_cancelling_in_progress_and_a_child_nodes_retry_of_its_limited_child(
+    own_engine: sa.Engine, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Found by a review: an admission locks the keys it serves, then cancels runs in
+    # progress (cancel_in_progress); a child node's transaction locked its run, its job and
+    # its ended child, then the key of that child's limit, to retry it. The admission held
+    # that key and waited for the parent run: a deadlock. Every transaction that waits for
+    # a limit's key now takes it before any run.
+    kid: cyclone.Workflow[int] = cyclone.Workflow(
+        f"{name}-kid", input=int, concurrency=cyclone.Concurrency(1)
+    )
+
+    @kid.step(max_attempts=1)
+    def work(ctx: cyclone.StepContext, n: int) -> None:
+        raise RuntimeError("no")
+
+    top: cyclone.Workflow[int] = cyclone.Workflow(
+        name, input=int, concurrency=cyclone.Concurrency(1, on_limit="cancel_in_progress")
+    )
+
+    @top.child(kid)
+    def sub(ctx: cyclone.StepContext, n: int) -> int:
+        return n
+
+    parent = top.submit(own_engine, 1)
+    with cyclone.Worker(own_engine, workflows=[top, kid], sweep=False) as worker:
+        worker.drain()
+    (child,) = parent.children()
+    assert [r.status().state.value for r in (parent, child)] == ["failed", "failed"]
+    parent.retry()  # in progress again; its node, run again, retries the failed child
+    names = (f"workflow:{name}", f"workflow:{name}-kid")
+    with caplog.at_level("WARNING", logger="cyclone.worker"), own_engine.connect() as holder:
+        # The child held: the node's transaction waits to adopt it, holding the parent
+        # (and, fixed, the child's key, taken first).
+        holder.execute(
+            sa.text("SELECT id FROM cyclone_runs WHERE id = :r FOR UPDATE"), {"r": child.id}
+        )
+        # One slot: while the node runs, this worker neither claims nor admits.
+        deciding = Background(
+            cyclone.Worker(own_engine, workflows=[top], concurrency=1, sweep=False).drain,
+            name="child-node",
+        )
+        wait_until(lambda: waiting_on_locks(own_engine) >= 1, 10)
+        newer = top.submit(own_engine, 2)  # the admission cancels the parent for it
+        queued = kid.submit(own_engine, 3)  # so the admission locks the child's key too
+        admitting = Background(
+            lambda: _limits_store.admit_runs(own_engine, names), name="admission"
+        )
+        wait_until(lambda: waiting_on_locks(own_engine) >= 2, 10)
+        holder.rollback()
+        assert admitting.join(30) == 1  # the newer run; the child's key was not free
+        deciding.join(30)
+    assert "deadlock" not in caplog.text
+    # The node retried its child, then the admission cancelled the parent and that child.
+    assert [r.status().state.value for r in (parent, child)] == ["cancelled", "cancelled"]
+    assert [e["type"] for e in (parent.status().error or {},)] == ["ConcurrencyLimit"]
+    newer.cancel()
+    queued.cancel()

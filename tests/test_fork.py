@@ -235,13 +235,15 @@ def test_a_fork_of_a_run_of_another_workflow_or_of_no_run_is_not_found(
 
 def fork_waits_for_the_source(engine: sa.Engine) -> bool:
     """Whether the forking subprocess's session waits for a lock, in its first statement
-    (it has written nothing: it has no transaction id)."""
+    (it has written nothing: it has no transaction id). That statement begins with the
+    CTE that locks the source's limit key (``pg_stat_activity`` keeps a query's first
+    1024 bytes, which no longer reach its ``FOR SHARE``)."""
     with engine.connect() as conn:
         found = conn.execute(
             sa.text(
                 "SELECT count(*) FROM pg_stat_activity "
                 "WHERE application_name = :app AND wait_event_type = 'Lock' "
-                "AND query LIKE '%FOR SHARE%' AND backend_xid IS NULL"
+                "AND query LIKE 'WITH locked_keys %' AND backend_xid IS NULL"
             ),
             {"app": fork_proc.APPLICATION_NAME},
         ).scalar_one()

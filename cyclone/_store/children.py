@@ -3,7 +3,8 @@
 A worker that claims a child node first looks for the node's child: the run of the child
 workflow whose key is :func:`child_key` (the parent run's id and the node's name). With
 none yet, it calls the node's function for the child's input; then, in one transaction,
-it locks the parent run, then the node's job (the lock order of :mod:`cyclone.states`),
+it locks the parent run, then the node's job (the lock order of :mod:`cyclone.states`;
+before them, the key of the workflow limit of a child it will retry: keys before runs),
 submits the child with ``submit_once`` semantics under that key (or finds it), records
 the parent on the child's row, and records the node's outcome: *parked* as a wait node
 without timeout parks (``job.park_blocked``: blocked, no upstream pending, out of the
@@ -55,6 +56,7 @@ from cyclone import errors
 from cyclone._store import completion as _completion
 from cyclone._store import control as _control
 from cyclone._store import executor as _executor
+from cyclone._store import limits as _limits
 from cyclone._store import notify as _notify
 from cyclone._store import submission as _submission
 from cyclone._store import waits as _waits
@@ -62,7 +64,7 @@ from cyclone._store.claim import Claimed
 from cyclone._store.completion import Failure, Success
 from cyclone._store.executor import const
 from cyclone.schema import jobs, runs
-from cyclone.states import JobState, RunState
+from cyclone.states import EDGES, JobState, RunState
 
 if TYPE_CHECKING:
     from cyclone.workflow import Step, Workflow
@@ -94,9 +96,19 @@ def node_of(workflows: Mapping[str, Workflow[Any]], job: Claimed) -> Step[Any] |
     return node
 
 
-_FIND = select(runs.c.id).where(
-    runs.c.workflow == bindparam("cw", type_=Text), runs.c.submit_key == bindparam("key", Text)
+_OF_KEY = (
+    runs.c.workflow == bindparam("cw", type_=Text),
+    runs.c.submit_key == bindparam("key", Text),
 )
+_FIND = select(runs.c.id).where(*_OF_KEY)
+_READ = select(
+    runs.c.id,
+    runs.c.limit_name,
+    runs.c.limit_key,
+    runs.c.state.in_([const(s) for s in EDGES["run.retry"].sources]) & ~runs.c.parent_waits,
+).where(*_OF_KEY)
+"""The node's child, if any (no lock): its id, its workflow limit's name and key, and
+whether it ended and is not awaited (the node retries it)."""
 _result = jobs.alias("result")
 _parent = runs.alias("parent")
 _ADOPT = (
@@ -122,6 +134,8 @@ _ADOPT = (
         select(_result.c.output.cast(Text))
         .where(_result.c.run_id == runs.c.id, _result.c.kind == runs.c.result_step)
         .scalar_subquery(),
+        runs.c.limit_name,
+        runs.c.limit_key,
     )
 )
 _SET_WAITS = update(runs).where(runs.c.id == bindparam("cid")).values(parent_waits=bindparam("w"))
@@ -247,9 +261,14 @@ def execute(
     key = child_key(job.run_id, job.kind, job.item)
     try:
         with engine.connect() as conn:
-            found = _executor.first(conn, _FIND, {"cw": child.plan.workflow, "key": key})
+            found = _executor.first(conn, _READ, {"cw": child.plan.workflow, "key": key})
     except Exception as exc:
         return _hand_back(worker_id, job, exc)
+    # The key of a child to retry is locked first: keys before runs (an admission locks
+    # keys, then cancels runs in progress, this node's run among them).
+    retried_key = None
+    if found is not None and found[1] is not None and found[3]:
+        retried_key = (str(found[1]), str(found[2]))
     input_: str | None = None
     limit_key: _submission.LimitKeys | None = None
     if found is None:
@@ -268,7 +287,7 @@ def execute(
                 backoff,
             )
     try:
-        return _decide(engine, worker_id, job, child, key, input_, limit_key, backoff)
+        return _decide(engine, worker_id, job, child, key, input_, limit_key, retried_key, backoff)
     except Exception as exc:
         return _hand_back(worker_id, job, exc)
 
@@ -311,11 +330,14 @@ def _decide(
     key: str,
     input_: str | None,
     limit_key: _submission.LimitKeys | None,
+    retried_key: tuple[str, str] | None,
     backoff: Callable[[int], float],
 ) -> _waits.Outcome:
     guard = {"job_id": job.id, "lease": job.lease, "attempt_no": job.attempt, "me": worker_id}
     workflow = child.plan.workflow
     with engine.begin() as conn:
+        if retried_key is not None:
+            _limits.lock_key(conn, retried_key[0], retried_key[1])
         state = _executor.value(conn, _waits._LOCK_RUN, {"rid": job.run_id})
         if _executor.first(conn, _waits._LOCK_JOB, guard) is None:
             return _waits.Parked(job.id)  # rescued, handed back or cancelled meanwhile
@@ -337,7 +359,7 @@ def _decide(
         adopted = _executor.one(
             conn, _ADOPT, {"cid": cid, "rid": job.run_id, "node": job.kind, "item": job.item}
         )
-        child_state, waits, message, result = adopted
+        child_state, waits, message, result, limit_name, limit = adopted
         if child_state == RunState.COMPLETED.value:
             _executor.affected(conn, _SET_WAITS, {"cid": cid, "w": False})
             return Success(job.id, job.lease, result if result is not None else "null")
@@ -348,6 +370,14 @@ def _decide(
                 failure = _child_failed(job, cid, workflow, why, backoff)
                 _completion.record_failures(conn, [failure])
                 return _waits.Parked(job.id, failure)
+            if limit_name is not None and retried_key != (limit_name, limit):
+                # It ended, or stopped being awaited, after the read: its key is not
+                # locked, and may not be now (under the run). The next attempt locks it.
+                raise errors.InvalidStateError(
+                    operation="retry",
+                    run_id=cid,
+                    state=f"{child_state}, its limit's key not locked first",
+                )
             refused = _control.restart_child(conn, cid)
             if refused is not None:
                 failure = _child_failed(

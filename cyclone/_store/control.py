@@ -3,7 +3,9 @@
 The run's row is locked first (``FOR NO KEY UPDATE``), then its jobs, then the signal
 rows of its wait nodes: the one lock order of :mod:`cyclone.states` (and of
 :mod:`cyclone._store.waits`, which locks a wait node's job before its signal), which every
-recording of an outcome follows too, so a user's call never deadlocks with a worker.
+recording of an outcome follows too, so a user's call never deadlocks with a worker. A
+retry, which may take the key of its run's workflow limit, locks that key before the run
+(as an admission does, which locks keys, then the runs it cancels).
 
 A retried wait node sees a signal already sent to its run (a run receives each signal
 once): it runs at once with that payload. A wait node whose signal was never sent waits
@@ -210,11 +212,17 @@ def clear_unsent_signals_stmt() -> Any:
     return delete(signals).where(signals.c.run_id == _rids(), signals.c.payload.is_(None))
 
 
-def lock_run_stmt() -> Any:
-    """Lock the run ``:rid`` (first, as the lock order says): its state and deadline."""
+def lock_run_stmt(*, keys_first: bool = False) -> Any:
+    """Lock the run ``:rid`` (first, as the lock order says): its state and deadline.
+
+    ``keys_first``: lock the key of its workflow limit before it, if any (a retry, which
+    may take that key: keys before runs, see :func:`cyclone._store.limits.keys_locked_first`).
+    """
+    rid = bindparam("rid", type_=runs.c.id.type)
+    first = (_limits.keys_locked_first(rid),) if keys_first else ()
     return (
         select(runs.c.state, runs.c.deadline <= func.now())
-        .where(runs.c.id == bindparam("rid"))
+        .where(*first, runs.c.id == rid)
         .with_for_update(key_share=True)
     )
 
@@ -230,8 +238,8 @@ def any_running_stmt() -> Any:
 
 def lock_retryable_stmt() -> Any:
     """Lock the runs of ``:rids`` that a retry may restart (failed or cancelled), with the
-    children their nodes wait for, all in the run lock order; returns each run's id and
-    whether it is one of the batch.
+    children their nodes wait for, all in the run lock order, after the keys of the limits
+    of the runs of ``:rids``; returns each run's id and whether it is one of the batch.
 
     A restarted run's nodes stop waiting for their ended children
     (:func:`forget_ended_children_stmt`): those children are locked here, in order with the
@@ -248,7 +256,7 @@ def lock_retryable_stmt() -> Any:
     awaited = and_(among(runs.c.parent_id, retried), runs.c.parent_waits)
     return (
         select(runs.c.id, batch.label("batch"))
-        .where(or_(batch, awaited))
+        .where(_limits.keys_locked_first(_rids()), or_(batch, awaited))
         .order_by(*run_lock_order())
         .with_for_update(key_share=True)
     )
@@ -310,6 +318,7 @@ _RESTART_ANY = restart_run_stmt(from_states=tuple(TERMINAL_RUN_STATES))
 _COMPLETE_RESTARTED = complete_restarted_run_stmt()
 _CLEAR_UNSENT_SIGNALS = clear_unsent_signals_stmt()
 _LOCK_RUN = lock_run_stmt()
+_LOCK_RUN_KEYS_FIRST = lock_run_stmt(keys_first=True)
 _ANY_RUNNING = any_running_stmt()
 _STATE = select(runs.c.state).where(runs.c.id == bindparam("rid"))
 _LOCK_RETRYABLE = lock_retryable_stmt()
@@ -378,8 +387,9 @@ def _restart_locked(conn: Connection, run_ids: list[uuid.UUID], *, every_step: b
 
 def restart_child(conn: Connection, run_id: uuid.UUID) -> str | None:
     """``retry`` the failed or cancelled child run ``run_id`` in the caller's transaction,
-    which holds its parent's lock and then the child's; None when restarted, else why not
-    (as :func:`restart` refuses)."""
+    which holds its parent's lock and then the child's (and, before them, the key of the
+    child's workflow limit, if any); None when restarted, else why not (as
+    :func:`restart` refuses)."""
     row = _executor.first(conn, _LOCK_RUN, {"rid": run_id})
     if row is None:
         return "it no longer exists"
@@ -415,7 +425,7 @@ def restart(engine: Engine, run_id: uuid.UUID, *, every_step: bool) -> None:
     """
     operation = "retry_all" if every_step else "retry"
     with engine.begin() as conn:
-        row = _executor.first(conn, _LOCK_RUN, {"rid": run_id})
+        row = _executor.first(conn, _LOCK_RUN_KEYS_FIRST, {"rid": run_id})
         if row is None:
             raise errors.NotFoundError(f"run {run_id} does not exist")
         state, deadline_passed = RunState(row[0]), bool(row[1])
@@ -439,9 +449,9 @@ def restart_many(engine: Engine, run_ids: Sequence[uuid.UUID]) -> int:
     """``retry`` those of ``run_ids`` that it may restart, in one transaction; how many.
 
     The failed and cancelled runs among them are locked first, in the run lock order with
-    the children their nodes wait for (:func:`lock_retryable_stmt`); those past their
-    deadline or with a step still running are left as they are (as ``retry`` refuses
-    them), and so is every run in another state.
+    the children their nodes wait for (:func:`lock_retryable_stmt`), after the keys of
+    their limits; those past their deadline or with a step still running are left as
+    they are (as ``retry`` refuses them), and so is every run in another state.
     """
     with engine.begin() as conn:
         rows = _executor.rows(conn, _LOCK_RETRYABLE, {"rids": list(run_ids)})

@@ -2,7 +2,8 @@
 
 A fork is one transaction of two statements: the first locks the source run
 (``FOR SHARE``: a retry or purge of it waits until the fork commits, and no step of it can
-be recorded meanwhile) and reads its state, graph and the state of each of its steps; the
+be recorded meanwhile; the key of its workflow limit before it, if any) and reads its
+state, graph and the state of each of its steps; the
 caller (:func:`fork`) decides which steps are kept, and the second statement inserts the
 run of the key ``ON CONFLICT DO NOTHING`` and, only if it was inserted, every step of
 the current graph at once: kept steps ``completed`` with the source's output copied in
@@ -75,12 +76,17 @@ _SOURCE = (
         runs.c.limit_name,
         runs.c.limit_key,
     )
-    .where(runs.c.id == bindparam("source", type_=runs.c.id.type))
+    .where(
+        _limits.keys_locked_first(bindparam("source", type_=runs.c.id.type)),
+        runs.c.id == bindparam("source", type_=runs.c.id.type),
+    )
     .with_for_update(read=True, of=runs)
 )
-"""Lock the source run ``FOR SHARE`` and read its workflow, state, graph, the states of its
-steps (not of map items, which share their node's name), a map node with an item still
-running, if any, and the workflow limit and key it ran under."""
+"""Lock the source run ``FOR SHARE`` (after its workflow limit's key, the lock order of
+keys and runs: :func:`cyclone._store.limits.keys_locked_first`) and read its workflow,
+state, graph, the states of its steps (not of map items, which share their node's name),
+a map node with an item still running, if any, and the workflow limit and key it ran
+under."""
 
 _STEP_FIELDS = (
     column("ord", Integer),

@@ -960,6 +960,43 @@ _LOCK_KEY = (
     .where(limit_keys.c.name == _NAME, limit_keys.c.key == _KEY)
     .with_for_update(of=limit_keys)
 )
+
+
+def keys_locked_first(run_ids: Any) -> Any:
+    """A condition that locks the limit keys of the runs whose id ``= run_ids`` (a bind, or
+    an ``ANY`` of one) before anything else: the first lock of a statement that locks runs.
+
+    The one order of a limit's key and runs: keys first (by name, then key), then runs.
+    An admission locks keys, then the runs in progress it cancels (and their trees); a
+    transaction that waits for a key while it holds a run (a retry's, a fork's, a child
+    node's) could hold a run that admission waits for. An uncorrelated scalar subquery is
+    a one-time filter, evaluated before the scan it guards reads a row (see
+    :func:`cyclone._store.completion.runs_locked_first`); a run's limit and key never
+    change, so its unlocked read names the key to lock.
+    """
+    keyed = runs.alias("keyed")
+    locked = (
+        select(limit_keys.c.name)
+        .where(
+            tuple_(limit_keys.c.name, limit_keys.c.key).in_(
+                select(keyed.c.limit_name, keyed.c.limit_key).where(
+                    keyed.c.id == run_ids, keyed.c.limit_name.is_not(None)
+                )
+            )
+        )
+        .order_by(limit_keys.c.name, limit_keys.c.key)
+        .with_for_update(of=limit_keys)
+        .cte("locked_keys")
+    )
+    return select(func.count()).select_from(locked).scalar_subquery() >= const(0, Integer)
+
+
+def lock_key(conn: Any, name: str, key: str) -> None:
+    """Lock the limit ``name``'s key ``key`` (its row, if it exists) until the caller commits:
+    before any run, as :func:`keys_locked_first` does."""
+    _executor.first(conn, _LOCK_KEY, {"b_name": name, "b_key": key})
+
+
 _RUN_LIMIT = select(runs.c.limit_name, runs.c.limit_key, runs.c.start_at.is_(None)).where(
     runs.c.id == bindparam("rid")
 )
@@ -1192,12 +1229,11 @@ def room_for_fork(
     fork_key: str,
     starts: bool,
 ) -> None:
-    """Before the fork of a run of a limited workflow: take the key's lock (kept until the
-    fork commits), then, when the fork ``starts`` (it has steps to run) and its submit key
-    has no run yet, check that the limit's key has room for one more run in progress, as a
-    retry of a started run does. Called under the source's lock (an ended run: admissions
-    never lock one, so no cycle of waits). A second fork of the key returns the first and
-    needs no room.
+    """Before the fork of a run of a limited workflow: under the key's lock (kept until the
+    fork commits; taken before the source's, :func:`keys_locked_first`), when the fork
+    ``starts`` (it has steps to run) and its submit key has no run yet, check that the
+    limit's key has room for one more run in progress, as a retry of a started run does.
+    A second fork of the key returns the first and needs no room.
 
     Raises:
         InvalidStateError: the key has ``max`` runs in progress.
@@ -1232,12 +1268,12 @@ def _refuse_when_full(
 
 
 def hold_for_restart(conn: Any, run_id: Any, operation: str) -> None:
-    """Before a limited run restarts (``retry``/``retry_all``): take its key's lock, then
-    check there is room. A run that never started is held again (admitted by a worker as
-    a new one); a run that started (its steps exist) restarts in progress if its key has
-    room, and is refused otherwise. Called under the run's lock; the key's lock is kept
-    until the caller commits. (An admission locks keys, then runs in progress or held,
-    never an ended run such as this one: no cycle of waits.)"""
+    """Before a limited run restarts (``retry``/``retry_all``): under its key's lock, check
+    there is room. A run that never started is held again (admitted by a worker as a new
+    one); a run that started (its steps exist) restarts in progress if its key has room,
+    and is refused otherwise. Called under the run's lock, the caller having locked the
+    key before it (:func:`keys_locked_first`, :func:`lock_key`: an admission locks keys,
+    then runs); the key's lock is kept until the caller commits."""
     row = _executor.first(conn, _RUN_LIMIT, {"rid": run_id})
     if row is None or row[0] is None:
         return
