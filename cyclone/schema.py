@@ -291,6 +291,15 @@ Index(
     jobs.c.limit_key,
     postgresql_where=text("state = 'running' AND limit_name IS NOT NULL"),
 )
+# The pairs of a limit and the Rate given with it that waiting jobs keep: a worker looks
+# for the Rates its definitions no longer give, one probe per pair, however many jobs
+# without the Rate wait under the same limit (cyclone_0023_rated_jobs_index).
+Index(
+    "ix_cyclone_jobs_rated",
+    jobs.c.limit_name,
+    jobs.c.rate_name,
+    postgresql_where=text("state = 'available' AND rate_name IS NOT NULL"),
+)
 # One job per step of a run; a map node's items are jobs of its kind with their index in
 # ``item``, one per index (revision cyclone_0017_map_items).
 Index(

@@ -342,22 +342,53 @@ def test_an_index_built_beforehand_concurrently_is_kept(fresh_engine: sa.Engine)
     assert drift(fresh_engine) == []
 
 
-def test_an_invalid_index_left_by_a_failed_build_stops_the_upgrade(
+RATED_INDEX = (
+    "CREATE INDEX {how} ix_cyclone_jobs_rated ON cyclone_jobs (limit_name, rate_name) "
+    "WHERE state = 'available' AND rate_name IS NOT NULL"
+)
+
+
+def test_the_rated_jobs_index_built_beforehand_concurrently_is_kept_and_dropped_by_the_downgrade(
     fresh_engine: sa.Engine,
 ) -> None:
-    cyclone.upgrade(fresh_engine, "cyclone_0002")
+    cyclone.upgrade(fresh_engine, "cyclone_0022_kind_claim_index")
+    with fresh_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.exec_driver_sql(RATED_INDEX.format(how="CONCURRENTLY"))
+    built = index_oid(fresh_engine, "ix_cyclone_jobs_rated")
+    cyclone.upgrade(fresh_engine)
+    assert version_rows(fresh_engine) == [migrations.head_revision()]
+    assert index_oid(fresh_engine, "ix_cyclone_jobs_rated") == built
+    assert drift(fresh_engine) == []
+    cyclone.downgrade(fresh_engine, "cyclone_0022_kind_claim_index")
+    with fresh_engine.connect() as conn:
+        found = conn.execute(sa.text("SELECT to_regclass('ix_cyclone_jobs_rated')")).scalar()
+    assert found is None
+    cyclone.upgrade(fresh_engine)
+    assert drift(fresh_engine) == []
+
+
+@pytest.mark.parametrize(
+    ("before", "name", "definition"),
+    [
+        ("cyclone_0002", "ix_cyclone_jobs_claim_kind", CLAIM_KIND_INDEX),
+        ("cyclone_0022_kind_claim_index", "ix_cyclone_jobs_rated", RATED_INDEX),
+    ],
+)
+def test_an_invalid_index_left_by_a_failed_build_stops_the_upgrade(
+    fresh_engine: sa.Engine, before: str, name: str, definition: str
+) -> None:
+    cyclone.upgrade(fresh_engine, before)
     with fresh_engine.begin() as conn:
-        conn.exec_driver_sql(CLAIM_KIND_INDEX.format(how=""))
+        conn.exec_driver_sql(definition.format(how=""))
         # What a CREATE INDEX CONCURRENTLY that failed half-way leaves behind.
         conn.exec_driver_sql(
-            "UPDATE pg_index SET indisvalid = false "
-            "WHERE indexrelid = 'ix_cyclone_jobs_claim_kind'::regclass"
+            f"UPDATE pg_index SET indisvalid = false WHERE indexrelid = '{name}'::regclass"
         )
-    with pytest.raises(sa.exc.DBAPIError, match="ix_cyclone_jobs_claim_kind exists but is invalid"):
+    with pytest.raises(sa.exc.DBAPIError, match=f"{name} exists but is invalid"):
         cyclone.upgrade(fresh_engine)
-    assert version_rows(fresh_engine) == ["cyclone_0002"]
+    assert version_rows(fresh_engine) == [before]
     with fresh_engine.begin() as conn:
-        conn.exec_driver_sql("DROP INDEX ix_cyclone_jobs_claim_kind")
+        conn.exec_driver_sql(f"DROP INDEX {name}")
     cyclone.upgrade(fresh_engine)
     assert drift(fresh_engine) == []
 
