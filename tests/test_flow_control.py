@@ -765,11 +765,6 @@ def test_a_rate_that_a_deploy_renamed_beside_a_kept_concurrency_wakes_its_worker
     assert second.wait(timeout=30).state.value == "completed"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the look reads the first waiting job of each limit: no index has rate_name, so "
-    "finding any job whose Rate the worker lacks at a bounded cost needs a new index",
-)
 def test_a_rate_that_a_deploy_dropped_is_found_behind_a_newer_job_without_it(
     engine: sa.Engine, name: str
 ) -> None:

@@ -3,8 +3,9 @@
 A state few runs are in (a handful failed among thousands completed) is listed, paged
 and counted from the ``(state, created_at, id)`` and ``(workflow, state, created_at,
 id)`` indexes; a listing of every state merges those indexes' ranges, one per state; the
-key, the claim's start, the sweeper and the deadlines read the index cyclone.schema names
-for each. The plans below are PostgreSQL's own, for the statements cyclone sends.
+key, the claim's start, the sweeper, the deadlines and a worker's look for the Rates of
+earlier definitions (cyclone_0023_rated_jobs_index) read the index cyclone.schema names for
+each. The plans below are PostgreSQL's own, for the statements cyclone sends.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import pytest
 import sqlalchemy as sa
 
 import cyclone
+from cyclone._store import executor as _executor
+from cyclone._store import limits as _limits
 from cyclone._store import rescue as _rescue
 
 BULK = sa.text(
@@ -246,3 +249,67 @@ def test_a_purged_runs_rows_in_each_referencing_table_are_found_by_an_index(
         )
         conn.rollback()
     assert "Seq Scan" not in plan, plan
+
+
+def test_the_look_for_rates_of_earlier_definitions_steps_through_the_rated_jobs_index(
+    own_engine: sa.Engine,
+) -> None:
+    """A worker's look for the Rates its definitions no longer give (after a deploy that
+    kept a Concurrency and dropped the Rate given with it) reads one probe of
+    ``ix_cyclone_jobs_rated`` per pair of a limit and a Rate that waiting jobs keep, not
+    the jobs waiting under the limit, however many of them have no Rate."""
+    with own_engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO cyclone_limits (name, max, per, counts) SELECT n, 10, NULL, "
+                "'attempts' FROM unnest(ARRAY['kind:k0', 'kind:k1']) n UNION ALL SELECT n, 1, "
+                "interval '1 day', 'starts' FROM unnest(ARRAY['kind:k0.r', 'kind:k1.r']) n"
+            )
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO cyclone_limit_keys (name, key) SELECT 'kind:k' || n, g::text "
+                "FROM generate_series(0, 1) n, generate_series(0, 19) g UNION ALL "
+                "SELECT 'kind:k' || n || '.r', '' FROM generate_series(0, 1) n"
+            )
+        )
+        # The jobs of each kind enqueued after the deploy (without the Rate) sort first.
+        conn.execute(
+            sa.text(
+                "INSERT INTO cyclone_jobs (kind, state, max_attempts, limit_name, limit_key,"
+                " priority) SELECT 'k' || g % 2, 'available', 1, 'kind:k' || g % 2,"
+                " (g % 20)::text, -1 FROM generate_series(1, 6000) g"
+            )
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO cyclone_jobs (kind, state, max_attempts, limit_name, limit_key,"
+                " rate_name, rate_key) SELECT 'k' || g % 2, 'available', 1, 'kind:k' || g % 2,"
+                " '0', 'kind:k' || g % 2 || '.r', '' FROM generate_series(1, 6) g"
+            )
+        )
+    with own_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text("VACUUM ANALYZE cyclone_jobs"))
+    served = _limits.Served(("k0",), ())
+    gated = ("kind:k0", "kind:k1")
+    with _executor.connect(own_engine) as conn:
+        found = _limits.orphans(conn, served, gated, ())
+        assert (found.gated, found.rates) == ((), ("kind:k0.r",))
+        assert _limits.orphans(conn, served, gated, (), ("kind:k0.r",)).rates == ()
+    waiting, _ = _limits.orphans_stmts(served, gated, (), ())
+    compiled = _executor.Compiled(waiting)
+    with own_engine.connect() as conn:
+        plan = list(
+            conn.exec_driver_sql(
+                "EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + compiled.sql, compiled.defaults
+            ).scalars()
+        )
+    shown = "\n".join(plan)
+    # The pairs, stepped through by row comparison, and each pair's first served job.
+    assert "Index Only Scan using ix_cyclone_jobs_rated" in shown, shown
+    assert "Index Cond: ((limit_name = job_rates.n) AND (rate_name = job_rates.r))" in shown, shown
+    # No sequential read of the jobs is made. The read of the first served job of a limit
+    # name that the worker lacks (there is none here) may be planned as one that stops at
+    # its first match: it is never executed here.
+    read = [line for line in plan if "Seq Scan on cyclone_jobs" in line]
+    assert all("never executed" in line for line in read), shown

@@ -49,6 +49,7 @@ from sqlalchemy import (
     cast,
     exists,
     extract,
+    false,
     func,
     literal_column,
     null,
@@ -1034,9 +1035,11 @@ class Orphans(NamedTuple):
     steps: bool
     """Whether a job of ``gated`` is a workflow step (the first found of each limit)."""
     paired: bool
-    """Whether a job of ``gated`` has a Rate besides its limit (the first found of each)."""
+    """Whether a waiting job served has a Rate besides its limit that the worker's
+    ``rates`` lack (every such job is looked at, one probe per limit and Rate)."""
     rates: tuple[str, ...]
-    """The names of those Rates: the read of when a limited job next may start reads them."""
+    """The names of those Rates, each one that any of those jobs keeps: the read of when a
+    limited job next may start reads them."""
     rated: bool
     """Whether a limit of ``gated`` is a Rate."""
     admits: tuple[str, ...]
@@ -1069,22 +1072,59 @@ def _available_jobs(table: Any) -> tuple[Any, ...]:
     return (table.c.state == const(JobState.AVAILABLE.value),)
 
 
+def _rated_jobs(table: Any) -> tuple[Any, ...]:
+    """An available job given a Rate besides its limit (the predicate of
+    ``ix_cyclone_jobs_rated``)."""
+    return (*_available_jobs(table), table.c.rate_name.is_not(None))
+
+
+def _rate_pairs(label: str) -> Any:
+    """The distinct pairs of a limit name and a Rate name that available jobs keep, as a
+    recursive CTE (columns ``n``, ``r``): one probe of ``ix_cyclone_jobs_rated`` per pair,
+    each for the least pair above the last by row comparison, whatever the jobs' number
+    (a loose index scan)."""
+
+    def least_above(after: Any) -> Any:
+        probe = jobs.alias()
+        pair = tuple_(probe.c.limit_name, probe.c.rate_name)
+        return (
+            select(probe.c.limit_name.label("n"), probe.c.rate_name.label("r"))
+            .where(
+                *_rated_jobs(probe),
+                true() if after is None else pair > tuple_(after.c.n, after.c.r),
+            )
+            .order_by(probe.c.limit_name, probe.c.rate_name)
+            .limit(const(1, Integer))
+        )
+
+    pairs = least_above(None).cte(label, recursive=True)
+    above = least_above(pairs).lateral("next_pair")
+    return pairs.union_all(select(above.c.n, above.c.r).select_from(pairs).join(above, true()))
+
+
 def orphans_stmts(
     served: Served,
     gated: tuple[str, ...],
     admits: tuple[str, ...],
     rates: tuple[str, ...] = (),
 ) -> tuple[Any, Any]:
-    """The two reads of :func:`orphans`: the limit names of the available limited jobs
-    (``ix_cyclone_jobs_gated``) and of the held runs (``ix_cyclone_runs_held``), each
-    kept when it is not among ``gated`` (``admits``) and ``served`` has such a job (run),
-    with whether the first such job found is a step, and its Rate's name (or NULL). A
-    name of ``gated`` is kept too when that Rate is not among ``rates``: a deploy that
-    kept a Concurrency and dropped or renamed the Rate given with it."""
+    """The two reads of :func:`orphans`: the limits of the available limited jobs and of
+    the held runs that ``served`` still has work under although its definitions miss them.
+
+    The first reads rows ``(limit name, step, Rate name, rated)`` of two kinds. A limit
+    name of the available limited jobs (``ix_cyclone_jobs_gated``) not among ``gated``
+    that ``served`` has such a job of, with whether the first such job found is a step
+    and whether the limit is a Rate, its Rate name NULL. And a pair of a limit name and a
+    Rate name that available jobs keep (``ix_cyclone_jobs_rated``, every pair looked at)
+    whose Rate is not among ``rates`` and that ``served`` has such a job of: a Rate given
+    with a limit that a deploy kept, dropped or renamed while the jobs keep it, found
+    behind any number of jobs without it. The second reads the limit names of the held
+    runs (``ix_cyclone_runs_held``) not among ``admits`` that ``served`` has such a run
+    of."""
     names = _names(jobs, _available_jobs, "job_limits")
     theirs = jobs.alias("theirs")
     first = (
-        select(theirs.c.run_id, theirs.c.rate_name)
+        select(theirs.c.run_id)
         .where(
             theirs.c.limit_name == names.c.n,
             *_available_jobs(theirs),
@@ -1093,21 +1133,34 @@ def orphans_stmts(
         .limit(const(1, Integer))
         .lateral("first_served")
     )
-    waiting = (
+    limited = (
         select(
             names.c.n,
             first.c.run_id.is_not(None),
-            first.c.rate_name,
+            cast(null(), Text),
             limits.c.per.is_not(None),
         )
         .join_from(names, first, true())
         .join(limits, limits.c.name == names.c.n)
+        .where(~one_of(names.c.n, gated))
+    )
+    pairs = _rate_pairs("job_rates")
+    rated = jobs.alias("rated")
+    served_rated = (
+        select(rated.c.id)
         .where(
-            or_(
-                ~one_of(names.c.n, gated),
-                and_(first.c.rate_name.is_not(None), ~one_of(first.c.rate_name, rates)),
-            )
+            rated.c.limit_name == pairs.c.n,
+            rated.c.rate_name == pairs.c.r,
+            *_rated_jobs(rated),
+            _of_served(rated, served),
         )
+        .limit(const(1, Integer))
+        .lateral("served_rated")
+    )
+    kept_rates = (
+        select(pairs.c.n, false(), pairs.c.r, false())
+        .join_from(pairs, served_rated, true())
+        .where(~one_of(pairs.c.r, rates))
     )
     held_names = _names(runs, _held_runs, "run_limits")
     held = runs.alias("theirs")
@@ -1117,7 +1170,7 @@ def orphans_stmts(
         one_of(held.c.workflow, served.workflows),
     )
     return (
-        waiting,
+        union_all(limited, kept_rates),
         select(held_names.c.n).where(
             held_names.c.n.is_not(None), ~one_of(held_names.c.n, admits), exists(served_run)
         ),
@@ -1138,16 +1191,19 @@ def orphans(
     held runs submitted before it wait under a name no worker's definition serves. A
     worker serving their workflows (or step kinds) serves those names too, with the
     ``max`` their rows keep, until they have drained. So does a Rate given with a limit
-    of ``gated`` that ``rates`` (the worker's) lacks: its jobs keep it.
+    that ``rates`` (the worker's) lacks, whichever of the limit's waiting jobs keep it:
+    its jobs keep it.
     """
     waiting, held = orphans_stmts(served, gated, admits, rates)
     found = conn.rows(waiting)
+    names = [row for row in found if row[2] is None]
+    kept = sorted({row[2] for row in found if row[2] is not None})
     return Orphans(
-        gated=tuple(sorted(row[0] for row in found if row[0] not in gated)),
-        steps=any(row[1] for row in found),
-        paired=any(row[2] is not None for row in found),
-        rates=tuple(sorted({row[2] for row in found if row[2] is not None})),
-        rated=any(row[3] for row in found),
+        gated=tuple(sorted(row[0] for row in names)),
+        steps=any(row[1] for row in names),
+        paired=bool(kept),
+        rates=tuple(kept),
+        rated=any(row[3] for row in names),
         admits=tuple(sorted(row[0] for row in conn.rows(held))),
     )
 
