@@ -2,16 +2,19 @@
 
 A hypothesis state machine submits runs of :data:`tests.support.model_proc.WORKFLOW`
 (``a -> w -> b -> {c, m}``, ``w`` waiting for the signal ``go``, ``c`` a child node whose
-child run has one gated step ``k`` (two attempts: the second runs a failed or cancelled
-child again), ``m`` a map node whose two items ``m0`` and ``m1``
-are gated) on a database of its own, served by worker
+child run, the *kid*, is ``g -> k``: ``g`` a child node of its own whose run, the
+*grandkid*, has one gated step ``q``, and ``k`` gated (each child node has two attempts:
+the second runs a failed or cancelled child again), ``m`` a map node whose two items
+``m0`` and ``m1`` are gated) on a database of its own, served by worker
 processes, and interleaves: submit and submit_once (new key, same key with the same or
 another input, a key freed by a purge), fork (of a run ended or not, with a step to run
-again or none, under a new key or an earlier fork's), cancel, retry, retry_all, signals
+again or none, under a new key or an earlier fork's), cancel (cascading to the running
+kid and grandkid), retry, retry_all, signals
 (by run, by key, ``signal_tx`` committed, rolled back or held open), a day passing for a
-run (its deadline and its wait's timeout), a run driven to its child node
-(``bring_to_child``), its child run cancelled or retried by the child's own handle,
-set_retention and purges, each gated step (each map item among them) finishing or
+run (its deadline and its wait's timeout), a run driven to its child nodes
+(``bring_to_child``), its kid or grandkid cancelled, retried or retried in full by its
+own handle, set_retention and purges (a run kept while a run of its tree runs),
+each gated step (each map item and each child's step among them) finishing or
 failing (with attempts left or its last), a step finishing while its run is cancelled,
 and workers killed with SIGKILL,
 frozen with SIGSTOP, thawed with SIGCONT or stopped with a hand-back of their jobs.
@@ -22,10 +25,11 @@ can: each runnable step claimed and waiting at its gate, each outcome released r
 each job of a dead or frozen worker rescued, each map node expanded or parked for its
 items (its job ``blocked``, an item's job per element of its list), each signal sent
 to a parked wait node delivered, each child node whose child ended woken, each run past
-its deadline failed), then checks cyclone's invariants and compares every run and step
-with the reference model (:mod:`tests.support.run_model`). At the end of each example every gate is
-released, the workers are stopped, and the at-rest invariants hold: every run has ended,
-or waits for its signal.
+its deadline failed), then checks cyclone's invariants and compares every run, its
+children and their steps with the reference model (:mod:`tests.support.run_model`),
+which accepts every state the workers' moves may end in, in any order. At the end of
+each example every gate is released, the workers are stopped, and the at-rest
+invariants hold: every run has ended, or waits for its signal.
 
 Bounded for CI (``CYCLONE_MODEL_EXAMPLES``, default 6, and ``CYCLONE_MODEL_STEPS``,
 default 12); a longer run: ``CYCLONE_MODEL_EXAMPLES=500 CYCLONE_MODEL_STEPS=30
@@ -80,8 +84,13 @@ from tests.support.model_proc import (
     gate,
 )
 from tests.support.run_model import (
+    GRAND_STEP,
+    GRAND_STEPS,
     ITEMS,
+    KID_NODE,
     KID_STEP,
+    KID_STEPS,
+    LEVELS,
     STEPS,
     Expect,
     RunModel,
@@ -155,11 +164,22 @@ def guarded(fn: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(fn)
     def wrapper(self: ModelMachine, *args: Any, **kwargs: Any) -> None:
         RULES_RUN[fn.__name__] += 1
+        self.trace.append(f"{fn.__name__}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})")
         self.broken = True
-        fn(self, *args, **kwargs)
+        try:
+            fn(self, *args, **kwargs)
+        except BaseException as e:
+            self.note_failure(e)
+            raise
         self.broken = False
 
     return wrapper
+
+
+FIRST_FAILURE: list[str] = []
+"""The rules of the first example that failed, as it ran, and its error (printed at the
+end: hypothesis shrinks a failure by replaying it, and a race may not fail the same way
+twice, or at all, so the shrunk example it prints may be another's, or none)."""
 
 
 def outcome_of(call: Callable[[], Any]) -> Any:
@@ -254,12 +274,20 @@ class Snapshot:
             seen[i] = "none" if job is None else job["state"]
             if seen[i] in ("running", "available"):
                 seen[i] = "active"
-        kid = self.runs.get(tag + KID_SUFFIX)
-        seen["kid"] = kid["state"] if kid else "none"
-        job = self.jobs.get((tag + KID_SUFFIX, KID_STEP))
-        seen[KID_STEP] = "none" if kid is None else job["state"] if job else "no job"
-        if seen[KID_STEP] in ("running", "available"):
-            seen[KID_STEP] = "active"
+        for name, child_tag, steps in (
+            ("kid", tag + KID_SUFFIX, KID_STEPS),
+            ("grand", tag + KID_SUFFIX * 2, GRAND_STEPS),
+        ):
+            child = self.runs.get(child_tag)
+            seen[name] = child["state"] if child else "none"
+            for step in steps:
+                job = self.jobs.get((child_tag, step))
+                state = "none" if child is None else job["state"] if job else "no job"
+                if state in ("running", "available"):
+                    state = "active"
+                elif state == "blocked" and step == KID_NODE and job and job["pending"] == 0:
+                    state = "parked"  # waiting for its child
+                seen[step] = state
         return seen
 
 
@@ -519,19 +547,19 @@ class Harness:
             # by cyclone_run_finished, or its poll): until then the node is still parked.
             kid = snap.runs.get(tag + KID_SUFFIX)
             if (
-                step == "c"
+                step in ("c", KID_NODE)
                 and job["state"] == "blocked"
                 and job["pending"] == 0
                 and kid is not None
                 and kid["state"] != "running"
                 and kid.get("parent_waits")
             ):
-                todo.append(f"{tag}:c parked, its child {kid['state']}, not woken")
+                todo.append(f"{tag}:{step} parked, its child {kid['state']}, not woken")
             if job["state"] != "running":
                 continue
             if job["pid"] not in live:
                 todo.append(f"{tag}:{step} held by stopped worker {job['pid']}, not rescued")
-            elif step in ("w", "c", "m"):
+            elif step in ("w", "c", "m", KID_NODE):
                 todo.append(f"{tag}:{step} running")
             elif snap.current(tag, step) is None:
                 todo.append(f"{tag}:{step} running, not at its gate (outcome not recorded)")
@@ -575,11 +603,13 @@ def unsignalled_by_key(machine: ModelMachine, model: RunModel) -> bool:
 
 
 def gated_steps(model: RunModel) -> list[tuple[str, str]]:
-    """The (tag, step) of each gated step of a run and its kid: ``m``'s items among them."""
+    """The (tag, step) of each gated step of a run and its children: ``m``'s items among
+    them."""
     return [
         (model.tag, "a"),
         (model.tag, "b"),
         (model.tag + KID_SUFFIX, KID_STEP),
+        (model.tag + KID_SUFFIX * 2, GRAND_STEP),
         *((model.tag, i) for i in ITEMS),
     ]
 
@@ -603,6 +633,12 @@ class ModelMachine(RuleBasedStateMachine):
         self.focus = 0
         self.seen: dict[int, dict[str, str] | None] = {}
         """What the last check saw of each run (to count the child's transitions)."""
+        self.trace: list[str] = []
+        """The rules run so far in this example, with their arguments."""
+
+    def note_failure(self, e: BaseException) -> None:
+        if not FIRST_FAILURE:
+            FIRST_FAILURE[:] = [*self.trace, f"-> {type(e).__name__}: {str(e)[:3000]}"]
 
     # set-up and tear-down
 
@@ -631,7 +667,11 @@ class ModelMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         try:
             if not self.broken:
+                self.trace.append("teardown()")
                 self.bring_to_rest()
+        except BaseException as e:
+            self.note_failure(e)
+            raise
         finally:
             if self.open_tx is not None:
                 self.open_tx[0].close()
@@ -651,7 +691,7 @@ class ModelMachine(RuleBasedStateMachine):
                 break
             for e in current:
                 self.model_of(e.tag).release(e.step, "finish")
-                self.model_of(e.tag).advance()
+            self.expect_runs_of(current)
             for e in current + self.stale(snap):
                 self.h.release(e, "finish")
         else:
@@ -662,15 +702,16 @@ class ModelMachine(RuleBasedStateMachine):
         snap = self.h.snapshot()
         self.compare(snap)
         for tag, run in snap.runs.items():
-            assert not (tag.endswith(KID_SUFFIX) and run["state"] == "running"), (
+            assert not (KID_SUFFIX in tag and run["state"] == "running"), (
                 f"child run {tag} is running at rest"
             )
             if run["state"] == "running":
                 w = snap.jobs.get((tag, "w"))
                 assert w is not None
-                assert snap.observed(tag)["w"] == "parked", (
-                    f"run {tag} is running at rest, and not waiting for its signal: "
-                    f"{snap.observed(tag)}"
+                seen = snap.observed(tag)
+                assert seen is not None
+                assert seen["w"] == "parked", (
+                    f"run {tag} is running at rest, and not waiting for its signal: {seen}"
                 )
                 assert self.model_of(tag).signal is None
 
@@ -681,7 +722,11 @@ class ModelMachine(RuleBasedStateMachine):
         if self.broken:
             return
         self.broken = True  # until the checks pass
-        self.settle_and_check()
+        try:
+            self.settle_and_check()
+        except BaseException as e:
+            self.note_failure(e)
+            raise
         self.broken = False
 
     def settle_and_check(self) -> None:
@@ -717,7 +762,7 @@ class ModelMachine(RuleBasedStateMachine):
     def count_transitions(self, number: int, seen: dict[str, str] | None) -> None:
         before = self.seen.get(number) or {}
         for parts, counter in (
-            (("c", "kid", KID_STEP), CHILD_TRANSITIONS),
+            (("c", "kid", *KID_STEPS, "grand", *GRAND_STEPS), CHILD_TRANSITIONS),
             (("m", *ITEMS), MAP_TRANSITIONS),
         ):
             for part in parts:
@@ -728,8 +773,32 @@ class ModelMachine(RuleBasedStateMachine):
         self.seen[number] = seen
 
     def model_of(self, tag: str) -> RunModel:
-        """The model of run ``tag``, or of its parent for a child run."""
-        return self.runs[int(tag.removesuffix(KID_SUFFIX).removeprefix("m"))]
+        """The model of run ``tag``, or of the top of its tree for a child run."""
+        return self.runs[int(tag.split("/")[0].removeprefix("m"))]
+
+    def expect(self, model: RunModel) -> RunModel:
+        """Let the workers move ``model`` (changed by the test): the states their moves
+        may end in are its alternatives, the canonical one (returned) its model until
+        the checks tell."""
+        ends = model.explore()
+        self.alternatives[model.number] = ends
+        self.runs[model.number] = ends[0]
+        return ends[0]
+
+    def expect_runs_of(self, execs: list[Exec]) -> None:
+        """:meth:`expect` for the run of each of ``execs`` (changed by the test), once."""
+        for number in sorted({self.model_of(e.tag).number for e in execs}):
+            self.expect(self.runs[number])
+
+    def expect_any(self, candidates: list[RunModel]) -> None:
+        """As :meth:`expect`, for one run that the test may have left in any of
+        ``candidates``."""
+        ends: dict[str, RunModel] = {}
+        for candidate in candidates:
+            for end in candidate.explore():
+                ends.setdefault(end.key_of_state(), end)
+        self.alternatives[candidates[0].number] = list(ends.values())
+        self.runs[candidates[0].number] = next(iter(ends.values()))
 
     def releasable(self, snap: Snapshot) -> list[Exec]:
         """Executions holding their job at a gate, on a live worker."""
@@ -800,8 +869,7 @@ class ModelMachine(RuleBasedStateMachine):
             run, created = WORKFLOW.submit_once(self.engine, model.key, item, **options)
             assert created
         self.handles[model.number] = run
-        model.advance()
-        return model
+        return self.expect(model)
 
     @precondition(lambda self: bool(self.keys))
     @rule(pick=PICK, same_input=st.booleans())
@@ -818,7 +886,7 @@ class ModelMachine(RuleBasedStateMachine):
             assert created, "a purge frees the key"
             assert run.id != self.handles[model.number].id
             self.handles[fresh.number] = run
-            fresh.advance()
+            self.expect(fresh)
             return
         item = Item(tag=model.input_tag, v=model.v if same_input else model.v + 1)
         got = outcome_of(lambda: WORKFLOW.submit_once(self.engine, key, item))
@@ -868,6 +936,7 @@ class ModelMachine(RuleBasedStateMachine):
         run, created = handle.fork(key, rerun=steps)
         assert created, (model.tag, key)
         self.handles[number] = run
+        self.expect(forked)
         RULES_RUN["fork: made"] += 1
 
     # run control
@@ -879,30 +948,62 @@ class ModelMachine(RuleBasedStateMachine):
         model = self.pick_run(pick)
         got = outcome_of(self.handles[model.number].cancel)
         assert got == model.cancel(), (model.tag, got)
+        self.expect(model)
 
-    @precondition(lambda self: self.has_runs())
-    @rule(pick=PICK)
-    @guarded
-    def cancel_kid(self, pick: int) -> None:
-        """Cancel a run's child run by its own handle: the parent's node fails, naming it."""
-        model = self.pick_run(pick)
-        if model.purged or model.kid is None:
-            return
-        (kid,) = self.handles[model.number].children()
-        got = outcome_of(kid.cancel)
-        assert got == model.cancel_kid(), (model.tag, got)
+    def with_child(self, level: str) -> list[int]:
+        """The runs whose tree has a child at ``level`` (not the run of an open signal_tx)."""
+        return [
+            n
+            for n, m in sorted(self.runs.items())
+            if not m.purged
+            and m.child_at(level) is not None
+            and (self.open_tx is None or n != self.open_tx[2])
+        ]
 
-    @precondition(lambda self: self.has_runs())
-    @rule(pick=PICK)
+    def pick_child(self, pick: int, level: str) -> tuple[RunModel, cyclone.Run] | None:
+        """A run whose tree has a child at ``level`` (often the run of the last rule), and
+        that child's own handle; None when no run has one."""
+        numbers = self.with_child(level)
+        if not numbers:
+            return None
+        if not (pick % 2 == 0 and self.focus in numbers):
+            self.focus = numbers[pick // 2 % len(numbers)]
+        model = self.runs[self.focus]
+        (child,) = self.handles[model.number].children()
+        if level == "grand":
+            (child,) = child.children()
+        return model, child
+
+    @precondition(lambda self: bool(self.with_child("kid")))
+    @rule(pick=PICK, level=st.sampled_from(LEVELS))
     @guarded
-    def retry_kid(self, pick: int) -> None:
-        """Retry a run's child run by its own handle (its parent ended, or not)."""
-        model = self.pick_run(pick)
-        if model.purged or model.kid is None:
+    def cancel_child(self, pick: int, level: str) -> None:
+        """Cancel a run's kid or grandkid by its own handle (with its running child): the
+        node waiting for it fails, naming it, and its next attempt runs it again."""
+        picked = self.pick_child(pick, level)
+        if picked is None:
             return
-        (kid,) = self.handles[model.number].children()
-        got = outcome_of(kid.retry)
-        assert got == model.retry_kid(), (model.tag, got)
+        model, child = picked
+        got = outcome_of(child.cancel)
+        assert got == model.cancel_child(level), (model.tag, level, got)
+        self.expect(model)
+        RULES_RUN[f"cancel_child: {level} {'refused' if got else 'cancelled'}"] += 1
+
+    @precondition(lambda self: bool(self.with_child("kid")))
+    @rule(pick=PICK, level=st.sampled_from(LEVELS), every_step=st.booleans())
+    @guarded
+    def retry_child(self, pick: int, level: str, every_step: bool) -> None:
+        """``retry`` or ``retry_all`` of a run's kid or grandkid by its own handle (its
+        parent ended, or not)."""
+        picked = self.pick_child(pick, level)
+        if picked is None:
+            return
+        model, child = picked
+        got = outcome_of(child.retry_all if every_step else child.retry)
+        assert got == model.retry_child(level, every_step=every_step), (model.tag, level, got)
+        self.expect(model)
+        how = "retry_all" if every_step else "retry"
+        RULES_RUN[f"retry_child: {level} {how} {'refused' if got else 'done'}"] += 1
 
     @precondition(lambda self: self.has_runs())
     @rule(pick=PICK, every_step=st.booleans())
@@ -928,19 +1029,22 @@ class ModelMachine(RuleBasedStateMachine):
     def send_signal(self, model: RunModel, how: str, payload: int) -> None:
         expected = model.copy().send(payload) if how == "rollback" else model.send(payload)
         handle = self.handles[model.number]
+        key = model.key or ""  # by key only for a keyed run
         if how == "run":
             got = outcome_of(lambda: handle.signal("go", payload))
         elif how == "key":
-            got = outcome_of(lambda: WORKFLOW.signal(self.engine, model.key, "go", payload))
+            got = outcome_of(lambda: WORKFLOW.signal(self.engine, key, "go", payload))
         else:
             with self.engine.connect() as conn:
                 tx = conn.begin()
-                got = outcome_of(lambda: WORKFLOW.signal_tx(conn, model.key, "go", payload))
+                got = outcome_of(lambda: WORKFLOW.signal_tx(conn, key, "go", payload))
                 if how == "commit":
                     tx.commit()
                 else:
                     tx.rollback()
         assert got == expected, (model.tag, how, got, expected)
+        if how != "rollback":
+            self.expect(model)
 
     @precondition(lambda self: self.has_runs())
     @rule(
@@ -969,9 +1073,11 @@ class ModelMachine(RuleBasedStateMachine):
         keyed = [n for n, m in sorted(self.runs.items()) if unsignalled_by_key(self, m)]
         model = self.runs[keyed[pick % len(keyed)]]
         self.focus = model.number
+        assert model.key is not None
+        key = model.key
         conn = self.engine.connect()
         tx = conn.begin()
-        got = outcome_of(lambda: WORKFLOW.signal_tx(conn, model.key, "go", payload))
+        got = outcome_of(lambda: WORKFLOW.signal_tx(conn, key, "go", payload))
         expected = model.copy().send(payload)
         self.open_tx = (conn, tx, model.number, payload, got)
         assert got == expected, (model.tag, got, expected)
@@ -988,7 +1094,7 @@ class ModelMachine(RuleBasedStateMachine):
             tx.commit()
             if got is True:  # stored, whatever the run did while the transaction was open
                 model.signal = payload
-                model.advance()
+                self.expect(model)
         else:
             tx.rollback()
         conn.close()
@@ -1035,8 +1141,7 @@ class ModelMachine(RuleBasedStateMachine):
                 shift,
             )
             conn.execute(sa.select(sa.func.pg_notify(_notify.JOBS_AVAILABLE, "")))
-        self.alternatives[model.number] = alternatives
-        self.runs[model.number] = alternatives[0]
+        self.expect_any(alternatives)
 
     @precondition(lambda self: self.has_runs())
     @rule(pick=PICK)
@@ -1057,14 +1162,15 @@ class ModelMachine(RuleBasedStateMachine):
         """Purge every terminal run, or (the sweep's default keep) those kept no longer."""
         older_than = timedelta(0) if everything else timedelta(days=1)
         deleted = cyclone.Client(self.engine).purge_terminal_runs(older_than=older_than)
-        # A run whose child still runs is kept until the child ends (its purge would
-        # delete the child under its worker).
+        # A run of whose tree a child (the kid, or the grandkid below an ended kid) still
+        # runs is kept until it ends (its purge would delete the child under its worker);
+        # the purge counts the top runs alone, their children going with them.
         doomed = [
             m
             for m in self.runs.values()
             if not m.purged
             and m.state != "running"
-            and m.kid != "running"
+            and not m.tree_running()
             and (everything or m.retention0)
         ]
         for m in doomed:
@@ -1094,7 +1200,7 @@ class ModelMachine(RuleBasedStateMachine):
             return
         model = self.model_of(e.tag)
         model.release(e.step, verdict)
-        model.advance()
+        self.expect(model)
         self.h.release(e, verdict)
 
     def release_step(self, tag: str, step: str, verdict: str) -> None:
@@ -1105,7 +1211,7 @@ class ModelMachine(RuleBasedStateMachine):
         assert e in self.releasable(self.snap), (tag, step, e)
         model = self.model_of(tag)
         model.release(step, verdict)
-        model.advance()
+        self.expect(model)
         self.h.release(e, verdict)
         self.settle_and_check()
 
@@ -1116,15 +1222,23 @@ class ModelMachine(RuleBasedStateMachine):
         self.release.__wrapped__(self, pick, "finish")  # type: ignore[attr-defined]
 
     @precondition(lambda self: self.has_runs())
-    @rule(pick=PICK, then=st.sampled_from([None, "finish", "fail", "exhaust"]))
+    @rule(
+        pick=PICK,
+        then=st.sampled_from([None, "finish", "fail", "exhaust"]),
+        level=st.sampled_from(LEVELS),
+    )
     @guarded
-    def bring_to_child(self, pick: int, then: str | None) -> None:
+    def bring_to_child(self, pick: int, then: str | None, level: str) -> None:
         """Drive a run to its child node: finish its ``a`` and ``b``, signal its ``w``,
-        checking after each, until ``c`` waits for its child run (or nothing moves); then
-        ``k`` finishes, fails once, fails until its attempts are spent, or (None) waits.
-        The rules acting on a child (a cancel, a retry, a worker lost) then have one
-        without a long interleaving."""
-        self.drive_to(pick, then, KID_STEP)
+        checking after each, until ``c`` waits for its kid (whose ``g`` waits for the
+        grandkid at once), or nothing moves; then the grandkid's ``q`` (``level`` grand),
+        or ``k`` once ``q`` finished (``level`` kid), finishes, fails once, fails until
+        its attempts are spent, or (None) waits. The rules acting on a child (a cancel, a
+        retry, a worker lost) then have one without a long interleaving."""
+        if level == "kid":
+            self.drive_to(pick, "finish", GRAND_STEP)
+            pick = 0  # the same run
+        self.drive_to(pick, then, KID_STEP if level == "kid" else GRAND_STEP)
 
     @precondition(lambda self: self.has_runs())
     @rule(
@@ -1139,7 +1253,8 @@ class ModelMachine(RuleBasedStateMachine):
         self.drive_to(pick, then, item)
 
     def drive_to(self, pick: int, then: str | None, step: str) -> None:
-        """Drive a run to ``c`` and ``m``, then give ``step`` (``k`` or an item) ``then``."""
+        """Drive a run to ``c`` and ``m``, then give ``step`` (``q``, ``k`` or an item)
+        ``then``."""
         model = self.pick_run(pick)
         for _ in range(4):
             assert self.snap is not None
@@ -1148,7 +1263,7 @@ class ModelMachine(RuleBasedStateMachine):
             held = [e for e in self.releasable(self.snap) if e.tag == model.tag]
             if held:
                 model.release(held[0].step, "finish")
-                model.advance()
+                model = self.expect(model)
                 self.h.release(held[0], "finish")
             elif model.steps["w"].state == "parked":
                 self.send_signal(model, "run", 1)
@@ -1157,14 +1272,17 @@ class ModelMachine(RuleBasedStateMachine):
             self.settle_and_check()
             model = self.runs[model.number]
         verdicts = {None: [], "finish": ["finish"], "fail": ["fail"], "exhaust": ["fail"] * 2}
+        tag = {
+            KID_STEP: model.tag + KID_SUFFIX,
+            GRAND_STEP: model.tag + KID_SUFFIX * 2,
+        }.get(step, model.tag)
         for verdict in verdicts[then]:
             assert self.snap is not None
-            tag = model.tag + KID_SUFFIX if step == KID_STEP else model.tag
             e = self.snap.current(tag, step)
             if model.purged or e is None or e not in self.releasable(self.snap):
                 return
             model.release(step, verdict)
-            model.advance()
+            self.expect(model)
             self.h.release(e, verdict)
             RULES_RUN[f"bring_to: {step} {verdict}"] += 1
             self.settle_and_check()
@@ -1206,6 +1324,7 @@ class ModelMachine(RuleBasedStateMachine):
         got = outcome_of(self.handles[model.number].cancel)
         alternatives = [m for m, outcome in branches if outcome == got]
         assert alternatives, (model.tag, got)
+        RULES_RUN[f"finish_and_cancel: {e.step}"] += 1
         self.alternatives[model.number] = alternatives
         self.runs[model.number] = alternatives[0]
 
@@ -1220,7 +1339,7 @@ class ModelMachine(RuleBasedStateMachine):
         """The model of jobs whose worker died or froze: lost, then rescued."""
         for e in held:
             self.model_of(e.tag).lose(e.step)
-            self.model_of(e.tag).advance()
+        self.expect_runs_of(held)
 
     @precondition(lambda self: len(self.h.live()) >= 2)
     @rule(pick=PICK)
@@ -1238,8 +1357,10 @@ class ModelMachine(RuleBasedStateMachine):
         """A worker stops at once (two signals), handing back the jobs it holds."""
         live = self.h.live()
         worker = live[pick % len(live)]
-        for e in self.held_by(worker):
+        held = self.held_by(worker)
+        for e in held:
             self.model_of(e.tag).hand_back(e.step)
+        self.expect_runs_of(held)
         assert self.snap is not None
         self.h.retire(worker, busy=any(e.pid == worker.pid for e in self.snap.waiting))
 
@@ -1309,10 +1430,13 @@ def test_random_interleavings_end_as_the_model_says(harness: Harness) -> None:
     RULES_RUN.clear()
     CHILD_TRANSITIONS.clear()
     MAP_TRANSITIONS.clear()
+    FIRST_FAILURE.clear()
     started = time.monotonic()
     try:
         run_state_machine_as_test(ModelMachine, settings=SETTINGS)
     finally:
+        if FIRST_FAILURE:
+            print("the first failing example, as it ran:\n  " + "\n  ".join(FIRST_FAILURE))
         print(f"model: {time.monotonic() - started:.0f} s, rules run: {dict(RULES_RUN)}")
         print(f"child transitions seen: {dict(sorted(CHILD_TRANSITIONS.items()))}")
         print(f"map transitions seen: {dict(sorted(MAP_TRANSITIONS.items()))}")
@@ -1478,28 +1602,35 @@ def test_a_parked_wait_node_whose_signal_is_stored_is_not_settled() -> None:
 
 def test_a_child_node_parked_for_a_child_run_that_ended_is_not_settled() -> None:
     """A child run's end wakes its parked node on a worker's next delivery: until then the
-    node is parked and its child ended, and the settle must wait for the wake."""
+    node is parked and its child ended, and the settle must wait for the wake (the
+    run's ``c`` for its kid, the kid's ``g`` for the grandkid)."""
     harness = Harness.__new__(Harness)  # no database: unsettled() reads the snapshot only
     harness.workers = []
     done = {"state": "completed", "pending": 0, "due": False, "later": False}
-    kid = {"state": "running", "unstarted": False, "past_deadline": False, "parent_waits": True}
+    parked = {"state": "blocked", "pending": 0, "due": False, "later": False}
+    running = {"state": "running", "unstarted": False, "past_deadline": False}
+    kid = {**running, "parent_waits": True}
+    grand = {**running, "parent_waits": True}
     snap = Snapshot(
-        runs={
-            "m1": {"state": "running", "unstarted": False, "past_deadline": False},
-            "m1/kid": kid,
-        },
+        runs={"m1": dict(running), "m1/kid": kid, "m1/kid/kid": grand},
         jobs={
             ("m1", "a"): done,
             ("m1", "w"): done,
             ("m1", "b"): done,
-            ("m1", "c"): {"state": "blocked", "pending": 0, "due": False, "later": False},
-            ("m1/kid", "k"): done,
+            ("m1", "c"): parked,
+            ("m1/kid", "g"): parked,
+            ("m1/kid", "k"): {"state": "blocked", "pending": 1, "due": False, "later": False},
+            ("m1/kid/kid", "q"): done,
         },
         waiting=[],
         max_n={},
     )
     snap.runs["m1"]["signalled"] = True
     assert harness.unsettled(snap) == []
+    grand["state"] = "failed"
+    assert harness.unsettled(snap) == ["m1/kid:g parked, its child failed, not woken"]
+    grand["parent_waits"] = False  # woken: g's attempt failed, the next retried it
+    grand["state"] = "running"
     kid["state"] = "failed"
     assert harness.unsettled(snap) == ["m1:c parked, its child failed, not woken"]
     assert snap.observed("m1") == {
@@ -1509,7 +1640,10 @@ def test_a_child_node_parked_for_a_child_run_that_ended_is_not_settled() -> None
         "b": "completed",
         "c": "parked",
         "kid": "failed",
-        "k": "completed",
+        "g": "parked",
+        "k": "blocked",
+        "grand": "running",
+        "q": "completed",
         "m": "no job",
         "m0": "none",
         "m1": "none",
@@ -1550,10 +1684,10 @@ def test_a_fork_that_runs_its_wait_node_again_waits_for_a_signal_of_its_own(
         machine.settled_and_as_modelled()
         machine.finish(pick=0)  # a; w runs on the stored signal
         machine.settled_and_as_modelled()
-        machine.finish(pick=0)  # b; c makes its child run, whose k waits at its gate
+        machine.finish(pick=0)  # b; c makes its kid, whose g makes the grandkid
         machine.settled_and_as_modelled()
-        machine.finish(pick=0)  # k: the child completes, then c
-        machine.settled_and_as_modelled()
+        machine.release_step("m1/kid/kid", "q", "finish")  # the grandkid completes, then g
+        machine.release_step("m1/kid", "k", "finish")  # the kid completes, then c
         machine.release_step("m1", "m0", "finish")
         machine.release_step("m1", "m1", "finish")  # m collects, then m1 completes
         assert machine.model_of("m1").state == "completed"
@@ -1566,7 +1700,10 @@ def test_a_fork_that_runs_its_wait_node_again_waits_for_a_signal_of_its_own(
             "b": "blocked",
             "c": "blocked",
             "kid": "none",
+            "g": "none",
             "k": "none",
+            "grand": "none",
+            "q": "none",
             "m": "blocked",
             "m0": "none",
             "m1": "none",
@@ -1591,21 +1728,28 @@ def test_a_child_run_fails_its_parent_is_retried_with_it_and_is_never_made_twice
     ``c``, whose next attempt runs the same child again, and its last fails ``c`` and the
     run; ``retry()`` of the run retries the child (the same one, its step's attempts
     anew); ``retry_all()`` reads the completed child without a second one; a cancel of a
-    run cascades to its running child; a run past its deadline leaves its child running,
-    is not purged while the child runs, and purging it then purges the child (the purge
-    counting the parent alone)."""
+    run cascades to its running child and grandkid; a run past its deadline leaves its
+    children running, is not purged while one of them runs (the grandkid too, below a
+    completed kid), and purging it then purges them (the purge counting the parent
+    alone)."""
     ModelMachine.harness = harness
     machine = ModelMachine()
 
     def summary(tag: str) -> dict[str, str]:
         return machine.model_of(tag).summary()
 
+    def tree(tag: str) -> tuple[str, ...]:
+        """The run, ``c``, the kid, its ``g`` and ``k``, the grandkid and its ``q``."""
+        seen = summary(tag)
+        return tuple(seen[part] for part in ("run", "c", "kid", "g", "k", "grand", "q"))
+
     try:
         machine.start(runs=[(True, False, True), (False, True, True), (False, False, True)])
         machine.settled_and_as_modelled()
-        machine.bring_to_child(pick=1, then="exhaust")  # m1
+        machine.bring_to_child(pick=1, then="exhaust", level="kid")  # m1
         machine.settled_and_as_modelled()
-        # c's second attempt runs the failed child again, its step's attempts anew.
+        # c's second attempt runs the failed child again, its step's attempts anew (its
+        # g keeps the grandkid's result: completed, it is not run again).
         assert summary("m1") == {
             "run": "running",
             "a": "completed",
@@ -1613,13 +1757,16 @@ def test_a_child_run_fails_its_parent_is_retried_with_it_and_is_never_made_twice
             "b": "completed",
             "c": "parked",
             "kid": "running",
+            "g": "completed",
             "k": "active",
+            "grand": "completed",
+            "q": "completed",
             "m": "parked",
             "m0": "active",
             "m1": "active",
         }
         (kid,) = machine.handles[1].children()
-        machine.bring_to_child(pick=1, then="exhaust")  # m1 again: c's last attempt fails
+        machine.bring_to_child(pick=1, then="exhaust", level="kid")  # c's last attempt fails
         machine.settled_and_as_modelled()
         assert [c.id for c in machine.handles[1].children()] == [kid.id]  # never made twice
         assert summary("m1") == {
@@ -1629,7 +1776,10 @@ def test_a_child_run_fails_its_parent_is_retried_with_it_and_is_never_made_twice
             "b": "completed",
             "c": "failed",
             "kid": "failed",
+            "g": "completed",
             "k": "failed",
+            "grand": "completed",
+            "q": "completed",
             "m": "cancelled",
             "m0": "active",
             "m1": "active",
@@ -1643,13 +1793,15 @@ def test_a_child_run_fails_its_parent_is_retried_with_it_and_is_never_made_twice
         machine.settled_and_as_modelled()
         assert (summary("m1")["c"], summary("m1")["kid"]) == ("parked", "running")
         assert summary("m1")["m"] == "completed"  # its items completed: it collects at once
-        assert machine.model_of("m1").k.failures == 0
+        kid_model = machine.model_of("m1").kid
+        assert kid_model is not None
+        assert kid_model.steps[KID_STEP].failures == 0
         machine.finish(pick=0)  # k
         machine.settled_and_as_modelled()
         assert summary("m1")["run"] == "completed"
         machine.retry(pick=0, every_step=True)
         machine.settled_and_as_modelled()
-        machine.bring_to_child(pick=0, then=None)  # c reads its completed child at once
+        machine.bring_to_child(pick=0, then=None, level="grand")  # c reads its child at once
         machine.settled_and_as_modelled()
         assert (summary("m1")["m0"], summary("m1")["m1"]) == ("active", "active")  # anew
         machine.release_step("m1", "m0", "finish")
@@ -1658,32 +1810,189 @@ def test_a_child_run_fails_its_parent_is_retried_with_it_and_is_never_made_twice
         (kid,) = machine.handles[1].children()
         assert kid.status().parent_id == machine.handles[1].id
 
-        machine.bring_to_child(pick=3, then=None)  # m2, with a deadline
+        machine.bring_to_child(pick=3, then=None, level="grand")  # m2, with a deadline
         machine.settled_and_as_modelled()
         machine.a_day_passes(pick=0)
         machine.settled_and_as_modelled()
-        assert (summary("m2")["run"], summary("m2")["c"]) == ("failed", "cancelled")
-        assert (summary("m2")["kid"], summary("m2")["k"]) == ("running", "active")
-        machine.purge(everything=True)  # m1 with its child; m2's child still runs
+        assert tree("m2") == (
+            "failed",
+            "cancelled",
+            "running",
+            "parked",
+            "blocked",
+            "running",
+            "active",
+        )
+        machine.purge(everything=True)  # m1 with its children; m2's still run
         machine.settled_and_as_modelled()
         assert machine.model_of("m1").purged
         assert not machine.model_of("m2").purged
+        machine.release_step("m2/kid/kid", GRAND_STEP, "finish")  # g completes; k runs
         machine.release_step("m2/kid", KID_STEP, "finish")
-        assert summary("m2")["kid"] == "completed"
-        machine.purge(everything=True)  # m2, with its child
+        assert tree("m2")[2:] == ("completed", "completed", "completed", "completed", "completed")
+        machine.retry_child(pick=0, level="grand", every_step=True)  # below a completed kid
+        machine.settled_and_as_modelled()
+        assert tree("m2")[2:] == ("completed", "completed", "completed", "running", "active")
+        machine.purge(everything=True)  # m2 kept: its grandkid runs
+        machine.settled_and_as_modelled()
+        assert not machine.model_of("m2").purged
+        machine.release_step("m2/kid/kid", GRAND_STEP, "finish")
+        machine.purge(everything=True)  # m2, with its kid and grandkid
         machine.settled_and_as_modelled()
         assert machine.model_of("m2").purged
 
-        machine.bring_to_child(pick=5, then=None)  # m3
+        machine.bring_to_child(pick=5, then=None, level="grand")  # m3
         machine.settled_and_as_modelled()
-        machine.cancel(pick=0)
+        machine.cancel(pick=0)  # cascades to the kid and the grandkid
         machine.settled_and_as_modelled()
-        assert (summary("m3")["kid"], summary("m3")["k"]) == ("cancelled", "active")
+        assert tree("m3") == (
+            "cancelled",
+            "cancelled",
+            "cancelled",
+            "cancelled",
+            "cancelled",
+            "cancelled",
+            "active",
+        )
         machine.release_step("m3", "m0", "finish")
         machine.release_step("m3", "m1", "finish")  # in the cancelled run
-        machine.retry(pick=0, every_step=False)  # refused by c: its child's step runs
+        # c retries the kid, whose g cannot retry the grandkid (its step runs): each of
+        # g's attempts fails, so the kid, then c's second attempt too, and the run.
+        machine.retry(pick=0, every_step=False)
         machine.settled_and_as_modelled()
-        assert (summary("m3")["run"], summary("m3")["c"]) == ("failed", "failed")
+        assert tree("m3") == (
+            "failed",
+            "failed",
+            "failed",
+            "failed",
+            "cancelled",
+            "cancelled",
+            "active",
+        )
+    finally:
+        machine.teardown()
+
+
+@pytest.mark.processes
+def test_a_grandkid_is_cancelled_retried_and_read_through_its_tree(harness: Harness) -> None:
+    """Through the machine, two levels of children: a grandkid cancelled by its own
+    handle while its step runs fails its node's attempts (a child whose step runs cannot
+    be retried), so the kid and the run fail; once the step ended, ``retry()`` of the run
+    retries the kid, whose ``g`` retries the grandkid (nothing left to run: completed at
+    once) and reads it, no child made twice; ``retry_all()`` of the grandkid leaves its
+    completed parents as they are; ``retry_all()`` of the kid parks ``g`` for the running
+    grandkid; a cancel of the kid alone cascades to the grandkid, and a ``retry()`` of
+    the kid then runs its ``g`` again, which retries the grandkid."""
+    ModelMachine.harness = harness
+    machine = ModelMachine()
+
+    def tree() -> tuple[str, ...]:
+        seen = machine.model_of("m1").summary()
+        return tuple(seen[part] for part in ("run", "c", "kid", "g", "k", "grand", "q"))
+
+    try:
+        machine.start(runs=[(True, False, True)])
+        machine.settled_and_as_modelled()
+        machine.bring_to_child(pick=0, then=None, level="grand")
+        machine.settled_and_as_modelled()
+        assert tree() == ("running", "parked", "running", "parked", "blocked", "running", "active")
+        (kid,) = machine.handles[1].children()
+        (grand,) = kid.children()
+        status = grand.status()
+        assert (status.parent_id, status.parent_node) == (kid.id, KID_NODE)
+
+        machine.cancel_child(pick=0, level="grand")
+        machine.settled_and_as_modelled()
+        assert tree() == (
+            "failed",
+            "failed",
+            "failed",
+            "failed",
+            "cancelled",
+            "cancelled",
+            "active",
+        )
+        machine.release_step("m1/kid/kid", GRAND_STEP, "finish")  # in the cancelled grandkid
+        machine.release_step("m1", "m0", "finish")
+        machine.release_step("m1", "m1", "finish")
+        machine.retry(pick=0, every_step=False)
+        machine.settled_and_as_modelled()
+        assert tree() == (
+            "running",
+            "parked",
+            "running",
+            "completed",
+            "active",
+            "completed",
+            "completed",
+        )
+        assert [c.id for c in machine.handles[1].children()] == [kid.id]
+        assert [c.id for c in kid.children()] == [grand.id]
+        machine.release_step("m1/kid", KID_STEP, "finish")
+        assert tree()[0] == "completed"
+
+        machine.retry_child(pick=0, level="grand", every_step=True)
+        machine.settled_and_as_modelled()
+        assert tree() == (
+            "completed",
+            "completed",
+            "completed",
+            "completed",
+            "completed",
+            "running",
+            "active",
+        )
+        machine.retry_child(pick=0, level="kid", every_step=True)
+        machine.settled_and_as_modelled()
+        assert tree() == (
+            "completed",
+            "completed",
+            "running",
+            "parked",
+            "blocked",
+            "running",
+            "active",
+        )
+        machine.cancel_child(pick=0, level="kid")
+        machine.settled_and_as_modelled()
+        assert tree() == (
+            "completed",
+            "completed",
+            "cancelled",
+            "cancelled",
+            "cancelled",
+            "cancelled",
+            "active",
+        )
+        machine.retry_child(pick=0, level="kid", every_step=False)  # g fails: q still runs
+        machine.settled_and_as_modelled()
+        assert tree() == (
+            "completed",
+            "completed",
+            "failed",
+            "failed",
+            "cancelled",
+            "cancelled",
+            "active",
+        )
+        machine.release_step("m1/kid/kid", GRAND_STEP, "fail")  # an attempt left: cancelled
+        machine.retry_child(pick=0, level="kid", every_step=False)  # g retries the grandkid
+        machine.settled_and_as_modelled()
+        assert tree() == (
+            "completed",
+            "completed",
+            "running",
+            "parked",
+            "blocked",
+            "running",
+            "active",
+        )
+        machine.release_step("m1/kid/kid", GRAND_STEP, "finish")
+        machine.release_step("m1/kid", KID_STEP, "finish")
+        assert tree()[2:] == ("completed",) * 5
+        machine.purge(everything=True)
+        machine.settled_and_as_modelled()
+        assert machine.model_of("m1").purged
     finally:
         machine.teardown()
 
@@ -1713,6 +2022,7 @@ def test_a_failed_map_item_fails_its_run_and_retry_runs_it_alone_and_retry_all_e
 
     def items_done() -> tuple[int | None, int | None]:
         detail = cyclone.Client(harness.engine).get_run_detail(machine.handles[1].id)
+        assert detail is not None
         (node,) = [s for s in detail.steps if s.name == "m"]
         return node.items_done, node.items_total
 
@@ -1722,6 +2032,7 @@ def test_a_failed_map_item_fails_its_run_and_retry_runs_it_alone_and_retry_all_e
         machine.release_step("m1", "a", "finish")  # w runs on the stored signal
         machine.release_step("m1", "b", "finish")  # c makes its kid; m expands
         assert (summary()["m"], summary()["m0"], summary()["m1"]) == ("parked", "active", "active")
+        machine.release_step("m1/kid/kid", GRAND_STEP, "finish")  # g completes
         machine.release_step("m1/kid", KID_STEP, "finish")  # c completes
         machine.release_step("m1", "m0", "finish")
         machine.release_step("m1", "m1", "fail")
@@ -1733,7 +2044,10 @@ def test_a_failed_map_item_fails_its_run_and_retry_runs_it_alone_and_retry_all_e
             "b": "completed",
             "c": "completed",
             "kid": "completed",
+            "g": "completed",
             "k": "completed",
+            "grand": "completed",
+            "q": "completed",
             "m": "failed" if KNOWN_DEFECTS_FIXED["map_item_fails_node"] else "cancelled",
             "m0": "completed",
             "m1": "failed",

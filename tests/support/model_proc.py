@@ -11,8 +11,10 @@ it came from), whose key ``fork-m<N>`` names its tag (:data:`TAG_SQL`).
 The workflow is ``a -> w -> b -> {c, m}``: ``a`` and ``b`` are *gated* steps, ``w`` waits for
 the signal ``go`` (with a one-day timeout that the test makes pass by moving timestamps),
 ``c`` is a child node: it submits a run of :data:`KID` (tagged ``<the run's tag>/kid``),
-whose one step ``k`` is gated too, and completes as that child run does, or, when it
-fails or is cancelled, runs it again in its second attempt and fails after that; ``m``
+and completes as that child run does, or, when it fails or is cancelled, runs it again
+in its second attempt and fails after that. The kid is ``g -> k``: ``g`` is a child node
+of its own, as ``c`` is, whose run of :data:`GRAND` (the *grandkid*, tagged
+``<the run's tag>/kid/kid``) has one gated step ``q``, and ``k`` is gated; ``m``
 is a map node over ``b``'s list ``[0, 1]``: its two items, gated too, are told in
 ``model_exec`` as steps ``m0`` and ``m1`` (the node's name and the item's index).
 Each execution of a gated step inserts a row into ``model_exec`` numbered per (tag,
@@ -40,14 +42,15 @@ DAY = timedelta(days=1)
 HEARTBEAT = timedelta(milliseconds=200)
 RESCUE_AFTER = timedelta(seconds=1)
 MAX_ATTEMPTS = 2
-"""Attempts of ``a``, ``b``, ``k``, ``m``'s items and ``c`` (a child node's further attempt
-runs its failed or cancelled child again); ``w`` has one (a wait node's default)."""
+"""Attempts of ``a``, ``b``, ``k``, ``q``, ``m``'s items, and of the child nodes ``c`` and
+``g`` (a child node's further attempt runs its failed or cancelled child again); ``w``
+has one (a wait node's default)."""
 GATE_CLASS = 0x6D6F
-STEP_NUMBER = {"a": 1, "b": 2, "k": 3, "m0": 4, "m1": 5}
+STEP_NUMBER = {"a": 1, "b": 2, "k": 3, "m0": 4, "m1": 5, "q": 6}
 MAP_ITEMS = 2
 """The length of ``b``'s list, so the number of ``m``'s items."""
 KID_SUFFIX = "/kid"
-"""A child run's tag: its parent's tag and this."""
+"""A child run's tag: its parent's tag and this (a grandkid's: its kid's tag and this)."""
 EXEC_DDL = (
     "CREATE TABLE IF NOT EXISTS model_exec (tag text NOT NULL, step text NOT NULL, "
     "n integer NOT NULL, pid integer NOT NULL, attempt integer NOT NULL, "
@@ -76,8 +79,9 @@ class StepFailed(Exception):
 
 def gate(tag: str, step: str, n: int) -> tuple[int, int]:
     """The advisory lock (two int4 keys) execution ``n`` of ``step`` of run ``tag`` waits for
-    (a child run's ``k`` is told from its parent's steps by the step's number)."""
-    number = int(tag.removesuffix(KID_SUFFIX).removeprefix("m"))
+    (a child run's ``k`` and a grandkid's ``q`` are told from the run's steps by the
+    step's number)."""
+    number = int(tag.split("/")[0].removeprefix("m"))
     return GATE_CLASS, number * 1000 + STEP_NUMBER[step] * 100 + n
 
 
@@ -133,10 +137,31 @@ def gated(ctx: cyclone.StepContext, item: Item, step: str) -> int:
     return n
 
 
+def child_input(ctx: cyclone.StepContext) -> Item:
+    """A child node's child's input: tagged from the tag of the node's run (a fork's is
+    not its input's)."""
+    with engine().connect() as conn:
+        tag = conn.execute(_TAG, {"id": ctx.run_id}).scalar_one()
+    return Item(tag=f"{tag}{KID_SUFFIX}")
+
+
+GRAND: cyclone.Workflow[Item] = cyclone.Workflow(f"{NAME}_grand", input=Item)
+
+
+@GRAND.step(max_attempts=MAX_ATTEMPTS)
+def q(ctx: cyclone.StepContext, item: Item) -> int:
+    return gated(ctx, item, "q")
+
+
 KID: cyclone.Workflow[Item] = cyclone.Workflow(f"{NAME}_kid", input=Item)
 
 
-@KID.step(max_attempts=MAX_ATTEMPTS)
+@KID.child(GRAND, max_attempts=MAX_ATTEMPTS)
+def g(ctx: cyclone.StepContext, item: Item) -> Item:
+    return child_input(ctx)
+
+
+@KID.step(after=[g], max_attempts=MAX_ATTEMPTS)
 def k(ctx: cyclone.StepContext, item: Item) -> int:
     return gated(ctx, item, "k")
 
@@ -167,10 +192,7 @@ def m(ctx: cyclone.StepContext, index: int) -> int:
 
 @WORKFLOW.child(KID, after=[b], max_attempts=MAX_ATTEMPTS)
 def c(ctx: cyclone.StepContext, item: Item) -> Item:
-    """The child's input: tagged from this run's tag (a fork's is not its input's)."""
-    with engine().connect() as conn:
-        tag = conn.execute(_TAG, {"id": ctx.run_id}).scalar_one()
-    return Item(tag=f"{tag}{KID_SUFFIX}")
+    return child_input(ctx)
 
 
 def no_backoff(attempt: int) -> float:
@@ -180,7 +202,7 @@ def no_backoff(attempt: int) -> float:
 def main() -> None:
     cyclone.Worker(
         engine(),
-        workflows=[WORKFLOW, KID],
+        workflows=[WORKFLOW, KID, GRAND],
         concurrency=16,
         poll_interval=0.5,
         heartbeat_interval=HEARTBEAT,

@@ -1,27 +1,35 @@
 """The reference model of the model-based test (``tests/test_model.py``): pure Python.
 
 One :class:`RunModel` per run of :data:`tests.support.model_proc.WORKFLOW` (``a -> w ->
-b -> {c, m}``, ``c`` a child node, ``m`` a map node with two items ``m0`` and ``m1``) and its
-child run (the *kid*, one step ``k``) says, from the
-operations applied to it, what state the run and each of its steps must be in once the
-workers have done what they can (the test *settles* the database before comparing).
-Each operation returns what the call must return or raise. Where
-the real system races (a cancel sent while a released step is being recorded, a
-deadline and a wait's timeout falling due together), an operation returns several
-alternative models and the test keeps the one the database shows; none matching is a
-failure.
+b -> {c, m}``, ``c`` a child node, ``m`` a map node with two items ``m0`` and ``m1``), with
+its tree of child runs (:class:`ChildModel`): the *kid* ``c`` makes (``g -> k``, ``g`` a
+child node too) and the *grandkid* the kid's ``g`` makes (one step ``q``), says, from the
+operations applied to it, what state the run, its children and each of their steps must
+be in once the workers have done what they can (the test *settles* the database before
+comparing). Each operation returns what the call must return or raise.
+
+What the workers do on their own is a set of *moves* (:meth:`RunModel.enabled`), each
+one transaction of a worker: a step claimed, a wait node parked, a child node claimed
+(making, reading or retrying its child), woken by its child's end, a map node expanded,
+an item claimed, a map node collecting. Workers make them in any order, so an operation
+is followed by :meth:`RunModel.explore`: every state the moves may end in, whatever their
+order (the canonical order first); where the real system races (a cancel sent while a
+released step is being recorded, a retry that makes ``c`` and ``m`` runnable at once
+while ``c`` fails the run, a deadline and a wait's timeout falling due together), there
+are several, and the test keeps the one the database shows; none matching is a failure.
 
 Step states: ``blocked`` (upstream not completed), ``active`` (claimed and waiting at
-its gate, or available), ``parked`` (``w`` waiting for its signal, ``c`` for its kid to
-end, ``m`` for its items), and the terminal ``completed``, ``failed``, ``cancelled``. The
-kid is ``none`` until ``c`` first parks; then a run state of its own, with ``k``'s state.
-The items are ``none`` until ``m`` first expands (and again after a ``retry_all``); each
-then has a step's states and attempts of its own.
+its gate, or available), ``parked`` (``w`` waiting for its signal, ``c`` and ``g`` for
+their child to end, ``m`` for its items), and the terminal ``completed``, ``failed``,
+``cancelled``. A child run is ``none`` until its node first parks; then a run state of
+its own, with its steps' states. The items are ``none`` until ``m`` first expands (and
+again after a ``retry_all``); each then has a step's states and attempts of its own.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 STEPS = ("a", "w", "b", "c", "m")
@@ -35,8 +43,17 @@ DOWNSTREAM = {
 """Each step and the steps downstream of it (what a fork naming it runs again)."""
 ITEMS = ("m0", "m1")
 """``m``'s items, by the node's name and the item's index."""
-ATTEMPTS = {"a": 2, "w": 1, "b": 2, "c": 2, "k": 2, "m0": 2, "m1": 2}
 KID_STEP = "k"
+"""The kid's gated step (after its child node ``g``)."""
+KID_NODE = "g"
+"""The kid's child node, whose child is the grandkid."""
+GRAND_STEP = "q"
+"""The grandkid's one (gated) step."""
+KID_STEPS = (KID_NODE, KID_STEP)
+GRAND_STEPS = (GRAND_STEP,)
+LEVELS = ("kid", "grand")
+"""The child runs of a run's tree, from the top."""
+ATTEMPTS = {"a": 2, "w": 1, "b": 2, "c": 2, "g": 2, "k": 2, "q": 2, "m0": 2, "m1": 2}
 ITEM_FAILS_NODE = {"on": True}
 """Whether an item failed for good fails its map node (docs/map.md), or (the defect the
 model-based test's ``map_item_fails_node`` flag stands for) leaves it cancelled with the
@@ -62,6 +79,97 @@ class StepModel:
 
 
 @dataclass
+class ChildModel:
+    """A child run: the kid (steps ``g -> k``, ``child`` the grandkid once ``g`` made it)
+    or the grandkid (one step ``q``). It runs on its own, whatever its parent does: a
+    parent that fails or passes its deadline leaves it running; only a cancel cascades
+    (docs/children.md)."""
+
+    steps: dict[str, StepModel]
+    state: str = "running"
+    child: ChildModel | None = None
+
+    @classmethod
+    def kid(cls) -> ChildModel:
+        return cls({s: StepModel() for s in KID_STEPS})
+
+    @classmethod
+    def grand(cls) -> ChildModel:
+        return cls({s: StepModel() for s in GRAND_STEPS})
+
+    def active(self) -> bool:
+        """Whether a step of it runs (a retry of it is refused)."""
+        return any(s.state == "active" for s in self.steps.values())
+
+    def tree_running(self) -> bool:
+        """Whether it or a run below it still runs (its top parent is not purged)."""
+        return self.state == "running" or (self.child is not None and self.child.tree_running())
+
+    def end_if_done(self) -> None:
+        """Its last step completed: it completes, in that step's transaction."""
+        if self.state == "running" and all(s.state == "completed" for s in self.steps.values()):
+            self.state = "completed"
+
+    def fail(self, step: str) -> None:
+        """``step`` failed for good: it fails, its steps not started cancelled (its own
+        child, if running, runs on)."""
+        self.steps[step].state = "failed"
+        if self.state == "running":
+            self.state = "failed"
+            cancel_unstarted(self.steps.values())
+
+    def cancel_tree(self) -> None:
+        """A cancel reaching it: it, its steps not started and its running child,
+        recursively (a cancel goes down through running runs only)."""
+        if self.state != "running":
+            return
+        self.state = "cancelled"
+        cancel_unstarted(self.steps.values())
+        if self.child is not None:
+            self.child.cancel_tree()
+
+    def restart(self, *, every_step: bool) -> str | None:
+        """``retry`` (its failed and cancelled steps) or ``retry_all`` (every step) by its
+        own handle, or by its node's later attempt (``retry``): refused for a run not in
+        a state it starts from, or with a step still running. A run whose steps have all
+        completed is completed at once."""
+        sources = TERMINAL if every_step else ("failed", "cancelled")
+        if self.state not in sources or self.active():
+            return Expect.INVALID_STATE
+        reset = TERMINAL if every_step else ("failed", "cancelled")
+        for s in self.steps.values():
+            if s.state in reset:
+                s.state, s.failures, s.lost = "blocked", 0, 0
+        self.state = "running"
+        self.end_if_done()
+        return None
+
+
+def cancel_unstarted(steps: Iterable[StepModel]) -> None:
+    """Cancel the steps not started (blocked, parked, or available: not claimed yet)."""
+    for s in steps:
+        if s.state in ("blocked", "parked"):
+            s.state = "cancelled"
+
+
+def claim_node(child: ChildModel | None, make: Callable[[], ChildModel]) -> tuple[ChildModel, str]:
+    """A child node is claimed: it makes its child and parks, or (a later attempt, or a
+    retry of its run) reads the child it made: completed, the node completes (its output
+    the child's result); running, it parks; failed or cancelled, it retries the child
+    (its failed and cancelled steps, attempts reset) and parks, unless a step of the
+    child still runs (cancelled while at its gate): then each attempt fails at once, and
+    the node fails. The child and the node's outcome: ``parked``, ``completed`` or
+    ``failed``."""
+    if child is None:
+        return make(), "parked"
+    if child.state == "completed":
+        return child, "completed"
+    if child.state != "running" and child.restart(every_step=False) is not None:
+        return child, "failed"
+    return child, "parked"
+
+
+@dataclass
 class RunModel:
     number: int
     key: str | None
@@ -77,10 +185,8 @@ class RunModel:
     purged: bool = False
     input_tag: str = ""
     """The tag in the run's input: its own, or for a fork that of the run it came from."""
-    kid: str | None = None
-    """The state of the child run ``c`` made (None: not made yet)."""
-    k: StepModel = field(default_factory=StepModel)
-    """The kid's step."""
+    kid: ChildModel | None = None
+    """The child run ``c`` made (None: not made yet), with its own child."""
     items: dict[str, StepModel] | None = None
     """``m``'s items (None: not expanded)."""
 
@@ -94,149 +200,223 @@ class RunModel:
     def copy(self) -> RunModel:
         return copy.deepcopy(self)
 
+    def key_of_state(self) -> str:
+        """Everything the model holds, as a string (to tell states apart while exploring)."""
+        return repr(self)
+
+    @property
+    def grand(self) -> ChildModel | None:
+        return self.kid.child if self.kid is not None else None
+
+    def child_at(self, level: str) -> ChildModel | None:
+        """The child run at ``level`` (``kid`` or ``grand``) of this run's tree, if made."""
+        return self.kid if level == "kid" else self.grand
+
+    def tree_running(self) -> bool:
+        """Whether a run of this run's tree of children still runs."""
+        return self.kid is not None and self.kid.tree_running()
+
     def summary(self) -> dict[str, str]:
+        kid, grand = self.kid, self.grand
         return {
             "run": self.state,
             **{s: self.steps[s].state for s in STEPS},
-            "kid": self.kid or "none",
-            "k": self.k.state if self.kid else "none",
+            "kid": kid.state if kid else "none",
+            **{s: kid.steps[s].state if kid else "none" for s in KID_STEPS},
+            "grand": grand.state if grand else "none",
+            **{s: grand.steps[s].state if grand else "none" for s in GRAND_STEPS},
             **{i: self.items[i].state if self.items else "none" for i in ITEMS},
         }
+
+    def owner(self, step: str) -> ChildModel | None:
+        """The child run ``step`` is a step of (None: a step of this run, or an item)."""
+        if step in KID_STEPS:
+            assert self.kid is not None, (self.tag, step)
+            return self.kid
+        if step in GRAND_STEPS:
+            assert self.grand is not None, (self.tag, step)
+            return self.grand
+        return None
 
     def step(self, step: str) -> StepModel:
         if step in ITEMS:
             assert self.items is not None, (self.tag, step)
             return self.items[step]
-        return self.k if step == KID_STEP else self.steps[step]
+        owner = self.owner(step)
+        return owner.steps[step] if owner is not None else self.steps[step]
 
     def items_active(self) -> bool:
         return self.items is not None and any(i.state == "active" for i in self.items.values())
 
-    def state_of(self, step: str) -> str | None:
-        """The state of the run ``step`` belongs to (the kid's for ``k``)."""
-        return self.kid if step == KID_STEP else self.state
+    def state_of(self, step: str) -> str:
+        """The state of the run ``step`` belongs to (a child's for its steps)."""
+        owner = self.owner(step)
+        return owner.state if owner is not None else self.state
 
     # -- progress that workers make on their own ---------------------------------------
 
-    def advance_one(self, map_first: bool = False) -> bool:
-        """One step of progress the workers make without the test; False when none is left.
-
-        ``map_first``: the map node and its items move before ``c`` (which of the two a
-        worker reaches first is a race when both become runnable at once, after a retry).
-        """
+    def enabled(self) -> list[str]:
+        """The moves the workers may make next, in the canonical order (each one
+        transaction of a worker; a child run moves whatever its parent's state)."""
         if self.purged:
-            return False
-        if self.kid == "running" and self.k.state == "blocked":
-            self.k.state = "active"  # whatever its parent's state: the kid runs on its own
-            return True
+            return []
+        moves = []
+        kid, grand = self.kid, self.grand
+        if grand is not None and grand.state == "running" and grand.steps["q"].state == "blocked":
+            moves.append("claim q")
+        if kid is not None and kid.state == "running":
+            g, k = kid.steps["g"], kid.steps["k"]
+            if g.state == "blocked":
+                moves.append("claim g")
+            if g.state == "parked" and grand is not None and grand.state != "running":
+                moves.append("wake g")
+            if k.state == "blocked" and g.state == "completed":
+                moves.append("claim k")
         if self.state != "running":
-            return False
-        a, w, b, c = (self.steps[s] for s in STEPS[:4])
+            return moves
+        a, w, b, c, m = (self.steps[s] for s in STEPS)
         if a.state == "blocked":
-            a.state = "active"
-            return True
+            moves.append("claim a")
         if w.state == "blocked" and a.state == "completed":
-            w.state = "completed" if self.signal is not None else "parked"
-            self.timer = False
-            return True
+            moves.append("claim w")
         if w.state == "parked" and self.signal is not None:
-            w.state = "completed"
-            return True
-        if w.state == "parked" and self.timer:
-            self.timer = False
-            self._fail("w")
-            return True
+            moves.append("deliver w")
+        elif w.state == "parked" and self.timer:
+            moves.append("time out w")
         if b.state == "blocked" and w.state == "completed":
-            b.state = "active"
-            return True
-        if map_first and self._advance_map():
-            return True
+            moves.append("claim b")
         if c.state == "blocked" and b.state == "completed":
-            self._start_kid()
-            return True
-        if c.state == "parked" and self.kid == "completed":
-            c.state = "completed"
-            return True
-        if c.state == "parked" and self.kid in ("failed", "cancelled"):
-            c.failures += 1  # the kid's end fails this attempt of c
-            if c.failures >= ATTEMPTS["c"]:
-                self._fail("c")
-            else:
-                self._start_kid()  # the next attempt (no backoff) runs the kid again
-            return True
-        if self._advance_map():
-            return True
-        if all(self.steps[s].state == "completed" for s in STEPS):
-            self.state = "completed"
-            return True
-        return False
-
-    def _advance_map(self) -> bool:
-        b, m = self.steps["b"], self.steps["m"]
+            moves.append("claim c")
+        if c.state == "parked" and kid is not None and kid.state != "running":
+            moves.append("wake c")
         if m.state == "blocked" and b.state == "completed":
-            if self.items is None:  # expands: one job per item, claimed at once
-                self.items = {i: StepModel(state="active") for i in ITEMS}
-            done = all(i.state == "completed" for i in self.items.values())
-            m.state = "completed" if done else "parked"
-            return True
-        if self.items is not None and any(i.state == "blocked" for i in self.items.values()):
-            for i in self.items.values():
-                if i.state == "blocked":  # reset by a retry: available again, claimed
-                    i.state = "active"
-            return True
+            moves.append("expand m")
+        for i, item in (self.items or {}).items():
+            if item.state == "blocked":  # made or reset by a retry: available, claimed
+                moves.append(f"claim {i}")
         if (
             m.state == "parked"
             and self.items is not None
             and all(i.state == "completed" for i in self.items.values())
         ):
-            m.state = "completed"  # the last item made it runnable: it collects
-            return True
-        return False
+            moves.append("collect m")  # the last item made it runnable: it collects
+        return moves
 
-    def advance(self, map_first: bool = False) -> RunModel:
-        while self.advance_one(map_first):
-            pass
+    def apply(self, move: str) -> None:
+        """Make ``move`` (one of :meth:`enabled`)."""
+        kid = self.kid
+        if move == "claim g":
+            assert kid is not None
+            self._claim_node(kid, "g")
+        elif move == "wake g":
+            assert kid is not None
+            self._wake_node(kid, "g")
+        elif move == "claim c":
+            self._claim_node(None, "c")
+        elif move == "wake c":
+            self._wake_node(None, "c")
+        elif move == "claim w":
+            self.steps["w"].state = "completed" if self.signal is not None else "parked"
+            self.timer = False
+        elif move == "deliver w":
+            self.steps["w"].state = "completed"
+        elif move == "time out w":
+            self.timer = False
+            self._fail("w")
+        elif move == "expand m":
+            if self.items is None:  # one job per item, available
+                self.items = {i: StepModel() for i in ITEMS}
+            done = all(i.state == "completed" for i in self.items.values())
+            self.steps["m"].state = "completed" if done else "parked"
+        elif move == "collect m":
+            self.steps["m"].state = "completed"
+        else:
+            verb, step = move.split()
+            assert verb == "claim", move
+            self.step(step).state = "active"
+        self._end_if_done()
+
+    def _claim_node(self, owner: ChildModel | None, node: str) -> None:
+        """Child node ``node`` (``c`` of this run, or ``g`` of the kid ``owner``) is claimed."""
+        if owner is None:
+            self.kid, outcome = claim_node(self.kid, ChildModel.kid)
+            if outcome == "failed":
+                self._fail("c")
+            else:
+                self.steps["c"].state = outcome
+        else:
+            owner.child, outcome = claim_node(owner.child, ChildModel.grand)
+            if outcome == "failed":
+                owner.fail(node)
+            else:
+                owner.steps[node].state = outcome
+
+    def _wake_node(self, owner: ChildModel | None, node: str) -> None:
+        """Child node ``node``, parked, is woken by its child's end: completed, it
+        completes; failed or cancelled, that attempt fails (naming the child), and the
+        next (no backoff) runs the child again, or the last fails the node."""
+        child = self.kid if owner is None else owner.child
+        s = self.steps[node] if owner is None else owner.steps[node]
+        assert child is not None
+        if child.state == "completed":
+            s.state = "completed"
+            return
+        s.failures += 1
+        if s.failures < ATTEMPTS[node]:
+            self._claim_node(owner, node)
+        elif owner is None:
+            self._fail(node)
+        else:
+            owner.fail(node)
+
+    def _end_if_done(self) -> None:
+        """Each run of the tree whose last step completed completes (in that step's
+        transaction)."""
+        for run in (self.grand, self.kid):
+            if run is not None:
+                run.end_if_done()
+        if self.state == "running" and all(s.state == "completed" for s in self.steps.values()):
+            self.state = "completed"
+
+    def advance(self) -> RunModel:
+        """Make the enabled moves in the canonical order until none is left."""
+        while moves := self.enabled():
+            self.apply(moves[0])
         return self
 
-    def _start_kid(self) -> None:
-        """``c`` is claimed: it makes its kid and parks, or (a later attempt) reads the
-        kid it made: completed, its output; running, it parks; failed or cancelled, it
-        retries the kid (its failed and cancelled step, attempts reset) and parks, unless
-        the kid's step still runs (cancelled while at its gate): then ``c`` fails."""
-        c = self.steps["c"]
-        if self.kid is None:
-            self.kid, self.k = "running", StepModel()
-        elif self.kid == "completed":
-            c.state = "completed"
-            return
-        elif self.kid in ("failed", "cancelled"):
-            if self.k.state == "active":
-                self._fail("c")
-                return
-            if self.k.state in ("failed", "cancelled"):
-                self.k = StepModel()
-            self.kid = "completed" if self.k.state == "completed" else "running"
-        c.state = "parked"
-
-    def _end_kid(self) -> None:
-        """The kid's step ended for good: the kid ends with it (one transaction)."""
-        if self.kid == "running":
-            self.kid = "completed" if self.k.state == "completed" else "failed"
+    def explore(self) -> list[RunModel]:
+        """Every state the workers may leave this run in, whatever the order of their
+        moves (:meth:`advance`'s first)."""
+        canonical = self.copy().advance()
+        finals = {canonical.key_of_state(): canonical}
+        seen: set[str] = set()
+        todo = [self]
+        while todo:
+            model = todo.pop()
+            key = model.key_of_state()
+            if key in seen:
+                continue
+            seen.add(key)
+            moves = model.enabled()
+            if not moves:
+                finals.setdefault(key, model)
+            for move in moves:
+                after = model.copy()
+                after.apply(move)
+                todo.append(after)
+        return list(finals.values())
 
     def _fail(self, step: str) -> None:
-        """``step`` failed for good: the run fails and its steps not started are cancelled."""
+        """``step`` failed for good: the run fails and its steps not started are cancelled
+        (its children run on)."""
         self.steps[step].state = "failed"
         if self.state == "running":
             self.state = "failed"
             self._cancel_unstarted()
 
     def _cancel_unstarted(self) -> None:
-        for s in self.steps.values():
-            if s.state in ("blocked", "parked"):
-                s.state = "cancelled"
-        for i in (self.items or {}).values():
-            if i.state == "blocked":
-                i.state = "cancelled"
+        cancel_unstarted(self.steps.values())
+        cancel_unstarted((self.items or {}).values())
 
     # -- what the test does ------------------------------------------------------------
 
@@ -254,8 +434,7 @@ class RunModel:
                 self._fail_for_good(step)
             elif self.state_of(step) != "running":
                 s.state = "cancelled"
-        if step == KID_STEP and s.state != "active":
-            self._end_kid()
+        self._end_if_done()
 
     def _fail_for_good(self, step: str) -> None:
         if step in ITEMS:
@@ -266,9 +445,9 @@ class RunModel:
                 self.state = "failed"
                 self._cancel_unstarted()
             return
-        if step == KID_STEP:
-            self.k.state = "failed"
-            self._end_kid()
+        owner = self.owner(step)
+        if owner is not None:
+            owner.fail(step)
         else:
             self._fail(step)
 
@@ -295,45 +474,40 @@ class RunModel:
             return Expect.INVALID_STATE
         self.state = "cancelled"
         self._cancel_unstarted()
-        if self.kid == "running":  # the cancel cascades to the running kid
-            self.kid = "cancelled"
-            if self.k.state == "blocked":
-                self.k.state = "cancelled"
+        if self.kid is not None:  # the cancel cascades to the running kid, and its child
+            self.kid.cancel_tree()
         return None
 
-    def cancel_kid(self) -> str | None:
-        """Cancel the kid by its own handle: that attempt of ``c`` fails (naming it); the
-        next runs the kid again, and the last fails ``c`` and so the run."""
-        if self.kid != "running":
+    def cancel_child(self, level: str) -> str | None:
+        """Cancel the child run at ``level`` by its own handle (with its running child):
+        the node waiting for it fails that attempt (naming it); the next runs it again,
+        and the last fails the node and so the run above."""
+        child = self.child_at(level)
+        assert child is not None, (self.tag, level)
+        assert not self.purged, self.tag
+        if child.state != "running":
             return Expect.INVALID_STATE
-        self.kid = "cancelled"
-        if self.k.state == "blocked":
-            self.k.state = "cancelled"
-        self.advance()
+        child.cancel_tree()
         return None
 
-    def retry_kid(self) -> str | None:
-        """Retry the kid by its own handle (its failed or cancelled step), whatever its
-        parent does: a later attempt of ``c`` finds it running, or ended, anew."""
-        if self.kid not in ("failed", "cancelled") or self.k.state == "active":
-            return Expect.INVALID_STATE
-        if self.k.state in ("failed", "cancelled"):
-            self.k = StepModel()
-        self.kid = "completed" if self.k.state == "completed" else "running"
-        self.advance()
-        return None
+    def retry_child(self, level: str, *, every_step: bool) -> str | None:
+        """``retry`` or ``retry_all`` of the child run at ``level`` by its own handle,
+        whatever its parent does: a later attempt of its node finds it running, or ended,
+        anew; a node that completed keeps the result it read."""
+        child = self.child_at(level)
+        assert child is not None, (self.tag, level)
+        assert not self.purged, self.tag
+        return child.restart(every_step=every_step)
 
     def retry_alternatives(self, *, every_step: bool) -> tuple[str | None, list[RunModel]]:
-        """What ``retry`` (``retry_all``) returns, and the models it may leave: ``c`` and
-        ``m`` (or ``m``'s items) made runnable by the same retry race (``c`` failing the
-        run at once cancels those not claimed yet)."""
-        first = self.copy()
-        outcome = first.retry(every_step=every_step, map_first=True)
-        this = self.copy()
-        assert this.retry(every_step=every_step) == outcome
-        return outcome, [this, first]
+        """What ``retry`` (``retry_all``) returns, and the models it may leave (the moves
+        it makes possible race: ``c`` failing the run at once cancels the steps and items
+        not claimed yet)."""
+        retried = self.copy()
+        outcome = retried.retry(every_step=every_step)
+        return outcome, retried.explore() if outcome is None else [self]
 
-    def retry(self, *, every_step: bool, map_first: bool = False) -> str | None:
+    def retry(self, *, every_step: bool) -> str | None:
         sources = TERMINAL if every_step else ("failed", "cancelled")
         if self.purged:
             return Expect.NOT_FOUND
@@ -352,7 +526,7 @@ class RunModel:
                 i.state, i.failures, i.lost = "blocked", 0, 0
         self.timer = False
         self.state = "running"
-        self.advance(map_first)
+        self._end_if_done()
         return None
 
     def fork_refused(self) -> str | None:
@@ -385,7 +559,8 @@ class RunModel:
                 fork.steps[step].state = "completed"
         if fork.steps["m"].state == "completed":
             fork.items = {i: StepModel(state="completed") for i in ITEMS}
-        return fork.advance()
+        fork._end_if_done()  # nothing to run again: completed at once
+        return fork
 
     def signal_outcome(self, payload: int) -> bool | str:
         """What sending ``go`` with ``payload`` returns (True, False) or raises."""
@@ -401,7 +576,6 @@ class RunModel:
         outcome = self.signal_outcome(payload)
         if outcome is True:
             self.signal = payload
-            self.advance()
         return outcome
 
     def time_passes(self) -> list[RunModel]:
@@ -414,9 +588,7 @@ class RunModel:
             return [self]
         timing_out = self.state == "running" and self.steps["w"].state == "parked"
         if not self.deadline:
-            if timing_out:
-                self.timer = True
-                self.advance()
+            self.timer = self.timer or timing_out
             return [self]
         self.deadline_passed = True
         if self.state != "running":
@@ -433,21 +605,33 @@ class RunModel:
 
 def release_and_cancel(run: RunModel, step: str, verdict: str) -> list[tuple[RunModel, str | None]]:
     """Alternatives when ``cancel`` is sent right after releasing ``step``: the cancel can
-    land before the outcome is recorded or after any of the steps of progress that
-    follow. Each alternative comes with what its cancel returns."""
-    alternatives: list[tuple[RunModel, str | None]] = []
+    land before the outcome is recorded or after any of the moves that follow, in any
+    order. Each alternative comes with what its cancel returns."""
+    found: dict[tuple[str, str | None], tuple[RunModel, str | None]] = {}
+
+    def cancelled_at(model: RunModel) -> None:
+        branch = model.copy()
+        outcome = branch.cancel()
+        for end in branch.explore():
+            found.setdefault((end.key_of_state(), outcome), (end, outcome))
+
     first = run.copy()
     outcome = first.cancel()
     first.release(step, verdict)
-    first.advance()
-    alternatives.append((first, outcome))
-    later = run.copy()
-    later.release(step, verdict)
-    while True:
-        branch = later.copy()
-        outcome = branch.cancel()
-        branch.advance()
-        alternatives.append((branch, outcome))
-        if not later.advance_one():
-            break
-    return alternatives
+    for end in first.explore():
+        found.setdefault((end.key_of_state(), outcome), (end, outcome))
+    released = run.copy()
+    released.release(step, verdict)
+    seen: set[str] = set()
+    todo = [released]
+    while todo:
+        model = todo.pop()
+        if model.key_of_state() in seen:
+            continue
+        seen.add(model.key_of_state())
+        cancelled_at(model)
+        for move in model.enabled():
+            after = model.copy()
+            after.apply(move)
+            todo.append(after)
+    return list(found.values())
