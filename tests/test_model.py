@@ -94,6 +94,7 @@ from tests.support.run_model import (
     STEPS,
     Expect,
     RunModel,
+    lost_with_worker,
     release_and_cancel,
 )
 
@@ -1308,23 +1309,31 @@ class ModelMachine(RuleBasedStateMachine):
             and (KNOWN_DEFECTS_FIXED["park_after_cancel"] or e.step != "a")
         ]
 
-    @rule(pick=PICK, recorded=st.booleans())
+    @rule(pick=PICK, recorded=st.booleans(), whom=st.sampled_from(["run", *LEVELS]))
     @guarded
-    def finish_and_cancel(self, pick: int, recorded: bool) -> None:
-        """Release a step and cancel its run at once, or as soon as the step is recorded
-        completed: the cancel races what the workers do next (start ``w``, park it)."""
+    def finish_and_cancel(self, pick: int, recorded: bool, whom: str) -> None:
+        """Release a step and cancel its run (or the run's kid or grandkid, by its own
+        handle, if made) at once, or as soon as the step is recorded completed: the
+        cancel races what the workers do next (start ``w``, park it, wake a child node,
+        make or retry a child)."""
         e = self.pick_exec(pick, self.racing_cancel())
         if e is None:
             return
         model = self.model_of(e.tag)
-        branches = release_and_cancel(model, e.step, "finish")
+        level = None if whom == "run" or model.child_at(whom) is None else whom
+        handle = self.handles[model.number]
+        if level is not None:
+            (handle,) = handle.children()
+            if level == "grand":
+                (handle,) = handle.children()
+        branches = release_and_cancel(model, e.step, "finish", level)
         self.h.release(e, "finish")
         if recorded:
             self.h.wait_completed(e)
-        got = outcome_of(self.handles[model.number].cancel)
+        got = outcome_of(handle.cancel)
         alternatives = [m for m, outcome in branches if outcome == got]
-        assert alternatives, (model.tag, got)
-        RULES_RUN[f"finish_and_cancel: {e.step}"] += 1
+        assert alternatives, (model.tag, level, got)
+        RULES_RUN[f"finish_and_cancel: {e.step}, {level or 'run'}"] += 1
         self.alternatives[model.number] = alternatives
         self.runs[model.number] = alternatives[0]
 
@@ -1337,9 +1346,9 @@ class ModelMachine(RuleBasedStateMachine):
 
     def lose(self, held: list[Exec]) -> None:
         """The model of jobs whose worker died or froze: lost, then rescued."""
-        for e in held:
-            self.model_of(e.tag).lose(e.step)
-        self.expect_runs_of(held)
+        for number in sorted({self.model_of(e.tag).number for e in held}):
+            steps = [e.step for e in held if self.model_of(e.tag).number == number]
+            self.expect_any(lost_with_worker(self.runs[number], steps))
 
     @precondition(lambda self: len(self.h.live()) >= 2)
     @rule(pick=PICK)
@@ -2081,3 +2090,33 @@ def test_a_failed_map_item_fails_its_run_and_retry_runs_it_alone_and_retry_all_e
         assert items_done() == (2, 2)
     finally:
         machine.teardown()
+
+
+def test_jobs_of_a_run_lost_together_are_rescued_in_one_statement() -> None:
+    """Both items of ``m`` held by a worker that dies, each lost for the third time: the
+    rescue fails both in one statement (each read its run running), where rescues one at
+    a time fail the first and cancel the other (its run over). One lost for the third
+    time and the other for the first: the first's failure cancels the other, made
+    available by the same statement, unless a rescue of its own let a worker claim it
+    first (the replay of a random-mode failure: the model lost them one by one)."""
+    model = RunModel(number=1, key=None, v=0, deadline=False, signal=1)
+    for step in ("a", "b"):
+        model.advance()
+        model.release(step, "finish")
+    model.advance()
+    assert model.items is not None
+    for item in ITEMS:
+        model.items[item].lost = 2
+    ends = {
+        (e.items["m0"].state, e.items["m1"].state)
+        for e in lost_with_worker(model, [*ITEMS])
+        if e.items
+    }
+    assert ends == {("failed", "failed"), ("failed", "cancelled"), ("cancelled", "failed")}
+    model.items["m1"].lost = 0
+    ends = {
+        (e.items["m0"].state, e.items["m1"].state)
+        for e in lost_with_worker(model, [*ITEMS])
+        if e.items
+    }
+    assert ends == {("failed", "cancelled"), ("failed", "active")}

@@ -29,7 +29,9 @@ again after a ``retry_all``); each then has a step's states and attempts of its 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable
+import functools
+import itertools
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 STEPS = ("a", "w", "b", "c", "m")
@@ -451,14 +453,25 @@ class RunModel:
         else:
             self._fail(step)
 
-    def lose(self, step: str) -> None:
-        """The worker running ``step`` died or froze: the leader hands the job back."""
-        s = self.step(step)
-        assert s.state == "active", (self.tag, step, s)
-        s.lost += 1
-        if self.state_of(step) != "running":
-            s.state = "cancelled"
-        elif s.lost >= LOSSES:
+    def lose(self, steps: list[str]) -> None:
+        """The worker running ``steps`` died or froze: the leader rescues their jobs in
+        one statement, each reading the state its run had before it: cancelled (its run
+        ended), failed (lost too often), else available again (claimed by a live
+        worker). The failed ones then fail their run, which cancels the others not
+        claimed yet (the rescue made them available in the same transaction)."""
+        before = {step: self.state_of(step) for step in steps}
+        given_up = []
+        for step in steps:
+            s = self.step(step)
+            assert s.state == "active", (self.tag, step, s)
+            s.lost += 1
+            if before[step] != "running":
+                s.state = "cancelled"
+            elif s.lost >= LOSSES:
+                given_up.append(step)
+            else:
+                s.state = "blocked"  # available again: a move claims it
+        for step in given_up:
             self._fail_for_good(step)
 
     def hand_back(self, step: str) -> None:
@@ -603,20 +616,67 @@ class RunModel:
         return [expired, timed_out]
 
 
-def release_and_cancel(run: RunModel, step: str, verdict: str) -> list[tuple[RunModel, str | None]]:
-    """Alternatives when ``cancel`` is sent right after releasing ``step``: the cancel can
-    land before the outcome is recorded or after any of the moves that follow, in any
-    order. Each alternative comes with what its cancel returns."""
+def lost_with_worker(run: RunModel, steps: list[str]) -> list[RunModel]:
+    """The states ``run`` may end in when the worker running its ``steps`` dies or
+    freezes: the leader rescues them together (:meth:`RunModel.lose`), or, their
+    heartbeats not stale at the same pass, one at a time, in either order, the workers
+    moving in between."""
+    together = run.copy()
+    together.lose(steps)
+    ends = {end.key_of_state(): end for end in together.explore()}
+    if len(steps) > 1:
+        for order in itertools.permutations(steps):
+            events = [functools.partial(RunModel.lose, steps=[step]) for step in order]
+            for end in interleave(run, events):
+                ends.setdefault(end.key_of_state(), end)
+    return list(ends.values())
+
+
+def interleave(run: RunModel, events: Sequence[Callable[[RunModel], object]]) -> list[RunModel]:
+    """The states ``run`` may end in when ``events`` happen to it in this order, each
+    before or after any of the workers' moves."""
+    ends: dict[str, RunModel] = {}
+    seen: set[tuple[str, int]] = set()
+    todo = [(run.copy(), 0)]
+    while todo:
+        model, done = todo.pop()
+        if (model.key_of_state(), done) in seen:
+            continue
+        seen.add((model.key_of_state(), done))
+        moves = model.enabled()
+        if done == len(events) and not moves:
+            ends.setdefault(model.key_of_state(), model)
+        if done < len(events):
+            after = model.copy()
+            events[done](after)
+            todo.append((after, done + 1))
+        for move in moves:
+            after = model.copy()
+            after.apply(move)
+            todo.append((after, done))
+    return list(ends.values())
+
+
+def release_and_cancel(
+    run: RunModel, step: str, verdict: str, level: str | None = None
+) -> list[tuple[RunModel, str | None]]:
+    """Alternatives when ``cancel`` of the run (or of its child at ``level``, by its own
+    handle) is sent right after releasing ``step``: the cancel can land before the
+    outcome is recorded or after any of the moves that follow, in any order. Each
+    alternative comes with what its cancel returns."""
     found: dict[tuple[str, str | None], tuple[RunModel, str | None]] = {}
+
+    def cancel(model: RunModel) -> str | None:
+        return model.cancel() if level is None else model.cancel_child(level)
 
     def cancelled_at(model: RunModel) -> None:
         branch = model.copy()
-        outcome = branch.cancel()
+        outcome = cancel(branch)
         for end in branch.explore():
             found.setdefault((end.key_of_state(), outcome), (end, outcome))
 
     first = run.copy()
-    outcome = first.cancel()
+    outcome = cancel(first)
     first.release(step, verdict)
     for end in first.explore():
         found.setdefault((end.key_of_state(), outcome), (end, outcome))
