@@ -31,9 +31,9 @@ which accepts every state the workers' moves may end in, in any order. At the en
 each example every gate is released, the workers are stopped, and the at-rest
 invariants hold: every run has ended, or waits for its signal.
 
-Bounded for CI (``CYCLONE_MODEL_EXAMPLES``, default 6, and ``CYCLONE_MODEL_STEPS``,
-default 12); a longer run: ``CYCLONE_MODEL_EXAMPLES=500 CYCLONE_MODEL_STEPS=30
-scripts/test tests/test_model.py`` (about 10 s per example).
+Bounded for CI (``CYCLONE_MODEL_EXAMPLES``, default 8, and ``CYCLONE_MODEL_STEPS``,
+default 20: about 30 s); a longer run: ``CYCLONE_MODEL_EXAMPLES=500 CYCLONE_MODEL_STEPS=30
+scripts/test tests/test_model.py`` (about 5 s per example).
 A failure prints hypothesis's reproduction blob (``@reproduce_failure``) and the
 interleaving as hypothesis shrank it; ``CYCLONE_MODEL_DERANDOMIZE=1`` makes the examples
 the same from run to run.
@@ -125,8 +125,8 @@ for _name in KNOWN_DEFECTS_FIXED if _forced == "all" else filter(None, _forced.s
     assert _name in KNOWN_DEFECTS_FIXED, f"CYCLONE_MODEL_DEFECTS: no flag named {_name!r}"
     KNOWN_DEFECTS_FIXED[_name] = True
 
-EXAMPLES = int(os.environ.get("CYCLONE_MODEL_EXAMPLES", "6"))
-STEP_COUNT = int(os.environ.get("CYCLONE_MODEL_STEPS", "12"))
+EXAMPLES = int(os.environ.get("CYCLONE_MODEL_EXAMPLES", "8"))
+STEP_COUNT = int(os.environ.get("CYCLONE_MODEL_STEPS", "20"))
 SETTLE_TIMEOUT = 10.0
 """Seconds the workers get to do all they can (rescue takes ~2 s)."""
 LOOKAHEAD = 4
@@ -646,11 +646,15 @@ class ModelMachine(RuleBasedStateMachine):
     @initialize(
         runs=st.lists(
             st.tuples(st.booleans(), st.booleans(), st.booleans()), min_size=1, max_size=3
-        )
+        ),
+        to_children=st.integers(0, 2),
     )
     @guarded
-    def start(self, runs: list[tuple[bool, bool, bool]]) -> None:
-        """Two workers serving, and a first few runs (keyed?, with a deadline?, signalled?)."""
+    def start(self, runs: list[tuple[bool, bool, bool]], to_children: int = 0) -> None:
+        """Two workers serving, and a first few runs (keyed?, with a deadline?, signalled?),
+        the first ``to_children`` of them driven to their child nodes (the kid and the
+        grandkid made, its ``q`` at its gate), so that the rules find trees of children
+        to act on in a short example."""
         with self.engine.begin() as conn:
             conn.execute(
                 sa.text("TRUNCATE cyclone_signals, cyclone_jobs, cyclone_runs, model_exec")
@@ -664,6 +668,10 @@ class ModelMachine(RuleBasedStateMachine):
             model = self.submit_new(keyed, deadline)
             if signalled:
                 self.send_signal(model, "run", 1)
+        if to_children:
+            self.settle_and_check()
+            for number in sorted(self.runs)[:to_children]:
+                self.drive_model(self.runs[number], None, GRAND_STEP)
 
     def teardown(self) -> None:
         try:
@@ -1256,7 +1264,10 @@ class ModelMachine(RuleBasedStateMachine):
     def drive_to(self, pick: int, then: str | None, step: str) -> None:
         """Drive a run to ``c`` and ``m``, then give ``step`` (``q``, ``k`` or an item)
         ``then``."""
-        model = self.pick_run(pick)
+        self.drive_model(self.pick_run(pick), then, step)
+
+    def drive_model(self, model: RunModel, then: str | None, step: str) -> None:
+        """:meth:`drive_to` for the run ``model``."""
         for _ in range(4):
             assert self.snap is not None
             if model.purged or model.state != "running" or model.steps["c"].state != "blocked":
