@@ -165,7 +165,8 @@ def guarded(fn: Callable[..., None]) -> Callable[..., None]:
     @functools.wraps(fn)
     def wrapper(self: ModelMachine, *args: Any, **kwargs: Any) -> None:
         RULES_RUN[fn.__name__] += 1
-        self.trace.append(f"{fn.__name__}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})")
+        given = [*map(repr, args), *(f"{k}={v!r}" for k, v in kwargs.items())]
+        self.trace.append(f"{fn.__name__}({', '.join(given)})")
         self.broken = True
         try:
             fn(self, *args, **kwargs)
