@@ -455,9 +455,20 @@ class Worker:
         self._leader: _leader.Leader | None = None
         self._beating = threading.Event()
         self._recheck_due = True
+        """Whether the next claim is a woken one: it delivers signals and, if it finds
+        nothing, reads when the next job falls due (set by a NOTIFY and kept until a claim
+        succeeds)."""
+        self._due_unknown = True
+        """Whether a NOTIFY or poll came since the worker last read when its next job falls
+        due: read when a claim next finds nothing (one that claimed some does not read)."""
+        self._heard_on: int | None = None
+        """The held connection that LISTENed at the last successful claim: another (or
+        none) may have missed a NOTIFY, so the next claim is a woken one."""
         self._scopes: dict[str, _claim.Scope] = {}
         self._hears = False
         """Whether a NOTIFY reaches this worker's loop (else it polls, and records no wait)."""
+        self._hears_on_held = False
+        """Whether that NOTIFY arrives on the held connection (else through the listener)."""
         self._recorded_until: float | None = None
         """While recorded as waiting for work: when (monotonic) the record lapses at the latest."""
         self._unsettled: tuple[int, ...] = ()
@@ -581,10 +592,11 @@ class Worker:
                 )
                 self._wake.open(self._held)
                 unsubscribe: Callable[[], None] = _no_op
-                self._hears = True
+                self._hears = self._hears_on_held = True
             else:
                 self._held = _executor.Held(self.engine, sized=_claim.PLANNED_ON)
                 self._wake.open(None)
+                self._hears_on_held = False
                 listener = _notify.listener(self.engine)
                 unsubscribes = [listener.subscribe(_notify.JOBS_AVAILABLE, self._on_jobs_available)]
                 if self._child_nodes:
@@ -648,6 +660,8 @@ class Worker:
                 self._stopping.clear()
                 self._abandon.clear()
                 self._stop_deadline = None
+                self._heard_on = None
+                self._due_unknown = True
                 self._inflight.clear()
                 self._limited.clear()
                 self._freed.clear()
@@ -905,10 +919,19 @@ class Worker:
             self._unblocked = 0
             self._contended = 0
             if outcomes or free:
-                recheck_due = self._recheck_due or time.monotonic() >= poll_due
+                recheck_due = (
+                    self._recheck_due or time.monotonic() >= poll_due or self._maybe_deaf()
+                )
                 self._recheck_due = False
                 claimed, failed = self._record_and_claim(outcomes, free, deliver=recheck_due)
-                poll_due = time.monotonic() + self.poll_interval
+                if failed:
+                    # It read nothing: the claim after the backoff is the woken one, and a
+                    # poll it stood for is still due.
+                    self._recheck_due = self._recheck_due or recheck_due
+                else:
+                    self._heard_on = self._held.listening() if self._held is not None else None
+                    self._due_unknown = self._due_unknown or recheck_due
+                    poll_due = time.monotonic() + self.poll_interval
                 if (
                     not until_idle
                     and not failed
@@ -921,7 +944,7 @@ class Worker:
                     free
                     and not claimed
                     and not failed
-                    and (recheck_due or self._rated)
+                    and (self._due_unknown or self._rated)
                     and not until_idle
                 ):
                     poll_due = min(poll_due, self._next_due())
@@ -1011,7 +1034,8 @@ class Worker:
             seconds = _due.seconds_until_next_due(self._held, self._scope("*"))
         except Exception:
             log.exception("worker %s could not read when the next job is due", self.id)
-            return float("inf")
+            return time.monotonic() + backoff_delay(1)  # the claim then, and this read again
+        self._due_unknown = False
         if self._gated or self._admits:
             try:
                 gated = _limits_store.seconds_until_gated_due(
@@ -1079,6 +1103,13 @@ class Worker:
             return False
         self._record_failures = 0
         return not self._unsettled
+
+    def _maybe_deaf(self) -> bool:
+        """Whether a NOTIFY may have been lost: the loop sleeps on its held connection's
+        socket, and that connection is not the one that LISTENed at the last claim (it was
+        lost and none, or a new one, LISTENs now)."""
+        held = self._held
+        return held is not None and self._hears_on_held and held.listening() != self._heard_on
 
     def _stop_waiting(self) -> None:
         """Remove this worker's record as waiting for work, if it has one."""

@@ -8,6 +8,7 @@ import random
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -254,3 +255,139 @@ def test_a_worker_falling_asleep_looks_at_a_slot_held_open_less_and_less_often(
             job = ping.enqueue(engine, Item(n=20))
             assert job.wait(timeout=WAKE_TIMEOUT).state.value == "completed"
         holder.rollback()
+
+
+def started_at(engine: sa.Engine, run_id: Any) -> list[tuple[Any, Any]]:
+    """``(scheduled_at, attempted_at)`` of each started step of the run."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT scheduled_at, attempted_at FROM cyclone_jobs "
+                "WHERE run_id = :run AND attempted_at IS NOT NULL"
+            ),
+            {"run": run_id},
+        )
+        return [(row[0], row[1]) for row in rows]
+
+
+def cancel_blocked(engine: sa.Engine, table: str) -> bool:
+    """Cancel the statements of this database waiting for a lock on ``table``; whether any."""
+    with engine.connect() as conn:
+        pids = (
+            conn.execute(
+                sa.text(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND query LIKE :table"
+                ),
+                {"table": f"%{table}%"},
+            )
+            .scalars()
+            .all()
+        )
+        for pid in pids:
+            conn.execute(sa.text("SELECT pg_cancel_backend(:pid)"), {"pid": pid})
+    return bool(pids)
+
+
+def test_a_woken_claim_that_failed_is_tried_again_as_a_woken_one(
+    engine: sa.Engine, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A claim woken by a NOTIFY and cut short (here: cancelled while it waits for a lock)
+    read nothing, so the claim after the backoff reads when the next job falls due. It was
+    tried as a plain claim: the delayed run whose NOTIFY woke the worker waited for its poll."""
+    wf, ping = doorbell_kinds(name)
+    worker = cyclone.Worker(engine, workflows=[wf], steps=[ping], poll_interval=NEVER_POLL)
+    serving = Background(worker.run)
+    try:
+        wait_until(lambda: worker.id in recorded_waiters(engine), timeout=30)
+        with engine.connect() as locker, caplog.at_level("WARNING", logger="cyclone.worker"):
+            # The claim takes a row lock on cyclone_jobs; a delayed submit writes no job.
+            locker.execute(sa.text("LOCK TABLE cyclone_jobs IN EXCLUSIVE MODE"))
+            run = wf.submit(engine, Item(n=20), delay=timedelta(seconds=6))
+            wait_until(
+                lambda: cancel_blocked(engine, "cyclone_jobs")
+                and "could not record or claim" in caplog.text,
+                timeout=30,
+            )
+            locker.rollback()
+        assert run.wait(timeout=WAKE_TIMEOUT).state == cyclone.RunState.COMPLETED
+        started = started_at(engine, run.id)
+        assert started and all(at >= due for due, at in started)
+    finally:
+        worker.stop()
+        serving.join(30)
+        worker.close()
+
+
+def test_a_notify_sent_while_the_worker_had_no_connection_is_not_lost(
+    engine: sa.Engine, database_url: sa.URL, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A NOTIFY sent after the worker's connection was lost and before a new one LISTENed
+    reaches no one: the first claim on the new connection reads what it would have told
+    (here: when a delayed run falls due), as a woken claim does. It was a plain claim, and
+    the run waited for the poll."""
+    wf, ping = doorbell_kinds(name)
+    worker = cyclone.Worker(engine, workflows=[wf], steps=[ping], poll_interval=NEVER_POLL)
+    serving = Background(worker.run)
+    database = database_url.database
+    admin = sa.create_engine(database_url.set(database="postgres"), poolclass=sa.NullPool)
+
+    def allow(allowed: bool) -> None:
+        with admin.connect() as conn:
+            conn.execute(
+                sa.text(
+                    f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS {str(allowed).lower()}'
+                )
+            )
+            conn.commit()
+
+    try:
+        wait_until(lambda: worker.id in recorded_waiters(engine), timeout=30)
+        held = worker._held
+        assert held is not None
+        pid = held._direct._driver.info.backend_pid if held._direct is not None else None
+        with engine.connect() as submitter, caplog.at_level("WARNING", logger="cyclone.worker"):
+            allow(False)
+            try:
+                submitter.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+                # The worker woke at once and failed to connect: it hears nothing now.
+                wait_until(lambda: "could not record or claim" in caplog.text, timeout=30)
+                run = wf.submit_tx(submitter, Item(n=20), delay=timedelta(seconds=6))
+                submitter.commit()
+            finally:
+                allow(True)
+        assert run.wait(timeout=WAKE_TIMEOUT).state == cyclone.RunState.COMPLETED
+        started = started_at(engine, run.id)
+        assert started and all(at >= due for due, at in started)
+    finally:
+        worker.stop()
+        serving.join(30)
+        worker.close()
+        admin.dispose()
+
+
+def test_a_delayed_run_notified_beside_work_claimed_at_once_starts_on_time(
+    engine: sa.Engine, name: str
+) -> None:
+    """One NOTIFY told of a delayed run and of a job due now: the woken claim took the job,
+    so it did not read when the delayed run falls due, and the claim that found nothing
+    after the job ended was not a woken one: the run waited for the poll. A worker now
+    reads that time at the first claim that finds nothing after a NOTIFY."""
+    wf, ping = doorbell_kinds(name)
+    worker = cyclone.Worker(
+        engine, workflows=[wf], steps=[ping], concurrency=4, poll_interval=NEVER_POLL
+    )
+    serving = Background(worker.run)
+    try:
+        wait_until(lambda: worker.id in recorded_waiters(engine), timeout=30)
+        with engine.begin() as conn:
+            run = wf.submit_tx(conn, Item(n=20), delay=timedelta(seconds=4))
+            job = ping.enqueue_tx(conn, Item(n=20))
+        assert job.wait(timeout=WAKE_TIMEOUT).state.value == "completed"
+        assert run.wait(timeout=WAKE_TIMEOUT).state == cyclone.RunState.COMPLETED
+        started = started_at(engine, run.id)
+        assert started and all(at >= due for due, at in started)
+    finally:
+        worker.stop()
+        serving.join(30)
+        worker.close()

@@ -535,6 +535,7 @@ class Held:
         "_direct",
         "_engine",
         "_listen",
+        "_listened",
         "_on_notify",
         "_planned_size",
         "_replan_at",
@@ -553,6 +554,7 @@ class Held:
         self._engine = engine
         self._direct: Direct | None = None
         self._listen = listen
+        self._listened = 0
         self._on_notify = on_notify
         self._size = _size_of(sized) if sized else None
         self._planned_size: tuple[int, ...] = ()
@@ -614,12 +616,22 @@ class Held:
         on_notify = self._on_notify
         if on_notify is not None:
             driver.add_notify_handler(lambda _note: on_notify())
+        if self._listen:
+            self._listened += 1
         direct = self._direct = Direct(self._engine, driver, driver.cursor(), prepare)
         if prepare and self._size is not None:
             self._planned_size = tuple(int(size) for size in direct.rows(self._size)[0])
             self._replan_every = REPLAN_FIRST
             self._replan_at = monotonic() + REPLAN_FIRST
         return direct
+
+    def listening(self) -> int | None:
+        """Which of its connections (counting from 1) LISTENs now, or None when none is
+        open. A notification sent while none listened is lost: a loop that sees this
+        change re-reads what a notification would have told it."""
+        if not self._listen or self._direct is None or self._direct._driver.closed:
+            return None
+        return self._listened
 
     def fileno(self) -> int | None:
         """The open connection's socket, readable when the server sent something; None
