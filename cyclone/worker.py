@@ -460,7 +460,12 @@ class Worker:
         succeeds)."""
         self._due_unknown = True
         """Whether a NOTIFY or poll came since the worker last read when its next job falls
-        due: read when a claim next finds nothing (one that claimed some does not read)."""
+        due: the next claim reads it too (see :meth:`_dates_in_claim`), or else a statement
+        after the next claim that finds nothing."""
+        self._due_at = float("inf")
+        """When (monotonic) the next job this worker serves falls due, as last read."""
+        self._dated: float | None = None
+        """The time the last record-and-claim read for :attr:`_due_at`, if it read one."""
         self._heard_on: int | None = None
         """The held connection that LISTENed at the last successful claim: another (or
         none) may have missed a NOTIFY, so the next claim is a woken one."""
@@ -662,6 +667,7 @@ class Worker:
                 self._stop_deadline = None
                 self._heard_on = None
                 self._due_unknown = True
+                self._due_at = float("inf")
                 self._inflight.clear()
                 self._limited.clear()
                 self._freed.clear()
@@ -919,19 +925,28 @@ class Worker:
             self._unblocked = 0
             self._contended = 0
             if outcomes or free:
-                recheck_due = (
-                    self._recheck_due or time.monotonic() >= poll_due or self._maybe_deaf()
-                )
+                now = time.monotonic()
+                recheck_due = self._recheck_due or now >= poll_due or self._maybe_deaf()
                 self._recheck_due = False
-                claimed, failed = self._record_and_claim(outcomes, free, deliver=recheck_due)
+                if now >= self._due_at:
+                    self._due_at = float("inf")  # this claim takes it: the next is not known
+                self._due_unknown = self._due_unknown or recheck_due
+                claimed, failed = self._record_and_claim(
+                    outcomes,
+                    free,
+                    deliver=recheck_due,
+                    dating=self._due_unknown and not until_idle and self._dates_in_claim(),
+                )
                 if failed:
                     # It read nothing: the claim after the backoff is the woken one, and a
                     # poll it stood for is still due.
                     self._recheck_due = self._recheck_due or recheck_due
                 else:
                     self._heard_on = self._held.listening() if self._held is not None else None
-                    self._due_unknown = self._due_unknown or recheck_due
-                    poll_due = time.monotonic() + self.poll_interval
+                    if self._dated is not None:
+                        self._due_at = self._dated
+                        self._due_unknown = False
+                    poll_due = min(time.monotonic() + self.poll_interval, self._due_at)
                 if (
                     not until_idle
                     and not failed
@@ -947,7 +962,8 @@ class Worker:
                     and (self._due_unknown or self._rated)
                     and not until_idle
                 ):
-                    poll_due = min(poll_due, self._next_due())
+                    self._due_at = self._next_due()
+                    poll_due = min(poll_due, self._due_at)
             for job in claimed:
                 self._start(job)
             if self._recorded_until is not None and free and len(claimed) >= sum(free.values()):
@@ -1104,6 +1120,12 @@ class Worker:
         self._record_failures = 0
         return not self._unsettled
 
+    def _dates_in_claim(self) -> bool:
+        """Whether its claim statement can read when its next job falls due: one claim over
+        every queue, and no limited job whose start waits for a slot or a window (those
+        have a read of their own, :meth:`_next_due`)."""
+        return self._limits is None and not self._gated and not self._admits
+
     def _maybe_deaf(self) -> bool:
         """Whether a NOTIFY may have been lost: the loop sleeps on its held connection's
         socket, and that connection is not the one that LISTENed at the last claim (it was
@@ -1147,6 +1169,7 @@ class Worker:
         free: dict[str, int],
         *,
         deliver: bool = False,
+        dating: bool = False,
     ) -> tuple[list[_claim.Claimed], bool]:
         """Record ``outcomes`` and claim into ``free``: (jobs claimed, whether a statement failed).
 
@@ -1157,8 +1180,10 @@ class Worker:
         earlier statements claimed are still returned: left unstarted, they would wait
         for a rescue. With ``deliver`` (after a NOTIFY, or when a poll is due), the first
         statement also delivers the signals sent to parked wait nodes: a signal's NOTIFY
-        is a doorbell, and a lost one waits for the next poll.
+        is a doorbell, and a lost one waits for the next poll. With ``dating``, the claim
+        over every queue also reads when the next job falls due, into :attr:`_dated`.
         """
+        self._dated = None
         successes = [o for _, o in outcomes if isinstance(o, _completion.Success)]
         failures = [o for _, o in outcomes if isinstance(o, _completion.Failure)]
         returned = [o for _, o in outcomes if isinstance(o, _waits.HandBack)]
@@ -1240,6 +1265,7 @@ class Worker:
                         claimed += got
                         left -= len(got)
                     continue
+                dues: list[float | None] | None = [] if dating and name == "*" else None
                 recorded, got = _claim.record_and_claim(
                     held,
                     worker_id=self.id,
@@ -1249,7 +1275,13 @@ class Worker:
                     woke=woke,
                     deliver=deliver and not woke,
                     unblocked=unblocked,
+                    due=dues,
                 )
+                if dues:
+                    seconds = dues[0]
+                    self._dated = (
+                        float("inf") if seconds is None else time.monotonic() + seconds + DUE_SLACK
+                    )
                 if carrying:
                     self._settle(carrying, recorded)
                 carrying = []

@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 from sqlalchemy import (
     BigInteger,
+    Float,
     Integer,
     Text,
     Uuid,
@@ -28,6 +29,7 @@ from sqlalchemy import (
     bindparam,
     case,
     cast,
+    extract,
     false,
     func,
     literal_column,
@@ -167,6 +169,45 @@ def unlimited_standalone(table: Any, kind: Any) -> Any:
     matches: ranges of ``ix_cyclone_jobs_claim_kind``, whose predicate leaves out limited
     jobs (cyclone_0022_kind_claim_index), so every read of it says so too."""
     return and_(table.c.workflow.is_(None), kind, table.c.limit_name.is_(None))
+
+
+def next_due_seconds(scope: Scope) -> Any:
+    """Seconds from now until the earliest not-yet-due job or run start of ``scope``, or
+    NULL: what an idle worker sleeps until (see :mod:`cyclone._store.due`).
+
+    It reads the claim indexes' ranges of the served workflows and kinds, and a run
+    submitted for later (no jobs yet) from ``ix_cyclone_runs_start``'s.
+    """
+    served = or_(
+        one_of(jobs.c.workflow, scope.workflows),
+        unlimited_standalone(jobs, one_of(jobs.c.kind, scope.kinds)),
+    )
+    due: Any = (
+        select(func.min(jobs.c.scheduled_at))
+        .where(
+            jobs.c.state == const(JobState.AVAILABLE.value),
+            served,
+            true() if scope.queues is None else one_of(jobs.c.queue, scope.queues),
+            jobs.c.scheduled_at > func.now(),
+        )
+        .scalar_subquery()
+    )
+    if scope.workflows:
+        starts = (
+            select(func.min(runs.c.start_at))
+            .where(
+                one_of(runs.c.workflow, scope.workflows),
+                runs.c.start_at.is_not(None),
+                runs.c.state == const(RunState.RUNNING.value),
+                runs.c.start_at > func.now(),
+                # A run held by its workflow's limit (docs/flow-control.md) waits for
+                # an admission, not a time.
+                runs.c.start_at < literal_column("'infinity'::timestamptz"),
+            )
+            .scalar_subquery()
+        )
+        due = func.least(due, starts)
+    return extract("epoch", due - func.now()).cast(Float)
 
 
 def _available(table: Any, queues: tuple[str, ...] | None) -> tuple[Any, ...]:
@@ -562,7 +603,12 @@ def _count_running(advanced: Any) -> Any:
 
 
 def claim_jobs_stmt(
-    scope: Scope, limit: int, *, completing: bool = False, delivering: bool = True
+    scope: Scope,
+    limit: int,
+    *,
+    completing: bool = False,
+    delivering: bool = True,
+    dating: bool = False,
 ) -> Any:
     """Claim up to ``limit`` runnable jobs of ``scope`` for the worker ``:me``.
 
@@ -581,8 +627,10 @@ def claim_jobs_stmt(
     nothing was claimed. ``delivering``, with workflows served, adds the delivery of
     pending signals (:func:`deliver_signals_ctes`, some 40 us more per claim): then the
     statement returns at least one row too, and a column counts the wait nodes it woke
-    (0 without the delivery). The last column counts the jobs the recorded successes
-    made available (0 without ``completing``).
+    (0 without the delivery). The next column counts the jobs the recorded successes
+    made available (0 without ``completing``). ``dating`` adds a last column,
+    :func:`next_due_seconds` (the statement then returns at least one row): a woken claim
+    learns when to wake next without a statement more.
     """
     runs_locked = _completion.runs_locked_first() if completing else None
     pick = _pick(scope, limit)
@@ -673,9 +721,10 @@ def claim_jobs_stmt(
         else select(func.count()).select_from(woken).scalar_subquery(),
         claimed.c.item,
         unblocked,
+        *((next_due_seconds(scope),) if dating else ()),
     )
     claimed_runs = claimed.outerjoin(runs, runs.c.id == claimed.c.run_id)
-    if done is None and woken is None:
+    if done is None and woken is None and not dating:
         stmt = stmt.select_from(claimed_runs)
     else:
         one = select(const(1, Integer).label("one")).subquery("one")
@@ -696,15 +745,23 @@ _LIMIT_TOKEN = 2_147_480_009
 
 
 @functools.lru_cache(maxsize=64)
-def _claim_template(scope: Scope, completing: bool, delivering: bool) -> _executor.Compiled:
+def _claim_template(
+    scope: Scope, completing: bool, delivering: bool, dating: bool = False
+) -> _executor.Compiled:
     return _executor.Compiled(
-        claim_jobs_stmt(scope, _LIMIT_TOKEN, completing=completing, delivering=delivering)
+        claim_jobs_stmt(
+            scope,
+            _LIMIT_TOKEN,
+            completing=completing,
+            delivering=delivering,
+            dating=dating,
+        )
     )
 
 
 @functools.lru_cache(maxsize=256)
 def _fast_claim(
-    scope: Scope, completing: bool, limit: int, delivering: bool = True
+    scope: Scope, completing: bool, limit: int, delivering: bool = True, dating: bool = False
 ) -> _executor.Compiled:
     """The claim statement for ``limit`` jobs, its text compiled once per scope.
 
@@ -715,9 +772,11 @@ def _fast_claim(
     """
     if scope.merges:
         return _executor.Compiled(
-            claim_jobs_stmt(scope, limit, completing=completing, delivering=delivering)
+            claim_jobs_stmt(
+                scope, limit, completing=completing, delivering=delivering, dating=dating
+            )
         )
-    template = _claim_template(scope, completing, delivering)
+    template = _claim_template(scope, completing, delivering, dating)
     return template.replaced(str(_LIMIT_TOKEN), str(int(limit)))
 
 
@@ -754,6 +813,7 @@ def record_and_claim(
     woke: list[int] | None = None,
     deliver: bool = True,
     unblocked: list[int] | None = None,
+    due: list[float | None] | None = None,
 ) -> tuple[set[int], list[Claimed]]:
     """Record ``successes`` and claim up to ``limit`` jobs in one autocommit statement.
 
@@ -762,15 +822,19 @@ def record_and_claim(
     them. With ``deliver``, the statement also delivers pending signals, and ``woke``
     is appended the number of wait nodes it woke: the next claim can take them.
     ``unblocked`` is appended the number of jobs the successes made available instead,
-    which the next claim can take too.
+    which the next claim can take too. ``due`` is appended the seconds until the next
+    job of ``scope`` falls due (None: none is scheduled), read in the same statement.
     """
     rows = conn.rows(
-        _fast_claim(scope, bool(successes), limit, deliver),
+        _fast_claim(scope, bool(successes), limit, deliver, due is not None),
         {"me": worker_id, "items": _completion.items_payload(successes)},
     )
     if woke is not None and rows:
         woke.append(int(rows[0][14]))
     if unblocked is not None and rows:
         unblocked.append(int(rows[0][16]))
+    if due is not None:
+        seconds = rows[0][17]
+        due.append(None if seconds is None else max(0.0, float(seconds)))
     recorded: set[int] = set(rows[0][0] or ()) if rows else set()
     return recorded, [_claimed(row) for row in rows if row[1] is not None]
