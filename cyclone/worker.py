@@ -464,6 +464,8 @@ class Worker:
         after the next claim that finds nothing."""
         self._due_at = float("inf")
         """When (monotonic) the next job this worker serves falls due, as last read."""
+        self._due_failures = 0
+        """Failed reads of :attr:`_due_at` in a row: the next comes after a backoff."""
         self._dated: float | None = None
         """The time the last record-and-claim read for :attr:`_due_at`, if it read one."""
         self._heard_on: int | None = None
@@ -900,12 +902,17 @@ class Worker:
                     self._pending[job.id, job.lease] = (job, outcome)
                     continue
                 self._free_slot(job.id, job.lease)
+                self._due_unknown = True  # a sleep, or a wait's timeout, falls due later
                 if outcome.timed_out is not None:  # recorded as it was decided
                     if outcome.timed_out.retry_in is not None:
                         self.stats.retried += 1
                     else:
                         self.stats.failed += 1
             outcomes = list(self._pending.values())
+            if any(
+                isinstance(o, _completion.Failure) and o.retry_in is not None for _, o in outcomes
+            ):
+                self._due_unknown = True  # its retry falls due later
             if self._stopping.is_set() and self._freed and not outcomes:
                 self._ring_freed()  # a stopping worker claims nothing that would take them
             claimed: list[_claim.Claimed] = []
@@ -953,14 +960,18 @@ class Worker:
                     and time.monotonic() - self._adopted_at >= ADOPT_INTERVAL
                 ):
                     self._adopt_limits()
-                # A full rate window opens without a NOTIFY: after an empty claim, a
-                # worker serving a Rate reads when it opens even if nothing rang.
+                # A claim that left room saw every job due now, but not when the next
+                # falls due: read it, if its statement did not. A full rate window opens
+                # without a NOTIFY: after an empty claim, a worker serving a Rate reads
+                # when it opens even if nothing rang.
                 if (
                     free
-                    and not claimed
                     and not failed
-                    and (self._due_unknown or self._rated)
                     and not until_idle
+                    and (
+                        (self._due_unknown and len(claimed) < sum(free.values()))
+                        or (self._rated and not claimed)
+                    )
                 ):
                     self._due_at = self._next_due()
                     poll_due = min(poll_due, self._due_at)
@@ -1010,6 +1021,11 @@ class Worker:
             # A poll is due only when there is room to claim; a full worker waits for a
             # job to end, never spins.
             room = bool(self._free()) and not self._stopping.is_set()
+            if room and self._maybe_deaf():
+                # Its connection was lost since its last claim (by another statement): a
+                # claim on a new one LISTENs, then reads what a lost NOTIFY would have said.
+                woken = self._recheck_due = True
+                continue
             timeout = self._idle_timeout(poll_due) if room else IDLE_WAKE
             if room and self._hears and not until_idle:
                 if self._wait_for_work():
@@ -1046,11 +1062,15 @@ class Worker:
         is due, never in a busy loop. Infinity when nothing is scheduled or on an error.
         """
         assert self._held is not None
+        sent_at = time.monotonic()  # the statement's now(): a wait for a lock does not count
         try:
             seconds = _due.seconds_until_next_due(self._held, self._scope("*"))
         except Exception:
+            self._due_failures += 1
             log.exception("worker %s could not read when the next job is due", self.id)
-            return time.monotonic() + backoff_delay(1)  # the claim then, and this read again
+            # The claim then, and this read again.
+            return time.monotonic() + backoff_delay(self._due_failures)
+        self._due_failures = 0
         self._due_unknown = False
         if self._gated or self._admits:
             try:
@@ -1069,7 +1089,7 @@ class Worker:
                 seconds = gated if seconds is None else min(seconds, gated)
         if seconds is None:
             return float("inf")
-        return time.monotonic() + seconds + DUE_SLACK
+        return sent_at + seconds + DUE_SLACK
 
     def _wait_for_work(self) -> bool:
         """Record this idle worker as waiting for work; True when it must claim once more.
@@ -1131,7 +1151,10 @@ class Worker:
         socket, and that connection is not the one that LISTENed at the last claim (it was
         lost and none, or a new one, LISTENs now)."""
         held = self._held
-        return held is not None and self._hears_on_held and held.listening() != self._heard_on
+        if held is None or not self._hears_on_held:
+            return False
+        listening = held.listening()
+        return listening is None or listening != self._heard_on
 
     def _stop_waiting(self) -> None:
         """Remove this worker's record as waiting for work, if it has one."""
@@ -1266,6 +1289,7 @@ class Worker:
                         left -= len(got)
                     continue
                 dues: list[float | None] | None = [] if dating and name == "*" else None
+                sent_at = time.monotonic()  # the statement's now()
                 recorded, got = _claim.record_and_claim(
                     held,
                     worker_id=self.id,
@@ -1279,9 +1303,7 @@ class Worker:
                 )
                 if dues:
                     seconds = dues[0]
-                    self._dated = (
-                        float("inf") if seconds is None else time.monotonic() + seconds + DUE_SLACK
-                    )
+                    self._dated = float("inf") if seconds is None else sent_at + seconds + DUE_SLACK
                 if carrying:
                     self._settle(carrying, recorded)
                 carrying = []

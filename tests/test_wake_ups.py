@@ -305,14 +305,17 @@ def test_a_woken_claim_that_failed_is_tried_again_as_a_woken_one(
             locker.execute(sa.text("LOCK TABLE cyclone_jobs IN EXCLUSIVE MODE"))
             run = wf.submit(engine, Item(n=20), delay=timedelta(seconds=6))
             wait_until(
-                lambda: cancel_blocked(engine, "cyclone_jobs")
-                and "could not record or claim" in caplog.text,
+                lambda: (
+                    cancel_blocked(engine, "cyclone_jobs")
+                    and "could not record or claim" in caplog.text
+                ),
                 timeout=30,
             )
             locker.rollback()
         assert run.wait(timeout=WAKE_TIMEOUT).state == cyclone.RunState.COMPLETED
         started = started_at(engine, run.id)
-        assert started and all(at >= due for due, at in started)
+        assert started
+        assert all(at >= due for due, at in started)
     finally:
         worker.stop()
         serving.join(30)
@@ -335,9 +338,7 @@ def test_a_notify_sent_while_the_worker_had_no_connection_is_not_lost(
     def allow(allowed: bool) -> None:
         with admin.connect() as conn:
             conn.execute(
-                sa.text(
-                    f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS {str(allowed).lower()}'
-                )
+                sa.text(f'ALTER DATABASE "{database}" ALLOW_CONNECTIONS {str(allowed).lower()}')
             )
             conn.commit()
 
@@ -358,7 +359,8 @@ def test_a_notify_sent_while_the_worker_had_no_connection_is_not_lost(
                 allow(True)
         assert run.wait(timeout=WAKE_TIMEOUT).state == cyclone.RunState.COMPLETED
         started = started_at(engine, run.id)
-        assert started and all(at >= due for due, at in started)
+        assert started
+        assert all(at >= due for due, at in started)
     finally:
         worker.stop()
         serving.join(30)
@@ -386,8 +388,44 @@ def test_a_delayed_run_notified_beside_work_claimed_at_once_starts_on_time(
         assert job.wait(timeout=WAKE_TIMEOUT).state.value == "completed"
         assert run.wait(timeout=WAKE_TIMEOUT).state == cyclone.RunState.COMPLETED
         started = started_at(engine, run.id)
-        assert started and all(at >= due for due, at in started)
+        assert started
+        assert all(at >= due for due, at in started)
     finally:
+        worker.stop()
+        serving.join(30)
+        worker.close()
+
+
+def test_a_worker_with_queue_limits_woken_for_work_and_a_delayed_run_starts_the_run_on_time(
+    engine: sa.Engine, name: str
+) -> None:
+    """A worker with per-queue limits reads when its next job falls due in a statement of
+    its own: after a woken claim that left room, not only after one that found nothing.
+    The job that one NOTIFY told of took the woken claim, and the delayed run told of with
+    it waited until that job ended."""
+    release = threading.Event()
+
+    @cyclone.step(f"{name}.hold")
+    def hold(ctx: cyclone.StepContext, n: int) -> int:
+        release.wait(60)
+        return n
+
+    wf, _ping = doorbell_kinds(name)
+    worker = cyclone.Worker(
+        engine, workflows=[wf], steps=[hold], queues={"default": 4}, poll_interval=NEVER_POLL
+    )
+    serving = Background(worker.run)
+    try:
+        wait_until(lambda: worker.id in recorded_waiters(engine), timeout=30)
+        with engine.begin() as conn:
+            run = wf.submit_tx(conn, Item(n=20), delay=timedelta(seconds=4))
+            job = hold.enqueue_tx(conn, 1)
+        assert run.wait(timeout=WAKE_TIMEOUT).state == cyclone.RunState.COMPLETED
+        assert job.status().state.value == "running"
+        release.set()
+        assert job.result(timeout=WAKE_TIMEOUT) == 1
+    finally:
+        release.set()
         worker.stop()
         serving.join(30)
         worker.close()
