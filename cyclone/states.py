@@ -10,7 +10,8 @@ run after its parent: :func:`cyclone.schema.run_lock_order`), then the jobs (in 
 order). A cancel locks a tree of child runs in that order, in the statement that
 cancels them; a bulk retry locks its batch and the children it stops waiting for in
 that order, in one statement. A limit's key comes before every run: an admission locks
-keys, then runs; a transaction that waits for a key locks it before any run
+keys, then the runs it acts on over all of them, in that order, in one statement; a
+transaction that waits for a key locks it before any run
 (:func:`cyclone._store.limits.keys_locked_first`).
 Submit inserts the run only; a claim locks jobs, skipping locked rows, and the runs it
 starts (whose jobs do not exist yet), skipping locked runs, then inserts their jobs; a

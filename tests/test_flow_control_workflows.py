@@ -21,7 +21,7 @@ from cyclone._store import executor as _executor
 from cyclone._store import limits as _limits_store
 from tests.conftest import wait_until
 from tests.support.flow_proc import workflow
-from tests.support.workers import Background, waiting_on_locks
+from tests.support.workers import Background, start_runs, waiting_on_locks
 from tests.test_flow_control import spawn, stop
 
 IN_PROGRESS = (
@@ -473,3 +473,67 @@ def test_an_admission_cancelling_in_progress_and_a_child_nodes_retry_of_its_limi
     assert [e["type"] for e in (parent.status().error or {},)] == ["ConcurrencyLimit"]
     newer.cancel()
     queued.cancel()
+
+
+def test_an_admission_over_several_keys_and_a_bulk_cancel_lock_their_runs_in_one_order(
+    own_engine: sa.Engine, name: str
+) -> None:
+    # An admission serving two keys cancelled (and admitted) the runs of one key, then of
+    # the next: runs locked key by key, not in the run lock order. A bulk cancel locks
+    # its batch in the run lock order: holding an older run of the second key, it waited
+    # for the first key's run the admission held, while the admission, done with the
+    # first key, waited for that older run to cancel it: a deadlock. The admission now
+    # locks every run it cancels or admits, over all its keys, in one statement, in the
+    # run lock order, before it acts on any.
+    wf: cyclone.Workflow[str] = cyclone.Workflow(
+        name,
+        input=str,
+        concurrency=cyclone.Concurrency(1, key=lambda k: k, on_limit="cancel_in_progress"),
+    )
+
+    @wf.step()
+    def work(ctx: cyclone.StepContext, k: str) -> str:
+        return k
+
+    limit = f"workflow:{name}"
+    old_b = wf.submit(own_engine, "b")  # the oldest run: first in the run lock order
+    old_a = wf.submit(own_engine, "a")
+    assert _limits_store.admit_runs(own_engine, (limit,)) == 2
+    start_runs(own_engine, wf)  # their steps exist, not claimed
+    new_b = wf.submit(own_engine, "b")  # held; each admits it over its key's older run
+    new_a = wf.submit(own_engine, "a")
+    with own_engine.begin() as conn:  # the key "a" is served first
+        conn.execute(
+            sa.text(
+                "UPDATE cyclone_limit_keys SET served_at = now() - "
+                "CASE key WHEN 'a' THEN interval '2 minutes' ELSE interval '1 minute' END "
+                "WHERE name = :n"
+            ),
+            {"n": limit},
+        )
+    client = cyclone.Client(own_engine)
+    with own_engine.connect() as holder:
+        # The step of the run of "a" held: the admission waits to cancel it, holding that
+        # run (and, fixed, every run it acts on).
+        holder.execute(
+            sa.text("SELECT id FROM cyclone_jobs WHERE run_id = :r FOR UPDATE"), {"r": old_a.id}
+        )
+        admitting = Background(
+            lambda: _limits_store.admit_runs(own_engine, (limit,)), name="admission"
+        )
+        wait_until(lambda: waiting_on_locks(own_engine) >= 1, 10)
+        # The bulk cancel locks the oldest run (the run of "b"), then waits for the run of
+        # "a" (fixed: it waits for the oldest run, which the admission holds).
+        cancelling = Background(lambda: client.cancel_runs(workflow=name), name="bulk-cancel")
+        wait_until(lambda: waiting_on_locks(own_engine) >= 2, 10)
+        holder.rollback()
+    assert admitting.join(30) == 2  # the two new runs
+    assert cancelling.join(30) == 2  # the two new runs; the old ones ended meanwhile
+    runs_ = (old_a, old_b, new_a, new_b)
+    assert [r.status().state.value for r in runs_] == ["cancelled"] * 4
+    assert [(r.status().error or {}).get("type") for r in runs_] == [
+        "ConcurrencyLimit",
+        "ConcurrencyLimit",
+        None,
+        None,
+    ]

@@ -62,6 +62,41 @@ def _rids() -> Any:
     return func.any(bindparam("rids", type_=ARRAY(Uuid)))
 
 
+def _running_trees() -> Any:
+    """The running runs of ``:rids`` (``seed``) and their running children, recursively,
+    as a recursive CTE ``tree`` (columns ``id``, ``seed``), read in the statement's
+    snapshot."""
+    child = runs.alias("child")
+    tree = (
+        select(runs.c.id, true().label("seed"))
+        .where(runs.c.id == _rids(), runs.c.state == const(RunState.RUNNING.value))
+        .cte("tree", recursive=True)
+    )
+    return tree.union_all(
+        select(child.c.id, false()).where(
+            child.c.parent_id == tree.c.id, child.c.state == const(RunState.RUNNING.value)
+        )
+    )
+
+
+def lock_trees_stmt() -> Any:
+    """Lock the running runs of ``:rids`` and their running children, recursively, in the
+    run lock order, as :func:`cancel_run_stmt` locks them; returns their ids.
+
+    An admission acts on the runs of several keys (it cancels some, with their trees,
+    and admits others): this statement locks them all before it acts on any, so that
+    they are taken in the one order of every statement that locks several runs, not key
+    by key.
+    """
+    tree = _running_trees()
+    return (
+        select(runs.c.id)
+        .where(runs.c.id.in_(select(tree.c.id)))
+        .order_by(*run_lock_order())
+        .with_for_update(key_share=True)
+    )
+
+
 def cancel_run_stmt(*, cascaded: bool = False) -> Any:
     """Move the running runs of ``:rids`` and their running children, recursively, to
     cancelled, locking them first in the run lock order; returns the ids it moved.
@@ -76,17 +111,7 @@ def cancel_run_stmt(*, cascaded: bool = False) -> Any:
     an earlier statement). The ``RETURNING`` rings NOTIFY for a limited run: a run that
     ends frees its limit's slot, and a worker admits the next.
     """
-    child = runs.alias("child")
-    tree = (
-        select(runs.c.id, true().label("seed"))
-        .where(runs.c.id == _rids(), runs.c.state == const(RunState.RUNNING.value))
-        .cte("tree", recursive=True)
-    )
-    tree = tree.union_all(
-        select(child.c.id, false()).where(
-            child.c.parent_id == tree.c.id, child.c.state == const(RunState.RUNNING.value)
-        )
-    )
+    tree = _running_trees()
     locked = (
         select(runs.c.id)
         .where(runs.c.id.in_(select(tree.c.id)))
@@ -308,6 +333,7 @@ def forget_ended_children_stmt() -> Any:
 
 
 _CANCEL_RUN = cancel_run_stmt()
+_LOCK_TREES = lock_trees_stmt()
 _CANCEL_CASCADED = cancel_run_stmt(cascaded=True)
 _RUNNING_CHILDREN = running_children_stmt()
 _FORGET_ENDED_CHILDREN = forget_ended_children_stmt()
@@ -408,10 +434,19 @@ def restart_child(conn: Connection, run_id: uuid.UUID) -> str | None:
     return None
 
 
-def cancel_for_limit(conn: Connection, run_id: uuid.UUID, error: str) -> bool:
-    """Cancel the running run ``run_id`` in the caller's transaction, ``error`` (JSON text)
-    naming the limit that cancelled it; False if it was no longer running."""
-    return bool(_cancel_locked(conn, [run_id], error))
+def lock_for_limit(conn: Connection, run_ids: list[uuid.UUID]) -> None:
+    """Lock, in the caller's transaction, the running runs of ``run_ids`` (every run an
+    admission cancels or admits, over all its keys) and their running children,
+    recursively, in the run lock order, before the admission acts on any of them
+    (:func:`lock_trees_stmt`)."""
+    _executor.rows(conn, _LOCK_TREES, {"rids": run_ids})
+
+
+def cancel_for_limit(conn: Connection, run_ids: list[uuid.UUID], error: str) -> list[uuid.UUID]:
+    """Cancel the running runs ``run_ids`` (locked by :func:`lock_for_limit`) in the
+    caller's transaction, ``error`` (JSON text) naming the limit that cancelled them; those
+    it cancelled (a run no longer running is left as it is)."""
+    return _cancel_locked(conn, run_ids, error)
 
 
 def restart(engine: Engine, run_id: uuid.UUID, *, every_step: bool) -> None:

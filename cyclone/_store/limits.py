@@ -1239,11 +1239,20 @@ def admit_runs(engine: Engine, names: tuple[str, ...], batch: int = ADMIT_BATCH)
     the newest ``max`` of the key's runs in progress and held, cancelling the others,
     oldest first, and admits its held runs kept. An admitted run's ``start_at`` is the
     start it asked for (due), ringing NOTIFY: the next claim starts it.
+
+    Every key read, the runs it cancels (with their running children) and admits, over
+    all its keys, are locked by one statement in the run lock order (creation time, then
+    id) before it acts on any (:func:`cyclone._store.control.lock_for_limit`): cancelling
+    and admitting them key by key locked them in no such order, and a bulk cancel, or a
+    worker recording steps of two runs, holding an older run of a later key and waiting
+    for a run of an earlier key, deadlocked with it. A run that ended meanwhile is left
+    as it is; a run in progress that did leaves the count too high, as before.
     """
     from cyclone._store import control as _control  # control imports this module
 
     admitted = 0
     with engine.begin() as conn:
+        served: list[tuple[dict[str, Any], str, list[Any], list[Any]]] = []
         for name, key, max_, on_limit in _executor.rows(conn, _lock_held_keys(names, batch)):
             params = {"b_name": name, "b_key": key}
             in_progress = _executor.column(conn, _IN_PROGRESS, params)
@@ -1260,9 +1269,13 @@ def admit_runs(engine: Engine, names: tuple[str, ...], batch: int = ADMIT_BATCH)
                     over = max(0, len(every) - max_)
                     cancel = every[:over]
                     held = held[max(0, over - len(in_progress)) :]
-            error = limit_error(name, key, max_, on_limit)
-            for run_id in cancel:
-                _control.cancel_for_limit(conn, run_id, error)
+            served.append((params, limit_error(name, key, max_, on_limit), cancel, held))
+        acted = [run_id for _, _, cancel, held in served for run_id in (*cancel, *held)]
+        if acted:
+            _control.lock_for_limit(conn, acted)
+        for params, error, cancel, held in served:
+            if cancel:
+                _control.cancel_for_limit(conn, cancel, error)
             if held:
                 admitted += len(_executor.rows(conn, _ADMIT, {"b_ids": held}))
             _executor.affected(conn, _SERVED, params)
