@@ -455,9 +455,8 @@ class Worker:
         self._leader: _leader.Leader | None = None
         self._beating = threading.Event()
         self._recheck_due = True
-        """Whether the next claim is a woken one: it delivers signals and, if it finds
-        nothing, reads when the next job falls due (set by a NOTIFY and kept until a claim
-        succeeds)."""
+        """Whether the next claim is a woken one: it delivers signals and reads when the
+        next job falls due (set by a NOTIFY, kept until a claim succeeds)."""
         self._due_unknown = True
         """Whether a NOTIFY or poll came since the worker last read when its next job falls
         due: the next claim reads it too (see :meth:`_dates_in_claim`), or else a statement
