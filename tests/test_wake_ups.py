@@ -16,6 +16,7 @@ import pytest
 import sqlalchemy as sa
 
 import cyclone
+from cyclone import worker as worker_module
 from tests.conftest import wait_until
 from tests.support import worker_proc
 from tests.support.counting import ThreadStatements
@@ -289,6 +290,15 @@ def cancel_blocked(engine: sa.Engine, table: str) -> bool:
     return bool(pids)
 
 
+def cancelled_until(
+    engine: sa.Engine, table: str, caplog: pytest.LogCaptureFixture, logged: str
+) -> bool:
+    """Cancel what waits for a lock on ``table``; whether the worker has logged ``logged``
+    (its statement failed)."""
+    cancel_blocked(engine, table)
+    return logged in caplog.text
+
+
 def test_a_woken_claim_that_failed_is_tried_again_as_a_woken_one(
     engine: sa.Engine, name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -305,9 +315,8 @@ def test_a_woken_claim_that_failed_is_tried_again_as_a_woken_one(
             locker.execute(sa.text("LOCK TABLE cyclone_jobs IN EXCLUSIVE MODE"))
             run = wf.submit(engine, Item(n=20), delay=timedelta(seconds=6))
             wait_until(
-                lambda: (
-                    cancel_blocked(engine, "cyclone_jobs")
-                    and "could not record or claim" in caplog.text
+                lambda: cancelled_until(
+                    engine, "cyclone_jobs", caplog, "could not record or claim"
                 ),
                 timeout=30,
             )
@@ -426,6 +435,46 @@ def test_a_worker_with_queue_limits_woken_for_work_and_a_delayed_run_starts_the_
         assert job.result(timeout=WAKE_TIMEOUT) == 1
     finally:
         release.set()
+        worker.stop()
+        serving.join(30)
+        worker.close()
+
+
+def test_a_worker_whose_connection_was_lost_outside_a_claim_listens_again_before_it_sleeps(
+    engine: sa.Engine, name: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A renewal of the wait record cut short closes the worker's connection, and the next
+    record comes only after a backoff (here an hour). Its record is still in force (the
+    test renews it), so new work rings: the worker LISTENs again on a new connection before
+    it sleeps. It slept on no connection until the backoff ended, and the ring was lost."""
+    monkeypatch.setattr(worker_module, "WAIT_RECORD", 4.0)  # renewed after 2 s
+    monkeypatch.setattr(worker_module, "backoff_delay", lambda failures: 3600.0)
+    wf, ping = doorbell_kinds(name)
+    worker = cyclone.Worker(engine, workflows=[wf], steps=[ping], poll_interval=NEVER_POLL)
+    serving = Background(worker.run)
+    try:
+        wait_until(lambda: worker.id in recorded_waiters(engine), timeout=30)
+        with engine.connect() as locker, caplog.at_level("WARNING", logger="cyclone.worker"):
+            locker.execute(sa.text("LOCK TABLE cyclone_waiters IN ACCESS EXCLUSIVE MODE"))
+            wait_until(
+                lambda: cancelled_until(
+                    engine, "cyclone_waiters", caplog, "could not record that it waits"
+                ),
+                timeout=30,
+            )
+            locker.rollback()
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text(
+                    "INSERT INTO cyclone_waiters (worker_id, waits_until) "
+                    "VALUES (:me, now() + interval '1 minute') ON CONFLICT (worker_id) "
+                    "DO UPDATE SET waits_until = excluded.waits_until"
+                ),
+                {"me": worker.id},
+            )
+        job = ping.enqueue(engine, Item(n=20))
+        assert job.wait(timeout=WAKE_TIMEOUT).state.value == "completed"
+    finally:
         worker.stop()
         serving.join(30)
         worker.close()
