@@ -8,6 +8,7 @@ import random
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -258,45 +259,58 @@ def test_a_worker_falling_asleep_looks_at_a_slot_held_open_less_and_less_often(
         holder.rollback()
 
 
-def started_at(engine: sa.Engine, run_id: Any) -> list[tuple[Any, Any]]:
-    """``(scheduled_at, attempted_at)`` of each started step of the run."""
+def started_on_time(engine: sa.Engine, run: cyclone.Run) -> bool:
+    """Whether the run completed and each of its steps started no earlier than it was due."""
+    assert run.wait(timeout=WAKE_TIMEOUT).state == cyclone.RunState.COMPLETED
     with engine.connect() as conn:
-        rows = conn.execute(
+        started = conn.execute(
             sa.text(
                 "SELECT scheduled_at, attempted_at FROM cyclone_jobs "
                 "WHERE run_id = :run AND attempted_at IS NOT NULL"
             ),
-            {"run": run_id},
-        )
-        return [(row[0], row[1]) for row in rows]
+            {"run": run.id},
+        ).all()
+    return bool(started) and all(at >= due for due, at in started)
 
 
-def cancel_blocked(engine: sa.Engine, table: str) -> bool:
-    """Cancel the statements of this database waiting for a lock on ``table``; whether any."""
-    with engine.connect() as conn:
-        pids = (
+@contextmanager
+def asleep(engine: sa.Engine, *steps: Any, **options: Any) -> Iterator[cyclone.Worker]:
+    """A worker serving ``steps`` (workflows and step kinds) in a thread, that never polls,
+    yielded once it is recorded as waiting for work; stopped at the end."""
+    workflows = [s for s in steps if isinstance(s, cyclone.Workflow)]
+    kinds = [s for s in steps if not isinstance(s, cyclone.Workflow)]
+    worker = cyclone.Worker(
+        engine, workflows=workflows, steps=kinds, poll_interval=NEVER_POLL, **options
+    )
+    serving = Background(worker.run)
+    try:
+        wait_until(lambda: worker.id in recorded_waiters(engine), timeout=30)
+        yield worker
+    finally:
+        worker.stop()
+        serving.join(30)
+        worker.close()
+
+
+def cancel_blocked_until(
+    engine: sa.Engine, table: str, caplog: pytest.LogCaptureFixture, logged: str
+) -> None:
+    """Cancel the statements of this database that wait for a lock on ``table`` until the
+    worker logs ``logged`` (one of its statements failed)."""
+
+    def cancelled() -> bool:
+        with engine.connect() as conn:
             conn.execute(
                 sa.text(
-                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock' AND query LIKE :table"
+                    "SELECT pg_cancel_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND wait_event_type = 'Lock' "
+                    "AND query LIKE :table"
                 ),
                 {"table": f"%{table}%"},
             )
-            .scalars()
-            .all()
-        )
-        for pid in pids:
-            conn.execute(sa.text("SELECT pg_cancel_backend(:pid)"), {"pid": pid})
-    return bool(pids)
+        return logged in caplog.text
 
-
-def cancelled_until(
-    engine: sa.Engine, table: str, caplog: pytest.LogCaptureFixture, logged: str
-) -> bool:
-    """Cancel what waits for a lock on ``table``; whether the worker has logged ``logged``
-    (its statement failed)."""
-    cancel_blocked(engine, table)
-    return logged in caplog.text
+    wait_until(cancelled, timeout=30)
 
 
 def test_a_woken_claim_that_failed_is_tried_again_as_a_woken_one(
@@ -306,29 +320,14 @@ def test_a_woken_claim_that_failed_is_tried_again_as_a_woken_one(
     read nothing, so the claim after the backoff reads when the next job falls due. It was
     tried as a plain claim: the delayed run whose NOTIFY woke the worker waited for its poll."""
     wf, ping = doorbell_kinds(name)
-    worker = cyclone.Worker(engine, workflows=[wf], steps=[ping], poll_interval=NEVER_POLL)
-    serving = Background(worker.run)
-    try:
-        wait_until(lambda: worker.id in recorded_waiters(engine), timeout=30)
-        with engine.connect() as locker, caplog.at_level("WARNING", logger="cyclone.worker"):
+    with asleep(engine, wf, ping), engine.connect() as locker:
+        with caplog.at_level("WARNING", logger="cyclone.worker"):
             # The claim takes a row lock on cyclone_jobs; a delayed submit writes no job.
             locker.execute(sa.text("LOCK TABLE cyclone_jobs IN EXCLUSIVE MODE"))
             run = wf.submit(engine, Item(n=20), delay=timedelta(seconds=6))
-            wait_until(
-                lambda: cancelled_until(
-                    engine, "cyclone_jobs", caplog, "could not record or claim"
-                ),
-                timeout=30,
-            )
+            cancel_blocked_until(engine, "cyclone_jobs", caplog, "could not record or claim")
             locker.rollback()
-        assert run.wait(timeout=WAKE_TIMEOUT).state == cyclone.RunState.COMPLETED
-        started = started_at(engine, run.id)
-        assert started
-        assert all(at >= due for due, at in started)
-    finally:
-        worker.stop()
-        serving.join(30)
-        worker.close()
+        assert started_on_time(engine, run)
 
 
 def test_a_notify_sent_while_the_worker_had_no_connection_is_not_lost(
@@ -339,8 +338,6 @@ def test_a_notify_sent_while_the_worker_had_no_connection_is_not_lost(
     (here: when a delayed run falls due), as a woken claim does. It was a plain claim, and
     the run waited for the poll."""
     wf, ping = doorbell_kinds(name)
-    worker = cyclone.Worker(engine, workflows=[wf], steps=[ping], poll_interval=NEVER_POLL)
-    serving = Background(worker.run)
     database = database_url.database
     admin = sa.create_engine(database_url.set(database="postgres"), poolclass=sa.NullPool)
 
@@ -352,28 +349,23 @@ def test_a_notify_sent_while_the_worker_had_no_connection_is_not_lost(
             conn.commit()
 
     try:
-        wait_until(lambda: worker.id in recorded_waiters(engine), timeout=30)
-        held = worker._held
-        assert held is not None
-        pid = held._direct._driver.info.backend_pid if held._direct is not None else None
-        with engine.connect() as submitter, caplog.at_level("WARNING", logger="cyclone.worker"):
-            allow(False)
-            try:
-                submitter.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
-                # The worker woke at once and failed to connect: it hears nothing now.
-                wait_until(lambda: "could not record or claim" in caplog.text, timeout=30)
-                run = wf.submit_tx(submitter, Item(n=20), delay=timedelta(seconds=6))
-                submitter.commit()
-            finally:
-                allow(True)
-        assert run.wait(timeout=WAKE_TIMEOUT).state == cyclone.RunState.COMPLETED
-        started = started_at(engine, run.id)
-        assert started
-        assert all(at >= due for due, at in started)
+        with asleep(engine, wf, ping) as worker, engine.connect() as submitter:
+            held = worker._held
+            assert held is not None
+            assert held._direct is not None
+            pid = held._direct._driver.info.backend_pid
+            with caplog.at_level("WARNING", logger="cyclone.worker"):
+                allow(False)
+                try:
+                    submitter.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+                    # The worker woke at once and failed to connect: it hears nothing now.
+                    wait_until(lambda: "could not record or claim" in caplog.text, timeout=30)
+                    run = wf.submit_tx(submitter, Item(n=20), delay=timedelta(seconds=6))
+                    submitter.commit()
+                finally:
+                    allow(True)
+            assert started_on_time(engine, run)
     finally:
-        worker.stop()
-        serving.join(30)
-        worker.close()
         admin.dispose()
 
 
@@ -382,27 +374,15 @@ def test_a_delayed_run_notified_beside_work_claimed_at_once_starts_on_time(
 ) -> None:
     """One NOTIFY told of a delayed run and of a job due now: the woken claim took the job,
     so it did not read when the delayed run falls due, and the claim that found nothing
-    after the job ended was not a woken one: the run waited for the poll. A worker now
-    reads that time at the first claim that finds nothing after a NOTIFY."""
+    after the job ended was not a woken one: the run waited for the poll. A woken claim now
+    reads that time in its own statement."""
     wf, ping = doorbell_kinds(name)
-    worker = cyclone.Worker(
-        engine, workflows=[wf], steps=[ping], concurrency=4, poll_interval=NEVER_POLL
-    )
-    serving = Background(worker.run)
-    try:
-        wait_until(lambda: worker.id in recorded_waiters(engine), timeout=30)
+    with asleep(engine, wf, ping, concurrency=4):
         with engine.begin() as conn:
             run = wf.submit_tx(conn, Item(n=20), delay=timedelta(seconds=4))
             job = ping.enqueue_tx(conn, Item(n=20))
         assert job.wait(timeout=WAKE_TIMEOUT).state.value == "completed"
-        assert run.wait(timeout=WAKE_TIMEOUT).state == cyclone.RunState.COMPLETED
-        started = started_at(engine, run.id)
-        assert started
-        assert all(at >= due for due, at in started)
-    finally:
-        worker.stop()
-        serving.join(30)
-        worker.close()
+        assert started_on_time(engine, run)
 
 
 def test_a_worker_with_queue_limits_woken_for_work_and_a_delayed_run_starts_the_run_on_time(
@@ -420,24 +400,17 @@ def test_a_worker_with_queue_limits_woken_for_work_and_a_delayed_run_starts_the_
         return n
 
     wf, _ping = doorbell_kinds(name)
-    worker = cyclone.Worker(
-        engine, workflows=[wf], steps=[hold], queues={"default": 4}, poll_interval=NEVER_POLL
-    )
-    serving = Background(worker.run)
     try:
-        wait_until(lambda: worker.id in recorded_waiters(engine), timeout=30)
-        with engine.begin() as conn:
-            run = wf.submit_tx(conn, Item(n=20), delay=timedelta(seconds=4))
-            job = hold.enqueue_tx(conn, 1)
-        assert run.wait(timeout=WAKE_TIMEOUT).state == cyclone.RunState.COMPLETED
-        assert job.status().state.value == "running"
-        release.set()
-        assert job.result(timeout=WAKE_TIMEOUT) == 1
+        with asleep(engine, wf, hold, queues={"default": 4}):
+            with engine.begin() as conn:
+                run = wf.submit_tx(conn, Item(n=20), delay=timedelta(seconds=4))
+                job = hold.enqueue_tx(conn, 1)
+            assert started_on_time(engine, run)
+            assert job.status().state.value == "running"
+            release.set()
+            assert job.result(timeout=WAKE_TIMEOUT) == 1
     finally:
         release.set()
-        worker.stop()
-        serving.join(30)
-        worker.close()
 
 
 def test_a_worker_whose_connection_was_lost_outside_a_claim_listens_again_before_it_sleeps(
@@ -450,17 +423,11 @@ def test_a_worker_whose_connection_was_lost_outside_a_claim_listens_again_before
     monkeypatch.setattr(worker_module, "WAIT_RECORD", 4.0)  # renewed after 2 s
     monkeypatch.setattr(worker_module, "backoff_delay", lambda failures: 3600.0)
     wf, ping = doorbell_kinds(name)
-    worker = cyclone.Worker(engine, workflows=[wf], steps=[ping], poll_interval=NEVER_POLL)
-    serving = Background(worker.run)
-    try:
-        wait_until(lambda: worker.id in recorded_waiters(engine), timeout=30)
-        with engine.connect() as locker, caplog.at_level("WARNING", logger="cyclone.worker"):
+    with asleep(engine, wf, ping) as worker, engine.connect() as locker:
+        with caplog.at_level("WARNING", logger="cyclone.worker"):
             locker.execute(sa.text("LOCK TABLE cyclone_waiters IN ACCESS EXCLUSIVE MODE"))
-            wait_until(
-                lambda: cancelled_until(
-                    engine, "cyclone_waiters", caplog, "could not record that it waits"
-                ),
-                timeout=30,
+            cancel_blocked_until(
+                engine, "cyclone_waiters", caplog, "could not record that it waits"
             )
             locker.rollback()
         with engine.begin() as conn:
@@ -474,7 +441,3 @@ def test_a_worker_whose_connection_was_lost_outside_a_claim_listens_again_before
             )
         job = ping.enqueue(engine, Item(n=20))
         assert job.wait(timeout=WAKE_TIMEOUT).state.value == "completed"
-    finally:
-        worker.stop()
-        serving.join(30)
-        worker.close()
