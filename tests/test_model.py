@@ -285,6 +285,10 @@ class Snapshot:
             for step in steps:
                 job = self.jobs.get((child_tag, step))
                 state = "none" if child is None else job["state"] if job else "no job"
+                if state == "no job" and child is not None and child["state"] != "running":
+                    # A child cancelled before a claim started it never had jobs: its
+                    # steps read as cancelled, as the read model says (unstarted.py).
+                    state = "cancelled"
                 if state in ("running", "available"):
                     state = "active"
                 elif state == "blocked" and step == KID_NODE and job and job["pending"] == 0:
