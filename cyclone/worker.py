@@ -959,18 +959,13 @@ class Worker:
                     and time.monotonic() - self._adopted_at >= ADOPT_INTERVAL
                 ):
                     self._adopt_limits()
-                # A claim that left room saw every job due now, but not when the next
-                # falls due: read it, if its statement did not. A full rate window opens
-                # without a NOTIFY: after an empty claim, a worker serving a Rate reads
-                # when it opens even if nothing rang.
+                # A full rate window opens without a NOTIFY: after an empty claim, a
+                # worker serving a Rate reads when it opens even if nothing rang.
                 if (
                     free
                     and not failed
                     and not until_idle
-                    and (
-                        (self._due_unknown and len(claimed) < sum(free.values()))
-                        or (self._rated and not claimed)
-                    )
+                    and (self._reads_due_now(claimed, free) or (self._rated and not claimed))
                 ):
                     self._due_at = self._next_due()
                     poll_due = min(poll_due, self._due_at)
@@ -1144,6 +1139,17 @@ class Worker:
         every queue, and no limited job whose start waits for a slot or a window (those
         have a read of their own, :meth:`_next_due`)."""
         return self._limits is None and not self._gated and not self._admits
+
+    def _reads_due_now(self, claimed: list[_claim.Claimed], free: dict[str, int]) -> bool:
+        """Whether to read when the next job falls due after this claim, its statement not
+        having read it: after a NOTIFY, once a claim finds nothing; or, with no limited job
+        served, once one leaves room (it saw every job due now). A worker serving limited
+        jobs leaves room whenever their keys are full: it reads at its next empty claim."""
+        if not self._due_unknown:
+            return False
+        if not claimed:
+            return True
+        return len(claimed) < sum(free.values()) and not (self._gated or self._admits)
 
     def _maybe_deaf(self) -> bool:
         """Whether a NOTIFY may have been lost: the loop sleeps on its held connection's
