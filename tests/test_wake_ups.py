@@ -206,20 +206,9 @@ def test_a_worker_whose_wait_record_failed_listens_again_within_a_second(
         locker.execute(sa.text("LOCK TABLE cyclone_waiters IN ACCESS EXCLUSIVE MODE"))
         serving = Background(worker.run)
         try:
-            blocked = sa.text(
-                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                "AND wait_event_type = 'Lock' AND query LIKE '%cyclone_waiters%'"
+            cancel_blocked_until(
+                engine, "cyclone_waiters", caplog, "could not record that it waits"
             )
-
-            def cancelled() -> bool:
-                with engine.connect() as conn:
-                    pids = conn.execute(blocked).scalars().all()
-                    for pid in pids:
-                        conn.execute(sa.text("SELECT pg_cancel_backend(:pid)"), {"pid": pid})
-                return bool(pids)
-
-            wait_until(cancelled, timeout=30)
-            wait_until(lambda: "could not record that it waits" in caplog.text, timeout=30)
             locker.rollback()
             job = ping.enqueue(engine, Item(n=20))
             # Deaf for half a minute before: the job waited until then.

@@ -88,7 +88,11 @@ def lock_trees_stmt() -> Any:
     they are taken in the one order of every statement that locks several runs, not key
     by key.
     """
-    tree = _running_trees()
+    return _locking(_running_trees())
+
+
+def _locking(tree: Any) -> Any:
+    """Lock the runs of ``tree`` (:func:`_running_trees`) in the run lock order; their ids."""
     return (
         select(runs.c.id)
         .where(runs.c.id.in_(select(tree.c.id)))
@@ -112,13 +116,7 @@ def cancel_run_stmt(*, cascaded: bool = False) -> Any:
     ends frees its limit's slot, and a worker admits the next.
     """
     tree = _running_trees()
-    locked = (
-        select(runs.c.id)
-        .where(runs.c.id.in_(select(tree.c.id)))
-        .order_by(*run_lock_order())
-        .with_for_update(key_share=True)
-        .cte("locked")
-    )
+    locked = _locking(tree).cte("locked")
     below = true() if cascaded else runs.c.id.in_(select(tree.c.id).where(~tree.c.seed))
     return (
         update(runs)
