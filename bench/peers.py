@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -39,15 +40,16 @@ from sqlalchemy.engine import URL, make_url
 
 import cyclone
 from bench import db, report, results
-from bench.figures.peers import Sizes, fig_drain, fig_latency, fig_submit
+from bench.figures.peers import Sizes, databases, fig_drain, fig_latency, fig_submit, tries_alone
 from bench.results import ROOT
 from bench.systems import SYSTEMS
 
 CHART = ROOT / "docs" / "bench-peers.png"
 
 
-def oban_elsewhere(python: str, admin: URL, sizes: Sizes) -> dict[str, Any]:
-    """Figures 3 and 4 of oban, run by ``python`` (a >= 3.12 venv with oban and cyclone)."""
+def oban_elsewhere(python: str, admin: URL, figures: str, sizes: Sizes, first: int = 0) -> Any:
+    """Figure 3 or 4 of oban, run by ``python`` (a >= 3.12 venv with oban and cyclone):
+    its JSON (for figure 4, ``sizes.tries`` tries numbered from ``first``)."""
     cmd = [
         python,
         "-m",
@@ -55,16 +57,51 @@ def oban_elsewhere(python: str, admin: URL, sizes: Sizes) -> dict[str, Any]:
         "--child-oban",
         "--url",
         admin.render_as_string(hide_password=False),
+        "--figures",
+        figures,
         "--jobs",
         str(sizes.jobs),
         "--tries",
         str(sizes.tries),
+        "--first",
+        str(first),
     ]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         raise RuntimeError(f"oban run failed: {done.stderr[-2000:]}")
-    data: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return data
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def child_oban(admin: URL, figures: str, sizes: Sizes, first: int) -> dict[str, Any]:
+    """Inside the >= 3.12 interpreter: oban's figure 3 (its result) or a round of figure
+    4 (``{"samples_ms": [...]}``), as :func:`oban_elsewhere` reads them."""
+    if figures == "3":
+        return {**fig_drain(admin, ["oban"], sizes)["oban"], "meta": meta_oban()}
+    mp = multiprocessing.get_context("spawn")
+    with databases(admin, ["oban"]) as systems:
+        return {"samples_ms": tries_alone(mp, systems["oban"], first, sizes.tries)}
+
+
+def meta_oban() -> dict[str, Any]:
+    return {"python": platform.python_version(), "versions": versions(["oban"])}
+
+
+def oban_tries(python: str, admin: URL, why: dict[str, str]) -> Callable[[int, int], list[float]]:
+    """Figure 4's turn of oban in one round: its tries in ms, or none once a run failed
+    (the reason kept in ``why``)."""
+
+    def tries(first: int, n: int) -> list[float]:
+        if "*" in why:
+            return []
+        try:
+            data = oban_elsewhere(python, admin, "4", Sizes(tries=n), first)
+        except Exception as exc:
+            why["*"] = f"its run failed: {exc}"[:300]
+            return []
+        samples: list[float] = data["samples_ms"]
+        return samples
+
+    return tries
 
 
 def draw(data: dict[str, Any]) -> None:
@@ -101,6 +138,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-chart", action="store_true", help="skip the PNG")
     parser.add_argument("--report", action="store_true", help="reprint and redraw peers.json")
     parser.add_argument("--child-oban", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--first", type=int, default=0, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
@@ -119,10 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.tries or sizes.tries,
     )
     admin = make_url(args.url)
-    if args.child_oban:  # inside the >= 3.12 interpreter: oban's figures 3 and 4, as JSON
-        data = {**fig_drain(admin, ["oban"], sizes), "latency": fig_latency(admin, ["oban"], sizes)}
-        data["meta"] = {"python": platform.python_version(), "versions": versions(["oban"])}
-        print(json.dumps(data))
+    if args.child_oban:
+        print(json.dumps(child_oban(admin, args.figures, sizes, args.first)))
         return 0
 
     wanted = [n.strip() for n in args.only.split(",") if n.strip()]
@@ -170,22 +206,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         t0 = time.perf_counter()
         for name, got in fig_drain(admin, here, sizes).items():
             systems[name].update(got)
+        if oban_python:
+            try:
+                got = oban_elsewhere(oban_python, admin, "3", sizes)
+                found["meta"]["oban_run"] = got.pop("meta")
+                systems["oban"].update(got)
+            except Exception as exc:
+                systems["oban"]["why"]["*"] = f"its run failed: {exc}"[:300]
         print(f"figure 3: {time.perf_counter() - t0:.1f} s", flush=True)
     if "4" in args.figures:
         t0 = time.perf_counter()
-        for name, got in fig_latency(admin, here, sizes).items():
+        elsewhere = {}
+        if oban_python and "*" not in systems["oban"]["why"]:
+            elsewhere["oban"] = oban_tries(oban_python, admin, systems["oban"]["why"])
+        for name, got in fig_latency(admin, here, sizes, elsewhere).items():
             systems[name].update(got)
         print(f"figure 4: {time.perf_counter() - t0:.1f} s", flush=True)
-    if oban_python and ("3" in args.figures or "4" in args.figures):
-        t0 = time.perf_counter()
-        try:
-            data = oban_elsewhere(oban_python, admin, sizes)
-            systems["oban"].update(data.get("oban", {}))
-            systems["oban"].update(data.get("latency", {}).get("oban", {}))
-            found["meta"]["oban_run"] = data.get("meta", {})
-        except Exception as exc:
-            systems["oban"]["why"]["*"] = f"its run failed: {exc}"[:300]
-        print(f"oban (figures 3-4 in {oban_python}): {time.perf_counter() - t0:.1f} s", flush=True)
     found["meta"]["seconds"] = round(time.perf_counter() - started, 1)
     found["meta"]["loadavg_end"] = os.getloadavg()
     found["markdown"] = report.markdown(report.PEER_HEADERS, report.peer_rows(found))

@@ -1,6 +1,7 @@
 """The four figures of ``python -m bench.peers``, each for every system in one run:
 (1) new keys through the library's deduplication, (2) the same keys again, (3) a no-op
-drain by the library's worker with its defaults, (4) submit -> finished with idle workers.
+drain by the library's worker with its defaults, (4) submit -> finished with an
+idle worker, each system alone.
 
 Every system gets a throwaway database per figure (``cyclone_peers_<system>_<hex>``),
 its schema installed through its own API, dropped at the end.
@@ -12,7 +13,7 @@ import multiprocessing
 import statistics
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,16 @@ from bench.systems import SYSTEMS, System
 
 TURNS = 10
 """Turns of figures 1 and 2: each system's calls are split into this many runs."""
+
+ROUNDS = 3
+"""Rounds of figure 4: each system's tries are split into this many runs, the systems
+taking turns, so that the VM's drift hits them alike."""
+
+WARMUP_TRIES = 3
+"""Untimed tries of figure 4 after each start of a worker."""
+
+WARMUP_BASE = 1_000_000
+"""Added to a warm-up try's number, so that its key is never a timed try's."""
 
 
 @dataclass
@@ -109,40 +120,36 @@ def fig_drain(admin: URL, names: Sequence[str], sizes: Sizes) -> dict[str, Any]:
     return result
 
 
-def fig_latency(admin: URL, names: Sequence[str], sizes: Sizes) -> dict[str, Any]:
-    """Figure 4: one idle worker process per system, all up; tries rotate across systems."""
+def fig_latency(
+    admin: URL,
+    names: Sequence[str],
+    sizes: Sizes,
+    elsewhere: dict[str, Callable[[int, int], list[float]]] | None = None,
+    rounds: int = ROUNDS,
+) -> dict[str, Any]:
+    """Figure 4: each system alone with its idle worker, in ``rounds`` rounds.
+
+    In every round each system in turn starts its worker, takes WARMUP_TRIES untimed
+    tries and its share of the timed ones 50 ms apart, then stops it, so no system is
+    timed beside another's worker. ``elsewhere`` maps a system run by another
+    interpreter (oban) to a call that times ``n`` tries there from try number ``first``
+    and returns them in ms; it takes its turn in each round like the others.
+    """
     names = [n for n in names if not SYSTEMS[n].only]
+    elsewhere = elsewhere or {}
     mp = multiprocessing.get_context("spawn")
-    procs: list[Any] = []
-    samples: dict[str, list[float]] = {n: [] for n in names}
+    samples: dict[str, list[float]] = {n: [] for n in [*names, *elsewhere]}
+    per_round = -(-sizes.tries // rounds)
     with databases(admin, names) as systems:
-        try:
-            for s in systems.values():
-                out: Any = mp.Queue()
-                proc = s.spawn_serve(mp, out)
-                proc.start()
-                procs.append(proc)
-                measure.ready(out, 1)
-            time.sleep(2.0)  # the workers' start-up (listeners, pools, DBOS launch)
-            for s in systems.values():
-                s.open()
-            for i in range(-3, sizes.tries):  # three untimed warm-up tries
-                for name, s in systems.items():
-                    took = s.ping(i + 1000 if i < 0 else i)
-                    if i >= 0:
-                        samples[name].append(took * 1e3)
-                    time.sleep(0.05)
-        finally:
-            for s in systems.values():
-                if hasattr(s, "runner") or hasattr(s, "conn") or hasattr(s, "engine"):
-                    try:
-                        s.close()
-                    except Exception as exc:
-                        print(f"  {s.name}: close failed: {exc!r}", file=sys.stderr)
-            stop = getattr(systems.get("raw"), "_stop", None)
-            if stop is not None:
-                stop.set()
-            measure.stop(procs, timeout=15, terminate=True)
+        for r in range(rounds):
+            n = min(per_round, sizes.tries - r * per_round)
+            if n <= 0:
+                break
+            for name in samples:
+                if name in elsewhere:
+                    samples[name] += elsewhere[name](r * per_round, n)
+                else:
+                    samples[name] += tries_alone(mp, systems[name], r * per_round, n)
     return {
         name: {
             "p50_ms": statistics.median(v),
@@ -152,3 +159,30 @@ def fig_latency(admin: URL, names: Sequence[str], sizes: Sizes) -> dict[str, Any
         for name, v in samples.items()
         if v
     }
+
+
+def tries_alone(mp: Any, s: System, first: int, n: int) -> list[float]:
+    """Tries ``first`` .. ``first + n - 1`` of ``s`` in ms, after WARMUP_TRIES untimed
+    ones, with its idle worker (started here, stopped at the end) the only one up."""
+    out: Any = mp.Queue()
+    proc = s.spawn_serve(mp, out)
+    proc.start()
+    took: list[float] = []
+    try:
+        measure.ready(out, 1)
+        time.sleep(2.0)  # the worker's start-up (listeners, pools, DBOS launch)
+        s.open()
+        try:
+            for i in range(-WARMUP_TRIES, n):
+                t = s.ping(WARMUP_BASE + first + i if i < 0 else first + i)
+                if i >= 0:
+                    took.append(t * 1e3)
+                time.sleep(0.05)
+        finally:
+            s.close()
+    finally:
+        stop = getattr(s, "_stop", None)
+        if stop is not None:
+            stop.set()
+        measure.stop([proc], timeout=15, terminate=True)
+    return took
