@@ -447,6 +447,9 @@ class Worker:
         """Wait nodes the last record-and-claim woke by delivering their signals."""
         self._unblocked = 0
         """Jobs the last record made available (its claim's snapshot cannot see them)."""
+        self._saw_all = False
+        """Whether the last claim left room and saw no work it could not take (no signal
+        delivered, no job made available beside it): anything it left rings a NOTIFY."""
         self._lock = threading.Lock()
         self._db_failures = 0
         self._step_seconds = 1.0
@@ -918,6 +921,9 @@ class Worker:
             free = {} if self._stopping.is_set() else self._free()
             if not (woken or until_idle or time.monotonic() >= poll_due):
                 free = {}
+            told = bool(free) and not until_idle and self._told_of_work(outcomes, poll_due)
+            if told:
+                free = {}  # the successes are recorded alone, the cheaper statement
             # The statement that records successes continues the dependents they make
             # ready that it has room for, and claims in the same snapshot, so it cannot see
             # those it made available instead: claim again when it made some. A drain,
@@ -949,6 +955,10 @@ class Worker:
                     self._recheck_due = self._recheck_due or recheck_due
                 else:
                     self._heard_on = self._held.listening() if self._held is not None else None
+                    if free:
+                        self._saw_all = len(claimed) < sum(free.values()) and not (
+                            self._delivered or self._unblocked or self._contended
+                        )
                     if self._dated is not None:
                         self._due_at = self._dated
                         self._due_unknown = False
@@ -974,13 +984,14 @@ class Worker:
             if self._recorded_until is not None and free and len(claimed) >= sum(free.values()):
                 self._stop_waiting()  # no room left: new work need not ring for this worker
             if failed:
+                self._saw_all = False
                 self._wait_for_database()
                 continue
             # A claim that delivered signals woke their wait nodes, in its own snapshot too.
             delivered = self._delivered > 0
             if (
                 (unblocking or delivered or self._unblocked > 0)
-                and len(claimed) < sum(free.values())
+                and (told or len(claimed) < sum(free.values()))
                 and not self._stopping.is_set()
             ):
                 woken = True
@@ -1133,6 +1144,35 @@ class Worker:
             return False
         self._record_failures = 0
         return not self._unsettled
+
+    def _told_of_work(
+        self, outcomes: list[tuple[_claim.Claimed, Outcome]], poll_due: float
+    ) -> bool:
+        """Whether a claim after recording ``outcomes`` would find nothing new that a
+        NOTIFY has not told of: the worker is recorded as waiting for work (the record
+        live, every ring slot settled), its last claim saw all there was, no NOTIFY came
+        since on the connection that LISTENed then, no poll or due job is due, and the
+        outcomes are successes of jobs with no dependent to continue in a claim (a step
+        that is an upstream, or a map's item, is recorded by the claim that continues
+        it). Work made available since then rings this worker, whose next claim takes it.
+        """
+        if not outcomes or self._recheck_due or not self._saw_all or self._unsettled:
+            return False
+        now = time.monotonic()
+        if (
+            self._recorded_until is None
+            or now >= self._recorded_until
+            or now >= poll_due
+            or self._due_unknown
+            or not self._dates_in_claim()
+            or self._maybe_deaf()
+        ):
+            return False
+        return all(
+            isinstance(outcome, _completion.Success)
+            and (job.run_id is None or job.kind not in self._upstream.get(job.workflow or "", ()))
+            for job, outcome in outcomes
+        )
 
     def _dates_in_claim(self) -> bool:
         """Whether its claim statement can read when its next job falls due: one claim over
@@ -1295,17 +1335,22 @@ class Worker:
                     continue
                 dues: list[float | None] | None = [] if dating and name == "*" else None
                 sent_at = time.monotonic()  # the statement's now()
-                recorded, got = _claim.record_and_claim(
-                    held,
-                    worker_id=self.id,
-                    successes=carrying,
-                    scope=scope,
-                    limit=max(0, min(limit, left)),
-                    woke=woke,
-                    deliver=deliver and not woke,
-                    unblocked=unblocked,
-                    due=dues,
-                )
+                room = max(0, min(limit, left))
+                if room == 0 and carrying and dues is None and not (deliver and not woke):
+                    got = []
+                    recorded = _claim.record_jobs(held, successes=carrying, unblocked=unblocked)
+                else:
+                    recorded, got = _claim.record_and_claim(
+                        held,
+                        worker_id=self.id,
+                        successes=carrying,
+                        scope=scope,
+                        limit=room,
+                        woke=woke,
+                        deliver=deliver and not woke,
+                        unblocked=unblocked,
+                        due=dues,
+                    )
                 if dues:
                     seconds = dues[0]
                     self._dated = float("inf") if seconds is None else sent_at + seconds + DUE_SLACK

@@ -217,3 +217,44 @@ def test_an_idle_worker_claims_and_records_a_job_in_two_statements_and_no_more(
             worker.stop()
             running.join(10)
             engine.dispose()
+
+
+def test_an_idle_worker_records_a_last_step_alone_and_a_step_with_a_dependent_in_its_claim(
+    own_url: sa.URL, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A step with a dependent is recorded by a claim, which continues the dependent; the
+    # last step, with nothing to continue, by a statement that claims nothing: a worker
+    # recorded as waiting hears of new work by its NOTIFY.
+    monkeypatch.setattr(_executor, "REPLAN_FIRST", 3600.0)
+    engine = sa.create_engine(own_url, connect_args={"cursor_factory": CountingCursor})
+    wf = cyclone.ResultWorkflow(f"{name}.wf", input=int, output=int)
+
+    @wf.step()
+    def first(ctx: cyclone.StepContext, n: int) -> int:
+        return n
+
+    @wf.result(after=[first])
+    def last(ctx: cyclone.StepContext, n: int) -> int:
+        return ctx.output(first) + 1
+
+    worker = cyclone.Worker(engine, workflows=[wf], poll_interval=120, sweep=False)
+    with LoopStatements(f"loop-{name}") as sent:
+        running = Background(worker.run, name=f"loop-{name}")
+        try:
+            wait_until(lambda: any("min(cyclone_jobs.scheduled_at)" in s for s in sent.statements))
+            threading.Event().wait(0.1)
+            start = len(sent.statements)
+            for i in range(1, 4):
+                run, _created = wf.submit_once(engine, f"{name}-{i}", i)
+                assert run.result(timeout=10) == i + 1
+                wait_until(lambda: len(sent.statements) >= start + 3 * i)  # noqa: B023
+                threading.Event().wait(0.1)
+                claim, record_first, record_last = sent.statements[start + 3 * (i - 1) :]
+                assert "SKIP LOCKED" in claim, claim
+                assert "SKIP LOCKED" in record_first, record_first
+                assert "SKIP LOCKED" not in record_last, record_last
+                assert "UPDATE cyclone_runs SET" in record_last, record_last
+        finally:
+            worker.stop()
+            running.join(10)
+            engine.dispose()

@@ -2,8 +2,9 @@
 client and an idle worker in another process.
 
 It traces the worker's hot path by wrapping cyclone's private methods (``Worker._execute``,
-``_claim.record_and_claim``, ``_notify.Listener._dispatch``, ...), the one place the bench
-reaches past cyclone's public API: cyclone has no public hook that marks these legs.
+``_claim.record_and_claim``, ``_claim.record_jobs``, ``_notify.Listener._dispatch``, ...),
+the one place the bench reaches past cyclone's public API: cyclone has no public hook that
+marks these legs.
 """
 
 from __future__ import annotations
@@ -164,6 +165,8 @@ def traced_serve(url: str, concurrency: int, out: Any, stop: Any) -> None:
     trace.wrap(worker.Worker, woken_by, "jobs")
     trace.wrap(worker.Worker, "_take_outcomes", "loop")
     trace.wrap(_claim, "record_and_claim", "statement")
+    if hasattr(_claim, "record_jobs"):  # the record that claims nothing
+        trace.wrap(_claim, "record_jobs", "statement")
     trace.wrap(worker.Worker, "_execute", "step")
     engine = sa.create_engine(url, pool_size=concurrency + 2, max_overflow=8)
     w = cyclone.Worker(engine, workflows=[workloads.ping], concurrency=concurrency)

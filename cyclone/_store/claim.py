@@ -780,6 +780,45 @@ def _fast_claim(
     return template.replaced(str(_LIMIT_TOKEN), str(int(limit)))
 
 
+def record_jobs_stmt() -> Any:
+    """Record the successes in ``:items`` and claim nothing: the claim's record CTEs
+    (:func:`cyclone._store.completion.complete_jobs_ctes`) alone, for a worker that has
+    no room or no reason to claim. Without the claim's parts, its executor starts a
+    fraction of their plan. Its row: the ids recorded, and how many jobs they made
+    available (none continued: a worker continues steps only in a claim).
+    """
+    done, advanced, counted, finished = _completion.complete_jobs_ctes(
+        _completion.runs_locked_first()
+    )
+    stmt = select(
+        select(func.array_agg(done.c.id)).scalar_subquery(),
+        _completion.made_available(advanced, counted),
+    )
+    for cte in (advanced, counted, finished):
+        stmt = stmt.add_cte(cte)
+    return stmt
+
+
+_RECORD_JOBS = _executor.Compiled(record_jobs_stmt())
+
+
+def record_jobs(
+    conn: _executor.Executor,
+    *,
+    successes: Sequence[_completion.Success],
+    unblocked: list[int] | None = None,
+) -> set[int]:
+    """Record ``successes`` in one autocommit statement and claim nothing; the ids
+    recorded (the others were refused). ``unblocked`` is appended the number of jobs
+    they made available, which the worker's next claim can take."""
+    ((recorded, available),) = conn.rows(
+        _RECORD_JOBS, {"items": _completion.items_payload(successes)}
+    )
+    if unblocked is not None:
+        unblocked.append(int(available))
+    return set(recorded or ())
+
+
 _upstream_decoder = msgspec.json.Decoder(dict[str, msgspec.Raw])
 
 

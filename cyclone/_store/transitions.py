@@ -1,11 +1,13 @@
 """Each edge of :data:`cyclone.states.EDGES`, and the one statement builder that takes it.
 
-A builder may take several edges (the record-and-claim statement completes, unblocks and
-claims jobs, and completes runs); no edge is taken by two builders. The hand-back and the
-rescue release running jobs through one builder, :func:`cyclone._store.rescue.
-release_jobs_stmt`, which owns the cancel of a job whose run has ended. tests/test_states.py
-checks that every builder's guarded ``UPDATE`` guards on its edge's sources and sets its
-target, and that every statement of the store that sets a state is listed here.
+A builder may take several edges (the record statement completes and unblocks jobs and
+completes runs; the record-and-claim statement claims and continues jobs, and carries the
+record statement's CTEs, built by the one function); no edge is taken by two builders.
+The hand-back and the rescue release running jobs through one builder,
+:func:`cyclone._store.rescue.release_jobs_stmt`, which owns the cancel of a job whose run
+has ended. tests/test_states.py checks that every builder's guarded ``UPDATE`` guards on
+its edge's sources and sets its target, and that every statement of the store that sets
+a state is listed here.
 
 The invariants that span edges, and the builders that keep them (the queries that check
 them are in tests/support/invariants.py):
@@ -79,7 +81,7 @@ def release_any_jobs_stmt() -> Any:
 
 BUILDERS: dict[str, Callable[[], Any]] = {
     # runs
-    "run.complete": claim._record_and_claim_one,
+    "run.complete": claim.record_jobs_stmt,
     "run.complete_restarted": control.complete_restarted_run_stmt,
     "run.fail": completion.fail_run_stmt,
     "run.expire": rescue.expire_runs_stmt,
@@ -87,10 +89,10 @@ BUILDERS: dict[str, Callable[[], Any]] = {
     "run.retry": retry_run_stmt,
     "run.retry_all": retry_any_run_stmt,
     # jobs
-    "job.unblock": claim._record_and_claim_one,
+    "job.unblock": claim.record_jobs_stmt,
     "job.claim": claim._record_and_claim_one,
     "job.continue": claim._record_and_claim_one,
-    "job.complete": claim._record_and_claim_one,
+    "job.complete": claim.record_jobs_stmt,
     "job.retry_attempt": completion.retry_job_stmt,
     "job.cancel_ended_attempt": completion.retry_job_stmt,
     "job.fail": completion.fail_job_stmt,
