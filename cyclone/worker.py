@@ -962,7 +962,8 @@ class Worker:
                     if self._dated is not None:
                         self._due_at = self._dated
                         self._due_unknown = False
-                    poll_due = min(time.monotonic() + self.poll_interval, self._due_at)
+                    if free:  # a claim saw what was there; a record alone did not look
+                        poll_due = min(time.monotonic() + self.poll_interval, self._due_at)
                 if (
                     not until_idle
                     and not failed

@@ -430,3 +430,96 @@ def test_a_worker_whose_connection_was_lost_outside_a_claim_listens_again_before
             )
         job = ping.enqueue(engine, Item(n=20))
         assert job.wait(timeout=WAKE_TIMEOUT).state.value == "completed"
+
+
+@contextmanager
+def holding(engine: sa.Engine, name: str, busy: bool, *steps: Any) -> Iterator[None]:
+    """A worker asleep serving ``steps``; with ``busy``, running a job of its own (recorded
+    as waiting, with room) until the block ends, when that job's end is recorded."""
+    release = threading.Event()
+
+    @cyclone.step(f"{name}.hold")
+    def hold(ctx: cyclone.StepContext, n: int) -> int:
+        release.wait(60)
+        return n
+
+    try:
+        with asleep(engine, *steps, hold, concurrency=2):
+            job = hold.enqueue(engine, 1) if busy else None
+            if job is not None:
+                wait_until(lambda: job.status().state.value == "running", timeout=WAKE_TIMEOUT)
+            yield
+            release.set()
+            if job is not None:
+                assert job.result(timeout=WAKE_TIMEOUT) == 1
+    finally:
+        release.set()
+
+
+def start_due(engine: sa.Engine, run: cyclone.Run) -> bool:
+    with engine.connect() as conn:
+        return bool(
+            conn.execute(
+                sa.text("SELECT start_at <= now() FROM cyclone_runs WHERE id = :r"), {"r": run.id}
+            ).scalar()
+        )
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["asleep", "running a job"])
+def test_a_retried_run_that_never_started_rings_for_its_start(
+    engine: sa.Engine, name: str, busy: bool
+) -> None:
+    wf, ping = doorbell_kinds(name)
+    run = wf.submit(engine, Item(n=20), delay=timedelta(seconds=0.5))
+    run.cancel()
+    wait_until(lambda: start_due(engine, run), timeout=10)
+    with holding(engine, name, busy, wf, ping):
+        run.retry()
+        assert run.wait(timeout=WAKE_TIMEOUT).state == cyclone.RunState.COMPLETED
+
+
+@pytest.mark.parametrize("busy", [False, True], ids=["asleep", "running a job"])
+def test_a_map_node_its_last_item_makes_available_rings_for_its_collect(
+    engine: sa.Engine, name: str, busy: bool
+) -> None:
+    # The worker running the item stops: it records the item with no room to claim the
+    # node, which another worker must be rung for.
+    gate = threading.Event()
+    wf: cyclone.Workflow[int] = cyclone.Workflow(f"{name}-map", input=int)
+
+    @wf.step()
+    def numbers(ctx: cyclone.StepContext, n: int) -> list[int]:
+        return list(range(n))
+
+    @wf.map(over=numbers)
+    def each(ctx: cyclone.StepContext, i: int) -> int:
+        gate.wait(60)
+        return i
+
+    def item_running() -> bool:
+        with engine.connect() as conn:
+            return bool(
+                conn.execute(
+                    sa.text(
+                        "SELECT count(*) FROM cyclone_jobs WHERE workflow = :w "
+                        "AND item IS NOT NULL AND state = 'running'"
+                    ),
+                    {"w": wf.name},
+                ).scalar()
+            )
+
+    first = cyclone.Worker(engine, workflows=[wf], concurrency=1, poll_interval=NEVER_POLL)
+    serving = Background(first.run)
+    try:
+        run = wf.submit(engine, 1)
+        wait_until(item_running, timeout=WAKE_TIMEOUT)
+        with holding(engine, name, busy, wf):
+            first.stop()
+            gate.set()
+            serving.join(30)
+            assert run.wait(timeout=WAKE_TIMEOUT).state == cyclone.RunState.COMPLETED
+    finally:
+        gate.set()
+        first.stop()
+        serving.join(30)
+        first.close()

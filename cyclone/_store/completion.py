@@ -284,7 +284,8 @@ def _count_items_down(done: Any) -> Any:
     the node meanwhile (holding the lock) may have parked it, having counted these items
     as not completed. Its state is read in ``SET``, on the row as it is once the lock is
     granted: a parked (blocked) node, or one being decided (running, whose decision sets
-    the count anew), is counted down; a node in any other state is left as it is.
+    the count anew), is counted down; a node in any other state is left as it is. A node
+    made available rings for it, as the dependents a success makes available do.
     """
     node = jobs.alias("map_node")
     per_node = (
@@ -321,7 +322,7 @@ def _count_items_down(done: Any) -> Any:
                 else_=jobs.c.state,
             ),
         )
-        .returning(jobs.c.id, jobs.c.state)
+        .returning(jobs.c.id, jobs.c.state, _notify.when_available(jobs.c.state))
         .cte("items_counted")
     )
 

@@ -179,7 +179,11 @@ def reset_jobs_stmt(*, every_step: bool) -> Any:
 
 
 def restart_run_stmt(*, from_states: tuple[RunState, ...]) -> Any:
-    """Put the terminal runs ``:rids`` back to running with their counts of unfinished steps."""
+    """Put the terminal runs ``:rids`` back to running with their counts of unfinished steps.
+
+    A run that never started is startable again: it rings for it, as its submit did (a
+    started run's steps made available ring through the jobs' trigger).
+    """
     # A run cancelled or expired before it started has no step rows: all its steps remain.
     remaining = case(
         (
@@ -202,7 +206,10 @@ def restart_run_stmt(*, from_states: tuple[RunState, ...]) -> Any:
             failed_step=None,
             steps_remaining=remaining,
         )
-        .returning(runs.c.id)
+        .returning(
+            runs.c.id,
+            case((runs.c.start_at.is_not(None), _notify.ring())).label("notified"),
+        )
     )
 
 
