@@ -53,6 +53,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import psycopg
@@ -74,6 +75,7 @@ from cyclone._store import notify as _notify
 from tests.conftest import create_database, drop_database, wait_until
 from tests.support import invariants, run_model
 from tests.support.model_proc import (
+    CONCURRENCY,
     DAY,
     EXEC_DDL,
     FORK_PREFIX,
@@ -571,11 +573,29 @@ class Harness:
                 todo.append(f"{tag}:{step} running, not at its gate (outcome not recorded)")
         return todo
 
+    def occupancy(self, snap: Snapshot) -> str:
+        """Each worker, its step threads waiting at gates and the jobs it holds (a failure's
+        context: a live worker whose threads all wait claims nothing, see CONCURRENCY)."""
+        at_gates = Counter(e.pid for e in snap.waiting)
+        held = Counter(j["pid"] for j in snap.jobs.values() if j["state"] == "running")
+        return ", ".join(
+            f"{w.pid} {w.state}: {at_gates[w.pid]}/{CONCURRENCY} threads at gates"
+            + (
+                " (full: it claims nothing)"
+                if w.state == "live" and at_gates[w.pid] >= CONCURRENCY
+                else ""
+            )
+            + f", {held[w.pid]} jobs held"
+            for w in self.workers
+        )
+
     def settle(self, context: str = "", cycling: str | None = None) -> Snapshot:
         todo: list[str] = []
+        last: list[Snapshot] = []
 
         def settled() -> Snapshot | None:
             snap = self.snapshot()
+            last[:] = [snap]
             for (tag, step), n in snap.max_n.items():
                 if self.locked.get((tag, step), 0) < n + LOOKAHEAD:
                     self.lock_gates(tag, step, n + LOOKAHEAD)
@@ -586,9 +606,7 @@ class Harness:
             return (
                 f"the workers did not settle{context}: "
                 + "; ".join(todo)
-                + f" (leader: {self.leader_pid()}, workers: "
-                + ", ".join(f"{w.pid} {w.state}" for w in self.workers)
-                + ")"
+                + f" (leader: {self.leader_pid()}, workers: {self.occupancy(last[0])})"
             )
 
         snap: Snapshot = wait_until(settled, SETTLE_TIMEOUT, 0.02, unsettled)
@@ -1675,6 +1693,33 @@ def test_a_child_node_parked_for_a_child_run_that_ended_is_not_settled() -> None
     }
     kid["parent_waits"] = False  # woken: the node (claimed) stops waiting as it records
     assert harness.unsettled(snap) == []
+
+
+def test_a_settle_that_fails_names_a_worker_whose_threads_all_wait_at_gates() -> None:
+    """A live worker whose step threads all wait at gates claims nothing: a settle that
+    fails says so (a run it left not started is not a lost wake-up), and counts what
+    each worker holds."""
+    harness = Harness.__new__(Harness)  # no database: occupancy() reads the snapshot only
+    harness.workers = [
+        WorkerProc(SimpleNamespace(pid=100), state="killed"),  # type: ignore[arg-type]
+        WorkerProc(SimpleNamespace(pid=200)),  # type: ignore[arg-type]
+    ]
+    held = {"state": "running", "pid": 200}
+    snap = Snapshot(
+        runs={},
+        jobs={(f"m{i}", "a"): held for i in range(CONCURRENCY - 1)},
+        waiting=[Exec(f"m{i}", "a", 1, 200, 1, 1) for i in range(CONCURRENCY - 1)],
+        max_n={},
+    )
+    assert harness.occupancy(snap) == (
+        f"100 killed: 0/{CONCURRENCY} threads at gates, 0 jobs held, "
+        f"200 live: {CONCURRENCY - 1}/{CONCURRENCY} threads at gates, {CONCURRENCY - 1} jobs held"
+    )
+    snap.waiting.append(Exec("m0", "a", 0, 200, 1, 0))  # an older execution, its job rescued
+    assert harness.occupancy(snap).endswith(
+        f"200 live: {CONCURRENCY}/{CONCURRENCY} threads at gates (full: it claims nothing), "
+        f"{CONCURRENCY - 1} jobs held"
+    )
 
 
 @pytest.mark.processes
