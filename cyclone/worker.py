@@ -449,7 +449,9 @@ class Worker:
         """Jobs the last record made available (its claim's snapshot cannot see them)."""
         self._saw_all = False
         """Whether the last claim left room and saw no work it could not take (no signal
-        delivered, no job made available beside it): anything it left rings a NOTIFY."""
+        delivered, no job made available beside it): work made available later rings. A
+        row it skipped as locked by a transaction that then left it unchanged rings
+        nothing: the poll finds it, as for a sleeping worker."""
         self._lock = threading.Lock()
         self._db_failures = 0
         self._step_seconds = 1.0
