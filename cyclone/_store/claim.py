@@ -246,8 +246,11 @@ def _pick(scope: Scope, limit: int) -> Any:
     runnable-looking jobs in order (its own ``LIMIT``, so an ordered index scan, never a
     read and sort of its whole backlog), the candidates are merged in priority order,
     and each is locked and re-checked on its row as it is reached. So only rows claimed
-    (or skipped as locked) are ever locked: rows locked and left would be skipped by the
+    (or skipped as locked) are locked here: rows locked and left would be skipped by the
     other workers woken by the same NOTIFY, who would then sleep until their next poll.
+    :func:`_choose` may still leave some locked and unchosen when the jobs and the runs
+    to start it ranks together exceed the limit: that claim filled its batch, and its
+    worker claims again when it has room.
     Candidates come from the statement's snapshot: a key whose offered jobs were all
     taken by concurrent claims yields none this time (a drain claims once more before
     it ends). The workflow and kind are not re-checked on the row (they never change):
