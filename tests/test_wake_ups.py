@@ -523,3 +523,59 @@ def test_a_map_node_its_last_item_makes_available_rings_for_its_collect(
         first.stop()
         serving.join(30)
         first.close()
+
+
+def test_a_success_recorded_alone_does_not_put_the_poll_off(engine: sa.Engine, name: str) -> None:
+    # A job its worker's claims skipped as locked (here by a test's FOR UPDATE) rings
+    # nothing once unlocked: the poll finds it. Steps ending one after the other are
+    # recorded alone; were each to put the poll off, it would never come.
+    poll = 2.0
+    held = 8
+    release = {n: threading.Event() for n in range(1, held + 1)}
+
+    @cyclone.step(f"{name}.hold")
+    def hold(ctx: cyclone.StepContext, n: int) -> int:
+        if n in release:
+            release[n].wait(60)
+        return n
+
+    worker = cyclone.Worker(engine, steps=[hold], concurrency=held, poll_interval=poll)
+    claims: list[int] = []
+    inner = worker._record_and_claim
+
+    def counted(outcomes: Any, free: Any, **kw: Any) -> Any:
+        if free:
+            claims.append(1)
+        return inner(outcomes, free, **kw)
+
+    worker._record_and_claim = counted  # type: ignore[method-assign]
+    serving = Background(worker.run)
+    try:
+        wait_until(lambda: worker.id in recorded_waiters(engine), timeout=30)
+        holding = [hold.enqueue(engine, n) for n in range(1, held + 1)]
+        for job in holding:
+            wait_until(lambda j=job: j.status().state.value == "running", timeout=WAKE_TIMEOUT)
+        skipped = hold.enqueue(engine, 0)  # the worker is full: nothing rings
+        with engine.connect() as locker:
+            locker.execute(
+                sa.text("SELECT id FROM cyclone_jobs WHERE id = :id FOR UPDATE"),
+                {"id": skipped.id},
+            )
+            before = len(claims)
+            release[held].set()
+            assert holding[-1].result(timeout=WAKE_TIMEOUT) == held
+            # The claim that records it, then the last claim before the worker sleeps.
+            wait_until(lambda: len(claims) >= before + 2, timeout=WAKE_TIMEOUT)
+            wait_until(lambda: worker.id in recorded_waiters(engine), timeout=WAKE_TIMEOUT)
+            locker.rollback()
+        for n in range(held - 1, 1, -1):  # an end every 0.8 s, for longer than the poll
+            release[n].set()
+            assert holding[n - 1].result(timeout=WAKE_TIMEOUT) == n
+            threading.Event().wait(0.8)
+        assert skipped.status().state.value == "completed"
+    finally:
+        for event in release.values():
+            event.set()
+        worker.stop()
+        serving.join(30)
+        worker.close()
