@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
@@ -189,6 +190,26 @@ class LoopStatements(Recorder):
                 self.statements.append(statement)
 
 
+@contextmanager
+def asleep_counted(
+    engine: sa.Engine, worker: cyclone.Worker, name: str
+) -> Iterator[tuple[LoopStatements, int]]:
+    """``worker`` serving in a thread of its own, yielded once asleep with the statements
+    its loop sends and how many it sent until then; stopped, and ``engine`` disposed, at
+    the end. On an empty queue the loop's startup ends with a claim that finds nothing
+    and a read of when the next job is due; then it sleeps."""
+    with LoopStatements(f"loop-{name}") as sent:
+        running = Background(worker.run, name=f"loop-{name}")
+        try:
+            wait_until(lambda: any("min(cyclone_jobs.scheduled_at)" in s for s in sent.statements))
+            threading.Event().wait(0.1)
+            yield sent, len(sent.statements)
+        finally:
+            worker.stop()
+            running.join(10)
+            engine.dispose()
+
+
 def test_an_idle_worker_claims_and_records_a_job_in_two_statements_and_no_more(
     own_url: sa.URL, name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -198,25 +219,14 @@ def test_an_idle_worker_claims_and_records_a_job_in_two_statements_and_no_more(
     engine = sa.create_engine(own_url, connect_args={"cursor_factory": CountingCursor})
     step = noop_kind(name)
     worker = cyclone.Worker(engine, steps=[step], poll_interval=120, sweep=False)
-    with LoopStatements(f"loop-{name}") as sent:
-        running = Background(worker.run, name=f"loop-{name}")
-        try:
-            # On an empty queue the loop's startup ends with a claim that finds nothing and
-            # a read of when the next job is due; then it sleeps.
-            wait_until(lambda: any("min(cyclone_jobs.scheduled_at)" in s for s in sent.statements))
+    with asleep_counted(engine, worker, name) as (sent, start):
+        assert "min(cyclone_jobs.scheduled_at)" in sent.statements[-1], sent.statements
+        for i in range(1, 6):
+            assert step.enqueue(engine, i).result(timeout=10) == i
+            # The step's end wakes the loop once: to record, not again to claim.
+            wait_until(lambda: len(sent.statements) >= start + 2 * i)  # noqa: B023
             threading.Event().wait(0.1)
-            start = len(sent.statements)
-            assert "min(cyclone_jobs.scheduled_at)" in sent.statements[-1], sent.statements
-            for i in range(1, 6):
-                assert step.enqueue(engine, i).result(timeout=10) == i
-                # The step's end wakes the loop once: to record, not again to claim.
-                wait_until(lambda: len(sent.statements) >= start + 2 * i)  # noqa: B023
-                threading.Event().wait(0.1)
-                assert len(sent.statements) == start + 2 * i, sent.statements
-        finally:
-            worker.stop()
-            running.join(10)
-            engine.dispose()
+            assert len(sent.statements) == start + 2 * i, sent.statements
 
 
 def test_an_idle_worker_records_a_last_step_alone_and_a_step_with_a_dependent_in_its_claim(
@@ -238,23 +248,14 @@ def test_an_idle_worker_records_a_last_step_alone_and_a_step_with_a_dependent_in
         return ctx.output(first) + 1
 
     worker = cyclone.Worker(engine, workflows=[wf], poll_interval=120, sweep=False)
-    with LoopStatements(f"loop-{name}") as sent:
-        running = Background(worker.run, name=f"loop-{name}")
-        try:
-            wait_until(lambda: any("min(cyclone_jobs.scheduled_at)" in s for s in sent.statements))
+    with asleep_counted(engine, worker, name) as (sent, start):
+        for i in range(1, 4):
+            run, _created = wf.submit_once(engine, f"{name}-{i}", i)
+            assert run.result(timeout=10) == i + 1
+            wait_until(lambda: len(sent.statements) >= start + 3 * i)  # noqa: B023
             threading.Event().wait(0.1)
-            start = len(sent.statements)
-            for i in range(1, 4):
-                run, _created = wf.submit_once(engine, f"{name}-{i}", i)
-                assert run.result(timeout=10) == i + 1
-                wait_until(lambda: len(sent.statements) >= start + 3 * i)  # noqa: B023
-                threading.Event().wait(0.1)
-                claim, record_first, record_last = sent.statements[start + 3 * (i - 1) :]
-                assert "SKIP LOCKED" in claim, claim
-                assert "SKIP LOCKED" in record_first, record_first
-                assert "SKIP LOCKED" not in record_last, record_last
-                assert "UPDATE cyclone_runs SET" in record_last, record_last
-        finally:
-            worker.stop()
-            running.join(10)
-            engine.dispose()
+            claim, record_first, record_last = sent.statements[start + 3 * (i - 1) :]
+            assert "SKIP LOCKED" in claim, claim
+            assert "SKIP LOCKED" in record_first, record_first
+            assert "SKIP LOCKED" not in record_last, record_last
+            assert "UPDATE cyclone_runs SET" in record_last, record_last
