@@ -76,14 +76,16 @@ def child_oban(admin: URL, figures: str, sizes: Sizes, first: int) -> dict[str, 
     """Inside the >= 3.12 interpreter: oban's figure 3 (its result) or a round of figure
     4 (``{"samples_ms": [...]}``), as :func:`oban_elsewhere` reads them."""
     if figures == "3":
-        return {**fig_drain(admin, ["oban"], sizes)["oban"], "meta": meta_oban()}
+        meta = {"python": platform.python_version(), "versions": versions(["oban"])}
+        return {**fig_drain(admin, ["oban"], sizes)["oban"], "meta": meta}
     mp = multiprocessing.get_context("spawn")
     with databases(admin, ["oban"]) as systems:
         return {"samples_ms": tries_alone(mp, systems["oban"], first, sizes.tries)}
 
 
-def meta_oban() -> dict[str, Any]:
-    return {"python": platform.python_version(), "versions": versions(["oban"])}
+def failed(why: dict[str, str], exc: Exception) -> None:
+    """Keep why oban's run in the other interpreter failed: its figures are left out."""
+    why["*"] = f"its run failed: {exc}"[:300]
 
 
 def oban_tries(python: str, admin: URL, why: dict[str, str]) -> Callable[[int, int], list[float]]:
@@ -96,7 +98,7 @@ def oban_tries(python: str, admin: URL, why: dict[str, str]) -> Callable[[int, i
         try:
             data = oban_elsewhere(python, admin, "4", Sizes(tries=n), first)
         except Exception as exc:
-            why["*"] = f"its run failed: {exc}"[:300]
+            failed(why, exc)
             return []
         samples: list[float] = data["samples_ms"]
         return samples
@@ -212,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 found["meta"]["oban_run"] = got.pop("meta")
                 systems["oban"].update(got)
             except Exception as exc:
-                systems["oban"]["why"]["*"] = f"its run failed: {exc}"[:300]
+                failed(systems["oban"]["why"], exc)
         print(f"figure 3: {time.perf_counter() - t0:.1f} s", flush=True)
     if "4" in args.figures:
         t0 = time.perf_counter()
