@@ -62,6 +62,7 @@ import sqlalchemy as sa
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
+    RULE_MARKER,
     RuleBasedStateMachine,
     initialize,
     invariant,
@@ -178,6 +179,32 @@ def guarded(fn: Callable[..., None]) -> Callable[..., None]:
         self.broken = False
 
     return wrapper
+
+
+def when(
+    condition: Callable[[ModelMachine], bool],
+) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """A rule's condition on the model, checked as the rule runs: it does nothing when the
+    condition fails.
+
+    Not a hypothesis ``precondition``: the model's state depends on how races went (the
+    state a kill left a run in, a fork refused, a child made or not), and a precondition
+    reading it lets a replayed prefix offer other rules than the first time, which
+    hypothesis rejects as ``FlakyStrategyDefinition``. Preconditions read only what the
+    rules alone decide (how many workers live or are frozen).
+    """
+
+    def decorate(fn: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(fn)
+        def wrapper(self: ModelMachine, *args: Any, **kwargs: Any) -> None:
+            if condition(self):
+                fn(self, *args, **kwargs)
+            else:
+                RULES_RUN[f"{fn.__name__}: nothing to do"] += 1
+
+        return wrapper
+
+    return decorate
 
 
 FIRST_FAILURE: list[str] = []
@@ -903,8 +930,8 @@ class ModelMachine(RuleBasedStateMachine):
         self.handles[model.number] = run
         return self.expect(model)
 
-    @precondition(lambda self: bool(self.keys))
     @rule(pick=PICK, same_input=st.booleans())
+    @when(lambda self: bool(self.keys))
     @guarded
     def submit_once_again(self, pick: int, same_input: bool) -> None:
         keys = sorted(self.keys)
@@ -927,8 +954,8 @@ class ModelMachine(RuleBasedStateMachine):
         else:
             assert got == Expect.CONFLICT, got
 
-    @precondition(lambda self: self.has_runs())
     @rule(pick=PICK, rerun=st.sampled_from([None, "a", "w", "b", "c", "m"]), again=st.booleans())
+    @when(lambda self: self.has_runs())
     @guarded
     def fork(self, pick: int, rerun: str | None, again: bool) -> None:
         """Fork a run under a new key, or under the key of an earlier fork (``submit_once``
@@ -973,8 +1000,8 @@ class ModelMachine(RuleBasedStateMachine):
 
     # run control
 
-    @precondition(lambda self: self.has_runs())
     @rule(pick=PICK)
+    @when(lambda self: self.has_runs())
     @guarded
     def cancel(self, pick: int) -> None:
         model = self.pick_run(pick)
@@ -1006,8 +1033,8 @@ class ModelMachine(RuleBasedStateMachine):
             (child,) = child.children()
         return model, child
 
-    @precondition(lambda self: bool(self.with_child("kid")))
     @rule(pick=PICK, level=st.sampled_from(LEVELS))
+    @when(lambda self: bool(self.with_child("kid")))
     @guarded
     def cancel_child(self, pick: int, level: str) -> None:
         """Cancel a run's kid or grandkid by its own handle (with its running child): the
@@ -1021,8 +1048,8 @@ class ModelMachine(RuleBasedStateMachine):
         self.expect(model)
         RULES_RUN[f"cancel_child: {level} {'refused' if got else 'cancelled'}"] += 1
 
-    @precondition(lambda self: bool(self.with_child("kid")))
     @rule(pick=PICK, level=st.sampled_from(LEVELS), every_step=st.booleans())
+    @when(lambda self: bool(self.with_child("kid")))
     @guarded
     def retry_child(self, pick: int, level: str, every_step: bool) -> None:
         """``retry`` or ``retry_all`` of a run's kid or grandkid by its own handle (its
@@ -1037,8 +1064,8 @@ class ModelMachine(RuleBasedStateMachine):
         how = "retry_all" if every_step else "retry"
         RULES_RUN[f"retry_child: {level} {how} {'refused' if got else 'done'}"] += 1
 
-    @precondition(lambda self: self.has_runs())
     @rule(pick=PICK, every_step=st.booleans())
+    @when(lambda self: self.has_runs())
     @guarded
     def retry(self, pick: int, every_step: bool) -> None:
         model = self.pick_run(pick)
@@ -1078,12 +1105,12 @@ class ModelMachine(RuleBasedStateMachine):
         if how != "rollback":
             self.expect(model)
 
-    @precondition(lambda self: self.has_runs())
     @rule(
         pick=PICK,
         how=st.sampled_from(["run", "key", "commit", "rollback"]),
         payload=st.integers(1, 2),
     )
+    @when(lambda self: self.has_runs())
     @guarded
     def signal(self, pick: int, how: str, payload: int) -> None:
         model = self.pick_run(pick)
@@ -1091,14 +1118,14 @@ class ModelMachine(RuleBasedStateMachine):
             how = "run"
         self.send_signal(model, how, payload)
 
-    @precondition(
+    @rule(pick=PICK, payload=st.integers(1, 2))
+    @when(
         lambda self: (
             KNOWN_DEFECTS_FIXED["signal_tx_lock"]
             and self.open_tx is None
             and any(unsignalled_by_key(self, m) for m in self.runs.values())
         )
     )
-    @rule(pick=PICK, payload=st.integers(1, 2))
     @guarded
     def open_signal_tx(self, pick: int, payload: int) -> None:
         """A signal_tx whose transaction stays open across the next rules."""
@@ -1114,8 +1141,8 @@ class ModelMachine(RuleBasedStateMachine):
         self.open_tx = (conn, tx, model.number, payload, got)
         assert got == expected, (model.tag, got, expected)
 
-    @precondition(lambda self: self.open_tx is not None)
     @rule(commit=st.booleans())
+    @when(lambda self: self.open_tx is not None)
     @guarded
     def close_signal_tx(self, commit: bool) -> None:
         assert self.open_tx is not None
@@ -1133,8 +1160,8 @@ class ModelMachine(RuleBasedStateMachine):
 
     # time, retention and purges
 
-    @precondition(lambda self: self.has_runs())
     @rule(pick=PICK)
+    @when(lambda self: self.has_runs())
     @guarded
     def a_day_passes(self, pick: int) -> None:
         """A day passes for one run: its deadline (a day after submit) and the timeout of
@@ -1175,8 +1202,8 @@ class ModelMachine(RuleBasedStateMachine):
             conn.execute(sa.select(sa.func.pg_notify(_notify.JOBS_AVAILABLE, "")))
         self.expect_any(alternatives)
 
-    @precondition(lambda self: self.has_runs())
     @rule(pick=PICK)
+    @when(lambda self: self.has_runs())
     @guarded
     def keep_no_longer(self, pick: int) -> None:
         model = self.pick_run(pick)
@@ -1187,8 +1214,8 @@ class ModelMachine(RuleBasedStateMachine):
             assert got is None
             model.retention0 = True
 
-    @precondition(lambda self: self.open_tx is None)
     @rule(everything=st.booleans())
+    @when(lambda self: self.open_tx is None)
     @guarded
     def purge(self, everything: bool) -> None:
         """Purge every terminal run, or (the sweep's default keep) those kept no longer."""
@@ -1253,12 +1280,12 @@ class ModelMachine(RuleBasedStateMachine):
         """A step finishes (as :meth:`release`, drawn as often again: steps make progress)."""
         self.release.__wrapped__(self, pick, "finish")  # type: ignore[attr-defined]
 
-    @precondition(lambda self: self.has_runs())
     @rule(
         pick=PICK,
         then=st.sampled_from([None, "finish", "fail", "exhaust"]),
         level=st.sampled_from(LEVELS),
     )
+    @when(lambda self: self.has_runs())
     @guarded
     def bring_to_child(self, pick: int, then: str | None, level: str) -> None:
         """Drive a run to its child node: finish its ``a`` and ``b``, signal its ``w``,
@@ -1272,12 +1299,12 @@ class ModelMachine(RuleBasedStateMachine):
             pick = 0  # the same run
         self.drive_to(pick, then, KID_STEP if level == "kid" else GRAND_STEP)
 
-    @precondition(lambda self: self.has_runs())
     @rule(
         pick=PICK,
         item=st.sampled_from(ITEMS),
         then=st.sampled_from(["finish", "fail", "exhaust"]),
     )
+    @when(lambda self: self.has_runs())
     @guarded
     def bring_to_map(self, pick: int, item: str, then: str) -> None:
         """As :meth:`bring_to_child`, then one of ``m``'s items finishes, fails once or
@@ -1720,6 +1747,21 @@ def test_a_settle_that_fails_names_a_worker_whose_threads_all_wait_at_gates() ->
         f"200 live: {CONCURRENCY}/{CONCURRENCY} threads at gates (full: it claims nothing), "
         f"{CONCURRENCY - 1} jobs held"
     )
+
+
+def test_only_rules_on_workers_have_preconditions() -> None:
+    """Which rules hypothesis may choose depends only on what the rules decided: the
+    workers started, frozen and stopped. Every condition on runs is checked as the rule
+    runs (:func:`when`), since what a run became can depend on a race."""
+    rules = [getattr(f, RULE_MARKER, None) for f in vars(ModelMachine).values()]
+    with_preconditions = {r.function.__name__ for r in rules if r is not None and r.preconditions}
+    assert with_preconditions == {
+        "kill_worker",
+        "retire_worker",
+        "freeze_worker",
+        "thaw_worker",
+        "start_worker",
+    }
 
 
 @pytest.mark.processes
