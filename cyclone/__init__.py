@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging as _logging
 from importlib.metadata import version as _version
 
 from cyclone import errors
@@ -32,6 +33,12 @@ from cyclone.worker import Worker, WorkerStats
 from cyclone.workflow import ResultWorkflow, StandaloneStep, Step, Workflow, step
 
 __version__ = _version("cyclone")
+
+# A library configures no logging: without this handler, the standard library's
+# "last resort" handler would print cyclone's WARNING and ERROR records (a retried step,
+# a failed step with its traceback) to stderr of an application that configured none.
+# Records still propagate to the handlers an application sets up.
+_logging.getLogger("cyclone").addHandler(_logging.NullHandler())
 
 __all__ = [
     "Client",

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import sys
+import textwrap
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -10,11 +12,13 @@ import msgspec
 import psycopg
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.engine import URL
 
 import cyclone
 from cyclone import runs as runs_module
 from cyclone import worker as worker_module
 from cyclone._retry import exponential
+from tests.support import processes
 from tests.support.workers import job_rows
 
 
@@ -311,3 +315,40 @@ def test_a_read_that_lost_its_connection_is_tried_again_after_a_doubling_pause(
 
     assert runs_module.read_within(read, None, "a run") == "read"
     assert pauses == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+
+
+@pytest.mark.processes
+def test_a_program_that_configures_no_logging_prints_nothing(database_url: URL, name: str) -> None:
+    """The README: "Nothing is printed unless you configure logging". A failed step's
+    WARNING and ERROR records must not reach stderr through the standard library's last
+    resort handler, which prints them when no handler is found."""
+    program = textwrap.dedent(
+        """
+        import sys
+        import sqlalchemy as sa
+        import cyclone
+
+        wf = cyclone.Workflow(sys.argv[2])
+
+        @wf.step(max_attempts=2)
+        def broken(ctx, value):
+            raise RuntimeError("logged, not printed")
+
+        engine = sa.create_engine(sys.argv[1])
+        run = wf.submit(engine, None)
+        worker = cyclone.Worker(engine, workflows=[wf], backoff=lambda attempt: 0.0)
+        with worker:
+            assert worker.drain() == 2
+        assert run.status().state == cyclone.RunState.FAILED
+        cyclone.close(engine)
+        """
+    )
+    done = processes.run(
+        [sys.executable, "-c", program, database_url.render_as_string(hide_password=False), name],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
