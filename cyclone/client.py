@@ -29,6 +29,7 @@ from cyclone._store import sweep as _sweeper
 from cyclone.jobs import JobStatus
 from cyclone.runs import RunStatus
 from cyclone.schedules import ScheduleStatus
+from cyclone.schema import MAX_INTEGER
 from cyclone.states import EDGES, JobState, Parked, RunState
 
 DEFAULT_PAGE = 100
@@ -684,11 +685,11 @@ class Client:
         then on.
 
         Raises:
-            ValueError: ``max`` is not an int >= 0.
+            ValueError: ``max`` is not an int from 0 to 2**31 - 1 (PostgreSQL's integer).
             NotFoundError: no limit has this name (none was used or served yet).
         """
-        if isinstance(max, bool) or not isinstance(max, int) or max < 0:
-            raise ValueError(f"a limit's max is an int >= 0, not {max!r}")
+        if isinstance(max, bool) or not isinstance(max, int) or not 0 <= max <= MAX_INTEGER:
+            raise ValueError(f"a limit's max is an int from 0 to {MAX_INTEGER}, not {max!r}")
         if not _limits.set_limit(self._engine, name, max):
             raise errors.NotFoundError(f"no limit is named {name!r}")
 

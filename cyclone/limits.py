@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any, Literal
 
 from cyclone import _keys, errors
+from cyclone.schema import MAX_INTEGER
 
 OnLimit = Literal["queue", "cancel_newest", "cancel_in_progress"]
 ON_LIMIT: tuple[str, ...] = ("queue", "cancel_newest", "cancel_in_progress")
@@ -56,8 +57,10 @@ class Concurrency:
         name: str | None = None,
         on_limit: OnLimit = "queue",
     ) -> None:
-        if isinstance(max, bool) or not isinstance(max, int) or max < 1:
-            raise errors.DefinitionError(f"Concurrency max must be an int >= 1, not {max!r}")
+        if isinstance(max, bool) or not isinstance(max, int) or not 1 <= max <= MAX_INTEGER:
+            raise errors.DefinitionError(
+                f"Concurrency max must be an int from 1 to {MAX_INTEGER}, not {max!r}"
+            )
         if key is not None and not callable(key):
             raise errors.DefinitionError("Concurrency key must be a function of the input")
         if on_limit not in ON_LIMIT:
@@ -94,8 +97,10 @@ class Rate:
         key: Callable[[Any], str] | None = None,
         name: str | None = None,
     ) -> None:
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise errors.DefinitionError(f"Rate limit must be an int >= 1, not {limit!r}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_INTEGER:
+            raise errors.DefinitionError(
+                f"Rate limit must be an int from 1 to {MAX_INTEGER}, not {limit!r}"
+            )
         if not isinstance(per, timedelta) or per <= timedelta():
             raise errors.DefinitionError(f"Rate per must be a positive timedelta, not {per!r}")
         if key is not None and not callable(key):

@@ -32,7 +32,7 @@ from sqlalchemy import Connection, Engine
 from cyclone import _keys, _ticks, errors
 from cyclone._store import notify as _notify
 from cyclone._store import schedules as _schedules
-from cyclone.schema import MISSED_POLICIES
+from cyclone.schema import MAX_INTEGER, MISSED_POLICIES
 
 if TYPE_CHECKING:
     from cyclone.workflow import Workflow
@@ -77,8 +77,14 @@ class Schedule:
             ) from None
         if missed not in MISSED_POLICIES:
             raise errors.DefinitionError(f"{where}: missed= is 'latest' or 'catch_up'")
-        if not isinstance(max_catch_up, int) or isinstance(max_catch_up, bool) or max_catch_up < 1:
-            raise errors.DefinitionError(f"{where}: max_catch_up= must be an int >= 1")
+        if (
+            not isinstance(max_catch_up, int)
+            or isinstance(max_catch_up, bool)
+            or not 1 <= max_catch_up <= MAX_INTEGER
+        ):
+            raise errors.DefinitionError(
+                f"{where}: max_catch_up= must be an int from 1 to {MAX_INTEGER}"
+            )
         self.spec = _ticks.Spec(cron=cron, every=every, timezone=timezone)
         _ticks.check(self.spec, where)
         if not callable(input):

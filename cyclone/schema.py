@@ -44,6 +44,12 @@ NAMING_CONVENTION = {
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
+MAX_INTEGER = 2**31 - 1
+"""The largest value of an ``Integer`` column (PostgreSQL's ``integer``): the bound of
+every count a definition or an operator gives (``max_attempts``, a limit's ``max``,
+``max_catch_up``), checked before anything is sent, since a larger one fails in the
+database, at a submit or, worse, in every claim of a worker."""
+
 LISTED_SINCE = "'-infinity'::timestamp with time zone"
 """The literal of the listing index's predicate; a listing states it to use the index."""
 

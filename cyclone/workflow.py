@@ -23,6 +23,7 @@ from cyclone._store import lookup as _lookup
 from cyclone._store import submission
 from cyclone._store import waits as _waits
 from cyclone.runs import ResultRun, Run
+from cyclone.schema import MAX_INTEGER
 
 if TYPE_CHECKING:
     from sqlalchemy import Engine
@@ -87,8 +88,14 @@ def check_name(what: str, name: object) -> str:
 
 
 def _check_options(where: str, max_attempts: int, queue: str, priority: int) -> None:
-    if not isinstance(max_attempts, int) or max_attempts < 1:
-        raise errors.DefinitionError(f"{where}: max_attempts must be an int >= 1")
+    if (
+        isinstance(max_attempts, bool)
+        or not isinstance(max_attempts, int)
+        or not 1 <= max_attempts <= MAX_INTEGER
+    ):
+        raise errors.DefinitionError(
+            f"{where}: max_attempts must be an int from 1 to {MAX_INTEGER}, not {max_attempts!r}"
+        )
     check_name(f"{where}: queue", queue)
     if not isinstance(priority, int) or not -32768 <= priority <= 32767:
         raise errors.DefinitionError(f"{where}: priority must be an int in the smallint range")

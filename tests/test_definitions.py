@@ -167,7 +167,14 @@ def test_step_decorator_without_parentheses_raises(name: str) -> None:
 
 @pytest.mark.parametrize(
     "options",
-    [{"max_attempts": 0}, {"queue": ""}, {"priority": 40000}, {"max_attempts": "3"}],
+    [
+        {"max_attempts": 0},
+        {"queue": ""},
+        {"priority": 40000},
+        {"max_attempts": "3"},
+        {"max_attempts": True},
+        {"max_attempts": 2**31},
+    ],
 )
 def test_bad_step_options_raise(name: str, options: dict[str, Any]) -> None:
     wf: cyclone.Workflow[Any] = cyclone.Workflow(name)
@@ -229,3 +236,26 @@ def test_defining_touches_no_database(name: str, database_activity: list[str]) -
     assert wf.graph().result == "total"
     assert wf.plan().step_count == 4
     assert database_activity == []
+
+
+def test_max_attempts_past_the_integer_column_is_refused_before_a_run_exists(
+    engine: sa.Engine, name: str
+) -> None:
+    """``cyclone_jobs.max_attempts`` is a PostgreSQL ``integer``. A larger value was taken
+    at definition and by ``enqueue(max_attempts=)``: the enqueue failed with the driver's
+    ``DataError``, and a workflow's run was submitted, then made every claim of a worker
+    serving it fail, for every workflow it served, forever."""
+    wf: cyclone.Workflow[Any] = cyclone.Workflow(name)
+    with pytest.raises(cyclone.DefinitionError, match="max_attempts must be an int from 1"):
+        wf.step(max_attempts=2**31)(noop)
+
+    @cyclone.step(name)
+    def kind(ctx: cyclone.StepContext, args: Any) -> None:
+        return None
+
+    with pytest.raises(cyclone.DefinitionError, match="max_attempts"):
+        kind.enqueue(engine, None, max_attempts=2**31)
+    assert cyclone.Client(engine).list_jobs(kind=name) == []
+    job = kind.enqueue(engine, None, max_attempts=2**31 - 1)
+    assert job.status().max_attempts == 2**31 - 1
+    job.cancel()

@@ -234,6 +234,13 @@ def test_a_concurrency_refuses_bad_values_at_definition() -> None:
         cyclone.Concurrency(1, on_limit="drop")  # type: ignore[arg-type]
     with pytest.raises(cyclone.DefinitionError, match="per"):
         cyclone.Rate(1, timedelta())
+    # The limits' columns are PostgreSQL integers: a larger value failed at the first
+    # enqueue with the driver's DataError.
+    with pytest.raises(cyclone.DefinitionError, match="max must be an int from 1"):
+        cyclone.Concurrency(2**31)
+    with pytest.raises(cyclone.DefinitionError, match="limit must be an int from 1"):
+        cyclone.Rate(2**31, timedelta(seconds=1))
+    assert cyclone.Concurrency(2**31 - 1).max == 2**31 - 1
 
 
 def test_limits_list_and_set_on_the_command_line(engine: sa.Engine, name: str) -> None:
@@ -255,6 +262,15 @@ def test_limits_list_and_set_on_the_command_line(engine: sa.Engine, name: str) -
     unknown = CliRunner().invoke(build_cli(), ["limits", "set", "nope", "1", "--url", url])
     assert unknown.exit_code == 1
     assert len(unknown.stderr.strip().splitlines()) == 1
+    # Past the integer column: bad usage, said in one line, not "database error".
+    huge = CliRunner().invoke(
+        build_cli(), ["limits", "set", f"kind:{name}", str(2**31), "--url", url]
+    )
+    assert huge.exit_code == 2, huge.output
+    assert huge.stderr.startswith("cyclone: MAX: a limit's max is an int from 0 to 2147483647")
+    assert len(huge.stderr.strip().splitlines()) == 1
+    with pytest.raises(ValueError, match="from 0 to 2147483647"):
+        cyclone.Client(engine).set_limit(f"kind:{name}", 2**31)
     with engine.begin() as conn:
         conn.execute(sa.text("DELETE FROM cyclone_jobs WHERE kind = :k"), {"k": name})
 

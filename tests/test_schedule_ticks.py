@@ -144,6 +144,8 @@ def wf(name: str = "reports") -> cyclone.Workflow[Any]:
         ({"every": 60}, "every= takes a timedelta"),
         ({"every": timedelta(1), "missed": "all"}, "missed="),
         ({"every": timedelta(1), "missed": "catch_up", "max_catch_up": 0}, "max_catch_up"),
+        # cyclone_schedules.max_catch_up is an integer: a larger value failed in the worker.
+        ({"every": timedelta(1), "max_catch_up": 2**31}, "max_catch_up= must be an int from 1"),
     ],
 )
 def test_a_bad_schedule_is_a_definition_error(options: dict[str, Any], message: str) -> None:

@@ -774,7 +774,10 @@ def _add_commands(group: click.Group) -> None:
     @click.argument("maximum", metavar="MAX", type=click.IntRange(0))
     def limits_set(name: str, maximum: int) -> None:
         """Set limit NAME's max; workers apply it within a second, over the definitions'."""
-        _invocation().client().set_limit(name, maximum)
+        try:
+            _invocation().client().set_limit(name, maximum)
+        except ValueError as exc:  # past the column's range: bad input, not a database error
+            raise BadInput(f"MAX: {exc}") from None
         click.echo(f"limit {name}: max {maximum}")
 
     @_command(group, "dashboard")
