@@ -12,7 +12,7 @@ import typing
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast, overload
 
 from cyclone import _graph, _keys, errors, jobs, limits, schedules
 from cyclone._store import binds as _binds
@@ -209,6 +209,30 @@ class Workflow(Generic[In]):
 
     _has_result = False
 
+    # The overloads let a type checker infer ``In`` from ``input=``: with the one signature
+    # below (``type[In] | Any``) mypy could not, and ``wf = Workflow("w", input=Order)``
+    # needed an annotation under --strict. Without ``input=`` (or with a value that is not
+    # a class, such as ``int | None``) the workflow is a ``Workflow[Any]``.
+    @overload
+    def __init__(
+        self: Workflow[In],
+        name: str,
+        *,
+        input: type[In],
+        queue: str = ...,
+        concurrency: limits.Concurrency | None = ...,
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self: Workflow[Any],
+        name: str,
+        *,
+        input: Any = ...,
+        queue: str = ...,
+        concurrency: limits.Concurrency | None = ...,
+    ) -> None: ...
+
     def __init__(
         self,
         name: str,
@@ -216,7 +240,7 @@ class Workflow(Generic[In]):
         input: type[In] | Any = Any,
         queue: str = DEFAULT_QUEUE,
         concurrency: limits.Concurrency | None = None,
-    ):
+    ) -> None:
         check_name("a workflow name", name)
         _check_options(f"workflow {name!r}", DEFAULT_MAX_ATTEMPTS, queue, 0)
         if concurrency is not None and not isinstance(concurrency, limits.Concurrency):
@@ -895,6 +919,52 @@ class ResultWorkflow(Workflow[In], Generic[In, Out]):
 
     _has_result = True
 
+    # As for Workflow: each of ``In`` and ``Out`` is inferred from a class given as
+    # ``input=`` / ``output=``, else Any.
+    @overload
+    def __init__(
+        self: ResultWorkflow[In, Out],
+        name: str,
+        *,
+        input: type[In],
+        output: type[Out],
+        queue: str = ...,
+        concurrency: limits.Concurrency | None = ...,
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self: ResultWorkflow[In, Any],
+        name: str,
+        *,
+        input: type[In],
+        output: Any = ...,
+        queue: str = ...,
+        concurrency: limits.Concurrency | None = ...,
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self: ResultWorkflow[Any, Out],
+        name: str,
+        *,
+        input: Any = ...,
+        output: type[Out],
+        queue: str = ...,
+        concurrency: limits.Concurrency | None = ...,
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self: ResultWorkflow[Any, Any],
+        name: str,
+        *,
+        input: Any = ...,
+        output: Any = ...,
+        queue: str = ...,
+        concurrency: limits.Concurrency | None = ...,
+    ) -> None: ...
+
     def __init__(
         self,
         name: str,
@@ -903,7 +973,7 @@ class ResultWorkflow(Workflow[In], Generic[In, Out]):
         output: type[Out] | Any = Any,
         queue: str = DEFAULT_QUEUE,
         concurrency: limits.Concurrency | None = None,
-    ):
+    ) -> None:
         super().__init__(name, input=input, queue=queue, concurrency=concurrency)
         self.output_type: Any = output
 

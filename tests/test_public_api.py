@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os
 import pickle
+import sys
 import types
 import uuid
+from pathlib import Path
 
 import cyclone
+from tests.support import docs, processes
 
 EXPECTED = [
     "Client",
@@ -137,3 +141,72 @@ def test_errors_keep_their_attributes_when_pickled() -> None:
     assert type(copy) is cyclone.SubmitConflictError
     assert (copy.workflow, copy.key, copy.run_id) == ("w", "k", run_id)
     assert str(copy) == str(error)
+
+
+USER_PROGRAM = """
+from __future__ import annotations
+
+from typing import Any, assert_type
+
+import msgspec
+import sqlalchemy as sa
+
+import cyclone
+
+
+class Order(msgspec.Struct):
+    order_id: str
+
+
+class Quote(msgspec.Struct):
+    cents: int
+
+
+checkout = cyclone.Workflow("checkout", input=Order)
+pricing = cyclone.ResultWorkflow("pricing", input=Order, output=Quote)
+loose = cyclone.Workflow("loose")
+only_output = cyclone.ResultWorkflow("only-output", output=int)
+assert_type(checkout, cyclone.Workflow[Order])
+assert_type(pricing, cyclone.ResultWorkflow[Order, Quote])
+assert_type(loose, cyclone.Workflow[Any])
+assert_type(only_output, cyclone.ResultWorkflow[Any, int])
+
+
+@pricing.result()
+def quote(ctx: cyclone.StepContext, order: Order) -> Quote:
+    return Quote(len(order.order_id))
+
+
+def price(engine: sa.Engine) -> Quote:
+    run, created = pricing.submit_once(engine, "order:1", Order("1"))
+    assert_type(run, cyclone.ResultRun[Quote])
+    return run.result(timeout=5)
+"""
+
+
+def test_the_readmes_definitions_type_check_under_mypy_strict(tmp_path: Path) -> None:
+    """The README's ``cyclone.Workflow("checkout", input=Order)``, type-checked with the
+    package's own annotations (py.typed) as a user's program is: mypy --strict infers the
+    input and output types, so the definition needs no annotation and ``result()`` is typed.
+    (Before, mypy could not infer them and asked for an annotation of every workflow.)"""
+    program = tmp_path / "user_program.py"
+    program.write_text(USER_PROGRAM)
+    done = processes.run(
+        [
+            sys.executable,
+            "-m",
+            "mypy",
+            "--strict",
+            "--no-incremental",
+            "--config-file",
+            os.devnull,
+            str(program),
+        ],
+        cwd=tmp_path,
+        env={**os.environ, "MYPYPATH": str(docs.ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
