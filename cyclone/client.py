@@ -617,6 +617,8 @@ class Client:
 
     def get_job_detail(self, job_id: int) -> JobDetail | None:
         """The standalone job with its arguments and output, or None."""
+        if not _job_id_in_range(job_id):
+            return None
         with self._reading() as conn:
             row = _reads.job_detail(conn, job_id)
         if row is None:
@@ -637,6 +639,8 @@ class Client:
             NotFoundError: no standalone job has this id.
             InvalidStateError: the job is running or has ended.
         """
+        if not _job_id_in_range(job_id):
+            raise errors.NotFoundError(f"standalone job {job_id} does not exist")
         _standalone.cancel_job(self._engine, job_id)
 
     def retry_job(self, job_id: int) -> None:
@@ -653,6 +657,8 @@ class Client:
             DuplicateError: it has a unique key that another active job of its kind
                 holds now.
         """
+        if not _job_id_in_range(job_id):
+            raise errors.NotFoundError(f"job {job_id} does not exist")
         _standalone.retry_job(self._engine, job_id)
 
     def list_limits(self) -> list[LimitStatus]:
@@ -780,6 +786,8 @@ class Client:
 
     def get_job(self, job_id: int) -> JobStatus | None:
         """The standalone job with this id, or None."""
+        if not _job_id_in_range(job_id):
+            return None
         with self._reading() as conn:
             row = _reads.job_status(conn, job_id)
         return None if row is None else JobStatus(*row)
@@ -884,6 +892,18 @@ def _aware(moment: datetime, name: str) -> datetime:
     if not isinstance(moment, datetime) or moment.tzinfo is None:
         raise ValueError(f"{name} must be an aware datetime")
     return moment
+
+
+def _job_id_in_range(job_id: int) -> bool:
+    """Whether ``job_id`` can name a job: an int in ``bigint``'s range (``cyclone_jobs.id``).
+
+    An int past it names no job (the database would refuse it with ``bigint out of
+    range``, a "database error" on the command line); anything else is a TypeError, raised
+    before a statement is sent.
+    """
+    if isinstance(job_id, bool) or not isinstance(job_id, int):
+        raise TypeError(f"a job id is an int, not {type(job_id).__name__}")
+    return -(2**63) <= job_id < 2**63
 
 
 def _queue_name(queue: str) -> str:

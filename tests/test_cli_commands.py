@@ -565,6 +565,15 @@ def test_jobs_cancel_cancels_a_waiting_job_only(
     assert again.stderr == f"cyclone: cannot cancel job {waiting.id}: it is cancelled\n"
     missing = invoke(database_url, "jobs", "cancel", "999999999")
     assert missing.stderr == "cyclone: standalone job 999999999 does not exist\n"
+    # An id past bigint (cyclone_jobs.id) names no job either: it was "database error:
+    # bigint out of range".
+    huge = str(2**63)
+    for command in ("show", "cancel"):
+        beyond = invoke(database_url, "jobs", command, huge)
+        assert beyond.exit_code == 1, beyond.output
+        assert beyond.stderr == f"cyclone: standalone job {huge} does not exist\n"
+    beyond = invoke(database_url, "jobs", "retry", huge)
+    assert (beyond.exit_code, beyond.stderr) == (1, f"cyclone: job {huge} does not exist\n")
 
 
 def test_jobs_cancel_does_not_touch_a_running_job(

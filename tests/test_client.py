@@ -249,6 +249,15 @@ def test_get_job_returns_a_standalone_job_or_none(
         step_job = c.execute(sa.select(jobs.c.id).where(jobs.c.run_id == run.id)).scalar_one()
     assert client.get_job(step_job) is None
     assert client.get_job(10**15) is None
+    # Past bigint no job exists: None, not the driver's DataError (bigint out of range).
+    assert client.get_job(2**63) is None
+    assert client.get_job_detail(2**63) is None
+    with pytest.raises(cyclone.NotFoundError):
+        client.cancel_job(2**63)
+    with pytest.raises(cyclone.NotFoundError):
+        client.retry_job(-(2**63) - 1)
+    with pytest.raises(TypeError, match="a job id is an int, not str"):
+        client.get_job("1")  # type: ignore[arg-type]
 
 
 def test_count_runs_returns_every_state_with_zeros(
