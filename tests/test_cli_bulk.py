@@ -222,3 +222,15 @@ def test_queues_list_pause_and_resume(engine: sa.Engine) -> None:
     assert cyclone.Worker(engine, steps=[resize]).drain() == 3
     listed = cli(engine.url, "queues", "list")
     assert listed.stdout.splitlines()[1].split() == ["images", "no", "0", "0", "0"]
+
+
+@pytest.mark.parametrize("verb", ["pause", "resume"])
+def test_an_empty_queue_name_is_bad_usage_in_one_line(engine: sa.Engine, verb: str) -> None:
+    """It was "cyclone: ValueError: queue must be a non-empty str" with status 1, as if
+    an operation had failed; a bad argument is status 2."""
+    refused = cli(engine.url, "queues", verb, "")
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr == (
+        "cyclone: Invalid value for 'NAME': a queue name is a non-empty string "
+        f"(see 'cyclone queues {verb} --help')\n"
+    )

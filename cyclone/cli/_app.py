@@ -211,6 +211,17 @@ def _queue(value: str) -> tuple[str, int]:
     return name, int(limit) if sep else 1
 
 
+def _queue_name(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """A queue's NAME; an empty one is bad usage (status 2), said before any statement.
+
+    ``Client.pause_queue`` refuses it with a ValueError, which the command line reported as
+    a failed operation ("cyclone: ValueError: ...", status 1).
+    """
+    if not value:
+        raise click.BadParameter("a queue name is a non-empty string")
+    return value
+
+
 def _after_option(item: str) -> Callable[[F], F]:
     return click.option(
         "--after",
@@ -725,14 +736,14 @@ def _add_commands(group: click.Group) -> None:
         _output.table(_QUEUE_COLUMNS, found, state=None)
 
     @_command(queues, "pause")
-    @click.argument("name", metavar="NAME")
+    @click.argument("name", metavar="NAME", callback=_queue_name)
     def queues_pause(name: str) -> None:
         """Stop claiming the jobs of queue NAME (running ones finish) until it is resumed."""
         changed = _invocation().client().pause_queue(name)
         click.echo(f"paused queue {name}" if changed else f"queue {name} was paused already")
 
     @_command(queues, "resume")
-    @click.argument("name", metavar="NAME")
+    @click.argument("name", metavar="NAME", callback=_queue_name)
     def queues_resume(name: str) -> None:
         """Claim the jobs of queue NAME again; idle workers are woken at once."""
         changed = _invocation().client().resume_queue(name)
