@@ -244,6 +244,22 @@ class HasName(Protocol):
     def name(self) -> str: ...
 
 
+def _workflow_name(workflow: str | HasName | None) -> str | None:
+    """The name a workflow filter gives: a name, or a Workflow's (anything with a ``name``).
+
+    Anything else is a TypeError before a statement is sent, not the driver's failure to
+    adapt it.
+    """
+    if workflow is None or isinstance(workflow, str):
+        return workflow
+    name = getattr(workflow, "name", None)
+    if not isinstance(name, str):
+        raise TypeError(
+            f"workflow= takes a workflow's name or the Workflow, not {type(workflow).__name__}"
+        )
+    return name
+
+
 class Client:
     """Wraps an Engine; every workflow method that takes an Engine also takes a Client.
 
@@ -312,7 +328,7 @@ class Client:
     def list_runs(
         self,
         *,
-        workflow: str | None = None,
+        workflow: str | HasName | None = None,
         state: RunState | str | None = None,
         key: str | None = None,
         since: datetime | None = None,
@@ -322,7 +338,7 @@ class Client:
         parked: Parked | str | None = None,
     ) -> list[RunStatus]:
         """Runs newest first. Pass the last run of a page, or its ``cursor``, as ``after``
-        for the next page.
+        for the next page. ``workflow`` is a workflow's name, or the Workflow.
 
         ``since`` and ``until`` (aware datetimes) keep the runs created in ``[since, until)``.
         ``parked`` (``"waiting"``, ``"sleeping"``, ``"delayed"``: a :class:`cyclone.Parked`)
@@ -340,7 +356,7 @@ class Client:
         with self._reading() as conn:
             rows = _reads.list_runs(
                 conn,
-                workflow=workflow,
+                workflow=_workflow_name(workflow),
                 state=found_state,
                 key=key,
                 since=since,
@@ -354,7 +370,7 @@ class Client:
     def retry_runs(
         self,
         *,
-        workflow: str | None = None,
+        workflow: str | HasName | None = None,
         state: RunState | str | None = None,
         key: str | None = None,
         since: datetime | None = None,
@@ -398,7 +414,7 @@ class Client:
     def cancel_runs(
         self,
         *,
-        workflow: str | None = None,
+        workflow: str | HasName | None = None,
         state: RunState | str | None = None,
         key: str | None = None,
         since: datetime | None = None,
@@ -442,7 +458,7 @@ class Client:
         sources: tuple[str, ...],
         act: Callable[[Engine, list[uuid.UUID]], int],
         *,
-        workflow: str | None,
+        workflow: str | HasName | None,
         state: RunState | str | None,
         key: str | None,
         since: datetime | None,
@@ -457,7 +473,7 @@ class Client:
         if state is not None:
             wanted = [s for s in wanted if s == RunState(state)]
         filters: dict[str, Any] = {
-            "workflow": workflow,
+            "workflow": _workflow_name(workflow),
             "states": wanted,
             "key": key,
             "since": None if since is None else _aware(since, "since"),
@@ -498,7 +514,7 @@ class Client:
     def page_runs(
         self,
         *,
-        workflow: str | None = None,
+        workflow: str | HasName | None = None,
         state: RunState | str | None = None,
         key: str | None = None,
         since: datetime | None = None,
@@ -528,7 +544,7 @@ class Client:
         with self._reading_together() as conn:
             rows, edge = _reads.page_runs(
                 conn,
-                workflow=workflow,
+                workflow=_workflow_name(workflow),
                 state=found_state,
                 key=key,
                 since=since,
@@ -701,7 +717,9 @@ class Client:
 
     def get_run_by_key(self, workflow: str | HasName, key: str) -> RunStatus | None:
         """The run of ``key`` of ``workflow`` (a name, or a Workflow), or None; one statement."""
-        name = workflow if isinstance(workflow, str) else workflow.name
+        name = _workflow_name(workflow)
+        if name is None:
+            raise TypeError("get_run_by_key takes a workflow's name or the Workflow, not None")
         return _lookup.status_by_key(self._engine, name, key)
 
     def list_schedules(self) -> list[ScheduleStatus]:
@@ -792,17 +810,17 @@ class Client:
             row = _reads.job_status(conn, job_id)
         return None if row is None else JobStatus(*row)
 
-    def count_runs(self, *, workflow: str | None = None) -> dict[RunState, int]:
+    def count_runs(self, *, workflow: str | HasName | None = None) -> dict[RunState, int]:
         """Runs per state (every state present, zero included), for a dashboard."""
         with self._reading() as conn:
-            return _counts.runs_per_state(conn, workflow)
+            return _counts.runs_per_state(conn, _workflow_name(workflow))
 
-    def count_parked_runs(self, *, workflow: str | None = None) -> dict[Parked, int]:
+    def count_parked_runs(self, *, workflow: str | HasName | None = None) -> dict[Parked, int]:
         """Running runs parked, per way (every one present, zero included): waiting for a
         signal, sleeping, delayed. They are among ``count_runs()[RunState.RUNNING]``; the
         read costs the parked runs (it reads indexes), never the finished history."""
         with self._reading() as conn:
-            per_workflow = _counts.parked_runs(conn, workflow)
+            per_workflow = _counts.parked_runs(conn, _workflow_name(workflow))
         return {kind: sum(c[kind] for c in per_workflow.values()) for kind in Parked}
 
     def count_parked_runs_per_workflow(self) -> dict[str, dict[Parked, int]]:

@@ -91,6 +91,35 @@ def test_list_runs_filters_by_workflow_state_and_key(
     assert failed.error["message"] == "negative"
 
 
+def test_a_workflow_filter_takes_the_workflow_or_its_name_and_refuses_anything_else(
+    engine: sa.Engine,
+    client: cyclone.Client,
+    name: str,
+    four_states: dict[cyclone.RunState, cyclone.Run],
+) -> None:
+    wf = flaky_workflow(name)
+    other, _ = flaky_workflow(f"{name}-other").submit_once(engine, "failed", 5)
+    assert [r.id for r in client.list_runs(workflow=wf)] == [
+        r.id for r in client.list_runs(workflow=name)
+    ]
+    assert other.id not in {r.id for r in client.list_runs(workflow=wf)}
+    assert client.count_runs(workflow=wf) == client.count_runs(workflow=name)
+    assert client.count_parked_runs(workflow=wf) == client.count_parked_runs(workflow=name)
+    assert client.page_runs(workflow=wf).runs == client.page_runs(workflow=name).runs
+    running = four_states[cyclone.RunState.RUNNING].id
+    assert client.cancel_runs(workflow=wf, dry_run=True) == 1
+    assert client.get_run_by_key(wf, "running") == client.get_run(running)
+    for wrong in (42, b"name", object()):
+        with pytest.raises(TypeError, match="workflow= takes a workflow's name or the Workflow"):
+            client.list_runs(workflow=wrong)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="workflow= takes"):
+            client.retry_runs(workflow=wrong)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="workflow= takes"):
+            client.count_runs(workflow=wrong)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not None"):
+        client.get_run_by_key(None, "running")  # type: ignore[arg-type]
+
+
 def test_list_runs_limit_caps_the_page_and_must_be_positive(
     client: cyclone.Client, name: str, four_states: dict[cyclone.RunState, cyclone.Run]
 ) -> None:
