@@ -118,6 +118,7 @@ def out_of_stock(exc: OutOfStock) -> tuple[dict[str, Any], int]:
 @orders.get("/orders/<int:order_id>")
 def show_order(order_id: int) -> dict[str, Any]:
     order = db.get_or_404(Order, order_id)
+    assert order.run_id is not None  # an order is committed with its run
     run: cyclone.ResultRun[Receipt] = cyclone.ResultRun(
         cy.engine, order.run_id, checkout.name, f"order:{order.id}", Receipt
     )
