@@ -267,8 +267,9 @@ def test_a_terminal_gets_a_coloured_table_and_a_pipe_plain_columns(
     assert piped.stdout.splitlines()[0].split()[:4] == ["ID", "WORKFLOW", "KEY", "STATE"]
 
 
-def test_worker_grace_lets_the_running_step_finish_on_sigterm(
-    engine: sa.Engine, database_url: URL, name: str
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_worker_grace_lets_the_running_step_finish_on_sigterm_or_sigint_then_exits_0(
+    engine: sa.Engine, database_url: URL, name: str, stop: signal.Signals
 ) -> None:
     slow = cyclone.ResultWorkflow(name, output=str)
 
@@ -293,7 +294,7 @@ def test_worker_grace_lets_the_running_step_finish_on_sigterm(
             return run_step_state(engine, run.id) == "running"
 
         wait_until(step_started, timeout=30)
-        worker.send_signal(signal.SIGTERM)
+        worker.send_signal(stop)
         _, stderr = worker.communicate(timeout=60)
     assert worker.returncode == 0, stderr
     assert run.result(timeout=5) == "hello slow"
