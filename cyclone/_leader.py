@@ -4,15 +4,18 @@ the term (the lease and the fence: :mod:`cyclone._store.leadership`)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 from sqlalchemy import Connection, Engine
 
 from cyclone import _retry
+from cyclone._store import deadline as _deadline
 from cyclone._store import leadership as _leadership
 from cyclone._store import rescue as _rescue
 from cyclone._store import sweep as _sweeper
@@ -24,6 +27,13 @@ LEADER_INTERVAL = 1.0
 (a third of the lease if that is less)."""
 
 MAX_BACKOFF = 30.0
+
+STOP_WAIT = 1.0
+"""Seconds a stopping leader's pass in progress gets to end by itself (a pass takes
+milliseconds). A pass still running then waits for something that may not come soon: a
+lock (the lease row held by a transaction frozen in it), a server that does not answer,
+a long sweep. Its connection is shut down, so the pass fails at once, and the worker's
+stop (a SIGTERM) does not wait for it; the server rolls the pass back."""
 
 MIN_LEASE = timedelta(seconds=1)
 """The shortest lease: a pass, fenced by its term, must fit in it, however short a
@@ -84,13 +94,42 @@ class Leader:
 
     def stop(self, timeout: float = 10.0, *, release: bool = True) -> None:
         """Stop the thread and wait; give up the lease and the connection unless
-        ``release`` is False, for a drain's last pass."""
+        ``release`` is False, for a drain's last pass.
+
+        A pass still running after :data:`STOP_WAIT` is cut short (its connection shut
+        down), then the thread gets ``timeout`` seconds more. A thread still alive after
+        that (opening a connection to a server that does not answer) is left behind,
+        the lease with it: it lapses, or is free at once when its server process ends.
+        """
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
+        thread = self._thread
+        if thread is not None:
+            thread.join(min(timeout, STOP_WAIT))
+            if thread.is_alive():
+                self._interrupt()
+                thread.join(timeout)
             self._thread = None
+            if thread.is_alive():
+                log.warning(
+                    "worker %s: its maintenance pass did not end within %gs of its stop; "
+                    "its lease lapses by itself",
+                    self.worker_id,
+                    min(timeout, STOP_WAIT) + timeout,
+                )
+                return
         if release:
             self.release()
+
+    def _interrupt(self) -> None:
+        """Shut the socket of the pass's connection down: a statement waiting fails now."""
+        conn = self._conn
+        if conn is None:
+            return
+        with contextlib.suppress(Exception):  # closed meanwhile: the pass ended anyway
+            # dbapi_connection: the connection is detached, its fairy has no pool record
+            driver: Any = conn.connection.dbapi_connection
+            if isinstance(driver, psycopg.Connection):
+                _deadline.shutdown(driver)
 
     def release(self) -> None:
         """Give up the lease now (the next worker takes it at its next try), keeping
@@ -127,6 +166,13 @@ class Leader:
             except Exception as exc:
                 with self._lock:
                     self._close()
+                if self._stop.is_set():
+                    log.info(
+                        "worker %s: maintenance pass cut short by its stop (%s)",
+                        self.worker_id,
+                        _first_line(exc),
+                    )
+                    break
                 self._failures += 1
                 delay = _retry.doubling(self.interval, MAX_BACKOFF, self._failures)
                 log.warning(

@@ -14,14 +14,17 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.engine import URL
 
 import cyclone
 from cyclone.schema import jobs
+from cyclone.schema import leader as leader_table
 from tests.conftest import wait_until
 from tests.support import worker_proc
 from tests.support.workers import (
     Background,
     job_rows,
+    lease,
     spawn_worker,
     stop_all,
     waiting_advisory_locks,
@@ -252,3 +255,43 @@ def test_a_worker_process_exits_zero_on_sigterm_after_its_in_flight_step(
     assert job_rows(engine, first.id)["wait_for_lock"].output == 1
     assert second.status().state == cyclone.RunState.RUNNING  # not claimed after SIGTERM
     assert job_rows(engine, second.id)["wait_for_lock"].state == "available"
+
+
+@pytest.mark.processes
+def test_an_idle_worker_process_exits_on_sigterm_while_its_maintenance_pass_waits_for_a_lock(
+    own_url: URL, name: str
+) -> None:
+    # The leader's pass renews the lease with the row locked; a transaction frozen in it
+    # (a leader SIGSTOPped or cut off mid-pass) holds that lock. A SIGTERM meanwhile does
+    # not wait for it: the worker cuts its pass short and exits.
+    engine = sa.create_engine(own_url, poolclass=sa.NullPool)
+    proc = spawn_worker(
+        "serve", name, str(lock_key()), database_url=own_url.render_as_string(hide_password=False)
+    )
+    try:
+        wait_until(lambda: lease(engine) is not None, timeout=30)  # it leads
+        with engine.connect() as holder:
+            holder.execute(sa.select(leader_table).with_for_update())
+            # Its next pass (within a second) waits for the row.
+            wait_until(lambda: waiting_for_the_lease(engine) == 1, timeout=30)
+            proc.send_signal(signal.SIGTERM)
+            # It has no job: it exits with the row still locked.
+            out, err = proc.communicate(timeout=20)
+            holder.rollback()
+    finally:
+        stop_all([proc])
+        engine.dispose()
+    assert proc.returncode == 0, err
+    assert json.loads(out)["stopped"] is True
+
+
+def waiting_for_the_lease(engine: sa.Engine) -> int:
+    """How many backends wait for a lock in a statement on the lease's table."""
+    with engine.connect() as conn:
+        count = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND query LIKE '%cyclone_leader%'"
+            )
+        ).scalar_one()
+    return int(count)
