@@ -444,13 +444,41 @@ class Harness:
 
     def retire(self, worker: WorkerProc, *, busy: bool) -> None:
         """SIGTERM, and for a worker running steps (which never end by themselves: they
-        wait at their gates) a second signal at once: it hands them back and exits."""
+        wait at their gates) a second signal: it hands them back and exits.
+
+        ``busy`` (the last settle's snapshot showed one of its executions at a gate) sends
+        it at once. Else it is sent once one shows up at a gate while the worker stops:
+        a step claimed after that snapshot (a job rescued from a live worker whose
+        heartbeat lapsed on a loaded machine, claimed by this one), which one signal
+        would wait for forever. Never to a worker with none at a gate: its first signal
+        may have ended run(), which restores the default handlers.
+        """
         os.kill(worker.pid, signal.SIGTERM)
+        second = busy
         if busy:
             os.kill(worker.pid, signal.SIGINT)  # another signal: two SIGTERMs could merge
-        code = worker.proc.wait(30)
+
+        def exited() -> bool:
+            nonlocal second
+            if worker.proc.poll() is not None:
+                return True
+            if not second and self.at_gates(worker):
+                os.kill(worker.pid, signal.SIGINT)
+                second = True
+            return False
+
+        wait_until(exited, 30, 0.02, lambda: f"worker {worker.pid} did not exit on SIGTERM")
         worker.state = "killed"
+        code = worker.proc.returncode
         assert code == 0, f"worker {worker.pid} exited with {code}"
+
+    def at_gates(self, worker: WorkerProc) -> int:
+        """How many executions of ``worker`` wait at their gates now."""
+        row = self.gates.execute(
+            "SELECT count(*) FROM model_exec WHERE pid = %s AND verdict IS NULL", (worker.pid,)
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
 
     def stop_all(self) -> None:
         for worker in self.workers:
@@ -1642,6 +1670,42 @@ def test_a_job_claimed_again_by_its_thawed_worker_finishes_as_modelled(harness: 
         machine.finish(pick=0)
         machine.settled_and_as_modelled()
         assert machine.model_of("m1").steps["a"].state == "completed"
+    finally:
+        machine.teardown()
+
+
+@pytest.mark.processes
+def test_a_worker_retired_with_a_step_claimed_after_the_last_settle_hands_it_back(
+    harness: Harness,
+) -> None:
+    """retire_worker tells a busy worker from the snapshot of the last settle. A worker
+    whose heartbeat lapses past ``rescue_after`` (SIGSTOP here; a loaded machine in random
+    mode) has its job rescued, and the other worker claims it: a step at its gate that the
+    snapshot does not show. Retiring that worker must still end it (one SIGTERM alone
+    waits for the step forever), handing the step back."""
+    ModelMachine.harness = harness
+    machine = ModelMachine()
+    try:
+        machine.start(runs=[(False, False, False)])
+        machine.settled_and_as_modelled()
+        assert machine.snap is not None
+        e = machine.snap.current("m1", "a")
+        assert e is not None
+        holder = next(w for w in harness.live() if w.pid == e.pid)
+        other = next(w for w in harness.live() if w is not holder)
+        assert harness.freeze(holder)
+
+        def claimed_by_other() -> bool:
+            now = harness.snapshot().current("m1", "a")
+            return now is not None and now.pid == other.pid
+
+        wait_until(claimed_by_other, 30, 0.05, "the other worker did not claim the rescued job")
+        harness.thaw(holder)
+        assert not any(w.pid == other.pid for w in machine.snap.waiting)  # idle, it says
+        machine.retire_worker(pick=harness.live().index(other))
+        assert other.state == "killed"
+        machine.settled_and_as_modelled()  # the holder claims the step handed back
+        assert machine.snap.current("m1", "a") is not None
     finally:
         machine.teardown()
 
