@@ -23,7 +23,7 @@ import psycopg
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
-from cyclone import _codec, _retry, errors
+from cyclone import _codec, _retry, _timing, errors
 from cyclone._store import control as _control
 from cyclone._store import deadline as _deadline
 from cyclone._store import executor as _executor
@@ -383,6 +383,8 @@ class Run:
             not isinstance(retention, timedelta) or retention < timedelta()
         ):
             raise ValueError("retention must be a non-negative timedelta or None")
+        if retention is not None:
+            _timing.check_duration(retention, "retention")
         if not _control.set_retention(self._engine, self.id, retention):
             raise errors.NotFoundError(f"run {self.id} does not exist")
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast, overload
 
-from cyclone import _graph, _keys, errors, jobs, limits, schedules
+from cyclone import _graph, _keys, _timing, errors, jobs, limits, schedules
 from cyclone._store import binds as _binds
 from cyclone._store import children as _children
 from cyclone._store import executor as _executor
@@ -99,6 +99,16 @@ def _check_options(where: str, max_attempts: int, queue: str, priority: int) -> 
     check_name(f"{where}: queue", queue)
     if not isinstance(priority, int) or not -32768 <= priority <= 32767:
         raise errors.DefinitionError(f"{where}: priority must be an int in the smallint range")
+
+
+def _check_definition_duration(where: str, what: str, value: timedelta) -> None:
+    """A sleep's duration or a wait's timeout past :data:`cyclone._timing.MAX_DURATION` is a
+    DefinitionError: a worker reaching the node computed a time PostgreSQL or Python cannot
+    hold, and handed the node back forever."""
+    try:
+        _timing.check_duration(value, what)
+    except ValueError as exc:
+        raise errors.DefinitionError(f"{where}: {exc}") from None
 
 
 class Step(Generic[R]):
@@ -339,6 +349,8 @@ class Workflow(Generic[In]):
             raise errors.DefinitionError(f"{where}: the signal name is a non-empty str")
         if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta()):
             raise errors.DefinitionError(f"{where}: timeout= takes a positive timedelta")
+        if timeout is not None:
+            _check_definition_duration(where, "timeout=", timeout)
         return self._decorator(
             name,
             after,
@@ -368,6 +380,7 @@ class Workflow(Generic[In]):
             raise errors.DefinitionError(
                 f"sleep of workflow {self.name!r}: duration takes a non-negative timedelta"
             )
+        _check_definition_duration(f"sleep of workflow {self.name!r}", "duration", duration)
         return self._decorator(
             name, after, max_attempts, queue, priority, is_result=False, sleep=duration
         )
@@ -1140,8 +1153,7 @@ class StandaloneStep(Generic[In, R]):
 
         if unique is not None:
             _keys.check_key(unique)
-        if run_at is not None and delay is not None:
-            raise ValueError("give run_at= or delay=, not both")
+        submission.check_start(run_at, delay)
         _check_options(
             f"step kind {self.kind!r}",
             self.max_attempts if max_attempts is None else max_attempts,

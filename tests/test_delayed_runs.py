@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -142,6 +142,15 @@ def test_a_delayed_run_is_not_started_before_its_time(engine: sa.Engine, name: s
         ({"run_at": datetime.now(UTC), "delay": timedelta(1)}, "not both"),
         ({"delay": 5}, "timedelta"),
         ({"run_at": "2030-01-01T00:00:00Z"}, "datetime"),
+        # Times PostgreSQL cannot compute, or a read cannot decode (after year 9999): they
+        # failed in the driver, or were stored and made every listing of runs fail.
+        ({"delay": timedelta.max}, "1,000 years"),
+        ({"delay": timedelta(days=3_000_000)}, "1,000 years"),
+        ({"deadline": timedelta(days=3_000_000)}, "1,000 years"),
+        ({"deadline": timedelta.min}, "1,000 years"),
+        ({"retention": timedelta.max}, "1,000 years"),
+        ({"run_at": datetime.max.replace(tzinfo=timezone(timedelta(hours=-14)))}, "9999"),
+        ({"deadline": datetime.min.replace(tzinfo=timezone(timedelta(hours=14)))}, "9999"),
     ],
 )
 @pytest.mark.parametrize("form", SUBMITS)

@@ -205,6 +205,26 @@ def test_purge_rejects_a_negative_age_or_batch(client: cyclone.Client) -> None:
         client.purge_finished_jobs(older_than=DAY, batch_size=0)
 
 
+def test_a_retention_or_age_past_a_thousand_years_is_refused_and_purges_keep_working(
+    engine: sa.Engine, client: cyclone.Client, name: str
+) -> None:
+    """One run kept for ``timedelta.max`` made every purge, the sweeper's included, fail
+    in the driver ("timestamp out of range") for every run."""
+    wf = workflow(name)
+    with pytest.raises(ValueError, match="1,000 years"):
+        wf.submit(engine, 1, retention=timedelta.max)
+    run = wf.submit(engine, 1)
+    with pytest.raises(ValueError, match="1,000 years"):
+        run.set_retention(timedelta(days=3_000_000))
+    for purge in (client.purge_terminal_runs, client.purge_finished_jobs, client.count_purgeable):
+        with pytest.raises(ValueError, match="1,000 years"):
+            purge(older_than=timedelta.max)
+    assert client.purge_terminal_runs(older_than=DAY) == 0
+    with engine.connect() as conn:
+        kept = conn.execute(sa.select(runs.c.retention).where(runs.c.id == run.id)).scalar()
+    assert kept is None
+
+
 def test_purge_finished_jobs_deletes_old_finished_standalone_jobs_only(
     engine: sa.Engine, client: cyclone.Client, name: str
 ) -> None:

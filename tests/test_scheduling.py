@@ -6,7 +6,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -65,6 +65,35 @@ def test_a_job_with_run_at_in_the_past_runs_now(engine: sa.Engine, name: str) ->
     step.enqueue(engine, 3, run_at=datetime.now(UTC) - timedelta(minutes=5))
     assert cyclone.Worker(engine, steps=[step]).drain() == 1
     assert seen == [3]
+
+
+WEST = timezone(-timedelta(hours=14))
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        # enqueue checked none of these: a naive time was read in the server's time zone,
+        # a string was parsed by PostgreSQL, an int failed in the driver.
+        ({"run_at": datetime(2030, 1, 1)}, ValueError, "timezone-aware"),
+        ({"run_at": "2030-01-01T00:00:00Z"}, TypeError, "datetime"),
+        ({"delay": 5}, TypeError, "timedelta"),
+        ({"run_at": datetime.now(UTC), "delay": timedelta(1)}, ValueError, "not both"),
+        # A time after year 9999 was stored, and every listing of jobs then failed.
+        ({"delay": timedelta(days=3_000_000)}, ValueError, "1,000 years"),
+        ({"delay": timedelta.max}, ValueError, "1,000 years"),
+        ({"run_at": datetime.max.replace(tzinfo=WEST)}, ValueError, "9999"),
+    ],
+)
+def test_bad_start_options_of_an_enqueue_raise_before_anything_is_written(
+    engine: sa.Engine, name: str, options: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    step, _seen = recorder(name)
+    with pytest.raises(error, match=message):
+        step.enqueue(engine, 1, **options)
+    with engine.begin() as conn, pytest.raises(error, match=message):
+        step.enqueue_tx(conn, 1, **options)
+    assert cyclone.Client(engine).list_jobs(kind=name) == []
 
 
 def test_a_lower_priority_number_runs_first(engine: sa.Engine, name: str) -> None:

@@ -282,6 +282,12 @@ def test_definition_rules_of_wait_nodes() -> None:
         wf.wait("other", timeout=timedelta(0))
     with pytest.raises(cyclone.DefinitionError, match="non-empty"):
         wf.wait("")
+    # A timeout this long made a worker reaching the node hand it back forever ("timestamp
+    # out of range" as it computed when the wait ends): drain() never returned.
+    with pytest.raises(cyclone.DefinitionError, match="1,000 years"):
+        wf.wait("other", timeout=timedelta(days=3_000_000))
+    with pytest.raises(cyclone.DefinitionError, match="1,000 years"):
+        wf.wait("other", timeout=timedelta.max)
     assert first.signal == "paid"
     assert first.max_attempts == 1
 

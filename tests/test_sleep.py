@@ -113,3 +113,13 @@ def test_a_bad_duration_is_a_definition_error() -> None:
         wf.sleep(timedelta(seconds=-1))
     with pytest.raises(cyclone.DefinitionError, match="non-negative timedelta"):
         wf.sleep(5)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("duration", [timedelta.max, timedelta(days=3_000_000)])
+def test_a_duration_past_a_thousand_years_is_a_definition_error(duration: timedelta) -> None:
+    """A worker reaching such a node computed a time PostgreSQL or Python cannot hold,
+    and handed the node back forever: drain() never returned."""
+    wf: cyclone.Workflow[Any] = cyclone.Workflow("sleepy")
+    with pytest.raises(cyclone.DefinitionError, match="1,000 years"):
+        wf.sleep(duration)
+    assert wf.steps == {}

@@ -41,7 +41,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects.postgresql import JSONB, insert
 
-from cyclone import _graph, _keys, _observe, errors
+from cyclone import _graph, _keys, _observe, _timing, errors
 from cyclone._store import binds as _binds
 from cyclone._store import definitions as _definitions
 from cyclone._store import executor as _executor
@@ -399,8 +399,11 @@ def check_start(run_at: datetime | None, delay: timedelta | None) -> None:
             raise TypeError(f"run_at= takes a datetime, not {type(run_at).__name__}")
         if run_at.tzinfo is None or run_at.utcoffset() is None:
             raise ValueError("run_at= must be a timezone-aware datetime")
-    if delay is not None and not isinstance(delay, timedelta):
-        raise TypeError(f"delay= takes a timedelta, not {type(delay).__name__}")
+        _timing.check_instant(run_at, "run_at=")
+    if delay is not None:
+        if not isinstance(delay, timedelta):
+            raise TypeError(f"delay= takes a timedelta, not {type(delay).__name__}")
+        _timing.check_duration(delay, "delay=")
 
 
 class Timing(NamedTuple):
@@ -420,8 +423,14 @@ def _params(plan: Plan, input: str, timing: Timing) -> dict[str, Any]:
         raise TypeError("deadline= takes a datetime or a timedelta")
     if isinstance(deadline, datetime) and deadline.tzinfo is None:
         raise ValueError("deadline= must be a timezone-aware datetime")
+    if isinstance(deadline, datetime):
+        _timing.check_instant(deadline, "deadline=")
+    elif deadline is not None:
+        _timing.check_duration(deadline, "deadline=")
     if retention is not None and (not isinstance(retention, timedelta) or retention < timedelta()):
         raise ValueError("retention= takes a non-negative timedelta")
+    if retention is not None:
+        _timing.check_duration(retention, "retention=")
     return {
         "workflow": plan.workflow,
         "input": input,

@@ -26,6 +26,7 @@ from sqlalchemy import (
     select,
 )
 
+from cyclone import _timing
 from cyclone._store import executor as _executor
 from cyclone._store.executor import const
 from cyclone.schema import jobs, runs
@@ -119,6 +120,7 @@ def count_due(engine: Engine, older_than: timedelta) -> tuple[int, int]:
 def _check_age(older_than: timedelta) -> None:
     if not isinstance(older_than, timedelta) or older_than < timedelta():
         raise ValueError("older_than must be a non-negative timedelta")
+    _timing.check_duration(older_than, "older_than")
 
 
 def _purge(
