@@ -347,6 +347,19 @@ class Workflow(Generic[In]):
         where = f"wait node for {signal!r} of workflow {self.name!r}"
         if not isinstance(signal, str) or not signal:
             raise errors.DefinitionError(f"{where}: the signal name is a non-empty str")
+        # The name is stored in the run's graph (jsonb) and with each signal (text): a NUL
+        # or a lone surrogate made every submit of the workflow fail in the driver or the
+        # encoder, after the definition was accepted.
+        if "\x00" in signal:
+            raise errors.DefinitionError(
+                f"{where}: the signal name contains NUL, which PostgreSQL cannot store"
+            )
+        try:
+            signal.encode("utf-8")
+        except UnicodeEncodeError:
+            raise errors.DefinitionError(
+                f"{where}: the signal name is not valid UTF-8 (it holds a lone surrogate)"
+            ) from None
         if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta()):
             raise errors.DefinitionError(f"{where}: timeout= takes a positive timedelta")
         if timeout is not None:

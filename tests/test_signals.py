@@ -282,6 +282,12 @@ def test_definition_rules_of_wait_nodes() -> None:
         wf.wait("other", timeout=timedelta(0))
     with pytest.raises(cyclone.DefinitionError, match="non-empty"):
         wf.wait("")
+    # Accepted here, these made every submit of the workflow fail in the driver (NUL in
+    # the graph's jsonb) or in the encoder (UnicodeEncodeError).
+    with pytest.raises(cyclone.DefinitionError, match="NUL"):
+        wf.wait("paid\x00")
+    with pytest.raises(cyclone.DefinitionError, match="UTF-8"):
+        wf.wait("paid\ud800")
     # A timeout this long made a worker reaching the node hand it back forever ("timestamp
     # out of range" as it computed when the wait ends): drain() never returned.
     with pytest.raises(cyclone.DefinitionError, match="1,000 years"):
