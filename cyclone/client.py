@@ -218,6 +218,10 @@ def _position(after: Position | str | None, id_type: type[Any]) -> tuple[datetim
     if after is None:
         return None
     if not isinstance(after, str):
+        if not hasattr(after, "created_at") or not hasattr(after, "id"):
+            raise TypeError(
+                f"after= takes the last status listed or its cursor, not {type(after).__name__}"
+            )
         return (after.created_at, after.id)
     created, sep, ident = after.partition("~")
     try:
@@ -234,7 +238,17 @@ def _position(after: Position | str | None, id_type: type[Any]) -> tuple[datetim
 
 
 def _run_uuid(run_id: uuid.UUID | str) -> uuid.UUID:
-    return run_id if isinstance(run_id, uuid.UUID) else uuid.UUID(str(run_id))
+    """The UUID of a run id given as a UUID or its text.
+
+    Anything else is a TypeError, as ``wf.run`` raises (``get_run(None)`` looked up
+    ``"None"`` and said "badly formed hexadecimal UUID string"); text that is no UUID is
+    uuid's ValueError.
+    """
+    if isinstance(run_id, uuid.UUID):
+        return run_id
+    if not isinstance(run_id, str):
+        raise TypeError(f"a run id is a uuid.UUID or its str, not {type(run_id).__name__}")
+    return uuid.UUID(run_id)
 
 
 class HasName(Protocol):
@@ -244,6 +258,28 @@ class HasName(Protocol):
     def name(self) -> str: ...
 
 
+def _text(value: str | None, name: str) -> str | None:
+    """A text filter (``key``, ``kind``, ``queue``), or None for none.
+
+    A value that is not a str is a TypeError, and a str PostgreSQL's text cannot hold (a
+    NUL, a lone surrogate) a ValueError, before a statement is sent: they failed in the
+    driver (an operator error, "cannot contain NUL (0x00) bytes") or in its encoder.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"{name}= takes a str, not {type(value).__name__}")
+    if "\x00" in value:
+        raise ValueError(f"{name}={value!r} contains NUL, which no stored {name} has")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(
+            f"{name}={value!r} is not valid UTF-8 (it holds a lone surrogate)"
+        ) from None
+    return value
+
+
 def _workflow_name(workflow: str | HasName | None) -> str | None:
     """The name a workflow filter gives: a name, or a Workflow's (anything with a ``name``).
 
@@ -251,7 +287,7 @@ def _workflow_name(workflow: str | HasName | None) -> str | None:
     adapt it.
     """
     if workflow is None or isinstance(workflow, str):
-        return workflow
+        return _text(workflow, "workflow")
     name = getattr(workflow, "name", None)
     if not isinstance(name, str):
         raise TypeError(
@@ -358,7 +394,7 @@ class Client:
                 conn,
                 workflow=_workflow_name(workflow),
                 state=found_state,
-                key=key,
+                key=_text(key, "key"),
                 since=since,
                 until=until,
                 after=_position(after, uuid.UUID),
@@ -475,7 +511,7 @@ class Client:
         filters: dict[str, Any] = {
             "workflow": _workflow_name(workflow),
             "states": wanted,
-            "key": key,
+            "key": _text(key, "key"),
             "since": None if since is None else _aware(since, "since"),
             "until": None if until is None else _aware(until, "until"),
             "parked": None if parked is None else Parked(parked),
@@ -546,7 +582,7 @@ class Client:
                 conn,
                 workflow=_workflow_name(workflow),
                 state=found_state,
-                key=key,
+                key=_text(key, "key"),
                 since=since,
                 until=until,
                 after=_position(after, uuid.UUID),
@@ -581,8 +617,12 @@ class Client:
         ``children_limit`` lists at most that many of its child runs (a map of children
         may have thousands): ``RunDetail.children_total`` counts them all.
         """
-        if children_limit is not None and children_limit < 0:
-            raise ValueError("children_limit must be >= 0 or None")
+        if children_limit is not None and (
+            isinstance(children_limit, bool)
+            or not isinstance(children_limit, int)
+            or not 0 <= children_limit <= MAX_INTEGER
+        ):
+            raise ValueError(f"children_limit must be an int from 0 to {MAX_INTEGER}, or None")
         with self._reading_together() as conn:
             found = _reads.run_detail(conn, _run_uuid(run_id))
             children, total = (
@@ -794,9 +834,9 @@ class Client:
         with self._reading() as conn:
             rows = _reads.list_jobs(
                 conn,
-                kind=kind,
+                kind=_text(kind, "kind"),
                 state=found_state,
-                queue=queue,
+                queue=_text(queue, "queue"),
                 after=_position(after, int),
                 limit=limit,
             )
@@ -849,6 +889,7 @@ class Client:
         The steps of a run not started yet count as it shows them: roots available, the
         others blocked.
         """
+        queue = _text(queue, "queue")
         with self._reading() as conn:
             return _counts.jobs_per_state(conn, queue)
 
@@ -927,10 +968,13 @@ def _job_id_in_range(job_id: int) -> bool:
 def _queue_name(queue: str) -> str:
     if not isinstance(queue, str) or not queue:
         raise ValueError("queue must be a non-empty str")
+    _text(queue, "queue")
     return queue
 
 
 def _limit(limit: int, name: str = "limit") -> int:
-    if not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"{name} must be a positive int")
+    """A page or batch size: an int from 1 to PostgreSQL's integer (a larger one failed in
+    the driver with "bigint out of range")."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_INTEGER:
+        raise ValueError(f"{name} must be a positive int, at most {MAX_INTEGER}")
     return limit

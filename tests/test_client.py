@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -14,6 +14,7 @@ import sqlalchemy as sa
 
 import cyclone
 from cyclone.schema import jobs, runs
+from tests.conftest import StatementCounter
 from tests.support.workers import start_runs
 
 pytestmark = pytest.mark.usefixtures("clean_tables")
@@ -126,6 +127,53 @@ def test_list_runs_limit_caps_the_page_and_must_be_positive(
     assert len(client.list_runs(limit=3)) == 3
     with pytest.raises(ValueError, match="limit"):
         client.list_runs(limit=0)
+
+
+def test_bad_read_arguments_are_typed_errors_before_a_statement(
+    client: cyclone.Client, statements: StatementCounter
+) -> None:
+    """Each of these failed in the driver or its encoder (an operator error, "cannot
+    contain NUL (0x00) bytes", "bigint out of range", UnicodeEncodeError) or with an
+    AttributeError; a NUL, a lone surrogate, a page past PostgreSQL's integer names
+    nothing that can be stored."""
+    many = 2**70
+    wrong: list[tuple[type[Exception], str, Callable[[], object]]] = [
+        (ValueError, "NUL", lambda: client.list_runs(key="a\x00")),
+        (ValueError, "NUL", lambda: client.list_runs(workflow="a\x00")),
+        (ValueError, "UTF-8", lambda: client.page_runs(key="\ud800")),
+        (ValueError, "UTF-8", lambda: client.get_run_by_key("\ud800", "k")),
+        (ValueError, "NUL", lambda: client.cancel_runs(workflow="a\x00", dry_run=True)),
+        (ValueError, "NUL", lambda: client.list_jobs(kind="a\x00")),
+        (ValueError, "NUL", lambda: client.list_jobs(queue="a\x00")),
+        (ValueError, "NUL", lambda: client.count_jobs(queue="a\x00")),
+        (ValueError, "NUL", lambda: client.pause_queue("a\x00")),
+        (TypeError, "key= takes a str", lambda: client.list_runs(key=5)),  # type: ignore[arg-type]
+        (TypeError, "key= takes a str", lambda: client.page_runs(key=5)),  # type: ignore[arg-type]
+        (TypeError, "kind= takes a str", lambda: client.list_jobs(kind=5)),  # type: ignore[arg-type]
+        (TypeError, "after= takes", lambda: client.list_runs(after=5)),  # type: ignore[arg-type]
+        (TypeError, "after= takes", lambda: client.list_jobs(after=5)),  # type: ignore[arg-type]
+        (ValueError, "at most", lambda: client.list_runs(limit=many)),
+        (ValueError, "at most", lambda: client.page_runs(limit=many)),
+        (ValueError, "at most", lambda: client.list_jobs(limit=many)),
+        (ValueError, "at most", lambda: client.retry_runs(batch_size=many)),
+        (
+            ValueError,
+            "children_limit",
+            lambda: client.get_run_detail(uuid.uuid4(), children_limit=many),
+        ),
+        (
+            ValueError,
+            "children_limit",
+            lambda: client.get_run_detail(uuid.uuid4(), children_limit="x"),
+        ),  # type: ignore[arg-type]
+        (TypeError, "a run id is", lambda: client.get_run(None)),  # type: ignore[arg-type]
+        (TypeError, "a run id is", lambda: client.get_run(5)),  # type: ignore[arg-type]
+    ]
+    statements.reset()
+    for error, message, call in wrong:
+        with pytest.raises(error, match=message):
+            call()
+    assert statements.statements == []
 
 
 def all_pages(
