@@ -37,7 +37,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine
 
-from cyclone import _leader, _observe, _retry, _step_runner, errors, migrations, schedules
+from cyclone import _leader, _observe, _retry, _step_runner, _timing, errors, migrations, schedules
 from cyclone._store import binds as _binds
 from cyclone._store import children as _children
 from cyclone._store import claim as _claim
@@ -52,7 +52,7 @@ from cyclone._store import rescue as _rescue
 from cyclone._store import sweep as _sweeper
 from cyclone._store import waits as _waits
 from cyclone.limits import Spec as LimitSpec
-from cyclone.workflow import StandaloneStep, Workflow
+from cyclone.workflow import StandaloneStep, Workflow, check_name
 
 log = logging.getLogger("cyclone.worker")
 
@@ -253,6 +253,46 @@ class _Doorbell:
         return True
 
 
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_worker_options(
+    concurrency: object,
+    poll_interval: object,
+    heartbeat_interval: object,
+    rescue_after: object,
+    retention: object,
+    sweep_interval: object,
+) -> None:
+    """Refuse a Worker's options that it could only fail on later, each time: a retention
+    of ``timedelta.max`` made every sweep fail in the driver, a NaN poll interval failed
+    the loop's wait, a str concurrency a comparison."""
+    if not _is_count(concurrency):
+        raise TypeError(f"concurrency= takes an int, not {type(concurrency).__name__}")
+    if concurrency < 1:  # type: ignore[operator]
+        raise ValueError("concurrency must be >= 1")
+    if (
+        isinstance(poll_interval, bool)
+        or not isinstance(poll_interval, int | float)
+        or not 0 < poll_interval < float("inf")
+    ):
+        raise ValueError(
+            f"poll_interval= takes a positive number of seconds, not {poll_interval!r}"
+        )
+    for what, value in (
+        ("heartbeat_interval", heartbeat_interval),
+        ("rescue_after", rescue_after),
+        ("sweep_interval", sweep_interval),
+    ):
+        if not isinstance(value, timedelta) or value <= timedelta():
+            raise ValueError(f"{what}= takes a positive timedelta, not {value!r}")
+        _timing.check_duration(value, f"{what}=")
+    if not isinstance(retention, timedelta) or retention < timedelta():
+        raise ValueError(f"retention= takes a non-negative timedelta, not {retention!r}")
+    _timing.check_duration(retention, "retention=")
+
+
 class Worker:
     """Runs the jobs of the given workflows and standalone step kinds.
 
@@ -403,8 +443,9 @@ class Worker:
         checks and counts the jobs' second limit too."""
         if not self.workflows and not self.steps:
             raise errors.DefinitionError("a Worker needs at least one workflow or step kind")
-        if concurrency < 1:
-            raise ValueError("concurrency must be >= 1")
+        _check_worker_options(
+            concurrency, poll_interval, heartbeat_interval, rescue_after, retention, sweep_interval
+        )
         if heartbeat_interval >= rescue_after:
             raise ValueError(
                 f"heartbeat_interval ({heartbeat_interval}) must be less than rescue_after "
@@ -414,8 +455,17 @@ class Worker:
         self.queues: list[str] | None = None
         self._limits: dict[str, int] | None = None
         if queues is not None:
-            if not queues or any(limit < 1 for limit in queues.values()):
+            if (
+                not isinstance(queues, Mapping)
+                or not queues
+                or any(not _is_count(limit) or limit < 1 for limit in queues.values())
+            ):
                 raise ValueError("queues= maps queue names to limits >= 1")
+            for name in queues:
+                try:
+                    check_name("a queue name of queues=", name)
+                except errors.DefinitionError as exc:
+                    raise ValueError(str(exc)) from None
             self._limits = dict(queues)
             self.queues = sorted(queues)
         self.poll_interval = poll_interval

@@ -8,6 +8,7 @@ import logging
 import random
 import signal
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -169,3 +170,32 @@ def test_a_worker_rides_out_a_database_restart_with_few_log_lines_and_runs_new_j
     assert 0 < len(outage) <= 5 * (elapsed + 2 + stopped_in), "\n".join(lines)
     assert len(lines) < 200, "\n".join(lines)
     assert any("completed on attempt 1/1" in line for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        # One run of the sweeper with this retention failed in the driver ("timestamp out
+        # of range"), and every later sweep again: nothing was ever purged.
+        ({"retention": timedelta.max}, ValueError, "1,000 years"),
+        ({"retention": 5}, ValueError, "non-negative timedelta"),
+        # A NUL in a queue name made every claim fail in the driver.
+        ({"queues": {"a\x00": 1}}, ValueError, "NUL"),
+        ({"queues": {"": 1}}, ValueError, "non-empty"),
+        ({"queues": {"q": "1"}}, ValueError, "limits >= 1"),
+        ({"concurrency": "4"}, TypeError, "concurrency= takes an int"),
+        ({"poll_interval": float("nan")}, ValueError, "poll_interval"),
+        ({"heartbeat_interval": 5}, ValueError, "heartbeat_interval= takes a positive timedelta"),
+        ({"sweep_interval": timedelta(0)}, ValueError, "sweep_interval= takes a positive"),
+    ],
+)
+def test_bad_worker_options_are_refused_when_it_is_made(
+    engine: sa.Engine, name: str, options: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    wf: cyclone.Workflow[Any] = cyclone.Workflow(name)
+
+    @wf.step()
+    def only(ctx: cyclone.StepContext, value: Any) -> None: ...
+
+    with pytest.raises(error, match=message):
+        cyclone.Worker(engine, workflows=[wf], **options)
