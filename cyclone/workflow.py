@@ -97,7 +97,13 @@ def _check_options(where: str, max_attempts: int, queue: str, priority: int) -> 
             f"{where}: max_attempts must be an int from 1 to {MAX_INTEGER}, not {max_attempts!r}"
         )
     check_name(f"{where}: queue", queue)
-    if not isinstance(priority, int) or not -32768 <= priority <= 32767:
+    # A bool is an int to Python, but PostgreSQL cannot cast it to smallint: enqueue(...,
+    # priority=True) failed in the driver.
+    if (
+        isinstance(priority, bool)
+        or not isinstance(priority, int)
+        or not -32768 <= priority <= 32767
+    ):
         raise errors.DefinitionError(f"{where}: priority must be an int in the smallint range")
 
 

@@ -96,6 +96,18 @@ def test_bad_start_options_of_an_enqueue_raise_before_anything_is_written(
     assert cyclone.Client(engine).list_jobs(kind=name) == []
 
 
+def test_a_bool_priority_is_refused_before_anything_is_written(
+    engine: sa.Engine, name: str
+) -> None:
+    """PostgreSQL cannot cast a bool to smallint: it failed in the driver."""
+    step, _seen = recorder(name)
+    with pytest.raises(cyclone.DefinitionError, match="priority"):
+        step.enqueue(engine, 1, priority=True)
+    with pytest.raises(cyclone.DefinitionError, match="priority"):
+        recorder(f"{name}-b", priority=True)
+    assert cyclone.Client(engine).list_jobs(kind=name) == []
+
+
 def test_a_lower_priority_number_runs_first(engine: sa.Engine, name: str) -> None:
     step, seen = recorder(name)
     priorities = [5, -3, 2, 0, 9, -10, 1]
