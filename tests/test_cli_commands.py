@@ -366,6 +366,23 @@ def test_runs_list_rejects_a_bad_since_and_state(database_url: URL) -> None:
     assert bad_state.exit_code == 2
 
 
+def test_a_duration_past_a_thousand_years_or_a_limit_past_integer_is_bad_usage_in_one_line(
+    database_url: URL,
+) -> None:
+    """``--since 99999999d`` ended in an OverflowError traceback; ``--limit`` past
+    PostgreSQL's integer was blamed on ``--after``."""
+    for args in (("runs", "list", "--since", "99999999d"), ("purge", "--older-than", "99999999d")):
+        result = invoke(database_url, *args)
+        assert result.exit_code == 2, result.output
+        assert "longer than 1,000 years" in result.output
+        assert "Traceback" not in result.output
+    too_many = invoke(database_url, "runs", "list", "--limit", str(2**70))
+    assert too_many.exit_code == 2
+    assert too_many.output.strip().splitlines() == [
+        "cyclone: limit must be a positive int, at most 2147483647"
+    ]
+
+
 def test_runs_show_gives_input_result_and_each_step(
     engine: sa.Engine, database_url: URL, name: str
 ) -> None:

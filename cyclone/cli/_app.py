@@ -19,6 +19,7 @@ from sqlalchemy import Engine
 
 import cyclone
 from cyclone import migrations
+from cyclone._timing import MAX_DURATION
 from cyclone.cli import _db, _definitions, _output
 from cyclone.cli._db import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, BadInput, CommandError
 from cyclone.client import Client, JobDetail, QueueStatus, RunDetail, StepStatus
@@ -174,11 +175,15 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 def duration(value: str) -> timedelta:
-    """``30s``, ``15m``, ``1h``, ``7d``, ``2w`` as a timedelta."""
+    """``30s``, ``15m``, ``1h``, ``7d``, ``2w`` as a timedelta, at most 1,000 years (a
+    longer one overflowed: ``runs list --since 99999999d`` ended in a traceback)."""
     match = _DURATION.match(value)
     if not match:
         raise click.BadParameter(f"{value!r} is not a duration such as 30s, 15m, 1h, 7d or 2w")
-    return timedelta(seconds=float(match[1]) * _UNITS[match[2]])
+    seconds = float(match[1]) * _UNITS[match[2]]
+    if seconds > MAX_DURATION.total_seconds():
+        raise click.BadParameter(f"{value!r} is longer than 1,000 years")
+    return timedelta(seconds=seconds)
 
 
 def since(value: str) -> datetime:
@@ -238,7 +243,10 @@ def _paged(read: Callable[[], list[Listed]]) -> list[Listed]:
     try:
         return read()
     except ValueError as exc:
-        raise BadInput(f"--after: {exc}") from None
+        # The cursor's error says "after=..."; another (a --limit past PostgreSQL's
+        # integer, a --key that is no UTF-8) names its own option and is not --after's.
+        message = str(exc)
+        raise BadInput(f"--after: {message}" if message.startswith("after=") else message) from None
 
 
 def _print_page(
