@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+import sqlalchemy.orm
 
 import cyclone
 from tests.conftest import StatementCounter
