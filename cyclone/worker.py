@@ -28,7 +28,7 @@ import time
 import uuid
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -96,6 +96,16 @@ def _check_sequence(name: str, given: object, example: str) -> None:
         raise errors.DefinitionError(
             f"{name}= takes a list, got a single {type(given).__name__}: pass {example}"
         )
+
+
+def _check_items(name: str, given: Sequence[object], kind: type, what: str) -> None:
+    """Refuse an item of ``name=`` that is not a ``kind``: one given to the other option
+    (a step kind in ``workflows=``) failed later with an AttributeError."""
+    for item in given:
+        if not isinstance(item, kind):
+            raise errors.DefinitionError(
+                f"{name}= takes definitions, each {what}, not {type(item).__name__}"
+            )
 
 
 @dataclass
@@ -360,6 +370,9 @@ class Worker:
         self.engine: Engine = _binds.engine_of(bind)
         _check_sequence("workflows", workflows, "workflows=[wf]")
         _check_sequence("steps", steps, "steps=[send_email]")
+        workflows, steps = list(workflows), list(steps)
+        _check_items("workflows", workflows, Workflow, "a Workflow (steps= takes step kinds)")
+        _check_items("steps", steps, StandaloneStep, "a step kind made by @cyclone.step")
         self.workflows: dict[str, Workflow[Any]] = {}
         for wf in workflows:
             if wf.name in self.workflows and self.workflows[wf.name] is not wf:

@@ -262,6 +262,26 @@ def test_a_worker_given_one_workflow_instead_of_a_list_says_to_pass_a_list(
         cyclone.Worker(engine, steps=kind_step)  # type: ignore[arg-type]
 
 
+def test_a_worker_given_a_step_kind_as_a_workflow_or_the_reverse_names_the_mistake(
+    engine: sa.Engine, name: str
+) -> None:
+    wf = workflow(name)
+
+    @cyclone.step(f"{name}_kind")
+    def kind_step(ctx: cyclone.StepContext, args: int) -> None:
+        return None
+
+    with pytest.raises(cyclone.DefinitionError, match=r"workflows= takes .* not StandaloneStep"):
+        cyclone.Worker(engine, workflows=[wf, kind_step])  # type: ignore[list-item]
+    with pytest.raises(cyclone.DefinitionError, match=r"steps= takes .* not Workflow"):
+        cyclone.Worker(engine, steps=[kind_step, wf])  # type: ignore[list-item]
+    with pytest.raises(cyclone.DefinitionError, match=r"workflows= takes .* not str"):
+        cyclone.Worker(engine, workflows=[name])  # type: ignore[list-item]
+    worker = cyclone.Worker(engine, workflows=(w for w in [wf]), steps=iter([kind_step]))
+    assert list(worker.workflows) == [name]
+    assert list(worker.steps) == [f"{name}_kind"]
+
+
 def test_an_adapter_must_return_a_psycopg_connection(engine: sa.Engine, name: str) -> None:
     class Odd:
         pass
