@@ -225,6 +225,23 @@ def test_a_retention_or_age_past_a_thousand_years_is_refused_and_purges_keep_wor
     assert kept is None
 
 
+def test_a_run_kept_past_the_timestamps_range_before_the_bound_does_not_stop_purges(
+    engine: sa.Engine, client: cyclone.Client, name: str
+) -> None:
+    """A retention stored before retentions were bounded (``timedelta.max``, written here
+    as an older version wrote it) keeps its run, and every other run is purged as usual."""
+    wf = workflow(name)
+    kept_forever, old = cancelled(engine, wf, 2)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.update(runs).where(runs.c.id == kept_forever.id).values(retention=timedelta.max)
+        )
+    age(engine, [kept_forever, old], "2 days")
+    assert client.count_purgeable(older_than=DAY)[0] == 1
+    assert client.purge_terminal_runs(older_than=DAY) == 1
+    assert existing(engine, [kept_forever, old]) == {kept_forever.id}
+
+
 def test_purge_finished_jobs_deletes_old_finished_standalone_jobs_only(
     engine: sa.Engine, client: cyclone.Client, name: str
 ) -> None:

@@ -40,9 +40,12 @@ DEFAULT_INTERVAL = timedelta(minutes=5)
 def _runs_due() -> list[Any]:
     keep = func.coalesce(runs.c.retention, bindparam("older_than", type_=Interval))
     # A child run (``parent_id`` set) goes with its parent: the foreign key cascades.
+    # The age is compared as an interval: ``finalized_at < now() - keep`` computed a time,
+    # and a run kept longer than the timestamps' range (stored before retentions were
+    # bounded) failed every purge, for every run.
     return [
         runs.c.state.in_([s.value for s in TERMINAL_RUN_STATES]),
-        runs.c.finalized_at < func.now() - keep,
+        func.now() - runs.c.finalized_at > keep,
         runs.c.parent_id.is_(None),
         ~_runs_below(runs),
     ]
