@@ -30,15 +30,26 @@ def check_duration(value: timedelta, what: str) -> timedelta:
     return value
 
 
+EARLIEST = datetime(1, 1, 2, tzinfo=UTC)
+LATEST = datetime(9999, 12, 30, tzinfo=UTC)
+"""The range of the instants cyclone takes: years 1 to 9999 less a day at each end, so
+that a stored time reads back in any session time zone (a read in UTC+14 of a time late
+on 9999-12-31 UTC would fall in year 10000, which Python cannot hold)."""
+
+
 def check_instant(value: datetime, what: str) -> datetime:
-    """Return ``value`` (an aware datetime) if it falls in years 1 to 9999 in UTC, the
-    times a read can decode.
+    """Return ``value`` (an aware datetime) if it falls within :data:`EARLIEST` and
+    :data:`LATEST`, the times a read can decode.
 
     Raises:
-        ValueError: it falls outside, as its offset moves it past year 9999 or before year 1.
+        ValueError: it falls outside, as its offset may move it past year 9999 or before
+            year 1.
     """
     try:
-        value.astimezone(UTC)
+        inside = EARLIEST <= value.astimezone(UTC) <= LATEST
     except OverflowError:
-        raise ValueError(f"{what} {value.isoformat()} is outside years 1 to 9999 in UTC") from None
+        inside = False
+    if not inside:
+        first, last = EARLIEST.date().isoformat(), LATEST.date().isoformat()
+        raise ValueError(f"{what} {value.isoformat()} is outside {first} to {last} in UTC")
     return value

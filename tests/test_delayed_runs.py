@@ -151,6 +151,9 @@ def test_a_delayed_run_is_not_started_before_its_time(engine: sa.Engine, name: s
         ({"retention": timedelta.max}, "1,000 years"),
         ({"run_at": datetime.max.replace(tzinfo=timezone(timedelta(hours=-14)))}, "9999"),
         ({"deadline": datetime.min.replace(tzinfo=timezone(timedelta(hours=14)))}, "9999"),
+        # Late on 9999-12-31 in UTC: read in a session at UTC+14 it falls in year 10000.
+        ({"deadline": datetime(9999, 12, 31, 20, tzinfo=UTC)}, "9999-12-30"),
+        ({"run_at": datetime(1, 1, 1, 3, tzinfo=UTC)}, "0001-01-02"),
     ],
 )
 @pytest.mark.parametrize("form", SUBMITS)
