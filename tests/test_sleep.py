@@ -123,3 +123,46 @@ def test_a_duration_past_a_thousand_years_is_a_definition_error(duration: timede
     with pytest.raises(cyclone.DefinitionError, match="1,000 years"):
         wf.sleep(duration)
     assert wf.steps == {}
+
+
+def test_a_sleep_node_whose_due_time_cannot_be_read_fails_its_attempts_instead_of_looping(
+    engine: sa.Engine, name: str, stop_after: list[tuple[cyclone.Worker, Background]]
+) -> None:
+    """A decision the database refuses is the same at every try (here the due time falls
+    after year 9999, its upstream's end put in year 9999): the node's attempt fails, and
+    the run fails when its attempts are spent. It was handed back and claimed again at
+    once, for ever, and the run never ended."""
+    wf: cyclone.Workflow[int] = cyclone.Workflow(name, input=int)
+
+    @wf.step()
+    def signup(ctx: cyclone.StepContext, user: int) -> int:
+        return user
+
+    @wf.sleep(timedelta(hours=2), after=[signup], max_attempts=2)
+    def reminder(ctx: cyclone.StepContext, user: int) -> str:
+        return "reminded"
+
+    run = wf.submit(engine, 1)
+    cyclone.Worker(engine, workflows=[wf]).drain()
+    assert times(engine, run.id)["reminder"][0] == "available"  # parked for two hours
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE cyclone_jobs SET finalized_at = '9999-12-31 23:00+00' "
+                "WHERE run_id = :r AND kind = 'signup'"
+            ),
+            {"r": run.id},
+        )
+        conn.execute(
+            sa.text("UPDATE cyclone_jobs SET scheduled_at = now() WHERE run_id = :r"),
+            {"r": run.id},
+        )
+    worker = cyclone.Worker(engine, workflows=[wf], backoff=lambda attempt: 0.0, sweep=False)
+    stop_after.append((worker, Background(worker.run)))
+    status = run.wait(timeout=30)
+    assert status.state == cyclone.RunState.FAILED
+    assert status.failed_step == "reminder"
+    assert status.error is not None
+    assert status.error["type"] == "DataError"
+    assert status.error["message"].startswith("cyclone could not decide about this sleep node: ")
+    assert status.error["attempt"] == 2

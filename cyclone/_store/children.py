@@ -263,7 +263,7 @@ def execute(
         with engine.connect() as conn:
             found = _executor.first(conn, _READ, {"cw": child.plan.workflow, "key": key})
     except Exception as exc:
-        return _hand_back(worker_id, job, exc)
+        return _waits.undecided(worker_id, job, "child node", exc, backoff)
     # The key of a child to retry is locked first: keys before runs (an admission locks
     # keys, then cancels runs in progress, this node's run among them).
     retried_key = None
@@ -289,19 +289,7 @@ def execute(
     try:
         return _decide(engine, worker_id, job, child, key, input_, limit_key, retried_key, backoff)
     except Exception as exc:
-        return _hand_back(worker_id, job, exc)
-
-
-def _hand_back(worker_id: str, job: Claimed, exc: Exception) -> _waits.HandBack:
-    text = str(exc).strip()
-    log.warning(
-        "worker %s could not decide about child node %r of run %s (%s); handing it back",
-        worker_id,
-        job.kind,
-        job.run_id,
-        text.splitlines()[0] if text else type(exc).__name__,
-    )
-    return _waits.HandBack(job.id, job.lease)
+        return _waits.undecided(worker_id, job, "child node", exc, backoff)
 
 
 def _child_failed(

@@ -221,19 +221,13 @@ def execute(engine: Engine, worker_id: str, job: Claimed, node: Step[Any]) -> _w
     """Expand, park or collect the claimed map node ``job`` (see the module's docstring).
 
     A database error in its transaction is cyclone's, not the node's: the job is handed
-    back (:class:`cyclone._store.waits.HandBack`), its attempt not counted.
+    back (:class:`cyclone._store.waits.HandBack`), its attempt not counted, unless the
+    database refused a value, which fails the node (:func:`cyclone._store.waits.undecided`).
     """
     try:
         return _decide(engine, worker_id, job, node)
     except Exception as exc:
-        log.warning(
-            "worker %s could not expand or collect map node %r of run %s (%s); handing it back",
-            worker_id,
-            job.kind,
-            job.run_id,
-            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
-        )
-        return _waits.HandBack(job.id, job.lease)
+        return _waits.undecided(worker_id, job, "map node", exc, None)
 
 
 def _decide(engine: Engine, worker_id: str, job: Claimed, node: Step[Any]) -> _waits.Outcome:

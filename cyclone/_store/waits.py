@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+import psycopg
 from sqlalchemy import (
     BigInteger,
     Connection,
@@ -257,6 +258,57 @@ def _timed_out(job: Claimed, signal: str, backoff: Callable[[int], float]) -> Fa
 Outcome = Success | Failure | Parked | HandBack
 
 
+def undecided(
+    worker_id: str,
+    job: Claimed,
+    what: str,
+    exc: Exception,
+    backoff: Callable[[int], float] | None,
+) -> HandBack | Failure:
+    """What a node's decision that raised ``exc`` comes to.
+
+    A data error (SQLSTATE class 22, a value the server refuses, or a value the driver
+    cannot load, such as a time after year 9999) is the same at every try: handed back, the node
+    would be claimed and refused again at once, for ever. It is the attempt's failure
+    instead, retried after ``backoff`` (None: not retried) until its attempts run out,
+    then its run's. Any other error (a lost connection, a deadlock, a statement
+    cancelled, a schema a deploy has not migrated yet) hands the job back, its attempt
+    not counted.
+    """
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    if isinstance(getattr(exc, "orig", exc), psycopg.DataError):
+        log.error(
+            "worker %s could not decide about %s %r of run %s (%s); it fails this attempt",
+            worker_id,
+            what,
+            job.kind,
+            job.run_id,
+            first,
+        )
+        error = {
+            "type": type(getattr(exc, "orig", exc)).__qualname__,
+            "message": f"cyclone could not decide about this {what}: {first}",
+            "attempt": job.attempt,
+            "step": job.kind,
+            **({} if job.item is None else {"item": job.item}),
+            "at": datetime.now(UTC).isoformat(),
+        }
+        retry_in = (
+            None if backoff is None or job.attempt >= job.max_attempts else backoff(job.attempt)
+        )
+        return Failure(job.id, job.lease, error, retry_in)
+    log.warning(
+        "worker %s could not decide about %s %r of run %s (%s); handing it back",
+        worker_id,
+        what,
+        job.kind,
+        job.run_id,
+        first,
+    )
+    return HandBack(job.id, job.lease)
+
+
 def execute(
     engine: Engine,
     worker_id: str,
@@ -277,20 +329,14 @@ def execute(
     (retried as any step; the next attempt waits anew).
 
     A database error in this transaction is cyclone's, not the step's: the job is
-    handed back (:class:`HandBack`), its attempt not counted.
+    handed back (:class:`HandBack`), its attempt not counted, unless the database
+    refused a value, which fails the attempt (:func:`undecided`).
     """
     try:
         payload = _decide(engine, worker_id, job, node, backoff)
     except Exception as exc:
-        log.warning(
-            "worker %s could not decide about %s node %r of run %s (%s); handing it back",
-            worker_id,
-            "wait" if node.signal is not None else "sleep",
-            job.kind,
-            job.run_id,
-            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
-        )
-        return HandBack(job.id, job.lease)
+        what = "wait node" if node.signal is not None else "sleep node"
+        return undecided(worker_id, job, what, exc, backoff)
     if isinstance(payload, Parked):
         return payload
     return run(job if payload is None else replace(job, input=payload))
