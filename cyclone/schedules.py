@@ -24,7 +24,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from zoneinfo import ZoneInfoNotFoundError
 
 from sqlalchemy import Connection, Engine
@@ -265,6 +265,12 @@ def fire_all(engine: Engine, defined: Iterable[Schedule]) -> float:
     return wait
 
 
+class Stopping(Protocol):
+    """What a scheduler reads of its worker's stop: whether it was asked."""
+
+    def is_set(self) -> bool: ...
+
+
 class Scheduler:
     """A worker's thread that registers its workflows' schedules and fires their ticks.
 
@@ -272,7 +278,7 @@ class Scheduler:
     (a schedule registered, paused or resumed anywhere) or :meth:`stop` wakes it.
     """
 
-    def __init__(self, engine: Engine, defined: Sequence[Schedule], stop: threading.Event):
+    def __init__(self, engine: Engine, defined: Sequence[Schedule], stop: Stopping):
         self.engine = engine
         self.defined = list(defined)
         self._stop = stop

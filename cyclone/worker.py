@@ -180,6 +180,29 @@ def _readable(fds: list[int], timeout: float) -> list[int]:
     return ready
 
 
+class _Flag:
+    """A flag set from any thread, or from a signal handler.
+
+    Unlike ``threading.Event``, setting and clearing it take no lock: a handler that ran
+    while the main thread held an Event's lock (clearing it) and set that Event would
+    wait for the main thread, which waits for the handler.
+    """
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def clear(self) -> None:
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+
 class _Doorbell:
     """The claim loop's wake-up, rung from any thread: a finished step, a stop, a signal.
 
@@ -495,8 +518,8 @@ class Worker:
 
         self._outcomes: queue.SimpleQueue[tuple[_claim.Claimed, Outcome]] = queue.SimpleQueue()
         self._wake = _Doorbell()
-        self._stopping = threading.Event()
-        self._abandon = threading.Event()
+        self._stopping = _Flag()
+        self._abandon = _Flag()
         self._stop_deadline: float | None = None
         self._grace: float | None = None
         # Keyed by (job id, lease): a rescued job can be claimed again by this worker while
