@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from cyclone import errors
+from cyclone import _timing, errors
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 CRON_EXTRA = "cron= schedules need the cron extra: pip install 'cyclone[cron]' (it adds cronsim)"
@@ -53,13 +53,21 @@ def check(spec: Spec, where: str) -> None:
         raise errors.DefinitionError(f"{where}: timezone= takes an IANA zone name such as 'UTC'")
     try:
         zone = spec.zone
-    except (ZoneInfoNotFoundError, ValueError):
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        # OSError: a name zoneinfo looks up as a path but cannot open as a file (a folder
+        # of zones such as 'America', a name too long for the file system).
         raise errors.DefinitionError(f"{where}: unknown time zone {spec.timezone!r}") from None
     if spec.every is not None:
         if not isinstance(spec.every, timedelta):
             raise errors.DefinitionError(f"{where}: every= takes a timedelta")
         if spec.every < timedelta(seconds=1) or spec.every.microseconds:
             raise errors.DefinitionError(f"{where}: every= must be a whole number of seconds >= 1")
+        # The next tick is a multiple of every= after the epoch: past 1,000 years it fell
+        # after year 9999, and the worker's scheduler failed on it every second, for ever.
+        if spec.every > _timing.MAX_DURATION:
+            raise errors.DefinitionError(
+                f"{where}: every= is at most {_timing.MAX_DURATION.days} days (1,000 years)"
+            )
         return
     if not isinstance(spec.cron, str):
         raise errors.DefinitionError(f"{where}: cron= takes a cron expression (str)")

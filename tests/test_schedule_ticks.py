@@ -142,6 +142,14 @@ def wf(name: str = "reports") -> cyclone.Workflow[Any]:
         ({"cron": "0 * * * *", "timezone": "Mars/Olympus"}, "unknown time zone"),
         ({"every": timedelta(milliseconds=500)}, "whole number of seconds"),
         ({"every": 60}, "every= takes a timedelta"),
+        # The next tick of a longer interval falls after year 9999: the worker's scheduler
+        # failed with OverflowError every second, for ever.
+        ({"every": timedelta(days=365_251)}, "every= is at most 365250 days"),
+        ({"every": timedelta(days=10**8)}, "every= is at most"),
+        # zoneinfo opens a name as a file: a folder of zones or a name too long for the
+        # file system raised OSError, not a DefinitionError.
+        ({"every": timedelta(1), "timezone": "America"}, "unknown time zone"),
+        ({"every": timedelta(1), "timezone": "a" * 300}, "unknown time zone"),
         ({"every": timedelta(1), "missed": "all"}, "missed="),
         ({"every": timedelta(1), "missed": "catch_up", "max_catch_up": 0}, "max_catch_up"),
         # cyclone_schedules.max_catch_up is an integer: a larger value failed in the worker.
