@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
 
-from cyclone import _keys, errors
+from cyclone import _keys, _timing, errors
 from cyclone.schema import MAX_INTEGER
 
 OnLimit = Literal["queue", "cancel_newest", "cancel_in_progress"]
@@ -103,6 +103,13 @@ class Rate:
             )
         if not isinstance(per, timedelta) or per <= timedelta():
             raise errors.DefinitionError(f"Rate per must be a positive timedelta, not {per!r}")
+        # A worker reads when the next window opens (a multiple of per since the epoch,
+        # plus per): past 1,000 years that time fell after year 9999 and the read failed
+        # in the driver at every idle loop, each failure logged with its traceback.
+        if per > _timing.MAX_DURATION:
+            raise errors.DefinitionError(
+                f"Rate per is at most {_timing.MAX_DURATION.days} days (1,000 years), not {per!r}"
+            )
         if key is not None and not callable(key):
             raise errors.DefinitionError("Rate key must be a function of the input")
         self.limit = limit

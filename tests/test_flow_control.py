@@ -240,6 +240,13 @@ def test_a_concurrency_refuses_bad_values_at_definition() -> None:
         cyclone.Concurrency(2**31)
     with pytest.raises(cyclone.DefinitionError, match="limit must be an int from 1"):
         cyclone.Rate(2**31, timedelta(seconds=1))
+    # The end of a window is read as its start plus per: past 1,000 years it fell after
+    # year 9999, and a worker serving the Rate failed that read at every idle loop.
+    with pytest.raises(cyclone.DefinitionError, match="per is at most 365250 days"):
+        cyclone.Rate(1, timedelta(days=365_251))
+    with pytest.raises(cyclone.DefinitionError, match="per is at most"):
+        cyclone.Rate(1, timedelta.max)
+    assert cyclone.Rate(1, timedelta(days=365_250)).per == timedelta(days=365_250)
     assert cyclone.Concurrency(2**31 - 1).max == 2**31 - 1
 
 
