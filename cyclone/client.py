@@ -280,6 +280,17 @@ def _text(value: str | None, name: str) -> str | None:
     return value
 
 
+def _stored_name(value: object, what: str) -> str:
+    """The name of a schedule or limit to change: not a str is a TypeError, and a str
+    PostgreSQL's text cannot hold (a NUL, a lone surrogate) a ValueError, before a
+    statement is sent. They failed in the driver ("cannot contain NUL (0x00) bytes") or
+    its encoder (``UnicodeEncodeError``), or said that no schedule is named ``5``."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} is a str, not {type(value).__name__}")
+    _text(value, "name")
+    return value
+
+
 def _workflow_name(workflow: str | HasName | None) -> str | None:
     """The name a workflow filter gives: a name, or a Workflow's (anything with a ``name``).
 
@@ -747,9 +758,12 @@ class Client:
         then on.
 
         Raises:
-            ValueError: ``max`` is not an int from 0 to 2**31 - 1 (PostgreSQL's integer).
+            TypeError: ``name`` is not a str.
+            ValueError: ``max`` is not an int from 0 to 2**31 - 1 (PostgreSQL's integer),
+                or ``name`` holds a NUL or a lone surrogate.
             NotFoundError: no limit has this name (none was used or served yet).
         """
+        _stored_name(name, "a limit's name")
         if isinstance(max, bool) or not isinstance(max, int) or not 0 <= max <= MAX_INTEGER:
             raise ValueError(f"a limit's max is an int from 0 to {MAX_INTEGER}, not {max!r}")
         if not _limits.set_limit(self._engine, name, max):
@@ -771,16 +785,20 @@ class Client:
 
         Raises:
             NotFoundError: no schedule of that name is registered.
+            TypeError: ``name`` is not a str.
+            ValueError: ``name`` holds a NUL or a lone surrogate.
         """
-        schedules.set_paused(self._engine, name, True)
+        schedules.set_paused(self._engine, _stored_name(name, "a schedule's name"), True)
 
     def resume_schedule(self, name: str) -> None:
         """Fire schedule ``name`` again, from its next tick on.
 
         Raises:
             NotFoundError: no schedule of that name is registered.
+            TypeError: ``name`` is not a str.
+            ValueError: ``name`` holds a NUL or a lone surrogate.
         """
-        schedules.set_paused(self._engine, name, False)
+        schedules.set_paused(self._engine, _stored_name(name, "a schedule's name"), False)
 
     def pause_queue(self, queue: str) -> bool:
         """Pause ``queue``: no worker claims its jobs until it is resumed.

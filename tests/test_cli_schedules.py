@@ -106,3 +106,17 @@ def test_schedules_pause_without_a_name_is_bad_usage(database_url: URL) -> None:
     done = invoke(database_url, "schedules", "pause")
     assert done.exit_code == 2
     assert "NAME" in done.stderr
+
+
+@pytest.mark.parametrize("verb", ["pause", "resume"])
+def test_schedules_pause_or_resume_of_a_name_that_is_no_utf8_is_bad_usage(
+    database_url: URL, verb: str
+) -> None:
+    # Bytes of argv that are no UTF-8 reach the command as lone surrogates: the command
+    # printed "cyclone: UnicodeEncodeError: ..." with status 1, a failed operation's.
+    done = invoke(database_url, "schedules", verb, "night\udcff")
+    assert done.exit_code == 2
+    assert done.stdout == ""
+    assert done.stderr == (
+        "cyclone: NAME: name='night\\udcff' is not valid UTF-8 (it holds a lone surrogate)\n"
+    )

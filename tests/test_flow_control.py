@@ -22,6 +22,7 @@ from typing import Any
 import psycopg
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.engine import URL
 
 import cyclone
 from cyclone.schema import jobs
@@ -248,6 +249,35 @@ def test_a_concurrency_refuses_bad_values_at_definition() -> None:
         cyclone.Rate(1, timedelta.max)
     assert cyclone.Rate(1, timedelta(days=365_250)).per == timedelta(days=365_250)
     assert cyclone.Concurrency(2**31 - 1).max == 2**31 - 1
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [("a\x00b", ValueError), ("\udcff", ValueError), (5, TypeError), (None, TypeError)],
+)
+def test_set_limit_refuses_a_name_text_cannot_hold_before_a_statement(
+    engine: sa.Engine, bad: Any, error: type[Exception]
+) -> None:
+    # A NUL failed in the driver ("cannot contain NUL (0x00) bytes"), a lone surrogate in
+    # its encoder (UnicodeEncodeError); an int or None said no limit is named 5.
+    with pytest.raises(error, match="name"):
+        cyclone.Client(engine).set_limit(bad, 3)
+
+
+def test_limits_set_of_a_name_that_is_no_utf8_is_bad_usage_naming_name(
+    database_url: URL,
+) -> None:
+    from click.testing import CliRunner
+
+    from cyclone.cli import build_cli
+
+    url = database_url.render_as_string(False)
+    done = CliRunner().invoke(build_cli(), ["limits", "set", "x\udcff", "3", "--url", url])
+    # It blamed MAX: "cyclone: MAX: 'utf-8' codec can't encode character ...".
+    assert done.exit_code == 2
+    assert done.stderr == (
+        "cyclone: NAME: name='x\\udcff' is not valid UTF-8 (it holds a lone surrogate)\n"
+    )
 
 
 def test_limits_list_and_set_on_the_command_line(engine: sa.Engine, name: str) -> None:

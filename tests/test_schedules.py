@@ -230,6 +230,22 @@ def test_pausing_an_unknown_schedule_raises_not_found(engine: sa.Engine, name: s
         client.resume_schedule(name)
 
 
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [("a\x00b", ValueError), ("\udcff", ValueError), (5, TypeError), (None, TypeError)],
+)
+def test_a_schedule_name_text_cannot_hold_is_refused_before_a_statement(
+    engine: sa.Engine, bad: Any, error: type[Exception]
+) -> None:
+    # A NUL failed in the driver ("cannot contain NUL (0x00) bytes"), a lone surrogate in
+    # its encoder (UnicodeEncodeError); an int or None said no schedule is named 5.
+    client = cyclone.Client(engine)
+    with pytest.raises(error, match="name"):
+        client.pause_schedule(bad)
+    with pytest.raises(error, match="name"):
+        client.resume_schedule(bad)
+
+
 def test_a_running_worker_registers_and_fires_its_schedules(
     engine: sa.Engine, name: str, cleanup: list[str]
 ) -> None:

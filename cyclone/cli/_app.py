@@ -717,14 +717,20 @@ def _add_commands(group: click.Group) -> None:
     @click.argument("name", metavar="NAME")
     def schedules_pause(name: str) -> None:
         """Stop firing schedule NAME; the ticks that fall while it is paused never fire."""
-        _invocation().client().pause_schedule(name)
+        try:
+            _invocation().client().pause_schedule(name)
+        except ValueError as exc:  # a name that is no UTF-8 (argv's bytes): bad input
+            raise BadInput(f"NAME: {exc}") from None
         click.echo(f"paused schedule {name}")
 
     @_command(schedules, "resume")
     @click.argument("name", metavar="NAME")
     def schedules_resume(name: str) -> None:
         """Fire schedule NAME again, from its next tick on."""
-        _invocation().client().resume_schedule(name)
+        try:
+            _invocation().client().resume_schedule(name)
+        except ValueError as exc:  # a name that is no UTF-8 (argv's bytes): bad input
+            raise BadInput(f"NAME: {exc}") from None
         click.echo(f"resumed schedule {name}")
 
     queues = click.Group(
@@ -795,8 +801,13 @@ def _add_commands(group: click.Group) -> None:
         """Set limit NAME's max; workers apply it within a second, over the definitions'."""
         try:
             _invocation().client().set_limit(name, maximum)
-        except ValueError as exc:  # past the column's range: bad input, not a database error
-            raise BadInput(f"MAX: {exc}") from None
+        except ValueError as exc:  # bad input, not a database error
+            # The name's error (no UTF-8: argv's bytes) says "name=..."; the other is MAX's
+            # (past the column's range).
+            message = str(exc)
+            raise BadInput(
+                f"NAME: {message}" if message.startswith("name=") else f"MAX: {message}"
+            ) from None
         click.echo(f"limit {name}: max {maximum}")
 
     @_command(group, "dashboard")
