@@ -222,7 +222,7 @@ def _position(after: Position | str | None, id_type: type[Any]) -> tuple[datetim
             raise TypeError(
                 f"after= takes the last status listed or its cursor, not {type(after).__name__}"
             )
-        return (after.created_at, after.id)
+        return (after.created_at, _cursor_id(after.id, id_type, after))
     created, sep, ident = after.partition("~")
     try:
         if not sep:
@@ -230,11 +230,24 @@ def _position(after: Position | str | None, id_type: type[Any]) -> tuple[datetim
         when = datetime.fromisoformat(created)
         if when.tzinfo is None:
             raise ValueError("no offset")
-        return (when, id_type(ident))
+        return (when, _cursor_id(id_type(ident), id_type, after))
     except ValueError:
         raise ValueError(
             f"after={after!r} is not a cursor: pass the cursor of the last run or job listed"
         ) from None
+
+
+def _cursor_id(ident: Any, id_type: type[Any], after: object) -> Any:
+    """A cursor's id, checked: a job's is an int in ``bigint``'s range (one past it, from a
+    cursor's text or a hand-made position, failed in the driver with "bigint out of
+    range")."""
+    if id_type is int and (
+        isinstance(ident, bool) or not isinstance(ident, int) or not -(2**63) <= ident < 2**63
+    ):
+        raise ValueError(
+            f"after={after!r} is not a cursor: pass the cursor of the last run or job listed"
+        )
+    return ident
 
 
 def _run_uuid(run_id: uuid.UUID | str) -> uuid.UUID:

@@ -344,6 +344,15 @@ def test_runs_list_pages_by_the_cursor_it_prints(
     assert bad.stderr.count("\n") == 1
 
 
+def test_jobs_list_after_a_cursor_past_bigint_is_bad_usage(database_url: URL) -> None:
+    # It was "cyclone: database error: bigint out of range", status 1.
+    bad = invoke(database_url, "jobs", "list", "--after", f"2026-01-01T00:00:00+00:00~{2**63}")
+    assert bad.exit_code == 2
+    assert bad.stderr.startswith("cyclone: --after: after='2026-01-01T00:00:00+00:00~")
+    assert "is not a cursor" in bad.stderr
+    assert bad.stderr.count("\n") == 1
+
+
 def test_jobs_list_pages_by_the_cursor_it_prints(
     engine: sa.Engine, database_url: URL, name: str
 ) -> None:

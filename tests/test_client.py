@@ -6,7 +6,8 @@ import itertools
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import datetime
+from datetime import UTC, datetime
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -167,6 +168,19 @@ def test_bad_read_arguments_are_typed_errors_before_a_statement(
             lambda: client.get_run_detail(uuid.uuid4(), children_limit="x"),
         ),  # type: ignore[arg-type]
         (TypeError, "a run id is", lambda: client.get_run(None)),  # type: ignore[arg-type]
+        # A job cursor's id past bigint, as text or on a position: "bigint out of range".
+        (
+            ValueError,
+            "not a cursor",
+            lambda: client.list_jobs(after=f"2026-01-01T00:00:00+00:00~{2**63}"),
+        ),
+        (
+            ValueError,
+            "not a cursor",
+            lambda: client.list_jobs(
+                after=SimpleNamespace(created_at=datetime.now(UTC), id=2**63)  # type: ignore[arg-type]
+            ),
+        ),
         (TypeError, "a run id is", lambda: client.get_run(5)),  # type: ignore[arg-type]
     ]
     statements.reset()
