@@ -185,6 +185,9 @@ def test_runs_page_paginates_by_keyset_without_repeats_or_gaps(
         ({"since": "yesterday"}, "&#39;since&#39; is not a date and time"),
         ({"after": "nonsense"}, "The page cursor is not valid"),
         ({"after": "2020-01-01T00:00:00+00:00~not-a-uuid"}, "The page cursor is not valid"),
+        # A NUL in a text filter was the Client's ValueError: a 500 with its traceback.
+        ({"workflow": "a\x00"}, "&#39;workflow&#39; holds a NUL character"),
+        ({"key": "a\x00*"}, "&#39;key&#39; holds a NUL character"),
     ],
 )
 def test_runs_page_answers_bad_filters_with_400_and_the_reason(
@@ -193,6 +196,34 @@ def test_runs_page_answers_bad_filters_with_400_and_the_reason(
     page = client.get("/runs", query_string=query)
     assert page.status_code == 400
     assert message in page.get_data(as_text=True)
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ({"queue": "a\x00"}, "&#39;queue&#39; holds a NUL character"),
+        ({"kind": "a\x00"}, "&#39;kind&#39; holds a NUL character"),
+        # A job id past bigint failed in the driver ("bigint out of range"): a 500.
+        ({"after": f"2020-01-01T00:00:00+00:00~{2**63}"}, "The page cursor is not valid"),
+    ],
+)
+def test_jobs_page_answers_bad_filters_with_400_and_the_reason(
+    client: Client, query: dict[str, str], message: str
+) -> None:
+    page = client.get("/jobs", query_string=query)
+    assert page.status_code == 400
+    assert message in page.get_data(as_text=True)
+
+
+@pytest.mark.parametrize("changed", ["\u00b2", "9" * 5000])
+def test_a_bulk_notice_with_a_count_that_is_no_number_says_zero(
+    client: Client, changed: str
+) -> None:
+    # "²" passed str.isdigit() and int() refused it; 5,000 digits passed it and int()
+    # refused more than 4,300: a 500 each, for a link anyone can edit.
+    page = client.get("/runs", query_string={"done": "retry-all", "changed": changed})
+    assert page.status_code == 200
+    assert "Retried 0 runs." in text_of(page.get_data(as_text=True))
 
 
 def test_run_page_draws_the_dag_coloured_by_state_with_errors_and_tracebacks(

@@ -175,3 +175,15 @@ def test_the_queues_page_pauses_and_resumes_a_queue(
     read_only = Client(create_app(engine)).get("/queues").get_data(as_text=True)
     assert "/queues/pause" not in read_only
     assert admin.post("/queues/pause", data={"csrf_token": csrf_token(page)}).status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("path", "field"), [("/schedules/pause", "schedule"), ("/queues/pause", "queue")]
+)
+def test_an_action_on_a_name_with_a_nul_is_a_400(admin: Client, path: str, field: str) -> None:
+    # The Client refused the name with a ValueError (the schedule's name failed in the
+    # driver before): a 500 with its traceback.
+    page = admin.get("/queues").get_data(as_text=True)
+    answer = admin.post(path, data={"csrf_token": csrf_token(page), field: "a\x00"})
+    assert answer.status_code == 400
+    assert f"&#39;{field}&#39; holds a NUL character" in answer.get_data(as_text=True)

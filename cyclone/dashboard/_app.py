@@ -11,6 +11,7 @@ it will change, whose form posts the same filters.
 
 from __future__ import annotations
 
+import re
 import secrets
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -61,6 +62,9 @@ _BULK = {
     "cancel": ("Cancel", "cancelled", "running", "cancel_runs"),
 }
 """Each bulk action on runs: its button, its past tense, the runs it acts on, its method."""
+
+_COUNT = re.compile(r"[0-9]{1,18}")
+"""The ``changed=`` count a bulk action's redirect carries (a bigint at most)."""
 
 _STATIC_TYPES = {"css": "text/css; charset=utf-8", "js": "text/javascript; charset=utf-8"}
 
@@ -251,10 +255,10 @@ class Dashboard:
     def _page_runs(self, request: Request, csrf: str) -> Response:
         args = request.args
         filters = {
-            "workflow": args.get("workflow") or None,
+            "workflow": _text(args.get("workflow"), "workflow"),
             "state": _choice(RunState, args.get("state")),
             "parked": _choice(Parked, args.get("parked"), "way of parking"),
-            "key": args.get("key") or None,
+            "key": _text(args.get("key"), "key"),
             "since": _moment(args.get("since"), "since"),
             "until": _moment(args.get("until"), "until"),
         }
@@ -286,9 +290,9 @@ class Dashboard:
         confirm; POST (the form): the action on every one of them."""
         source = request.form if request.method == "POST" else request.args
         filters = {
-            "workflow": source.get("workflow") or None,
+            "workflow": _text(source.get("workflow"), "workflow"),
             "state": _choice(RunState, source.get("state")),
-            "key": source.get("key") or None,
+            "key": _text(source.get("key"), "key"),
             "since": _moment(source.get("since"), "since"),
             "until": _moment(source.get("until"), "until"),
             "parked": _choice(Parked, source.get("parked"), "way of parking"),
@@ -411,8 +415,8 @@ class Dashboard:
 
     def _page_jobs(self, request: Request, csrf: str) -> Response:
         args = request.args
-        queue = args.get("queue") or None
-        kind = args.get("kind") or None
+        queue = _text(args.get("queue"), "queue")
+        kind = _text(args.get("kind"), "kind")
         state = _choice(JobState, args.get("state"))
         after = _cursor(args.get("after"), int)
         with self.client.snapshot() as reader:
@@ -475,7 +479,7 @@ class Dashboard:
         return self._render(request, "limits.html", csrf, limits=self.client.list_limits())
 
     def _page_schedule_action(self, request: Request, csrf: str, action: str) -> Response:
-        name = request.form.get("schedule")
+        name = _text(request.form.get("schedule"), "schedule")
         if not name:
             raise BadRequest("The form names no schedule.")
         operation = {"pause": self.client.pause_schedule, "resume": self.client.resume_schedule}
@@ -518,7 +522,7 @@ class Dashboard:
         )
 
     def _page_queue_action(self, request: Request, csrf: str, action: str) -> Response:
-        name = request.form.get("queue")
+        name = _text(request.form.get("queue"), "queue")
         if not name:
             raise BadRequest("The form names no queue.")
         operation = {"pause": self.client.pause_queue, "resume": self.client.resume_queue}
@@ -558,8 +562,21 @@ def _bulk_notice(args: Mapping[str, str]) -> str | None:
     if action not in _BULK or not done.endswith("-all"):
         return None
     changed = args.get("changed", "0")
-    count = int(changed) if changed.isdigit() else 0
+    # ASCII digits, a few of them: str.isdigit() takes "²", which int() refuses, and int()
+    # refuses more than 4,300 digits; either was a 500.
+    count = int(changed) if _COUNT.fullmatch(changed) else 0
     return f"{_BULK[action][1].capitalize()} {count:,} run{'' if count == 1 else 's'}."
+
+
+def _text(value: str | None, field: str) -> str | None:
+    """A text filter or form field, None when empty. A NUL (``%00``) is a BadRequest: no
+    stored name or key holds one, and the Client refuses it with a ValueError, which
+    escaped as a 500 with its traceback."""
+    if not value:
+        return None
+    if "\x00" in value:
+        raise BadRequest(f"{field!r} holds a NUL character, which no stored {field} has.")
+    return value
 
 
 def _choice(enum: Any, value: str | None, what: str = "state") -> Any:
@@ -609,7 +626,11 @@ def _cursor(value: str | None, id_type: type[Any]) -> Cursor | None:
         when = datetime.fromisoformat(created)
         if when.tzinfo is None:
             raise ValueError("no offset")
-        return Cursor(when, id_type(ident))
+        position = id_type(ident)
+        # A job's id is a bigint: one past it failed in the driver (a 500).
+        if id_type is int and not -(2**63) <= position < 2**63:
+            raise ValueError("past bigint")
+        return Cursor(when, position)
     except ValueError:
         raise BadRequest("The page cursor is not valid: start again from the first page.") from None
 
