@@ -358,7 +358,8 @@ class Run:
             InvalidStateError: this run is still running, or one of its steps is.
             NotFoundError: this run does not exist (purged).
             SubmitConflictError: the key's run has another input than this run.
-            TypeError: this handle was not made by a ``Workflow`` (a bare ``Run``).
+            TypeError: this handle was not made by a ``Workflow`` (a bare ``Run``), or
+                ``rerun`` is a str or holds something other than steps and step names.
         """
         definition = self._definition
         if definition is None:
@@ -366,7 +367,7 @@ class Run:
                 f"run {self.id}: fork needs the handle of a Workflow object, "
                 "e.g. workflow.run(engine, run_id).fork(...)"
             )
-        names = [step if isinstance(step, str) else step.name for step in rerun]
+        names = _step_names(rerun)
         forked = _fork.fork(
             self._engine,
             source_id=self.id,
@@ -387,6 +388,24 @@ class Run:
             _timing.check_duration(retention, "retention")
         if not _control.set_retention(self._engine, self.id, retention):
             raise errors.NotFoundError(f"run {self.id} does not exist")
+
+
+def _step_names(rerun: Iterable[str | Named]) -> list[str]:
+    """The step names of a fork's ``rerun=``: each item a name or a step.
+
+    A str is a TypeError rather than the names of its letters (``rerun="label"`` refused
+    step ``'l'``, and ``rerun="ab"`` re-ran steps ``a`` and ``b``), and an item that is
+    neither a name nor a step one rather than an AttributeError.
+    """
+    if isinstance(rerun, str):
+        raise TypeError(f"rerun= takes a list of steps or step names, such as [{rerun!r}]")
+    names = []
+    for step in rerun:
+        name = step if isinstance(step, str) else getattr(step, "name", None)
+        if not isinstance(name, str):
+            raise TypeError(f"rerun= takes steps or step names, not {type(step).__name__}")
+        names.append(name)
+    return names
 
 
 class ResultRun(Run, Generic[Out]):

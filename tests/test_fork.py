@@ -209,6 +209,29 @@ def test_a_rerun_naming_no_step_is_refused_and_nothing_is_written(
     assert [r.id for r in runs_of(engine, name)] == [run.id]
 
 
+@pytest.mark.parametrize(
+    ("rerun", "message"),
+    [
+        ("label", r"a list of steps or step names, such as \['label'\]"),
+        ([5], "not int"),
+        ([None], "not NoneType"),
+    ],
+)
+def test_a_rerun_that_is_a_str_or_holds_no_step_is_a_type_error_and_nothing_is_written(
+    engine: sa.Engine, name: str, rerun: Any, message: str, statements: StatementCounter
+) -> None:
+    # A str was taken for the names of its letters ("rerun= names 'l'", or single-letter
+    # steps re-run that nobody named); an int or None was an AttributeError.
+    calls: Counter[str] = Counter()
+    run = failed_run(engine, name, calls)
+    handle = three_steps(name, calls, fixed=True).run(engine, run.id)
+    statements.reset()
+    with pytest.raises(TypeError, match=message):
+        handle.fork("fixed", rerun=rerun)
+    assert statements.statements == []
+    assert [r.id for r in runs_of(engine, name)] == [run.id]
+
+
 def test_a_running_run_cannot_be_forked(engine: sa.Engine, name: str) -> None:
     calls: Counter[str] = Counter()
     wf = three_steps(name, calls, fixed=True)
