@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -390,6 +391,34 @@ def test_links_and_forms_honour_the_mount_point(engine: sa.Engine, name: str) ->
 def test_create_app_refuses_what_is_not_an_engine() -> None:
     with pytest.raises(TypeError, match="create_app takes a SQLAlchemy Engine, not str"):
         create_app("postgresql://x")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        # A browser runs a setInterval past 2**31 - 1 ms at once: every open page fetched
+        # itself again without pause (NaN and infinity were taken too).
+        ({"refresh": 3_000_000}, ValueError, "refresh must be seconds from 0"),
+        ({"refresh": float("nan")}, ValueError, "refresh must be seconds from 0"),
+        ({"refresh": float("inf")}, ValueError, "refresh must be seconds from 0"),
+        # Failed every request with a 500 ("'int' object is not callable").
+        ({"authorize": 5}, TypeError, "authorize must be callable or None, not int"),
+        # bytes(5) signed the CSRF tokens with five zero bytes, which anyone knows.
+        ({"secret": 5}, TypeError, "secret must be a str or bytes, not int"),
+        ({"secret": ""}, ValueError, "secret must not be empty"),
+    ],
+)
+def test_create_app_refuses_options_it_would_fail_or_be_unsafe_on(
+    engine: sa.Engine, options: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        create_app(engine, **options)
+
+
+def test_create_app_takes_the_longest_refresh_and_a_bytes_secret(engine: sa.Engine) -> None:
+    page = Client(create_app(engine, refresh=2_147_483, secret=b"k")).get("/")
+    assert page.status_code == 200
+    assert '<body data-refresh="2147483">' in page.get_data(as_text=True)
 
 
 def test_formatting_of_json_durations_and_times() -> None:

@@ -592,6 +592,12 @@ def test_the_factory_pattern_mounts_per_app_and_authorize_runs_in_the_request_co
         assert third.test_client().get("/ops/cyclone/").status_code == 404
         with pytest.raises(ValueError, match="dashboard must be a path"):
             cy.init_app(flask.Flask("bad"), dashboard="ops/")
+        # An int was an AttributeError ('startswith'); a non-callable authorize failed
+        # every dashboard request with a 500.
+        with pytest.raises(TypeError, match="dashboard must be a path"):
+            cy.init_app(flask.Flask("bad"), dashboard=5)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="authorize must be callable or None, not str"):
+            Cyclone(flask.Flask("bad"), dashboard="/ops", authorize="ops")  # type: ignore[arg-type]
     finally:
         for app in (first, second, third):
             with app.app_context():

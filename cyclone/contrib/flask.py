@@ -191,6 +191,14 @@ class Cyclone:
         the dashboard's views when a ``dashboard`` path is given (here, else to the
         constructor)."""
         prefix = self._dashboard if dashboard is _UNSET else dashboard
+        chosen = self._authorize if authorize is _UNSET else authorize
+        # A non-callable authorize failed every dashboard request with a 500; say so here.
+        if chosen is not None and not callable(chosen):
+            raise TypeError(f"authorize must be callable or None, not {type(chosen).__name__}")
+        if prefix is not None and not isinstance(prefix, str):
+            raise TypeError(
+                f"dashboard must be a path (a str) or None, not {type(prefix).__name__}"
+            )
         if prefix is not None and (not prefix.startswith("/") or prefix.endswith("/")):
             raise ValueError(
                 f"dashboard must be a path starting with '/' and not ending with one, "
@@ -198,7 +206,7 @@ class Cyclone:
             )
         for key, value in CONFIG_DEFAULTS.items():
             app.config.setdefault(key, value)
-        self._states[app] = _State(self._authorize if authorize is _UNSET else authorize)
+        self._states[app] = _State(chosen)
         app.extensions[EXTENSION] = self
         app.cli.add_command(
             build_cli(

@@ -41,17 +41,24 @@ def create_app(
             only when it returns True. Without it the dashboard is read-only: no
             buttons, and every POST gets 403.
         title: the name in the page header and the browser tab.
-        secret: the key that signs the CSRF tokens of the action forms. Pass the same
-            value to every process serving the dashboard; by default each application
-            makes its own at random.
+        secret: the key that signs the CSRF tokens of the action forms (a non-empty str
+            or bytes). Pass the same value to every process serving the dashboard; by
+            default each application makes its own at random.
         refresh: seconds between a page's refreshes in the browser: a few lines of
             JavaScript served with the dashboard fetch the page again and swap its
             content in, holding off while the tab is hidden or the user is in a form,
             reading an opened error or selecting text. 0 turns it off; without
-            JavaScript pages are the same, and refresh on reload.
+            JavaScript pages are the same, and refresh on reload. At most 2,147,483
+            (a browser runs a longer interval at once).
 
     Returns:
         A WSGI application; mount it anywhere (it honours ``SCRIPT_NAME``).
+
+    Raises:
+        TypeError: ``engine`` is not an Engine, ``authorize`` is not callable, or
+            ``secret`` is not a str or bytes.
+        ValueError: ``refresh`` is not a number of seconds from 0 to 2,147,483, or
+            ``secret`` is empty.
     """
     return Dashboard(engine, authorize=authorize, title=title, secret=secret, refresh=refresh)
 

@@ -11,6 +11,7 @@ it will change, whose form posts the same filters.
 
 from __future__ import annotations
 
+import math
 import re
 import secrets
 import uuid
@@ -62,6 +63,11 @@ _BULK = {
     "cancel": ("Cancel", "cancelled", "running", "cancel_runs"),
 }
 """Each bulk action on runs: its button, its past tense, the runs it acts on, its method."""
+
+MAX_REFRESH = 2_147_483
+"""The longest ``refresh=`` (seconds): a browser runs a ``setInterval`` of more than
+2**31 - 1 ms at once, so a longer refresh made every open page fetch itself again
+without pause."""
 
 _COUNT = re.compile(r"[0-9]{1,18}")
 """The ``changed=`` count a bulk action's redirect carries (a bigint at most)."""
@@ -127,15 +133,29 @@ class Dashboard:
     ) -> None:
         if not isinstance(engine, Engine):
             raise TypeError(f"create_app takes a SQLAlchemy Engine, not {type(engine).__name__}")
+        # Each is checked here, not at a request: a non-callable authorize failed every
+        # request with a 500, and bytes(5) made a secret of five zero bytes anyone knows.
+        if authorize is not None and not callable(authorize):
+            raise TypeError(f"authorize must be callable or None, not {type(authorize).__name__}")
         self.engine = engine
         self.client = Client(engine)
         self.authorize = authorize
         self.title = title
-        if not isinstance(refresh, int | float) or refresh < 0:
-            raise ValueError(f"refresh must be seconds (0 turns it off), not {refresh!r}")
+        if (
+            not isinstance(refresh, int | float)
+            or not math.isfinite(refresh)
+            or not 0 <= refresh <= MAX_REFRESH
+        ):
+            raise ValueError(
+                f"refresh must be seconds from 0 (off) to {MAX_REFRESH:,}, not {refresh!r}"
+            )
         self.refresh = refresh
         if secret is None:
             self._secret = secrets.token_bytes(32)
+        elif not isinstance(secret, str | bytes | bytearray):
+            raise TypeError(f"secret must be a str or bytes, not {type(secret).__name__}")
+        elif not secret:
+            raise ValueError("secret must not be empty: the CSRF tokens would be forgeable")
         else:
             self._secret = secret.encode() if isinstance(secret, str) else bytes(secret)
         self._templates = jinja2.Environment(
