@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -248,17 +249,50 @@ def fire(conn: Connection, schedule: Schedule) -> Fired:
     return Fired(tuple(ticks), max(0.0, min(wait, MAX_SLEEP)))
 
 
-def fire_all(engine: Engine, defined: Iterable[Schedule]) -> float:
-    """Fire every schedule's due ticks, one transaction each; seconds until a tick is next due."""
+@dataclass(slots=True)
+class Failing:
+    """A schedule whose last look failed: how many times in a row, and when to look again
+    (``time.monotonic()`` seconds)."""
+
+    failures: int
+    retry_at: float
+
+
+def fire_all(
+    engine: Engine, defined: Iterable[Schedule], failing: dict[str, Failing] | None = None
+) -> float:
+    """Fire every schedule's due ticks, one transaction each; seconds until a tick is next due.
+
+    A schedule whose look fails (its ``input`` callable raised or returned a value that is
+    not the workflow's input, or the database failed) is looked at again after 1 s,
+    doubling up to :data:`MAX_SLEEP`, counted in ``failing`` (the caller keeps it between
+    calls), until a look succeeds: such a callable failed every second, for ever, each
+    failure a transaction and a traceback in the log. Its ticks are not skipped.
+    """
+    failing = {} if failing is None else failing
     wait = MAX_SLEEP
     for schedule in sorted(defined, key=lambda s: s.name):
+        held = failing.get(schedule.name)
+        now = time.monotonic()
+        if held is not None and held.retry_at > now:
+            wait = min(wait, held.retry_at - now)
+            continue
         try:
             with engine.begin() as conn:
                 fired = fire(conn, schedule)
         except Exception:
-            log.exception("schedule %s could not fire; will try again", schedule.name)
-            wait = min(wait, 1.0)
+            failures = 1 if held is None else held.failures + 1
+            delay = min(MAX_SLEEP, 2.0 ** (failures - 1))
+            failing[schedule.name] = Failing(failures, time.monotonic() + delay)
+            log.exception(
+                "schedule %s could not fire (%d times in a row); will try again in %.0f s",
+                schedule.name,
+                failures,
+                delay,
+            )
+            wait = min(wait, delay)
             continue
+        failing.pop(schedule.name, None)
         if fired.ticks:
             log.info("schedule %s fired %d ticks", schedule.name, len(fired.ticks))
         wait = min(wait, fired.wait)
@@ -304,6 +338,7 @@ class Scheduler:
         unsubscribe = listener.subscribe(_notify.SCHEDULES_CHANGED, self.wake)
         try:
             registered = False
+            failing: dict[str, Failing] = {}
             while not self._stop.is_set():
                 # Cleared before the look: a notification during it makes another look.
                 self._woken.clear()
@@ -312,7 +347,7 @@ class Scheduler:
                     if not registered:
                         register(self.engine, self.defined)
                         registered = True
-                    wait = fire_all(self.engine, self.defined)
+                    wait = fire_all(self.engine, self.defined, failing)
                 except Exception:
                     log.exception("scheduler could not register its schedules; will try again")
                 if not listener.wait_ready(0):

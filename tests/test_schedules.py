@@ -146,6 +146,52 @@ def test_latest_fires_only_the_most_recent_missed_tick(
     assert datetime.now(UTC) - tick < timedelta(hours=1)
 
 
+def test_a_schedule_whose_input_fails_is_looked_at_again_later_not_every_second(
+    engine: sa.Engine, name: str, cleanup: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An input callable that raises, or returns what is not the workflow's input, failed
+    # the schedule's look every second for as long as the worker ran, each one a
+    # transaction and a traceback in the log. Now it waits 1 s, 2 s, 4 s... up to a
+    # minute, and the tick still fires once the input can be made.
+    wf: cyclone.Workflow[int] = cyclone.Workflow(name, input=int)
+    wf.step()(lambda ctx, value: None)
+    calls: list[datetime] = []
+    answer: list[Any] = ["not an int"]
+
+    def make_input(tick: datetime) -> Any:
+        calls.append(tick)
+        return answer[0]
+
+    schedule = wf.schedule(name, every=timedelta(hours=1), input=make_input)
+    sched.register(engine, [schedule])
+    cleanup.append(name)
+    set_last_tick(engine, name, timedelta(hours=2))
+    clock = [1000.0]
+    monkeypatch.setattr(sched.time, "monotonic", lambda: clock[0])
+    failing: dict[str, sched.Failing] = {}
+
+    assert sched.fire_all(engine, [schedule], failing) == 1.0
+    assert len(calls) == 1
+    clock[0] += 0.5
+    assert sched.fire_all(engine, [schedule], failing) == 0.5  # not looked at again yet
+    assert len(calls) == 1
+    clock[0] += 0.5
+    assert sched.fire_all(engine, [schedule], failing) == 2.0  # failed again: 2 s now
+    assert len(calls) == 2
+    failing[name].failures = 10
+    clock[0] += 2.0
+    assert sched.fire_all(engine, [schedule], failing) == 60.0  # at most a minute
+    assert ticks_of(engine, name) == []
+
+    answer[0] = 7
+    clock[0] += 60.0
+    sched.fire_all(engine, [schedule], failing)
+    assert failing == {}
+    (tick,) = ticks_of(engine, name)
+    assert tick == calls[-1]
+    assert list(runs_of(engine, name).values()) == [7]
+
+
 def test_a_fired_tick_is_not_fired_again(engine: sa.Engine, name: str, cleanup: list[str]) -> None:
     schedule = hourly(engine, name, cleanup, missed="catch_up")
     set_last_tick(engine, name, timedelta(hours=3))
