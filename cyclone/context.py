@@ -57,9 +57,15 @@ class StepContext:
         """The output of an upstream step of this run, decoded to that step's return type.
 
         Raises:
+            TypeError: ``step`` is not a step (its name, say: pass the decorated step).
             KeyError: ``step`` is not one this step comes after.
         """
-        name = step.name
+        name = getattr(step, "name", None)
+        if not isinstance(name, str) or not hasattr(step, "output_type"):
+            raise TypeError(
+                f"ctx.output takes an upstream step (the decorated function), "
+                f"not {type(step).__name__}: ctx.output({step!r}) in step {self.step!r}"
+            )
         if name not in self._upstream:
             raise KeyError(
                 f"step {self.step!r} does not come after {name!r}; "

@@ -182,6 +182,32 @@ def test_a_step_output_of_nan_fails_the_step_instead_of_storing_null(
     assert "JSON has no value" in status.errors[-1]["message"]
 
 
+def test_ctx_output_given_a_steps_name_fails_the_step_saying_to_pass_the_step(
+    engine: sa.Engine, name: str
+) -> None:
+    wf: cyclone.Workflow[int] = cyclone.Workflow(name, input=int)
+
+    @wf.step()
+    def first(ctx: cyclone.StepContext, n: int) -> int:
+        return n
+
+    @wf.step(after=[first], max_attempts=1)
+    def second(ctx: cyclone.StepContext, n: int) -> int:
+        value: int = ctx.output("first")  # type: ignore[arg-type]
+        return value
+
+    run = wf.submit(engine, 1)
+    cyclone.Worker(engine, workflows=[wf]).drain()
+    status = run.wait(timeout=10)
+    assert status.state == cyclone.RunState.FAILED
+    assert status.error is not None
+    assert status.error["type"] == "TypeError"
+    assert status.error["message"] == (
+        "ctx.output takes an upstream step (the decorated function), not str: "
+        "ctx.output('first') in step 'second'"
+    )
+
+
 def test_too_deep_an_input_is_an_input_error_naming_the_limit(engine: sa.Engine, name: str) -> None:
     wf = cyclone.Workflow(name)
     wf.step("s")(lambda ctx, v: None)
