@@ -793,25 +793,30 @@ class Client:
         """Every schedule registered by a worker, by name, with its last and next tick."""
         return schedules.list_all(self._engine)
 
-    def pause_schedule(self, name: str) -> None:
+    def pause_schedule(self, name: str) -> bool:
         """Stop firing schedule ``name`` (its ticks while paused are never fired).
 
+        Returns True if it was not paused before (as :meth:`pause_queue`).
+
         Raises:
             NotFoundError: no schedule of that name is registered.
             TypeError: ``name`` is not a str.
             ValueError: ``name`` holds a NUL or a lone surrogate.
         """
-        schedules.set_paused(self._engine, _stored_name(name, "a schedule's name"), True)
+        return schedules.set_paused(self._engine, _stored_name(name, "a schedule's name"), True)
 
-    def resume_schedule(self, name: str) -> None:
+    def resume_schedule(self, name: str) -> bool:
         """Fire schedule ``name`` again, from its next tick on.
 
+        Returns True if it was paused. A schedule that was not paused is left alone:
+        the ticks it missed while no worker ran are still fired as its ``missed`` says.
+
         Raises:
             NotFoundError: no schedule of that name is registered.
             TypeError: ``name`` is not a str.
             ValueError: ``name`` holds a NUL or a lone surrogate.
         """
-        schedules.set_paused(self._engine, _stored_name(name, "a schedule's name"), False)
+        return schedules.set_paused(self._engine, _stored_name(name, "a schedule's name"), False)
 
     def pause_queue(self, queue: str) -> bool:
         """Pause ``queue``: no worker claims its jobs until it is resumed.

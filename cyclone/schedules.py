@@ -190,14 +190,19 @@ def list_all(engine: Engine) -> list[ScheduleStatus]:
     return [_status(row) for row in _schedules.list_rows(engine)]
 
 
-def set_paused(engine: Engine, name: str, paused: bool) -> None:
+def set_paused(engine: Engine, name: str, paused: bool) -> bool:
     """Pause or resume ``name``; resuming skips the ticks that fell while it was paused.
+
+    Returns True if the schedule changed, False if it already was paused (or running):
+    resuming a running schedule leaves it, and the ticks it is yet to catch up, alone.
 
     Raises:
         NotFoundError: no schedule of that name is registered.
     """
-    if not _schedules.set_paused(engine, name, paused):
+    changed = _schedules.set_paused(engine, name, paused)
+    if changed is None:
         raise errors.NotFoundError(f"no schedule named {name!r} is registered")
+    return changed
 
 
 @dataclass(frozen=True, slots=True)

@@ -92,6 +92,21 @@ def test_schedules_pause_and_resume_change_the_stored_schedule(
     assert stored().next_tick is not None
 
 
+def test_schedules_pause_or_resume_that_changes_nothing_says_so(
+    engine: sa.Engine, database_url: URL, registered: str
+) -> None:
+    """A second pause, or a resume of a running schedule, says it changed nothing (as
+    `queues pause|resume` do), and the resume leaves the schedule's last tick alone."""
+    before = [s for s in cyclone.Client(engine).list_schedules() if s.name == registered]
+    resumed = invoke(database_url, "schedules", "resume", registered)
+    assert (resumed.exit_code, resumed.stdout) == (0, f"schedule {registered} was not paused\n")
+    after = [s for s in cyclone.Client(engine).list_schedules() if s.name == registered]
+    assert after[0].last_tick == before[0].last_tick
+    assert invoke(database_url, "schedules", "pause", registered).exit_code == 0
+    again = invoke(database_url, "schedules", "pause", registered)
+    assert (again.exit_code, again.stdout) == (0, f"schedule {registered} was paused already\n")
+
+
 @pytest.mark.parametrize("verb", ["pause", "resume"])
 def test_schedules_pause_or_resume_of_an_unknown_name_is_one_line_and_status_1(
     database_url: URL, name: str, verb: str

@@ -268,6 +268,27 @@ def test_pause_stops_firing_and_resume_skips_the_paused_ticks(
     assert len(fire(engine, schedule).ticks) == 1
 
 
+def test_resuming_a_schedule_that_is_not_paused_keeps_the_ticks_it_missed(
+    engine: sa.Engine, name: str, cleanup: list[str]
+) -> None:
+    """An operator's `schedules resume` after an outage must not drop the missed ticks.
+
+    Resuming moved ``last_tick`` to now whether or not the schedule was paused, so a
+    catch-up schedule whose workers had been down lost every tick it was owed.
+    """
+    client = cyclone.Client(engine)
+    schedule = hourly(engine, name, cleanup, missed="catch_up")
+    set_last_tick(engine, name, timedelta(hours=5) + timedelta(minutes=1))
+    before = status(engine, name)
+    assert client.resume_schedule(name) is False
+    after = status(engine, name)
+    assert (after.paused, after.last_tick) == (False, before.last_tick)
+    assert len(fire(engine, schedule).ticks) == 5
+    assert client.pause_schedule(name) is True
+    assert client.pause_schedule(name) is False
+    assert client.resume_schedule(name) is True
+
+
 def test_pausing_an_unknown_schedule_raises_not_found(engine: sa.Engine, name: str) -> None:
     client = cyclone.Client(engine)
     with pytest.raises(cyclone.NotFoundError):

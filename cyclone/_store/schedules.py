@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from sqlalchemy import Connection, Engine, bindparam, func, select, update
+from sqlalchemy import Connection, Engine, bindparam, case, func, select, update
 from sqlalchemy.dialects.postgresql import insert
 
 from cyclone._store import executor as _executor
@@ -92,22 +92,39 @@ _STATUS_COLUMNS = (
     schedules.c.updated_at,
 )
 _LIST = select(*_STATUS_COLUMNS, func.now()).order_by(schedules.c.name)
-_PAUSE = (
-    update(schedules)
-    .where(schedules.c.name == bindparam("schedule"))
-    .values(paused=True, updated_at=func.now())
-    .returning(schedules.c.name, _notified())
-)
-_RESUME = (
-    update(schedules)
-    .where(schedules.c.name == bindparam("schedule"))
-    .values(
-        paused=False,
-        last_tick=func.greatest(schedules.c.last_tick, func.now()),
-        updated_at=func.now(),
+
+
+def _set_paused_stmt(paused: bool) -> Any:
+    """Pause or resume one schedule, one ``UPDATE ... RETURNING``: whether it changed
+    (its ``paused`` flag before, read from the locked row), no row when it is unknown.
+
+    Resuming moves ``last_tick`` to now only when the schedule was paused (the ticks that
+    fell while it was paused are never fired): it did so for a running schedule too,
+    which silently dropped the ticks it missed while no worker ran (``missed="catch_up"``).
+    Either way the row is written and the schedulers notified, as before.
+    """
+    before = (
+        select(schedules.c.name, schedules.c.paused)
+        .where(schedules.c.name == bindparam("schedule"))
+        .with_for_update()
+        .subquery("before")
     )
-    .returning(schedules.c.name, _notified())
-)
+    values: dict[str, Any] = {"paused": paused, "updated_at": func.now()}
+    if not paused:
+        values["last_tick"] = case(
+            (schedules.c.paused, func.greatest(schedules.c.last_tick, func.now())),
+            else_=schedules.c.last_tick,
+        )
+    return (
+        update(schedules)
+        .where(schedules.c.name == before.c.name)
+        .values(**values)
+        .returning((before.c.paused != paused).label("changed"), _notified())
+    )
+
+
+_PAUSE = _set_paused_stmt(True)
+_RESUME = _set_paused_stmt(False)
 
 
 def register(engine: Engine, defined: Sequence[Schedule]) -> None:
@@ -122,11 +139,12 @@ def list_rows(engine: Engine) -> list[_executor.Row]:
         return _executor.rows(conn, _LIST)
 
 
-def set_paused(engine: Engine, name: str, paused: bool) -> bool:
-    """Pause or resume ``name``; False when no schedule of that name is registered."""
+def set_paused(engine: Engine, name: str, paused: bool) -> bool | None:
+    """Pause or resume ``name``: True if it changed, False if it already was so, None
+    when no schedule of that name is registered."""
     with engine.begin() as conn:
         found = _executor.first(conn, _PAUSE if paused else _RESUME, {"schedule": name})
-    return found is not None
+    return None if found is None else bool(found[0])
 
 
 class Locked(NamedTuple):

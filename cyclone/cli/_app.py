@@ -718,20 +718,20 @@ def _add_commands(group: click.Group) -> None:
     def schedules_pause(name: str) -> None:
         """Stop firing schedule NAME; the ticks that fall while it is paused never fire."""
         try:
-            _invocation().client().pause_schedule(name)
+            changed = _invocation().client().pause_schedule(name)
         except ValueError as exc:  # a name that is no UTF-8 (argv's bytes): bad input
             raise BadInput(f"NAME: {exc}") from None
-        click.echo(f"paused schedule {name}")
+        click.echo(f"paused schedule {name}" if changed else f"schedule {name} was paused already")
 
     @_command(schedules, "resume")
     @click.argument("name", metavar="NAME")
     def schedules_resume(name: str) -> None:
         """Fire schedule NAME again, from its next tick on."""
         try:
-            _invocation().client().resume_schedule(name)
+            changed = _invocation().client().resume_schedule(name)
         except ValueError as exc:  # a name that is no UTF-8 (argv's bytes): bad input
             raise BadInput(f"NAME: {exc}") from None
-        click.echo(f"resumed schedule {name}")
+        click.echo(f"resumed schedule {name}" if changed else f"schedule {name} was not paused")
 
     queues = click.Group(
         "queues", help="List queues with their active jobs; pause and resume them."
