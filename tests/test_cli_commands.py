@@ -602,6 +602,25 @@ def test_jobs_cancel_cancels_a_waiting_job_only(
     assert (beyond.exit_code, beyond.stderr) == (1, f"cyclone: job {huge} does not exist\n")
 
 
+def test_jobs_cancel_of_a_step_names_its_run(
+    engine: sa.Engine, database_url: URL, name: str
+) -> None:
+    """Worker logs name the job ids of steps (a hand-back, a rescue); cancelling one by
+    id said it did not exist, where `jobs retry` names the run it belongs to."""
+    wf = failing_workflow(name)
+    run = wf.submit(engine, "bad")
+    cyclone.Worker(engine, workflows=[wf]).drain()
+    detail = cyclone.Client(engine).get_run_detail(run.id)
+    assert detail is not None
+    step = detail.steps[0]
+    done = invoke(database_url, "jobs", "cancel", str(step.job_id))
+    assert done.exit_code == 1
+    assert done.stderr == (
+        f"cyclone: job {step.job_id} is step {step.name} of run {run.id}, "
+        "not a standalone job (see the run)\n"
+    )
+
+
 def test_jobs_cancel_does_not_touch_a_running_job(
     engine: sa.Engine, database_url: URL, name: str
 ) -> None:

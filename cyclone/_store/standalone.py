@@ -116,9 +116,27 @@ def cancel_job(engine: Engine, job_id: int) -> None:
         if _executor.first(conn, _CANCEL_JOB, {"job_id": job_id}) is not None:
             return
         state = _executor.value(conn, _SELECT_STANDALONE_STATE, {"job_id": job_id})
+        step = (
+            None if state is not None else _executor.first(conn, _SELECT_STEP, {"job_id": job_id})
+        )
     if state is None:
-        raise errors.NotFoundError(f"standalone job {job_id} does not exist")
+        raise errors.NotFoundError(not_standalone(job_id, step))
     raise errors.InvalidStateError(operation="cancel", run_id=job_id, state=state, what="job")
+
+
+_SELECT_STEP = select(jobs.c.kind, jobs.c.run_id).where(
+    jobs.c.id == bindparam("job_id"), jobs.c.run_id.is_not(None)
+)
+
+
+def not_standalone(job_id: int, step: Any) -> str:
+    """Why job ``job_id`` is not found as a standalone job: it does not exist, or it is a
+    step of a run. Worker logs name the jobs of steps (a hand-back, a rescue), so an
+    operator looking one up is told which run it belongs to, not that it does not exist."""
+    if step is None:
+        return f"standalone job {job_id} does not exist"
+    kind, run_id = step
+    return f"job {job_id} is step {kind} of run {run_id}, not a standalone job (see the run)"
 
 
 def retry_standalone_job_stmt() -> Any:
