@@ -21,6 +21,7 @@ from sqlalchemy.engine import URL
 
 import cyclone
 from cyclone import migrations
+from cyclone.cli import _app as cli_app
 from cyclone.cli import build_cli
 from cyclone.schema import jobs, runs
 from tests.support import cli_defs
@@ -815,6 +816,46 @@ def test_worker_uses_the_host_definitions_and_worker_options(engine: sa.Engine, 
     assert done.exit_code == 0, done.output
     assert run.result(timeout=5) == {"doubled": 10}
     assert len(entered) == 2
+
+
+def test_worker_heartbeat_and_rescue_after_options_reach_the_worker(
+    monkeypatch: pytest.MonkeyPatch, engine: sa.Engine, database_url: URL, name: str
+) -> None:
+    made: list[cyclone.Worker] = []
+
+    class Recorded(cyclone.Worker):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(cli_app, "Worker", Recorded)
+    job = cli_defs.mail.enqueue(engine, name)
+    done = invoke(
+        database_url,
+        "worker",
+        "tests.support.cli_defs:mail",
+        "--drain",
+        "--heartbeat",
+        "0.5",
+        "--rescue-after",
+        "3",
+    )
+    assert done.exit_code == 0, done.output
+    assert job.result(timeout=5) == f"sent to {name}"
+    (worker,) = made
+    assert (worker.heartbeat_interval, worker.rescue_after) == (0.5, timedelta(seconds=3))
+
+
+@pytest.mark.parametrize(
+    "args", [("--heartbeat", "60"), ("--rescue-after", "4", "--heartbeat", "4.5")]
+)
+def test_worker_refuses_a_heartbeat_not_shorter_than_its_rescue_after(
+    database_url: URL, args: tuple[str, ...]
+) -> None:
+    done = invoke(database_url, "worker", "tests.support.cli_defs", "--drain", *args)
+    assert done.exit_code == 2
+    assert "must be less than --rescue-after" in done.stderr
+    assert len(done.stderr.splitlines()) == 1
 
 
 def test_worker_refuses_an_unmigrated_database(fresh_database: URL) -> None:

@@ -27,7 +27,7 @@ from cyclone.jobs import JobStatus
 from cyclone.runs import Run
 from cyclone.schedules import ScheduleStatus
 from cyclone.states import JobState, Parked, RunState
-from cyclone.worker import Worker
+from cyclone.worker import DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_RESCUE_AFTER, Worker
 from cyclone.workflow import StandaloneStep, Workflow
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -414,12 +414,26 @@ def _add_commands(group: click.Group) -> None:
         metavar="SECONDS",
         help="On SIGTERM/SIGINT, let running jobs finish this long, then hand them back.",
     )
+    @click.option(
+        "--heartbeat",
+        type=click.FloatRange(min=0, min_open=True, max=86400),
+        metavar="SECONDS",
+        help="Beat for the running jobs this often (default 5).",
+    )
+    @click.option(
+        "--rescue-after",
+        type=click.FloatRange(min=0, min_open=True, max=86400),
+        metavar="SECONDS",
+        help="Run again the jobs of a worker silent this long (default 60; above --heartbeat).",
+    )
     def worker(
         targets: tuple[str, ...],
         queues: tuple[str, ...],
         concurrency: int | None,
         drain: bool,
         grace: float | None,
+        heartbeat: float | None,
+        rescue_after: float | None,
     ) -> None:
         """Run the workflows and step kinds of MODULE (all it defines) or MODULE:ATTR.
 
@@ -444,6 +458,17 @@ def _add_commands(group: click.Group) -> None:
             options["concurrency"] = concurrency
         if queues:
             options["queues"] = dict(_queue(q) for q in queues)
+        if heartbeat is not None:
+            options["heartbeat_interval"] = timedelta(seconds=heartbeat)
+        if rescue_after is not None:
+            options["rescue_after"] = timedelta(seconds=rescue_after)
+        beat = options.get("heartbeat_interval", DEFAULT_HEARTBEAT_INTERVAL)
+        silent = options.get("rescue_after", DEFAULT_RESCUE_AFTER)
+        if beat >= silent:
+            raise BadInput(
+                f"--heartbeat ({beat.total_seconds():g}s) must be less than --rescue-after "
+                f"({silent.total_seconds():g}s): live jobs would be rescued and run twice"
+            )
         engine = inv.engine(schema=False)
         _db.require_schema(engine, inv.command_path, allow_newer=True)
         with Worker(engine, workflows=workflows, steps=steps, **options) as the_worker:
