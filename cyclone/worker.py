@@ -86,6 +86,8 @@ SETTLE_CAP = 0.5
 a hundred times a second; the worker, recorded, is rung by any new work meanwhile."""
 ADOPT_INTERVAL = 60.0
 """Seconds between a serving worker's looks for limits its definitions no longer name."""
+STOPPING_REPORT = 30.0
+"""Seconds between the log lines of a stopping worker that still waits for running jobs."""
 
 Outcome = _waits.Outcome
 
@@ -521,6 +523,8 @@ class Worker:
         self._stopping = _Flag()
         self._abandon = _Flag()
         self._stop_deadline: float | None = None
+        self._stop_reported: float | None = None
+        """When a stopping worker last said which running jobs it waits for (monotonic)."""
         self._grace: float | None = None
         # Keyed by (job id, lease): a rescued job can be claimed again by this worker while
         # its earlier execution still runs, and each execution's outcome is its own.
@@ -757,6 +761,7 @@ class Worker:
                 self._stopping.clear()
                 self._abandon.clear()
                 self._stop_deadline = None
+                self._stop_reported = None
                 self._heard_on = None
                 self._due_unknown = True
                 self._due_at = float("inf")
@@ -962,7 +967,32 @@ class Worker:
         if self._abandon.is_set():
             return True
         deadline = self._stop_deadline
-        return deadline is not None and time.monotonic() >= deadline
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            return True
+        self._report_waiting(now)
+        return False
+
+    def _report_waiting(self, now: float) -> None:
+        """Say every :data:`STOPPING_REPORT` seconds which running jobs a stopping worker
+        waits for: with no grace, a step that never returns keeps it up, silently, until
+        a second signal."""
+        if self._stop_reported is None:
+            self._stop_reported = now
+            return
+        if not self._inflight or now - self._stop_reported < STOPPING_REPORT:
+            return
+        self._stop_reported = now
+        running = sorted(self._inflight.values(), key=lambda job: job.id)
+        log.info(
+            "worker %s stopping: still waiting for %d running job%s (%s); a second signal "
+            "hands them back",
+            self.id,
+            len(running),
+            "" if len(running) == 1 else "s",
+            ", ".join(_step_runner.describe(job) for job in running[:5])
+            + (", ..." if len(running) > 5 else ""),
+        )
 
     def _loop(self, until_idle: bool) -> bool:
         """Record outcomes and claim, then sleep until a job ends, a NOTIFY, or a poll is due.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import signal
@@ -225,6 +226,43 @@ def test_run_in_a_thread_stops_on_stop_after_its_in_flight_job(
     assert first.status().state == cyclone.RunState.COMPLETED
     assert second.status().state == cyclone.RunState.RUNNING
     assert job_rows(engine, second.id)["gated"].state == "available"
+
+
+def test_a_stopping_worker_says_which_running_jobs_it_still_waits_for(
+    engine: sa.Engine, name: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With no grace, a step that does not return keeps a stopping worker up until a second
+    signal: it says so, and names the step, every STOPPING_REPORT seconds (it was silent)."""
+    monkeypatch.setattr(cyclone.worker, "STOPPING_REPORT", 0.2)
+    wf = cyclone.Workflow(name)
+    started = threading.Event()
+    release = threading.Event()
+
+    @wf.step()
+    def gated(ctx: cyclone.StepContext, value: int) -> int:
+        started.set()
+        assert release.wait(20)
+        return value
+
+    run = wf.submit(engine, 1)
+    worker = cyclone.Worker(engine, workflows=[wf], concurrency=1, sweep=False)
+    serving = Background(worker.run)
+    assert started.wait(10)
+    caplog.set_level(logging.INFO, logger="cyclone.worker")
+    worker.stop()
+    said = (
+        f"worker {worker.id} stopping: still waiting for 1 running job (workflow {name} "
+        f"step gated run {run.id}); a second signal hands them back"
+    )
+
+    def reported() -> bool:
+        assert serving.alive()
+        return said in caplog.messages
+
+    wait_until(reported, timeout=10)
+    release.set()
+    serving.join(10)
+    assert run.status().state == cyclone.RunState.COMPLETED
 
 
 @pytest.mark.processes
