@@ -231,7 +231,12 @@ class Leader:
         if expired:
             log.info("failed %d runs past their deadline", expired)
         if rescued:
-            log.warning("handed back %d jobs of workers that stopped: %s", len(rescued), rescued)
+            log.warning(
+                "handed back %d job%s of workers that stopped: %s",
+                len(rescued),
+                "" if len(rescued) == 1 else "s",
+                rescued,
+            )
         moment = time.monotonic()
         if self.sweep and (
             self._last_sweep is None or moment - self._last_sweep >= self.sweep_interval

@@ -1635,7 +1635,11 @@ class Worker:
             return
         self.stats.handed_back += len(handed)
         log.warning(
-            "worker %s handed back %d jobs still running: %s", self.id, len(handed), sorted(handed)
+            "worker %s handed back %d job%s still running: %s",
+            self.id,
+            len(handed),
+            "" if len(handed) == 1 else "s",
+            sorted(handed),
         )
 
     def _start(self, job: _claim.Claimed) -> None:

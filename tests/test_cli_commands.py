@@ -669,12 +669,12 @@ def test_purge_dry_run_counts_and_purge_deletes_in_batches(migrated: URL) -> Non
 
         dry = invoke(migrated, "purge", "--older-than", "7d", "--dry-run")
         assert dry.exit_code == 0, dry.output
-        assert dry.stdout == "would delete 3 runs and 1 standalone jobs\n"
+        assert dry.stdout == "would delete 3 runs and 1 standalone job\n"
         assert cyclone.Client(engine).count_runs()[cyclone.RunState.COMPLETED] == 4
 
         done = invoke(migrated, "purge", "--older-than", "7d")
         assert done.exit_code == 0, done.output
-        assert done.stdout == "deleted 3 runs and 1 standalone jobs\n"
+        assert done.stdout == "deleted 3 runs and 1 standalone job\n"
         assert cyclone.Client(engine).get_run(recent.id) is not None
         assert all(cyclone.Client(engine).get_run(run.id) is None for run in old)
 

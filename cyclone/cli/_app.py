@@ -875,14 +875,14 @@ def _add_commands(group: click.Group) -> None:
         client = _invocation().client()
         if dry_run:
             runs_due, jobs_due = client.count_purgeable(older_than=older_than)
-            click.echo(f"would delete {runs_due} runs and {jobs_due} standalone jobs")
+            click.echo(f"would delete {_runs(runs_due)} and {_standalone_jobs(jobs_due)}")
             return
         runs_due, jobs_due = client.count_purgeable(older_than=older_than)
         with _output.progress("deleting runs", runs_due) as advance:
             deleted_runs = client.purge_terminal_runs(older_than=older_than, progress=advance)
         with _output.progress("deleting jobs", jobs_due) as advance:
             deleted_jobs = client.purge_finished_jobs(older_than=older_than, progress=advance)
-        click.echo(f"deleted {deleted_runs} runs and {deleted_jobs} standalone jobs")
+        click.echo(f"deleted {_runs(deleted_runs)} and {_standalone_jobs(deleted_jobs)}")
 
 
 @dataclass(frozen=True)
@@ -954,6 +954,10 @@ def _described(options: Mapping[str, Any]) -> str:
 
 def _runs(count: int) -> str:
     return f"{count:,} run{'' if count == 1 else 's'}"
+
+
+def _standalone_jobs(count: int) -> str:
+    return f"{count:,} standalone job{'' if count == 1 else 's'}"
 
 
 def _act_in_bulk(bulk: _Bulk, run_id: str | None, options: Mapping[str, Any]) -> None:
