@@ -254,6 +254,45 @@ def check_schema(bind: Engine | Connection) -> None:
         raise errors.SchemaError(message)
 
 
+_READ_WRITE = ("SELECT", "INSERT", "UPDATE", "DELETE")
+GRANTS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(
+        (
+            "cyclone_runs",
+            "cyclone_jobs",
+            "cyclone_schedules",
+            "cyclone_signals",
+            "cyclone_queues",
+            "cyclone_limits",
+            "cyclone_limit_keys",
+            "cyclone_waiters",
+        ),
+        _READ_WRITE,
+    ),
+    "cyclone_leader": ("SELECT", "INSERT", "UPDATE"),
+    "cyclone_definitions": ("SELECT", "INSERT"),
+}
+"""The privileges on cyclone's tables that an application's role needs, as the grants of
+docs/deployment.md give them (besides ``USAGE`` on the schema and ``SELECT`` on the
+version table, which the schema check needs first)."""
+
+
+def missing_grants(bind: Engine | Connection) -> list[str]:
+    """The privileges of :data:`GRANTS` the connecting role lacks (``"UPDATE on
+    cyclone_leader"``), in one statement; empty when it has them all (an owner has)."""
+    wanted = [
+        (table, privilege) for table, privileges in GRANTS.items() for privilege in privileges
+    ]
+    stmt = select(*(func.has_table_privilege(table, privilege) for table, privilege in wanted))
+    with nullcontext(bind) if isinstance(bind, Connection) else bind.connect() as conn:
+        held = conn.execute(stmt).one()
+    return [
+        f"{privilege} on {table}"
+        for (table, privilege), ok in zip(wanted, held, strict=True)
+        if not ok
+    ]
+
+
 def check_schema_at_start(bind: Engine | Connection) -> None:
     """The check a Worker makes once before it starts.
 

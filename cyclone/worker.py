@@ -666,10 +666,27 @@ class Worker:
         )
         self.stop(grace)
 
+    def _check_grants(self) -> None:
+        """Say at start which privileges of :data:`cyclone.migrations.GRANTS` its role lacks.
+
+        A worker without them runs, and the statements that need them fail for as long as
+        it does: without ``UPDATE`` on ``cyclone_leader``, say, it never leads, and no
+        job of a dead worker is rescued. One error at start names them all.
+        """
+        missing = migrations.missing_grants(self.engine)
+        if missing:
+            log.error(
+                "worker %s: the database role lacks %s: the statements that need them will "
+                "fail (the grants are in cyclone's docs/deployment.md)",
+                self.id,
+                ", ".join(missing),
+            )
+
     def _serve(self, *, until_idle: bool) -> None:
         with self._lock:
             if not self._schema_checked:
                 migrations.check_schema_at_start(self.engine)  # once: not started without it
+                self._check_grants()
                 self._register_limits()
                 self._schema_checked = True
             self.stats = WorkerStats()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import uuid
 from collections.abc import Iterator
@@ -125,6 +126,46 @@ def test_an_application_role_with_the_documented_grants_runs_everything(
     client.purge_finished_jobs(older_than=timedelta())
     assert client.list_runs(workflow=name) == []
     cyclone.close(engine)
+    engine.dispose()
+
+
+def test_the_grants_a_worker_checks_are_the_documented_ones() -> None:
+    documented: dict[str, set[str]] = {}
+    for line in docs.snippet(DOC, "grants").splitlines():
+        match = re.fullmatch(r"GRANT (.+) ON (.+) TO app_role;", line)
+        if match is None or match[1] == "USAGE":
+            continue
+        for table in match[2].split(", "):
+            documented.setdefault(table, set()).update(match[1].split(", "))
+    documented.pop("cyclone_alembic_version")  # read by the schema check, before the grants
+    assert {table: set(grants) for table, grants in cyclone.migrations.GRANTS.items()} == (
+        documented
+    )
+
+
+def test_a_worker_whose_role_lacks_a_documented_grant_names_it_at_start(
+    app_url: URL, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """It runs jobs, but could never lead maintenance (no rescue, no deadlines, no sweep)
+    and said so only in a failure of every pass: it names what it lacks at once."""
+    owner = sa.create_engine(app_url.set(username=admin_url().username), poolclass=sa.NullPool)
+    with owner.begin() as conn:
+        conn.exec_driver_sql(f'REVOKE UPDATE ON cyclone_leader FROM "{app_url.username}"')
+    owner.dispose()
+    engine = sa.create_engine(app_url)
+    wf = cyclone.Workflow(name)
+    wf.step("only")(lambda ctx, value: value)
+    run = wf.submit(engine, 1)
+    caplog.set_level(logging.INFO, logger="cyclone")
+    worker = cyclone.Worker(engine, workflows=[wf], sweep=False)
+    assert worker.drain() == 1
+    assert run.status().state == cyclone.RunState.COMPLETED
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [
+        f"worker {worker.id}: the database role lacks UPDATE on cyclone_leader: the statements "
+        "that need them will fail (the grants are in cyclone's docs/deployment.md)"
+    ]
+    worker.close()
     engine.dispose()
 
 
