@@ -172,6 +172,10 @@ def test_single_run_commands_still_take_a_run_id_and_refuse_mixed_forms(
         (("runs", "cancel", str(runs[4].id), "--all"), "give RUN_ID or --all with filters"),
         (("runs", "retry", str(runs[2].id), "--state", "failed"), "--state goes with --all"),
         (("runs", "retry", "--all", "--state", "completed"), "'completed' is not one of"),
+        (
+            ("runs", "cancel", "--all", "--since", "1h", "--until", "2h", "--yes"),
+            "is not before --until",
+        ),
     ]:
         refused = cli(engine.url, *args)
         assert refused.returncode == 2, (args, refused.stderr)

@@ -69,6 +69,11 @@ def test_flask_mount_helper_signs_forms_with_the_apps_secret_key(
     assert run.status().state == cyclone.RunState.RUNNING
     with pytest.raises(ValueError, match="prefix must start with '/'"):
         mount(app, engine, prefix="ops/")
+    # An AttributeError before ('startswith', 'config').
+    with pytest.raises(TypeError, match="prefix must be a path"):
+        mount(app, engine, prefix=5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="mount takes the Flask application, not str"):
+        mount("app", engine)
 
 
 def test_flask_mount_takes_engine_for_of_a_flask_sqlalchemy_app_outside_any_context(

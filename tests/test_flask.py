@@ -598,6 +598,11 @@ def test_the_factory_pattern_mounts_per_app_and_authorize_runs_in_the_request_co
             cy.init_app(flask.Flask("bad"), dashboard=5)  # type: ignore[arg-type]
         with pytest.raises(TypeError, match="authorize must be callable or None, not str"):
             Cyclone(flask.Flask("bad"), dashboard="/ops", authorize="ops")  # type: ignore[arg-type]
+        # Not the application: an AttributeError ('config') before.
+        with pytest.raises(TypeError, match="init_app takes the Flask application, not int"):
+            Cyclone(5)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="init_app takes the Flask application, not NoneType"):
+            cy.init_app(None)  # type: ignore[arg-type]
     finally:
         for app in (first, second, third):
             with app.app_context():

@@ -967,6 +967,12 @@ def _act_in_bulk(bulk: _Bulk, run_id: str | None, options: Mapping[str, Any]) ->
     if not options["every"]:
         raise click.UsageError("give RUN_ID, or --all to act on every run the filters list")
     filters = {name: options[name] for name in _FILTERS}
+    start, end = filters["since"], filters["until"]
+    if start is not None and end is not None and start >= end:
+        raise click.UsageError(
+            f"--since ({_output.when(start)}) is not before --until ({_output.when(end)}): "
+            "no run was created in between"
+        )
     client = _invocation().client()
     act: Callable[..., int] = getattr(client, bulk.method)
     states = " or ".join(s.value for s in bulk.sources)

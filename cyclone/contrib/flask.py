@@ -190,6 +190,8 @@ class Cyclone:
         """Register the extension, its config defaults and ``flask cyclone`` on ``app``, and
         the dashboard's views when a ``dashboard`` path is given (here, else to the
         constructor)."""
+        if not isinstance(app, flask.Flask):
+            raise TypeError(f"init_app takes the Flask application, not {type(app).__name__}")
         prefix = self._dashboard if dashboard is _UNSET else dashboard
         chosen = self._authorize if authorize is _UNSET else authorize
         # A non-callable authorize failed every dashboard request with a 500; say so here.

@@ -29,9 +29,14 @@ def mount(
     The CSRF secret is the app's ``SECRET_KEY`` when it has one, so every process of the
     app accepts the forms of every other.
     """
+    if not isinstance(prefix, str):
+        raise TypeError(f"prefix must be a path (a str), not {type(prefix).__name__}")
     if not prefix.startswith("/") or prefix.endswith("/"):
         raise ValueError(f"prefix must start with '/' and not end with one, got {prefix!r}")
-    secret = app.config.get("SECRET_KEY")
+    config = getattr(app, "config", None)
+    if config is None or not hasattr(app, "wsgi_app"):
+        raise TypeError(f"mount takes the Flask application, not {type(app).__name__}")
+    secret = config.get("SECRET_KEY")
     dashboard = create_app(
         engine,
         authorize=authorize,
