@@ -24,3 +24,15 @@ def check_key(key: object) -> str:
             key=key, reason=f"is {len(encoded)} bytes, at most {MAX_KEY_BYTES} allowed"
         )
     return key
+
+
+def unstorable(text: str) -> str | None:
+    """Why PostgreSQL's text (and jsonb) cannot hold ``text``, or None when it can: a NUL,
+    or a lone surrogate, which has no UTF-8."""
+    if "\x00" in text:
+        return "contains NUL, which PostgreSQL cannot store"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid UTF-8 (it holds a lone surrogate)"
+    return None

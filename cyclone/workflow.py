@@ -72,14 +72,9 @@ def check_name(what: str, name: object) -> str:
     """
     if not isinstance(name, str) or not name:
         raise errors.DefinitionError(f"{what} must be a non-empty str, not {name!r}")
-    if "\x00" in name:
-        raise errors.DefinitionError(f"{what} {name!r} contains NUL, which PostgreSQL cannot store")
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        raise errors.DefinitionError(
-            f"{what} {name!r} is not valid UTF-8 (it holds a lone surrogate)"
-        ) from None
+    why = _keys.unstorable(name)
+    if why is not None:
+        raise errors.DefinitionError(f"{what} {name!r} {why}")
     if len(name) > MAX_NAME_LENGTH:
         raise errors.DefinitionError(
             f"{what} is {len(name)} characters long, at most {MAX_NAME_LENGTH} allowed"
@@ -356,16 +351,9 @@ class Workflow(Generic[In]):
         # The name is stored in the run's graph (jsonb) and with each signal (text): a NUL
         # or a lone surrogate made every submit of the workflow fail in the driver or the
         # encoder, after the definition was accepted.
-        if "\x00" in signal:
-            raise errors.DefinitionError(
-                f"{where}: the signal name contains NUL, which PostgreSQL cannot store"
-            )
-        try:
-            signal.encode("utf-8")
-        except UnicodeEncodeError:
-            raise errors.DefinitionError(
-                f"{where}: the signal name is not valid UTF-8 (it holds a lone surrogate)"
-            ) from None
+        why = _keys.unstorable(signal)
+        if why is not None:
+            raise errors.DefinitionError(f"{where}: the signal name {why}")
         if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta()):
             raise errors.DefinitionError(f"{where}: timeout= takes a positive timedelta")
         if timeout is not None:
