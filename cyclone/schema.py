@@ -271,6 +271,12 @@ Index(
     jobs.c.id,
     postgresql_where=text("state = 'available' AND workflow IS NULL AND limit_name IS NULL"),
 )
+CLAIM_STATISTICS = "cyclone_jobs_claim_keys"
+"""Extended statistics (MCV) on the jobs' ``state, workflow, kind, limit_name``
+(cyclone_0024_claim_statistics): without them the planner multiplies the conditions'
+shares, estimates a handful of available jobs where thousands of a workflow wait, and may
+read and sort them all through ``ix_cyclone_jobs_available`` on every claim. SQLAlchemy's
+metadata has no statistics objects; the revision owns the DDL."""
 # The available jobs per queue, workflow and kind, counted from the index alone
 # (revision cyclone_0013).
 Index(

@@ -22,7 +22,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.engine import URL
 
 import cyclone
-from cyclone import migrations
+from cyclone import migrations, schema
 from cyclone.schema import metadata
 from tests.conftest import wait_until
 from tests.support import processes
@@ -151,6 +151,22 @@ def test_upgrade_on_a_fresh_database_creates_the_schema(fresh_engine: sa.Engine)
     }
     # New jobs notify from cyclone's insert statements (cyclone_0004), not by trigger.
     assert objects["triggers"] == {"cyclone_jobs_state_changed", "cyclone_runs_finished"}
+
+
+def statistics(engine: sa.Engine) -> set[str]:
+    with engine.connect() as conn:
+        return set(conn.execute(sa.text("SELECT stxname FROM pg_statistic_ext")).scalars())
+
+
+def test_upgrade_creates_the_claim_statistics_and_their_downgrade_drops_them(
+    fresh_engine: sa.Engine,
+) -> None:
+    cyclone.upgrade(fresh_engine)
+    assert statistics(fresh_engine) == {schema.CLAIM_STATISTICS}
+    cyclone.downgrade(fresh_engine, "cyclone_0023_rated_jobs_index")
+    assert statistics(fresh_engine) == set()
+    cyclone.upgrade(fresh_engine)
+    assert statistics(fresh_engine) == {schema.CLAIM_STATISTICS}
 
 
 def test_downgrade_from_0004_restores_the_insert_trigger(fresh_engine: sa.Engine) -> None:

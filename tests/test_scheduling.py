@@ -290,6 +290,50 @@ def test_a_claim_of_a_workflow_probes_its_runs_never_scans_every_running_run(
             conn.execute(sa.delete(runs))
 
 
+def scan_estimate(plan: dict[str, Any], index: str) -> int:
+    """The planner's estimate of the rows the claim reads through ``index``."""
+    (scan,) = (n for n in plan_nodes(picking(plan)) if n.get("Index Name") == index)
+    return int(scan["Plan Rows"])
+
+
+@pytest.mark.parametrize("served", ["workflow", "kind"])
+def test_a_claim_is_planned_on_its_backlog_among_many_finished_jobs(
+    own_engine: sa.Engine, name: str, served: str
+) -> None:
+    # The planner multiplied the shares of `state = 'available'` and `workflow = ...` (and
+    # took one in two hundred for the run's state), estimating a handful of rows where
+    # 3,000 wait: a plan free to read and sort all of them (and probe every run) on each
+    # claim. The claim statistics (cyclone_0024) and the run's check as a boolean keep the
+    # estimate near the backlog.
+    engine = own_engine
+    with engine.begin() as conn:  # history: finished jobs of other kinds
+        conn.execute(
+            sa.text(
+                "INSERT INTO cyclone_jobs (kind, queue, priority, state, max_attempts, "
+                "finalized_at) SELECT 'history.' || (g % 500), 'default', 0, 'completed', 1, "
+                "now() FROM generate_series(1, 300000) g"
+            )
+        )
+    if served == "workflow":
+        add_running_runs(engine, f"{name}.wf", 3000, 3000)
+        scope = _claim.Scope(queues=None, workflows=(f"{name}.wf",), kinds=())
+        index = "ix_cyclone_jobs_claim_workflow"
+    else:
+        add_available_jobs(engine, f"{name}.kind", 3000)
+        scope = _claim.Scope(queues=None, workflows=(), kinds=(f"{name}.kind",))
+        index = "ix_cyclone_jobs_claim_kind"
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text("ANALYZE cyclone_jobs, cyclone_runs"))
+        plan = claim_plan(engine, scope)
+        assert plan["Actual Rows"] == 10
+        assert scan_estimate(plan, index) > 300, outline(picking(plan))
+    finally:  # rows made by hand, which the invariants checked at rest would refuse
+        with engine.begin() as conn:
+            conn.execute(sa.delete(jobs))
+            conn.execute(sa.delete(runs))
+
+
 def test_a_claim_over_a_workflow_and_kinds_stays_small_after_a_burst_on_stale_statistics(
     engine: sa.Engine, name: str, own_rows: None
 ) -> None:

@@ -231,9 +231,11 @@ def _runnable(table: Any, scope: Scope) -> tuple[Any, ...]:
     """
     if not scope.workflows:
         return _available(table, scope.queues)
-    run_running = select(runs.c.state).where(
-        runs.c.id == table.c.run_id
-    ).scalar_subquery() == const(RunState.RUNNING.value)
+    run_running = (
+        select(runs.c.state == const(RunState.RUNNING.value))
+        .where(runs.c.id == table.c.run_id)
+        .scalar_subquery()
+    )
     run_check = run_running if not scope.kinds else or_(table.c.run_id.is_(None), run_running)
     return (*_available(table, scope.queues), run_check)
 
