@@ -33,6 +33,7 @@ from sqlalchemy import Connection, Engine
 from cyclone import _keys, _ticks, errors
 from cyclone._store import notify as _notify
 from cyclone._store import schedules as _schedules
+from cyclone.runs import lost_connection
 from cyclone.schema import MAX_INTEGER, MISSED_POLICIES
 
 if TYPE_CHECKING:
@@ -47,6 +48,9 @@ MAX_SLEEP = 60.0
 UNHEARD_SLEEP = 1.0
 """The longest a scheduler sleeps while it cannot LISTEN (a pooler without a direct URL,
 or its listener reconnecting): it re-reads its schedules this often instead."""
+UNREACHABLE_MAX_SLEEP = 5.0
+"""The longest a schedule waits to be looked at again after failing because the database
+could not be reached: a tick due during an outage fires within this of its return."""
 LOCKED_RETRY = 0.2
 """Seconds before looking again at a schedule another worker is firing."""
 WAKE_SLACK = 0.005
@@ -272,7 +276,9 @@ def fire_all(
     not the workflow's input, or the database failed) is looked at again after 1 s,
     doubling up to :data:`MAX_SLEEP`, counted in ``failing`` (the caller keeps it between
     calls), until a look succeeds: such a callable failed every second, for ever, each
-    failure a transaction and a traceback in the log. Its ticks are not skipped.
+    failure a transaction and a traceback in the log. Its ticks are not skipped. A look
+    that failed to reach the database waits at most :data:`UNREACHABLE_MAX_SLEEP`, so the
+    ticks of an outage fire soon after it ends.
     """
     failing = {} if failing is None else failing
     wait = MAX_SLEEP
@@ -285,9 +291,10 @@ def fire_all(
         try:
             with engine.begin() as conn:
                 fired = fire(conn, schedule)
-        except Exception:
+        except Exception as exc:
             failures = 1 if held is None else held.failures + 1
-            delay = min(MAX_SLEEP, 2.0 ** (failures - 1))
+            cap = UNREACHABLE_MAX_SLEEP if lost_connection(exc) else MAX_SLEEP
+            delay = min(cap, 2.0 ** (failures - 1))
             failing[schedule.name] = Failing(failures, time.monotonic() + delay)
             log.exception(
                 "schedule %s could not fire (%d times in a row); will try again in %.0f s",

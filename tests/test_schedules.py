@@ -20,6 +20,7 @@ from cyclone import schedules as sched
 from cyclone.schema import runs, schedules
 from tests.conftest import wait_until
 from tests.support import processes
+from tests.support.pgcluster import free_port
 from tests.support.workers import REPO, Background, stop_all
 
 
@@ -190,6 +191,31 @@ def test_a_schedule_whose_input_fails_is_looked_at_again_later_not_every_second(
     (tick,) = ticks_of(engine, name)
     assert tick == calls[-1]
     assert list(runs_of(engine, name).values()) == [7]
+
+
+def test_a_schedule_that_could_not_reach_the_database_is_looked_at_again_within_seconds(
+    engine: sa.Engine, name: str, cleanup: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The backoff for a failing input callable also grew to a minute while the database
+    # was down, so the ticks of an outage fired up to a minute after it ended.
+    schedule = hourly(engine, name, cleanup, missed="catch_up")
+    set_last_tick(engine, name, timedelta(hours=2))
+    down = sa.create_engine(engine.url.set(host="127.0.0.1", port=free_port()))
+    clock = [1000.0]
+    monkeypatch.setattr(sched.time, "monotonic", lambda: clock[0])
+    failing: dict[str, sched.Failing] = {}
+    try:
+        waits = []
+        for _ in range(8):
+            waits.append(sched.fire_all(down, [schedule], failing))
+            clock[0] += waits[-1]
+    finally:
+        down.dispose()
+    assert waits == [1.0, 2.0, 4.0, 5.0, 5.0, 5.0, 5.0, 5.0]
+    assert failing[name].failures == 8
+    sched.fire_all(engine, [schedule], failing)  # the database is back
+    assert failing == {}
+    assert len(ticks_of(engine, name)) == 2
 
 
 def test_a_fired_tick_is_not_fired_again(engine: sa.Engine, name: str, cleanup: list[str]) -> None:
