@@ -140,6 +140,21 @@ def test_a_refused_connection_names_host_and_port_in_one_line(how: str) -> None:
     assert done.stdout == ""
 
 
+def test_a_refused_role_or_database_is_one_line_with_the_servers_reason(
+    database_url: URL,
+) -> None:
+    host, port = database_url.host, database_url.port or 5432
+    for url, reason in (
+        (database_url.set(username="no_such_role"), 'role "no_such_role" does not exist'),
+        (database_url.set(database="no_such_db"), 'database "no_such_db" does not exist'),
+    ):
+        done = program("python-m", "check", "--url", url.render_as_string(hide_password=False))
+        assert done.returncode == 3
+        assert done.stderr.startswith(f"cyclone: cannot connect to PostgreSQL at {host}:{port} ")
+        assert done.stderr.endswith(f"{reason}\n")
+        assert done.stderr.count("\n") == 1
+
+
 @pytest.mark.parametrize("how", PROGRAMS)
 def test_a_bad_url_is_one_line_with_exit_2(how: str) -> None:
     done = program(how, "check", "--url", "postgres//nohost")
