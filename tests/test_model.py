@@ -244,6 +244,7 @@ class Exec:
     pid: int
     attempt: int
     lease: int
+    job_id: int = 0
 
 
 @dataclass
@@ -270,7 +271,8 @@ class Snapshot:
         mine = [
             e
             for e in self.waiting
-            if (e.tag, e.step, e.pid, e.lease) == (tag, step, job["pid"], job["lease"])
+            if (e.tag, e.step, e.pid, e.job_id, e.lease)
+            == (tag, step, job["pid"], job["id"], job["lease"])
         ]
         assert len(mine) <= 1, f"two executions at their gate hold one claim: {mine}"
         return mine[0] if mine else None
@@ -527,7 +529,7 @@ class Harness:
                     f"SELECT {TAG_SQL.format(r='r')}, r.state, r.steps_remaining, "
                     "r.deadline <= now(), r.start_at, r.parent_waits, "
                     "j.kind || coalesce(j.item::text, ''), j.state, j.pending_deps, "
-                    "j.worker_id, j.attempt, j.lease, "
+                    "j.worker_id, j.attempt, j.lease, j.id, "
                     "j.scheduled_at <= now(), j.scheduled_at > now() + interval '1 hour', "
                     "s.payload IS NOT NULL "
                     "FROM cyclone_runs r LEFT JOIN cyclone_jobs j ON j.run_id = r.id "
@@ -535,7 +537,9 @@ class Harness:
                 )
             ).all()
             execs = conn.execute(
-                sa.text("SELECT tag, step, n, pid, attempt, lease, verdict FROM model_exec")
+                sa.text(
+                    "SELECT tag, step, n, pid, attempt, lease, job_id, verdict FROM model_exec"
+                )
             ).all()
         runs: dict[str, dict[str, Any]] = {}
         jobs: dict[tuple[str, str], dict[str, Any]] = {}
@@ -552,6 +556,7 @@ class Harness:
             wid,
             att,
             lease,
+            job_id,
             due,
             later,
             signalled,
@@ -571,12 +576,13 @@ class Harness:
                     "pid": int(wid.split(":")[1]) if wid else None,
                     "attempt": att,
                     "lease": lease,
+                    "id": job_id,
                     "due": due,
                     "later": later,
                 }
-        waiting = [Exec(t, s, n, p, a, le) for t, s, n, p, a, le, v in execs if v is None]
+        waiting = [Exec(t, s, n, p, a, le, j) for t, s, n, p, a, le, j, v in execs if v is None]
         max_n: dict[tuple[str, str], int] = {}
-        for t, s, n, _p, _a, _le, _v in execs:
+        for t, s, n, _p, _a, _le, _j, _v in execs:
             max_n[t, s] = max(n, max_n.get((t, s), 0))
         return Snapshot(runs, jobs, waiting, max_n)
 
@@ -1622,9 +1628,9 @@ def test_an_older_execution_on_the_same_worker_does_not_pass_for_the_one_holding
     """A worker frozen past ``rescue_after`` and thawed, given its job again: same worker,
     same attempt (a rescue does not count it), a newer lease. Until the new execution
     reaches its gate, the job is held by no execution at a gate: the settle must wait."""
-    old = Exec("m1", "a", 1, pid=100, attempt=1, lease=1)
-    other = Exec("m1", "a", 2, pid=200, attempt=1, lease=3)
-    job = {"state": "running", "pid": 100, "attempt": 1, "lease": 5}
+    old = Exec("m1", "a", 1, pid=100, attempt=1, lease=1, job_id=7)
+    other = Exec("m1", "a", 2, pid=200, attempt=1, lease=3, job_id=7)
+    job = {"state": "running", "pid": 100, "attempt": 1, "lease": 5, "id": 7}
     snap = Snapshot(
         runs={"m1": {"state": "running"}},
         jobs={("m1", "a"): job},
@@ -1632,9 +1638,28 @@ def test_an_older_execution_on_the_same_worker_does_not_pass_for_the_one_holding
         max_n={("m1", "a"): 2},
     )
     assert snap.current("m1", "a") is None
-    new = Exec("m1", "a", 3, pid=100, attempt=1, lease=5)
+    new = Exec("m1", "a", 3, pid=100, attempt=1, lease=5, job_id=7)
     snap.waiting.append(new)
     assert snap.current("m1", "a") == new
+
+
+def test_an_execution_of_a_job_since_made_again_does_not_pass_for_the_new_jobs() -> None:
+    """A map node run again deletes its items and makes them again: the new item's first
+    claim has the lease the old item's had, and the old execution may still wait at its
+    gate on the same worker (the random-mode failure "two executions at their gate hold
+    one claim"). The job's id tells them apart."""
+    old = Exec("m2", "m1", 1, pid=100, attempt=1, lease=1, job_id=40)
+    job = {"state": "running", "pid": 100, "attempt": 1, "lease": 1, "id": 52}
+    snap = Snapshot(
+        runs={"m2": {"state": "running"}},
+        jobs={("m2", "m1"): job},
+        waiting=[old],
+        max_n={("m2", "m1"): 1},
+    )
+    assert snap.current("m2", "m1") is None
+    new = Exec("m2", "m1", 2, pid=100, attempt=1, lease=1, job_id=52)
+    snap.waiting.append(new)
+    assert snap.current("m2", "m1") == new
 
 
 @pytest.mark.processes

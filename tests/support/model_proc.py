@@ -63,13 +63,15 @@ KID_SUFFIX = "/kid"
 EXEC_DDL = (
     "CREATE TABLE IF NOT EXISTS model_exec (tag text NOT NULL, step text NOT NULL, "
     "n integer NOT NULL, pid integer NOT NULL, attempt integer NOT NULL, "
-    "lease bigint NOT NULL, verdict text, PRIMARY KEY (tag, step, n))"
+    "job_id bigint NOT NULL, lease bigint NOT NULL, verdict text, PRIMARY KEY (tag, step, n))"
 )
-"""``model_exec``: one row per execution of a gated step, with the worker's pid and the
-lease the job was claimed under. The lease, not the attempt, tells the execution that
+"""``model_exec``: one row per execution of a gated step, with the worker's pid, the job
+and the lease it was claimed under. The lease, not the attempt, tells the execution that
 holds the job from an older one of the same job on the same worker: a rescue does not
 count the attempt, so a worker frozen, rescued and thawed can claim its job again under
-the same attempt while its first execution still waits at its gate."""
+the same attempt while its first execution still waits at its gate. The job's id tells
+it from an execution of a job since deleted and made again (a map node's items, when the
+node runs again), whose first lease is the same."""
 
 
 TAG_SQL = "coalesce(substring({r}.submit_key from '^fork-(m[0-9]+)$'), {r}.input->>'tag')"
@@ -105,8 +107,9 @@ def engine() -> sa.Engine:
 
 
 _INSERT = sa.text(
-    "INSERT INTO model_exec (tag, step, n, pid, attempt, lease) "
-    "SELECT :tag, :step, coalesce(max(n), 0) + 1, :pid, :attempt, :lease FROM model_exec "
+    "INSERT INTO model_exec (tag, step, n, pid, attempt, job_id, lease) "
+    "SELECT :tag, :step, coalesce(max(n), 0) + 1, :pid, :attempt, :job_id, :lease "
+    "FROM model_exec "
     "WHERE tag = :tag AND step = :step RETURNING n"
 )
 
@@ -124,6 +127,7 @@ def gated(ctx: cyclone.StepContext, item: Item, step: str) -> int:
             "step": step,
             "pid": os.getpid(),
             "attempt": ctx.attempt,
+            "job_id": ctx.job_id,
             # The claim's lease (private: the test needs to tell this execution from an
             # older one of the same job, see EXEC_DDL).
             "lease": ctx._lease,
