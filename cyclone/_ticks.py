@@ -13,6 +13,8 @@ This is the only module that imports ``cronsim``.
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -21,6 +23,8 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from cyclone import _timing, errors
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_SETTLE_STEP = timedelta(minutes=15)
+_FIRST_WINDOW = timedelta(minutes=1)
 CRON_EXTRA = "cron= schedules need the cron extra: pip install 'cyclone[cron]' (it adds cronsim)"
 
 
@@ -82,8 +86,42 @@ def _floor_second(moment: datetime) -> datetime:
     return moment.replace(microsecond=0)
 
 
+def _settled(spec: Spec, moment: datetime) -> datetime:
+    """``moment`` in the schedule's zone, moved back out of a repeated hour if inside one.
+
+    cronsim reads a start by its wall-clock time: from the second copy of a repeated hour
+    it iterated from the first, so its next tick could be one already past (a worker
+    slept 0 s and looked again, for the whole hour), and iterating backwards it skipped
+    the second copy's ticks. From a time that is not ambiguous it iterates both copies as
+    Debian's cron does; the ticks before ``moment`` are dropped by the caller.
+    """
+    local = moment.astimezone(spec.zone)
+    while local.replace(fold=1 - local.fold).utcoffset() != local.utcoffset():
+        moment -= _SETTLE_STEP
+        local = moment.astimezone(spec.zone)
+    return local
+
+
+def _after(spec: Spec, after: datetime) -> Iterator[datetime]:
+    """The cron ticks strictly after ``after``, oldest first, in UTC, by cronsim's forward
+    iteration (the one definition of a cron schedule's ticks, DST included)."""
+    assert spec.cron is not None
+    start = _settled(spec, _floor_second(after))
+    previous = after
+    for tick in _cronsim().CronSim(spec.cron, start):
+        moment: datetime = tick.astimezone(UTC)
+        if moment > previous:
+            previous = moment
+            yield moment
+
+
 def latest(spec: Spec, after: datetime, now: datetime, count: int) -> list[datetime]:
-    """Up to ``count`` of the latest ticks in ``(after, now]``, oldest first, in UTC."""
+    """Up to ``count`` of the latest ticks in ``(after, now]``, oldest first, in UTC.
+
+    A cron schedule's ticks are found forwards (as :func:`following` finds them), in
+    windows that end at ``now`` and double back towards ``after`` until ``count`` ticks
+    are found: the work is about the ticks fired, not the length of the downtime.
+    """
     if count < 1 or now <= after:
         return []
     found: list[datetime] = []
@@ -94,16 +132,17 @@ def latest(spec: Spec, after: datetime, now: datetime, count: int) -> list[datet
             found.append(last)
             last -= spec.every
         return found[::-1]
-    assert spec.cron is not None
-    # cronsim iterates backwards strictly before its start: start one second after now.
-    start = _floor_second(now.astimezone(spec.zone)) + timedelta(seconds=1)
-    for tick in _cronsim().CronSim(spec.cron, start, reverse=True):
-        moment = tick.astimezone(UTC)
-        if moment <= after or len(found) >= count:
-            break
-        if moment <= now:
-            found.append(moment)
-    return found[::-1]
+    high, span = now, _FIRST_WINDOW
+    while high > after and len(found) < count:
+        low = after if high - after <= span else high - span
+        window: deque[datetime] = deque(maxlen=count - len(found))
+        for tick in _after(spec, low):
+            if tick > high:
+                break
+            window.append(tick)
+        found[:0] = window
+        high, span = low, span * 2
+    return found
 
 
 def following(spec: Spec, after: datetime) -> datetime | None:
@@ -112,13 +151,7 @@ def following(spec: Spec, after: datetime) -> datetime | None:
         step = int(spec.every.total_seconds())
         passed = int((after - EPOCH).total_seconds()) // step + 1
         return EPOCH + timedelta(seconds=passed * step)
-    assert spec.cron is not None
-    start = _floor_second(after.astimezone(spec.zone))
-    try:
-        tick: datetime = next(iter(_cronsim().CronSim(spec.cron, start)))
-    except StopIteration:
-        return None
-    return tick.astimezone(UTC)
+    return next(_after(spec, after), None)
 
 
 def key(name: str, tick: datetime) -> str:

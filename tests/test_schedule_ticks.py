@@ -209,3 +209,87 @@ def test_an_input_callable_gets_the_tick_in_the_schedules_zone() -> None:
     schedule = wf().schedule("s", cron="0 0 * * *", input=build, timezone=BERLIN)
     assert schedule.input_for(utc(2026, 6, 30, 22)) == {"day": "2026-07-01"}
     assert seen[0].utcoffset() == timedelta(hours=2)
+
+
+# -- the repeated hour, seen from inside it -------------------------------------------
+#
+# cronsim reads a start inside the repeated hour by its wall-clock time: from the second
+# 01:10 in New York (06:10 UTC) a fixed-time schedule's next 01:30 was the first one,
+# 05:30 UTC, in the past (a worker slept 0 s and looked again, for the whole hour), and
+# its reverse iteration skipped the second copy's ticks of an hourly or */15 schedule
+# (never fired). Each case is checked against the ticks cronsim gives from before the
+# transition, looking every 5 minutes through the night.
+
+NEW_YORK = "America/New_York"  # 2026: 02:00 -> 01:00 on Nov 1 (06:00 UTC)
+
+
+def _from_before(spec: _ticks.Spec, start: datetime, end: datetime) -> list[datetime]:
+    """The ticks in ``(start, end]`` as cronsim iterates them from ``start`` (outside DST)."""
+    import cronsim
+
+    found: list[datetime] = []
+    for tick in cronsim.CronSim(spec.cron or "", start.astimezone(spec.zone)):
+        if tick.astimezone(UTC) > end:
+            return found
+        found.append(tick.astimezone(UTC))
+    return found
+
+
+@pytest.mark.parametrize("timezone", [BERLIN, NEW_YORK])
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "30 1 * * *",
+        "30 2 * * *",
+        "45 1 * * *",
+        "15 1,2 * * *",
+        "0 * * * *",
+        "30 * * * *",
+        "*/15 * * * *",
+        "*/20 1 * * *",
+        "0 */2 * * *",
+        "0 30 1 * * *",
+    ],
+)
+def test_dst_repeated_hour_every_tick_is_found_from_inside_it(timezone: str, expr: str) -> None:
+    spec = cron(expr, timezone)
+    night = utc(2026, 10, 24, 20) if timezone == BERLIN else utc(2026, 11, 1, 2)
+    end = night + timedelta(hours=10)
+    ticks = _from_before(spec, night - timedelta(days=1), end + timedelta(days=2))
+    now = night
+    while now <= end:
+        assert _ticks.latest(spec, night, now, 1000) == [t for t in ticks if night < t <= now]
+        assert _ticks.following(spec, now) == next(t for t in ticks if t > now)
+        now += timedelta(minutes=5)
+
+
+def test_dst_repeated_hour_a_fixed_time_schedule_is_not_due_again_in_the_second_copy() -> None:
+    # 01:30 in New York on 2026-11-01 is 05:30 UTC (EDT), then 06:30 UTC (EST): it fires
+    # once, at the first, and from inside the second copy its next tick is the next day.
+    spec = cron("30 1 * * *", NEW_YORK)
+    assert _ticks.latest(spec, utc(2026, 11, 1), utc(2026, 11, 1, 6, 40), 5) == [
+        utc(2026, 11, 1, 5, 30)
+    ]
+    assert _ticks.following(spec, utc(2026, 11, 1, 6, 10)) == utc(2026, 11, 2, 6, 30)
+
+
+def test_dst_repeated_hour_an_hourly_schedule_is_found_in_the_second_copy() -> None:
+    spec = cron("0 * * * *", BERLIN)
+    # 01:00 UTC is 02:00 CET, the second 02:00: it is due at once.
+    assert _ticks.latest(spec, utc(2026, 10, 25, 0), utc(2026, 10, 25, 1, 0, 0, 5000), 5) == [
+        utc(2026, 10, 25, 1)
+    ]
+
+
+def test_latest_of_a_dense_cron_after_long_downtime_is_bounded_and_exact() -> None:
+    spec = cron("* * * * * *", BERLIN)  # every second, a week down
+    now = utc(2026, 10, 25, 1, 0, 30)
+    ticks = _ticks.latest(spec, now - timedelta(days=7), now, 3)
+    assert ticks == [now - timedelta(seconds=2), now - timedelta(seconds=1), now]
+    sparse = cron("0 0 1 1 *")  # yearly, ten years down
+    assert _ticks.latest(sparse, utc(2016, 6, 1), utc(2026, 6, 1), 3) == [
+        utc(2024, 1, 1),
+        utc(2025, 1, 1),
+        utc(2026, 1, 1),
+    ]
+    assert _ticks.latest(sparse, utc(2025, 6, 1), utc(2026, 6, 1), 3) == [utc(2026, 1, 1)]

@@ -437,3 +437,130 @@ def test_a_worker_killed_while_firing_a_tick_loses_and_repeats_no_tick(
     finally:
         stop_all(procs)
     assert_one_run_per_tick(engine, name, 20)
+
+
+# -- through a night the clocks go back, by the clock the scheduler reads --------------
+
+
+def through(
+    engine: sa.Engine,
+    schedule: cyclone.Schedule,
+    start: datetime,
+    end: datetime,
+    monkeypatch: pytest.MonkeyPatch,
+    first_look: datetime | None = None,
+) -> tuple[dict[datetime, datetime], int]:
+    """Look at ``schedule`` as a worker does, from ``start`` (its last tick; or from
+    ``first_look``, as if no worker had run until then) to ``end``:
+    the database's now() a look reads is the simulated clock (cast by PostgreSQL, so in
+    the session's time zone), which moves on by the wait each look returns (at least
+    10 ms, a look's own time). Each tick fired and when, and the number of looks."""
+    with engine.begin() as conn:
+        conn.execute(
+            schedules.update().where(schedules.c.name == schedule.name).values(last_tick=start)
+        )
+    clock = [first_look or start]
+    locked = sched._schedules.lock
+
+    def lock(conn: sa.Connection, name: str) -> Any:
+        row = locked(conn, name)
+        moment = sa.cast(sa.literal(clock[0], sa.DateTime(timezone=True)), sa.DateTime(True))
+        return None if row is None else row._replace(now=conn.scalar(sa.select(moment)))
+
+    monkeypatch.setattr(sched._schedules, "lock", lock)
+    fired: dict[datetime, datetime] = {}
+    looks = 0
+    while clock[0] < end and looks < 1000:
+        looks += 1
+        done = fire(engine, schedule)
+        fired.update((tick, clock[0]) for tick in done.ticks)
+        clock[0] += timedelta(seconds=max(done.wait, 0.01))
+    return fired, looks
+
+
+def utc(*args: int) -> datetime:
+    return datetime(*args, tzinfo=UTC)
+
+
+BERLIN_NIGHT = [
+    utc(2026, 10, 24, 23),
+    utc(2026, 10, 25, 0),
+    utc(2026, 10, 25, 1),
+    utc(2026, 10, 25, 2),
+]
+NEW_YORK_NIGHT = [utc(2026, 11, 1, 5) + timedelta(minutes=20 * i) for i in range(7)]
+
+
+@pytest.mark.parametrize(
+    ("timezone", "cron", "night", "expected"),
+    [
+        # 01:30 happens twice (05:30 and 06:30 UTC): it fired at the first, then the
+        # worker looked again without sleeping, through the second copy of the hour.
+        (
+            "America/New_York",
+            "30 1 * * *",
+            (utc(2026, 11, 1, 5), utc(2026, 11, 1, 7, 10), None),
+            [utc(2026, 11, 1, 5, 30)],
+        ),
+        (
+            "America/New_York",
+            "*/20 * * * *",
+            (utc(2026, 11, 1, 4, 55), utc(2026, 11, 1, 7, 5), None),
+            NEW_YORK_NIGHT,
+        ),
+        (
+            "Europe/Berlin",
+            "0 * * * *",
+            (utc(2026, 10, 24, 22, 30), utc(2026, 10, 25, 2, 30), None),
+            BERLIN_NIGHT,
+        ),
+        # No worker ran until inside the second copy of the hour: that copy's ticks
+        # (01:00 UTC, the second 02:00 in Berlin; 06:00 and 06:20 UTC in New York) were
+        # never fired.
+        (
+            "America/New_York",
+            "*/20 * * * *",
+            (utc(2026, 11, 1, 4, 55), utc(2026, 11, 1, 7, 5), utc(2026, 11, 1, 6, 30)),
+            NEW_YORK_NIGHT,
+        ),
+        (
+            "Europe/Berlin",
+            "0 * * * *",
+            (utc(2026, 10, 24, 22, 30), utc(2026, 10, 25, 2, 30), utc(2026, 10, 25, 1, 0, 30)),
+            BERLIN_NIGHT,
+        ),
+    ],
+)
+def test_a_worker_through_the_night_the_clocks_go_back_fires_each_tick_once_and_sleeps(
+    engine: sa.Engine,
+    name: str,
+    cleanup: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    timezone: str,
+    cron: str,
+    night: tuple[datetime, datetime, datetime | None],
+    expected: list[datetime],
+) -> None:
+    seen: list[str] = []
+
+    def stamp(tick: datetime) -> dict[str, str]:
+        seen.append(tick.isoformat())
+        return {"at": tick.isoformat()}
+
+    wf = workflow(name)
+    schedule = wf.schedule(name, cron=cron, timezone=timezone, input=stamp, missed="catch_up")
+    sched.register(engine, [schedule])
+    cleanup.append(name)
+    start, end, first_look = night
+    fired, looks = through(engine, schedule, start, end, monkeypatch, first_look)
+    assert list(fired) == expected
+    for tick, at in fired.items():  # each at its tick, or at the first look after downtime
+        assert at - max(tick, first_look or tick) < timedelta(seconds=1), (tick, at)
+    assert ticks_of(engine, name) == expected
+    # A look a minute at most, and one at each tick: none in a loop.
+    assert looks <= (end - start) / timedelta(seconds=sched.MAX_SLEEP) + 2 * len(expected)
+    # The input callable's tick: aware, in the schedule's zone, the right copy of the hour.
+    assert [datetime.fromisoformat(s) for s in seen] == expected
+    assert {datetime.fromisoformat(s).utcoffset() for s in seen} <= {
+        t.astimezone(schedule.spec.zone).utcoffset() for t in expected
+    }
