@@ -151,6 +151,7 @@ class ScheduleStatus:
     max_catch_up: int
     paused: bool
     last_tick: datetime
+    """The last tick fired (or the registration, or the resume), in UTC."""
     next_tick: datetime | None
     """The next tick to fire (None while paused, or when the cron extra is missing)."""
     updated_at: datetime
@@ -167,11 +168,13 @@ def register(engine: Engine, defined: Sequence[Schedule]) -> None:
 
 def _status(row: Any) -> ScheduleStatus:
     spec = _ticks.Spec(cron=row[2], every=row[3], timezone=row[4])
-    now: datetime = row[10]
+    # In UTC, whatever the session's time zone (see _store.schedules.lock).
+    now: datetime = row[10].astimezone(UTC)
+    last_tick: datetime = row[8].astimezone(UTC)
     next_tick = None
     if not row[7]:
         try:
-            next_tick = _ticks.following(spec, max(row[8], now))
+            next_tick = _ticks.following(spec, max(last_tick, now))
         except Exception:  # cron extra missing, or a zone this host does not know
             next_tick = None
     return ScheduleStatus(
@@ -183,9 +186,9 @@ def _status(row: Any) -> ScheduleStatus:
         missed=row[5],
         max_catch_up=row[6],
         paused=row[7],
-        last_tick=row[8],
+        last_tick=last_tick,
         next_tick=next_tick,
-        updated_at=row[9],
+        updated_at=row[9].astimezone(UTC),
     )
 
 

@@ -564,3 +564,37 @@ def test_a_worker_through_the_night_the_clocks_go_back_fires_each_tick_once_and_
     assert {datetime.fromisoformat(s).utcoffset() for s in seen} <= {
         t.astimezone(schedule.spec.zone).utcoffset() for t in expected
     }
+
+
+@pytest.mark.parametrize("server_zone", ["America/New_York", "UTC"])
+def test_the_sessions_time_zone_does_not_change_which_ticks_fire(
+    engine: sa.Engine,
+    name: str,
+    cleanup: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    server_zone: str,
+) -> None:
+    """psycopg gives a timestamptz in the session's zone; two of them in one zone compare
+    by wall-clock time in Python, so on a server set to New York the second 01:10 came
+    before the first 01:50: the schedule fired nothing and looked again at once for an
+    hour, then caught up late."""
+    local = sa.create_engine(engine.url, connect_args={"options": f"-c TimeZone={server_zone}"})
+    try:
+        with local.connect() as conn:
+            assert conn.scalar(sa.text("SHOW TimeZone")) == server_zone
+        wf = workflow(name)
+        schedule = wf.schedule(name, every=timedelta(minutes=10), input={}, missed="catch_up")
+        sched.register(local, [schedule])
+        cleanup.append(name)
+        start, end = utc(2026, 11, 1, 5, 45), utc(2026, 11, 1, 6, 35)
+        fired, looks = through(local, schedule, start, end, monkeypatch)
+        expected = [utc(2026, 11, 1, 5, 50) + timedelta(minutes=10 * i) for i in range(5)]
+        assert list(fired) == expected
+        for tick, at in fired.items():
+            assert at - tick < timedelta(seconds=1), (tick, at)
+        assert looks <= (end - start) / timedelta(seconds=sched.MAX_SLEEP) + 2 * len(expected)
+        listed = status(local, name)
+        assert listed.last_tick == expected[-1]
+        assert listed.last_tick.utcoffset() == timedelta(0)  # in UTC, as next_tick is
+    finally:
+        local.dispose()

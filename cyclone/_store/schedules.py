@@ -10,7 +10,7 @@ next tick (or a minute later, for a paused one)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sqlalchemy import Connection, Engine, bindparam, case, func, select, update
@@ -165,7 +165,15 @@ def lock(conn: Connection, name: str) -> Locked | None:
     the database's now() and the registered definition (``cron``, ``every``,
     ``timezone``, ``missed``, ``max_catch_up``), or None when it is locked or missing."""
     row = _executor.first(conn, _LOCK, {"schedule": name})
-    return None if row is None else Locked(*row)
+    if row is None:
+        return None
+    locked = Locked(*row)
+    # In UTC: psycopg gives a timestamptz in the session's time zone, and Python compares
+    # two datetimes of one zone by their wall-clock time, so in the hour the session's
+    # clocks go back a later now() came before an earlier last_tick.
+    return locked._replace(
+        last_tick=locked.last_tick.astimezone(UTC), now=locked.now.astimezone(UTC)
+    )
 
 
 def exists(conn: Connection, name: str) -> bool:
