@@ -101,16 +101,19 @@ def test_registering_keeps_the_definition_and_starts_at_now(
     assert abs(found.last_tick - datetime.now(UTC)) < timedelta(minutes=1)
     assert found.next_tick is not None
     assert found.next_tick.astimezone(UTC).hour in (1, 2)
-    # A new registration (a redeploy) updates the definition and keeps the last tick.
+    # A new registration (a redeploy) updates the definition and keeps the last tick...
+    wf1 = workflow(name)
+    wf1.schedule(name, cron="0 3 * * *", timezone="Europe/Berlin", input={"new": 1})
+    sched.register(engine, list(wf1.schedules.values()))
+    kept = status(engine, name)
+    assert (kept.missed, kept.last_tick) == ("latest", found.last_tick)
+    # ...unless its timing changed: it starts at its registration, as a new schedule.
     wf2 = workflow(name)
     wf2.schedule(name, every=timedelta(minutes=5), input={})
     sched.register(engine, list(wf2.schedules.values()))
     again = status(engine, name)
-    assert (again.cron, again.every, again.last_tick) == (
-        None,
-        timedelta(minutes=5),
-        found.last_tick,
-    )
+    assert (again.cron, again.every) == (None, timedelta(minutes=5))
+    assert again.last_tick >= found.last_tick
 
 
 def test_a_new_schedule_fires_no_tick_from_before_it_was_registered(
@@ -598,3 +601,36 @@ def test_the_sessions_time_zone_does_not_change_which_ticks_fire(
         assert listed.last_tick.utcoffset() == timedelta(0)  # in UTC, as next_tick is
     finally:
         local.dispose()
+
+
+def test_a_changed_cron_every_or_timezone_starts_at_its_registration_not_in_a_burst(
+    engine: sa.Engine, name: str, cleanup: list[str]
+) -> None:
+    """A deploy that made a daily catch-up schedule every 5 minutes fired at once the ten
+    5-minute ticks before it (the new definition's ticks since the old one's last
+    tick, 12 hours back); a new definition starts at its registration, as a new
+    schedule does."""
+    daily = workflow(name).schedule(name, every=timedelta(days=1), input={}, missed="catch_up")
+    sched.register(engine, [daily])
+    cleanup.append(name)
+    set_last_tick(engine, name, timedelta(hours=12))
+    before = status(engine, name).last_tick
+
+    # Only the missed-tick policy changes: the ticks owed are kept.
+    policy = workflow(name).schedule(
+        name, every=timedelta(days=1), input={}, missed="catch_up", max_catch_up=3
+    )
+    sched.register(engine, [policy])
+    assert status(engine, name).last_tick == before
+
+    for changed in (
+        {"every": timedelta(minutes=5)},
+        {"cron": "*/5 * * * *"},
+        {"cron": "*/5 * * * *", "timezone": "Asia/Kolkata"},  # :30 off UTC, other ticks
+    ):
+        set_last_tick(engine, name, timedelta(hours=12))
+        new = workflow(name).schedule(name, input={}, missed="catch_up", **changed)
+        sched.register(engine, [new])
+        assert abs(status(engine, name).last_tick - datetime.now(UTC)) < timedelta(minutes=1)
+        assert fire(engine, new).ticks == (), changed
+    assert ticks_of(engine, name) == []

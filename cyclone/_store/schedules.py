@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 
 def upsert_stmt(rows: Sequence[Schedule]) -> Any:
     """Register schedules: a new one starts at now (no past ticks), a known one keeps its
-    ``last_tick`` and ``paused`` and takes the definition given."""
+    ``paused`` and takes the definition given, and keeps its ``last_tick`` unless its
+    cron, interval or time zone changed (then it starts at now, as a new one)."""
     stmt = insert(schedules).values(
         [
             {
@@ -44,10 +45,25 @@ def upsert_stmt(rows: Sequence[Schedule]) -> Any:
         ]
     )
     changed = ("workflow", "cron", "every", "timezone", "missed", "max_catch_up")
+    timing = ("cron", "every", "timezone")
     excluded = stmt.excluded
+    # A new cron, interval or time zone starts at its registration, as a new schedule
+    # does: from the old definition's last tick (hours or days back), a catch_up
+    # schedule fired at once up to max_catch_up of the new one's ticks from before it.
+    retimed = func.row(*(schedules.c[c] for c in timing)).is_distinct_from(
+        func.row(*(excluded[c] for c in timing))
+    )
+    last_tick = case(
+        (retimed, func.greatest(schedules.c.last_tick, func.now())),
+        else_=schedules.c.last_tick,
+    )
     return stmt.on_conflict_do_update(
         index_elements=[schedules.c.name],
-        set_={**{c: excluded[c] for c in changed}, "updated_at": func.now()},
+        set_={
+            **{c: excluded[c] for c in changed},
+            "last_tick": last_tick,
+            "updated_at": func.now(),
+        },
         where=func.row(*(schedules.c[c] for c in changed)).is_distinct_from(
             func.row(*(excluded[c] for c in changed))
         ),
