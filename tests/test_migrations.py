@@ -161,12 +161,35 @@ def statistics(engine: sa.Engine) -> set[str]:
 def test_upgrade_creates_the_claim_statistics_and_their_downgrade_drops_them(
     fresh_engine: sa.Engine,
 ) -> None:
+    def analyzed() -> tuple[float, int]:
+        with fresh_engine.connect() as conn:
+            reltuples = conn.execute(
+                sa.text("SELECT reltuples FROM pg_class WHERE relname = 'cyclone_jobs'")
+            ).scalar_one()
+            built = conn.execute(
+                sa.text("SELECT count(*) FROM pg_stats_ext WHERE statistics_name = :n"),
+                {"n": schema.CLAIM_STATISTICS},
+            ).scalar_one()
+        return reltuples, built
+
     cyclone.upgrade(fresh_engine)
     assert statistics(fresh_engine) == {schema.CLAIM_STATISTICS}
+    # An empty table is left never analyzed: analyzed empty, it is planned as empty.
+    assert analyzed() == (-1, 0)
     cyclone.downgrade(fresh_engine, "cyclone_0023_rated_jobs_index")
     assert statistics(fresh_engine) == set()
-    cyclone.upgrade(fresh_engine)
+    with fresh_engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO cyclone_jobs (kind, queue, priority, state, max_attempts) "
+                "SELECT 'k', 'default', 0, 'available', 1 FROM generate_series(1, 100)"
+            )
+        )
+    cyclone.upgrade(fresh_engine)  # a table holding jobs is analyzed: the claim uses them
     assert statistics(fresh_engine) == {schema.CLAIM_STATISTICS}
+    assert analyzed() == (100, 1)
+    with fresh_engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM cyclone_jobs"))
 
 
 def test_downgrade_from_0004_restores_the_insert_trigger(fresh_engine: sa.Engine) -> None:

@@ -13,7 +13,9 @@ wait. Estimating a handful, it could as well read them through
 waiting job of the workflow on every claim. ``cyclone_jobs_claim_keys`` keeps the most
 common combinations of state, workflow, kind and limit, so the planner knows how many
 jobs of a workflow or kind wait. Creating it does not block writes; the revision then
-analyzes the table (a sample of its rows) so the claim uses it at once.
+analyzes the table (a sample of its rows) so the claim uses it at once, unless the table
+is empty: an empty table analyzed is planned as empty (sequential scans) until
+autovacuum analyzes it again, where one never analyzed is planned on its real size.
 """
 
 from alembic import op
@@ -29,7 +31,9 @@ def upgrade() -> None:
         "CREATE STATISTICS IF NOT EXISTS cyclone_jobs_claim_keys (mcv) "
         "ON state, workflow, kind, limit_name FROM cyclone_jobs"
     )
-    op.execute("ANALYZE cyclone_jobs")
+    op.execute(
+        "DO $$ BEGIN IF EXISTS (SELECT FROM cyclone_jobs) THEN ANALYZE cyclone_jobs; END IF; END $$"
+    )
 
 
 def downgrade() -> None:
