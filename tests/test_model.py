@@ -537,9 +537,7 @@ class Harness:
                 )
             ).all()
             execs = conn.execute(
-                sa.text(
-                    "SELECT tag, step, n, pid, attempt, lease, job_id, verdict FROM model_exec"
-                )
+                sa.text("SELECT tag, step, n, pid, attempt, lease, job_id, verdict FROM model_exec")
             ).all()
         runs: dict[str, dict[str, Any]] = {}
         jobs: dict[tuple[str, str], dict[str, Any]] = {}
