@@ -115,13 +115,21 @@ class RunDetail:
 
 @dataclass(frozen=True, slots=True)
 class JobDetail:
-    """A standalone job with its arguments, its output and its last attempt's start and worker."""
+    """A job with its arguments, its output and its last attempt's start and worker: a
+    standalone job, or the job of a step of a run (``run_id`` names the run)."""
 
     status: JobStatus
     args: Any
+    """A standalone job's arguments; a step's: its run's input (a map item's: its item)."""
     output: Any
     started_at: datetime | None
     worker_id: str | None
+    run_id: uuid.UUID | None = None
+    """The run whose step this job is; None for a standalone job."""
+    workflow: str | None = None
+    """That run's workflow; None for a standalone job."""
+    item: int | None = None
+    """A map item's position in the list its node maps over; None for any other job."""
 
 
 class Position(Protocol):
@@ -696,7 +704,12 @@ class Client:
         )
 
     def get_job_detail(self, job_id: int) -> JobDetail | None:
-        """The standalone job with its arguments and output, or None."""
+        """The job with its arguments and output, or None.
+
+        Any job: a standalone one, or the job of a step of a run (the ids worker logs and
+        ``StepStatus.job_id`` give), whose ``run_id`` and ``workflow`` name its run (its
+        ``status.kind`` is the step).
+        """
         if not _job_id_in_range(job_id):
             return None
         with self._reading() as conn:
@@ -710,6 +723,9 @@ class Client:
             output=_json(row[width + 1]),
             started_at=row[width + 2],
             worker_id=row[width + 3],
+            run_id=row[width + 4],
+            workflow=row[width + 5],
+            item=row[width + 6],
         )
 
     def cancel_job(self, job_id: int) -> None:

@@ -573,7 +573,7 @@ def test_jobs_show_gives_args_output_and_errors(
 
     missing = invoke(database_url, "jobs", "show", "999999999")
     assert missing.exit_code == 1
-    assert missing.stderr == "cyclone: standalone job 999999999 does not exist\n"
+    assert missing.stderr == "cyclone: job 999999999 does not exist\n"
 
 
 def test_jobs_cancel_cancels_a_waiting_job_only(
@@ -595,12 +595,12 @@ def test_jobs_cancel_cancels_a_waiting_job_only(
     # An id past bigint (cyclone_jobs.id) names no job either: it was "database error:
     # bigint out of range".
     huge = str(2**63)
-    for command in ("show", "cancel"):
+    beyond = invoke(database_url, "jobs", "cancel", huge)
+    assert beyond.exit_code == 1, beyond.output
+    assert beyond.stderr == f"cyclone: standalone job {huge} does not exist\n"
+    for command in ("show", "retry"):
         beyond = invoke(database_url, "jobs", command, huge)
-        assert beyond.exit_code == 1, beyond.output
-        assert beyond.stderr == f"cyclone: standalone job {huge} does not exist\n"
-    beyond = invoke(database_url, "jobs", "retry", huge)
-    assert (beyond.exit_code, beyond.stderr) == (1, f"cyclone: job {huge} does not exist\n")
+        assert (beyond.exit_code, beyond.stderr) == (1, f"cyclone: job {huge} does not exist\n")
 
 
 def test_jobs_cancel_of_a_step_names_its_run(

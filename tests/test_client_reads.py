@@ -12,6 +12,7 @@ import sqlalchemy as sa
 
 import cyclone
 from cyclone.client import ActiveJobs
+from cyclone.schema import jobs
 
 pytestmark = pytest.mark.usefixtures("clean_tables")
 
@@ -146,3 +147,69 @@ def test_active_jobs_and_finished_minutes_are_counted_per_queue_kind_and_minute(
     assert client.count_active_jobs()[1] == ActiveJobs(
         f"{name}-q", None, f"{name}.job", ready=0, scheduled=1, running=0
     )
+
+
+def test_job_detail_of_a_step_names_its_run_workflow_and_item(engine: sa.Engine, name: str) -> None:
+    """Worker logs and ``StepStatus.job_id`` give the ids of steps' jobs: the detail of one
+    is that job, naming its run (it was None, as if the job did not exist)."""
+    wf: cyclone.ResultWorkflow[int, list[int]] = cyclone.ResultWorkflow(
+        name, input=int, output=list[int]
+    )
+
+    @wf.step(max_attempts=2)
+    def numbers(ctx: cyclone.StepContext, n: int) -> list[int]:
+        if ctx.attempt == 1:
+            raise RuntimeError("first try")
+        return list(range(n))
+
+    @wf.map(over=numbers)
+    def square(ctx: cyclone.StepContext, i: int) -> int:
+        return i * i
+
+    @wf.result(after=[square])
+    def total(ctx: cyclone.StepContext, n: int) -> list[int]:
+        return ctx.output(square)
+
+    run, _ = wf.submit_once(engine, "k", 3)
+    cyclone.Worker(engine, workflows=[wf], backoff=lambda n: 0.0).drain()
+    assert run.result(timeout=10) == [0, 1, 4]
+    client = cyclone.Client(engine)
+    steps = client.get_run_detail(run.id)
+    assert steps is not None
+    job_id = steps.steps[0].job_id
+    assert job_id is not None
+
+    detail = client.get_job_detail(job_id)
+    assert detail is not None
+    assert (detail.run_id, detail.workflow, detail.item) == (run.id, name, None)
+    assert (detail.status.id, detail.status.kind, detail.status.state) == (
+        job_id,
+        "numbers",
+        cyclone.JobState.COMPLETED,
+    )
+    assert (detail.status.attempt, detail.status.max_attempts) == (2, 2)
+    assert [e["message"] for e in detail.status.errors] == ["first try"]
+    assert detail.args == 3  # what the step ran with: its run's input
+    assert detail.output == [0, 1, 2]
+    assert detail.worker_id == steps.steps[0].worker_id
+    assert detail.started_at == steps.steps[0].started_at
+
+    with engine.connect() as conn:
+        item_id = conn.execute(
+            sa.select(jobs.c.id).where(jobs.c.run_id == run.id, jobs.c.item == 2)
+        ).scalar_one()
+    item = client.get_job_detail(item_id)
+    assert item is not None
+    assert (item.run_id, item.workflow, item.item, item.status.kind) == (run.id, name, 2, "square")
+    assert (item.args, item.output) == (2, 4)
+
+    # A standalone job names no run; get_job stays the standalone jobs' read.
+    @cyclone.step(f"{name}.mail")
+    def mail(ctx: cyclone.StepContext, to: str) -> None:
+        return None
+
+    job = mail.enqueue(engine, "ada")
+    alone = client.get_job_detail(job.id)
+    assert alone is not None
+    assert (alone.run_id, alone.workflow, alone.item, alone.args) == (None, None, None, "ada")
+    assert client.get_job(job_id) is None

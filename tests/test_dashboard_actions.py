@@ -116,6 +116,24 @@ def test_cancel_job_action_cancels_a_waiting_standalone_job(
     assert f"cannot cancel job {job.id}: it is cancelled" in again.get_data(as_text=True)
 
 
+def test_the_job_page_of_a_step_links_its_run_and_offers_no_job_action(
+    engine: sa.Engine, admin: Client, name: str
+) -> None:
+    """A step's job id (from a worker's log) opens its job page, which links the run (it
+    was a 404, "no standalone job"); a step is retried and cancelled with its run."""
+    _, run = failed(engine, name)
+    detail = cyclone.Client(engine).get_run_detail(run.id)
+    assert detail is not None
+    step = next(s for s in detail.steps if s.state == cyclone.JobState.FAILED)
+    answer = admin.get(f"/jobs/{step.job_id}")
+    assert answer.status_code == 200
+    html = answer.get_data(as_text=True)
+    assert f'<a href="/runs/{run.id}">' in html
+    assert f"workflow {name}, step {step.name}" in html
+    assert "Retry job" not in html
+    assert "Cancel job" not in html
+
+
 def test_read_only_by_default_no_buttons_and_every_post_is_403(
     engine: sa.Engine, name: str
 ) -> None:

@@ -648,16 +648,32 @@ def child_statuses(
     return shown, int(_executor.value(conn, _COUNT_CHILDREN, {"id": run_id}))
 
 
-_JOB_DETAIL = select(
-    *JOB_STATUS_COLUMNS,
-    cast(jobs.c.args, Text),
-    cast(jobs.c.output, Text),
-    jobs.c.attempted_at,
-    jobs.c.worker_id,
-).where(jobs.c.id == bindparam("id"), jobs.c.run_id.is_(None))
+_JOB_DETAIL = (
+    select(
+        *JOB_STATUS_COLUMNS,
+        # What the job runs with: a map item its item, any other step its run's input.
+        cast(
+            case(
+                (jobs.c.item.is_not(None), jobs.c.args),
+                else_=func.coalesce(runs.c.input, jobs.c.args),
+            ),
+            Text,
+        ),
+        cast(jobs.c.output, Text),
+        jobs.c.attempted_at,
+        jobs.c.worker_id,
+        jobs.c.run_id,
+        runs.c.workflow,
+        jobs.c.item,
+    )
+    .select_from(jobs.outerjoin(runs, runs.c.id == jobs.c.run_id))
+    .where(jobs.c.id == bindparam("id"))
+)
 
 
 def job_detail(conn: Connection, job_id: int) -> Sequence[Any] | None:
-    """Standalone job ``job_id``'s status, then its arguments and output as JSON text, when
-    its last attempt started and the worker that ran it; or None."""
+    """Job ``job_id``'s status (standalone, or a step of a run), then its arguments (a
+    step's: its run's input, a map item's: its item) and output as JSON text, when its last
+    attempt started, the worker that ran it, and its run's id, workflow and item (NULL for
+    a standalone job); or None. One row of the primary key and of the run's."""
     return _executor.first(conn, _JOB_DETAIL, {"id": job_id})

@@ -699,10 +699,14 @@ def _add_commands(group: click.Group) -> None:
     @click.argument("job_id", type=int, metavar="JOB_ID")
     @_json_option
     def jobs_show(job_id: int, as_json: bool) -> None:
-        """Show one standalone job: arguments, output, attempts and errors."""
+        """Show one job: arguments, output, attempts and errors.
+
+        A standalone job, or the job of a step of a run (the job ids that worker logs
+        and runs show --json give): then its run, workflow and step are named.
+        """
         detail = _invocation().client().get_job_detail(job_id)
         if detail is None:
-            raise CommandError(f"standalone job {job_id} does not exist")
+            raise CommandError(f"job {job_id} does not exist")
         if as_json:
             _output.json_line(_job_detail_record(detail))
         else:
@@ -1198,11 +1202,18 @@ def _run_parked(detail: RunDetail) -> str:
 
 def _print_job_detail(detail: JobDetail) -> None:
     job = detail.status
+    item = "" if detail.item is None else f" item {detail.item}"
+    what = [("kind", job.kind), ("key", job.key or "-")]
+    if detail.run_id is not None:
+        what = [
+            ("run", str(detail.run_id)),
+            ("workflow", detail.workflow or "-"),
+            ("step", f"{job.kind}{item}"),
+        ]
     _output.fields(
         [
             ("job", str(job.id)),
-            ("kind", job.kind),
-            ("key", job.key or "-"),
+            *what,
             ("queue", job.queue),
             ("priority", str(job.priority)),
             ("state", job.state.value),
@@ -1213,7 +1224,7 @@ def _print_job_detail(detail: JobDetail) -> None:
             ("finished", _output.when(job.finished_at)),
         ]
     )
-    _output.heading("args")
+    _output.heading("args" if detail.run_id is None else "item" if item else "input")
     _output.block(_output.pretty_json(detail.args))
     if job.state == JobState.COMPLETED:
         _output.heading("output")
@@ -1246,6 +1257,9 @@ def _job_detail_record(detail: JobDetail) -> dict[str, Any]:
         "worker_id": detail.worker_id,
         "args": detail.args,
         "output": detail.output,
+        "run_id": None if detail.run_id is None else str(detail.run_id),
+        "workflow": detail.workflow,
+        "item": detail.item,
     }
 
 

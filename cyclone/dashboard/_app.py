@@ -460,7 +460,7 @@ class Dashboard:
     def _page_job(self, request: Request, csrf: str, job_id: int) -> Response:
         detail = self.client.get_job_detail(job_id)
         if detail is None:
-            raise NotFound(f"There is no standalone job {job_id} (never made, or purged).")
+            raise NotFound(f"There is no job {job_id} (never made, or purged).")
         return self._render(
             request,
             "job.html",
@@ -512,7 +512,7 @@ class Dashboard:
     def _page_job_action(self, request: Request, csrf: str, job_id: int, action: str) -> Response:
         detail = self.client.get_job_detail(job_id)
         if detail is None:
-            raise NotFound(f"There is no standalone job {job_id} (never made, or purged).")
+            raise NotFound(f"There is no job {job_id} (never made, or purged).")
         try:
             if action == "retry":
                 self.client.retry_job(job_id)
