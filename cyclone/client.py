@@ -79,6 +79,9 @@ class StepStatus:
     items_total: int | None = None
     """A map node's items (one per element of the list it maps over), once it has made
     them; None for any other step."""
+    running_for: timedelta | None = None
+    """While the step runs, how long its attempt has been running (from ``started_at`` to
+    ``RunDetail.read_at``); ``worker_id`` names the worker that holds it. None otherwise."""
 
     @property
     def duration(self) -> timedelta | None:
@@ -686,6 +689,7 @@ class Client:
                 parked=None if row[14] is None else Parked(row[14]),
                 items_done=row[15],
                 items_total=row[16],
+                running_for=_running_for(row[2], row[7], read_at),
             )
             for row in step_rows
         ]
@@ -997,6 +1001,13 @@ class Client:
     ) -> int:
         """Delete standalone jobs that ended more than ``older_than`` ago; returns how many."""
         return _sweeper.purge_jobs(self._engine, older_than, batch_size, progress)
+
+
+def _running_for(state: str, started_at: datetime | None, now: datetime) -> timedelta | None:
+    """How long a running step's attempt has run by ``now``; None for a step not running."""
+    if state != JobState.RUNNING.value or started_at is None:
+        return None
+    return max(now - started_at, timedelta())
 
 
 def _aware(moment: datetime, name: str) -> datetime:

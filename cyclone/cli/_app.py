@@ -1103,6 +1103,7 @@ def _step_record(step: StepStatus) -> dict[str, Any]:
         "parked": None if step.parked is None else step.parked.value,
         "items_done": step.items_done,
         "items_total": step.items_total,
+        "running_for": step.running_for,
     }
 
 
@@ -1164,6 +1165,12 @@ def _print_run_detail(detail: RunDetail) -> None:
     _output.heading("steps")
     _output.table(_STEP_COLUMNS, detail.steps)
     for step in detail.steps:
+        if step.running_for is not None:
+            _output.heading(
+                f"step {step.name}, attempt {step.attempt}, running for "
+                f"{_output.duration(step.running_for)} on worker {step.worker_id or '-'}"
+            )
+    for step in detail.steps:
         _print_errors(step.errors, f"step {step.name}")
 
 
@@ -1172,6 +1179,13 @@ def _step_state(step: StepStatus) -> str:
     if step.items_total is None:
         return step.state.value
     return f"{step.state.value} ({step.items_done}/{step.items_total} items)"
+
+
+def _step_duration(step: StepStatus) -> str:
+    """How long its last attempt took; for a step running, how long it has run so far."""
+    if step.running_for is not None:
+        return f"{_output.duration(step.running_for)} so far"
+    return _output.duration(step.duration)
 
 
 def _step_waits(step: StepStatus) -> str:
@@ -1280,7 +1294,7 @@ _STEP_COLUMNS: list[_output.Column] = [
     ("ATTEMPTS", lambda s: f"{s.attempt}/{s.max_attempts}"),
     ("QUEUE", lambda s: s.queue),
     ("STARTED (UTC)", lambda s: _output.when(s.started_at)),
-    ("DURATION", lambda s: _output.duration(s.duration)),
+    ("DURATION", lambda s: _step_duration(s)),
     ("WAITING (UTC)", _step_waits),
     ("ERROR", lambda s: _error_summary(s.errors[-1] if s.errors else None)),
 ]
