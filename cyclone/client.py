@@ -7,12 +7,13 @@ live in :mod:`cyclone._store.reads` and :mod:`cyclone._store.counts`.
 
 from __future__ import annotations
 
+import enum
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import Connection, Engine
 
@@ -419,8 +420,8 @@ class Client:
         Pagination is by ``(created_at, id)``, so pages neither repeat nor skip runs
         while new runs are submitted.
         """
-        found_state = None if state is None else RunState(state)
-        found_parked = None if parked is None else Parked(parked)
+        found_state = _member(RunState, state, "state")
+        found_parked = _member(Parked, parked, "parked")
         since = None if since is None else _aware(since, "since")
         until = None if until is None else _aware(until, "until")
         limit = _limit(limit)
@@ -542,14 +543,14 @@ class Client:
         """Act on the runs listed with these filters in ``sources``, batch by batch."""
         wanted = [RunState(s) for s in sources]
         if state is not None:
-            wanted = [s for s in wanted if s == RunState(state)]
+            wanted = [s for s in wanted if s == _member(RunState, state, "state")]
         filters: dict[str, Any] = {
             "workflow": _workflow_name(workflow),
             "states": wanted,
             "key": _text(key, "key"),
             "since": None if since is None else _aware(since, "since"),
             "until": None if until is None else _aware(until, "until"),
-            "parked": None if parked is None else Parked(parked),
+            "parked": _member(Parked, parked, "parked"),
         }
         batch_size = _limit(batch_size, "batch_size")
         if not wanted:
@@ -607,8 +608,8 @@ class Client:
         the next page. The page is read as of one moment. ``parked`` keeps the runs parked
         so, as :meth:`list_runs` does (through indexes).
         """
-        found_state = None if state is None else RunState(state)
-        found_parked = None if parked is None else Parked(parked)
+        found_state = _member(RunState, state, "state")
+        found_parked = _member(Parked, parked, "parked")
         since = None if since is None else _aware(since, "since")
         until = None if until is None else _aware(until, "until")
         limit, scan = _limit(limit), _limit(scan, "scan")
@@ -653,10 +654,12 @@ class Client:
         may have thousands): ``RunDetail.children_total`` counts them all.
         """
         if children_limit is not None and (
-            isinstance(children_limit, bool)
-            or not isinstance(children_limit, int)
-            or not 0 <= children_limit <= MAX_INTEGER
+            isinstance(children_limit, bool) or not isinstance(children_limit, int)
         ):
+            raise TypeError(
+                f"children_limit takes an int or None, not {type(children_limit).__name__}"
+            )
+        if children_limit is not None and not 0 <= children_limit <= MAX_INTEGER:
             raise ValueError(f"children_limit must be an int from 0 to {MAX_INTEGER}, or None")
         with self._reading_together() as conn:
             found = _reads.run_detail(conn, _run_uuid(run_id))
@@ -791,13 +794,15 @@ class Client:
         then on.
 
         Raises:
-            TypeError: ``name`` is not a str.
-            ValueError: ``max`` is not an int from 0 to 2**31 - 1 (PostgreSQL's integer),
-                or ``name`` holds a NUL or a lone surrogate.
+            TypeError: ``name`` is not a str, or ``max`` not an int.
+            ValueError: ``max`` is not from 0 to 2**31 - 1 (PostgreSQL's integer), or
+                ``name`` holds a NUL or a lone surrogate.
             NotFoundError: no limit has this name (none was used or served yet).
         """
         _stored_name(name, "a limit's name")
-        if isinstance(max, bool) or not isinstance(max, int) or not 0 <= max <= MAX_INTEGER:
+        if isinstance(max, bool) or not isinstance(max, int):
+            raise TypeError(f"a limit's max is an int, not {type(max).__name__}")
+        if not 0 <= max <= MAX_INTEGER:
             raise ValueError(f"a limit's max is an int from 0 to {MAX_INTEGER}, not {max!r}")
         if not _limits.set_limit(self._engine, name, max):
             raise errors.NotFoundError(f"no limit is named {name!r}")
@@ -885,7 +890,7 @@ class Client:
         after: Position | str | None = None,
     ) -> list[JobStatus]:
         """Standalone jobs newest first, paginated like :meth:`list_runs`."""
-        found_state = None if state is None else JobState(state)
+        found_state = _member(JobState, state, "state")
         limit = _limit(limit)
         with self._reading() as conn:
             rows = _reads.list_jobs(
@@ -1011,9 +1016,27 @@ def _running_for(state: str, started_at: datetime | None, now: datetime) -> time
 
 
 def _aware(moment: datetime, name: str) -> datetime:
-    if not isinstance(moment, datetime) or moment.tzinfo is None:
+    if not isinstance(moment, datetime):
+        raise TypeError(f"{name}= takes a datetime, not {type(moment).__name__}")
+    if moment.tzinfo is None:
         raise ValueError(f"{name} must be an aware datetime")
     return moment
+
+
+E = TypeVar("E", bound=enum.Enum)
+
+
+def _member(kind: type[E], value: E | str | None, name: str) -> E | None:
+    """The member of ``kind`` (a str enum) that ``value`` names, or None for None.
+
+    A value that is not a str (nor a member) is a TypeError; a str that names no member
+    a ValueError.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, str | kind):
+        raise TypeError(f"{name}= takes a {kind.__name__} or its str, not {type(value).__name__}")
+    return kind(value)
 
 
 def _job_id_in_range(job_id: int) -> bool:
@@ -1029,7 +1052,9 @@ def _job_id_in_range(job_id: int) -> bool:
 
 
 def _queue_name(queue: str) -> str:
-    if not isinstance(queue, str) or not queue:
+    if not isinstance(queue, str):
+        raise TypeError(f"a queue's name is a str, not {type(queue).__name__}")
+    if not queue:
         raise ValueError("queue must be a non-empty str")
     _text(queue, "queue")
     return queue
@@ -1038,6 +1063,8 @@ def _queue_name(queue: str) -> str:
 def _limit(limit: int, name: str = "limit") -> int:
     """A page or batch size: an int from 1 to PostgreSQL's integer (a larger one failed in
     the driver with "bigint out of range")."""
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_INTEGER:
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"{name} takes an int, not {type(limit).__name__}")
+    if not 1 <= limit <= MAX_INTEGER:
         raise ValueError(f"{name} must be a positive int, at most {MAX_INTEGER}")
     return limit

@@ -379,10 +379,16 @@ class Run:
         return definition._handle_of(self._engine, forked.run_id, key), forked.created
 
     def set_retention(self, retention: timedelta | None) -> None:
-        """Keep this run for ``retention`` after it ends (None: the sweeper's default)."""
-        if retention is not None and (
-            not isinstance(retention, timedelta) or retention < timedelta()
-        ):
+        """Keep this run for ``retention`` after it ends (None: the sweeper's default).
+
+        Raises:
+            TypeError: ``retention`` is neither a timedelta nor None.
+            ValueError: it is negative, or longer than 1,000 years.
+            NotFoundError: the run does not exist (purged).
+        """
+        if retention is not None and not isinstance(retention, timedelta):
+            raise TypeError(f"retention takes a timedelta or None, not {type(retention).__name__}")
+        if retention is not None and retention < timedelta():
             raise ValueError("retention must be a non-negative timedelta or None")
         if retention is not None:
             _timing.check_duration(retention, "retention")

@@ -307,11 +307,9 @@ def _check_worker_options(
         raise TypeError(f"concurrency= takes an int, not {type(concurrency).__name__}")
     if concurrency < 1:  # type: ignore[operator]
         raise ValueError("concurrency must be >= 1")
-    if (
-        isinstance(poll_interval, bool)
-        or not isinstance(poll_interval, int | float)
-        or not 0 < poll_interval < float("inf")
-    ):
+    if isinstance(poll_interval, bool) or not isinstance(poll_interval, int | float):
+        raise TypeError(f"poll_interval= takes seconds, not {type(poll_interval).__name__}")
+    if not 0 < poll_interval < float("inf"):
         raise ValueError(
             f"poll_interval= takes a positive number of seconds, not {poll_interval!r}"
         )
@@ -319,11 +317,21 @@ def _check_worker_options(
         ("heartbeat_interval", heartbeat_interval),
         ("rescue_after", rescue_after),
         ("sweep_interval", sweep_interval),
+        ("retention", retention),
     ):
-        if not isinstance(value, timedelta) or value <= timedelta():
+        if not isinstance(value, timedelta):
+            raise TypeError(f"{what}= takes a timedelta, not {type(value).__name__}")
+    for what, value in (
+        ("heartbeat_interval", heartbeat_interval),
+        ("rescue_after", rescue_after),
+        ("sweep_interval", sweep_interval),
+    ):
+        assert isinstance(value, timedelta)
+        if value <= timedelta():
             raise ValueError(f"{what}= takes a positive timedelta, not {value!r}")
         _timing.check_duration(value, f"{what}=")
-    if not isinstance(retention, timedelta) or retention < timedelta():
+    assert isinstance(retention, timedelta)
+    if retention < timedelta():
         raise ValueError(f"retention= takes a non-negative timedelta, not {retention!r}")
     _timing.check_duration(retention, "retention=")
 

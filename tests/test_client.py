@@ -163,8 +163,8 @@ def test_bad_read_arguments_are_typed_errors_before_a_statement(
             lambda: client.get_run_detail(uuid.uuid4(), children_limit=many),
         ),
         (
-            ValueError,
-            "children_limit",
+            TypeError,
+            "children_limit takes an int or None, not str",
             lambda: client.get_run_detail(uuid.uuid4(), children_limit="x"),
         ),  # type: ignore[arg-type]
         (TypeError, "a run id is", lambda: client.get_run(None)),  # type: ignore[arg-type]

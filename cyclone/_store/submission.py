@@ -427,7 +427,9 @@ def _params(plan: Plan, input: str, timing: Timing) -> dict[str, Any]:
         _timing.check_instant(deadline, "deadline=")
     elif deadline is not None:
         _timing.check_duration(deadline, "deadline=")
-    if retention is not None and (not isinstance(retention, timedelta) or retention < timedelta()):
+    if retention is not None and not isinstance(retention, timedelta):
+        raise TypeError(f"retention= takes a timedelta, not {type(retention).__name__}")
+    if retention is not None and retention < timedelta():
         raise ValueError("retention= takes a non-negative timedelta")
     if retention is not None:
         _timing.check_duration(retention, "retention=")

@@ -121,7 +121,9 @@ def count_due(engine: Engine, older_than: timedelta) -> tuple[int, int]:
 
 
 def _check_age(older_than: timedelta) -> None:
-    if not isinstance(older_than, timedelta) or older_than < timedelta():
+    if not isinstance(older_than, timedelta):
+        raise TypeError(f"older_than takes a timedelta, not {type(older_than).__name__}")
+    if older_than < timedelta():
         raise ValueError("older_than must be a non-negative timedelta")
     _timing.check_duration(older_than, "older_than")
 
@@ -135,6 +137,8 @@ def _purge(
     fence: Fence | None = None,
 ) -> int:
     _check_age(older_than)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+        raise TypeError(f"batch_size takes an int, not {type(batch_size).__name__}")
     if batch_size < 1:
         raise ValueError("batch_size must be positive")
     params = {"older_than": older_than, "batch": batch_size}

@@ -121,11 +121,14 @@ def encode_payload(payload_types: Mapping[str, Any] | None, signal: str, payload
     payload here.
 
     Raises:
-        ValueError: ``signal`` is not a non-empty str.
+        TypeError: ``signal`` is not a str.
+        ValueError: ``signal`` is empty.
         NotFoundError: the workflow has no wait node for ``signal``.
         InputError: the payload cannot be encoded as JSON or does not match the type.
     """
-    if not isinstance(signal, str) or not signal:
+    if not isinstance(signal, str):
+        raise TypeError(f"a signal name is a str, not {type(signal).__name__}")
+    if not signal:
         raise ValueError("a signal name is a non-empty str")
     type_: Any = Any
     if payload_types is not None:
