@@ -47,16 +47,33 @@ def environment(database: str) -> dict[str, str]:
     }
 
 
-def manage(*args: str, database: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def manage(
+    *args: str, database: str, timeout: float = 300, settings: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``manage.py *args``; ``settings``: a module file of settings to use instead (see
+    :func:`settings_with`)."""
+    env = environment(database)
+    if settings is not None:
+        env["DJANGO_SETTINGS_MODULE"] = settings.stem
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(settings.parent), *filter(None, [env.get("PYTHONPATH")])]
+        )
     return processes.run(
         [PYTHON, "manage.py", *args],
         cwd=PROJECT,
-        env=environment(database),
+        env=env,
         capture_output=True,
         text=True,
         timeout=timeout,
         check=False,
     )
+
+
+def settings_with(tmp_path: Path, lines: str) -> Path:
+    """A settings module: the test project's, then ``lines`` (a project's mistake)."""
+    module = tmp_path / f"settings_{uuid.uuid4().hex[:8]}.py"
+    module.write_text(f"from project.settings import *  # noqa: F403\n{lines}\n")
+    return module
 
 
 def databases_named(*names: str) -> list[str]:
@@ -214,6 +231,81 @@ def test_manage_py_cyclone_help_says_the_database_is_the_projects() -> None:
     listing = manage("cyclone", "runs", "list", "--help", database="never_connected")
     assert listing.returncode == 0, listing.stderr
     assert "Use this database instead of the application's." in " ".join(listing.stdout.split())
+
+
+SETTINGS_MISTAKES = [
+    ('CYCLONE_DATABASE = "nope"', "settings.DATABASES has no alias 'nope'"),
+    ("CYCLONE_DATABASE = 3", "settings.CYCLONE_DATABASE must be a DATABASES alias, got int"),
+    (
+        'DATABASES["lite"] = {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}\n'
+        'CYCLONE_DATABASE = "lite"',
+        "cyclone needs PostgreSQL: DATABASES['lite'] uses the sqlite backend",
+    ),
+    ('DATABASES["default"]["PORT"] = "fivefour"', "['PORT'] must be a port number"),
+    ('CYCLONE_ENGINE_OPTIONS = "pool_size=3"', "settings.CYCLONE_ENGINE_OPTIONS must be a dict"),
+    ('CYCLONE_ENGINE_OPTIONS = {"pool_sise": 3}', "'pool_sise'"),
+    ('CYCLONE_ENGINE_OPTIONS = {"pool_size": "three"}', "settings.CYCLONE_ENGINE_OPTIONS:"),
+    ("CYCLONE_WORKFLOW_MODULES = [3]", "must list absolute module paths, got 3"),
+    ('CYCLONE_WORKFLOW_MODULES = [""]', "must list absolute module paths, got ''"),
+]
+
+
+@pytest.mark.parametrize(("lines", "said"), SETTINGS_MISTAKES)
+def test_manage_py_cyclone_names_a_settings_mistake_in_one_line_with_exit_2(
+    tmp_path: Path, lines: str, said: str
+) -> None:
+    """A settings mistake is bad usage (status 2), as a bad --url or MODULE is; it was
+    status 1 with the exception's class name, or a TypeError from inside create_engine."""
+    settings = settings_with(tmp_path, lines)
+    done = manage("cyclone", "worker", "--drain", database="never_connected", settings=settings)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("cyclone: settings.") or done.stderr.startswith(
+        "cyclone: cyclone needs PostgreSQL"
+    ), done.stderr
+    assert said in done.stderr
+    assert "ImproperlyConfigured" not in done.stderr, done.stderr
+
+
+def test_a_submit_with_bad_engine_options_names_the_setting_and_writes_nothing(
+    fresh_database: URL, tmp_path: Path
+) -> None:
+    database = fresh_database.database
+    assert database is not None
+    assert manage("migrate", "--noinput", database=database).returncode == 0
+    settings = settings_with(tmp_path, 'CYCLONE_ENGINE_OPTIONS = {"pool_sise": 3}')
+    submit = (
+        "from django.core.exceptions import ImproperlyConfigured\n"
+        "from django.db import connection, transaction\n"
+        "from shop.workflows import restock\n"
+        "try:\n"
+        "    with transaction.atomic():\n"
+        "        restock.submit_once_tx(connection, 'k', 'tea')\n"
+        "except ImproperlyConfigured as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    done = manage("shell", "-c", submit, database=database, settings=settings)
+    assert done.returncode == 0, done.stderr
+    assert "refused: settings.CYCLONE_ENGINE_OPTIONS: " in done.stdout, done.stdout
+    assert "'pool_sise'" in done.stdout
+    engine = sa.create_engine(fresh_database, poolclass=sa.NullPool)
+    try:
+        assert cyclone.Client(engine).list_runs() == []
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize("args", [(), ("runs",)])
+def test_manage_py_cyclone_without_a_command_prints_its_help_and_exits_2(
+    args: tuple[str, ...],
+) -> None:
+    """As ``cyclone`` does; the help was printed as one "cyclone: Usage: ..." error."""
+    done = manage("cyclone", *args, database="never_connected")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"Usage: manage.py cyclone {' '.join(args)}".rstrip()), (
+        done.stderr
+    )
+    assert "Commands:" in done.stderr
 
 
 def test_models_match_the_shipped_django_migrations(fresh_database: URL) -> None:

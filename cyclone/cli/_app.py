@@ -1365,14 +1365,23 @@ def _reader_gone() -> int:
 
 def run(argv: Sequence[str] | None = None) -> int:
     """Run :data:`cli` as the ``cyclone`` program; every error is one line on stderr."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    return run_group(cli, list(sys.argv[1:] if argv is None else argv), "cyclone")
+
+
+def run_group(group: click.Group, args: list[str], prog_name: str) -> int:
+    """Run ``group`` (:data:`cli`, or a host's :func:`build_cli`) as a program named
+    ``prog_name`` and return its exit status; every error is one line on stderr.
+
+    ``manage.py cyclone`` runs its group through this, so that its errors, its help when
+    given no command, and its exit statuses are those of the ``cyclone`` program.
+    """
     try:
-        result = cli.main(args=args, prog_name="cyclone", standalone_mode=False)
+        result = group.main(args=args, prog_name=prog_name, standalone_mode=False)
     except _NO_ARGS as exc:
         click.echo(exc.ctx.get_help() if exc.ctx else exc.format_message(), err=True)
         return EXIT_USAGE
     except click.UsageError as exc:
-        where = exc.ctx.command_path if exc.ctx is not None else "cyclone"
+        where = exc.ctx.command_path if exc.ctx is not None else prog_name
         click.echo(f"cyclone: {exc.format_message()} (see '{where} --help')", err=True)
         return EXIT_USAGE
     except click.ClickException as exc:

@@ -21,19 +21,37 @@ from cyclone.workflow import StandaloneStep, Workflow
 AUTODISCOVER_MODULE = "workflows"
 
 
-def _modules() -> list[ModuleType]:
+def listed_modules() -> list[str] | None:
+    """The module paths of ``settings.CYCLONE_WORKFLOW_MODULES``, None when it is unset.
+
+    Raises:
+        ImproperlyConfigured: it is not a list of absolute module paths.
+    """
     listed = getattr(settings, "CYCLONE_WORKFLOW_MODULES", None)
+    if listed is None:
+        return None
+    if isinstance(listed, str) or not isinstance(listed, Iterable):
+        raise ImproperlyConfigured(
+            "settings.CYCLONE_WORKFLOW_MODULES must be a list of module paths, "
+            f"got {type(listed).__name__}"
+        )
+    paths = list(listed)
+    for path in paths:
+        if not isinstance(path, str) or not path or path.startswith("."):
+            raise ImproperlyConfigured(
+                f"settings.CYCLONE_WORKFLOW_MODULES must list absolute module paths, got {path!r}"
+            )
+    return paths
+
+
+def _modules() -> list[ModuleType]:
+    listed = listed_modules()
     if listed is None:
         return [
             import_module(f"{config.name}.{AUTODISCOVER_MODULE}")
             for config in apps.get_app_configs()
             if module_has_submodule(config.module, AUTODISCOVER_MODULE)
         ]
-    if isinstance(listed, str) or not isinstance(listed, Iterable):
-        raise ImproperlyConfigured(
-            "settings.CYCLONE_WORKFLOW_MODULES must be a list of module paths, "
-            f"got {type(listed).__name__}"
-        )
     found = []
     for path in listed:
         try:

@@ -10,6 +10,7 @@ Django's connection never uses it to write: it joins Django's open transaction i
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import psycopg
@@ -79,17 +80,50 @@ def connect_params(wrapper: BaseDatabaseWrapper) -> dict[str, Any]:
     return params
 
 
-def _url(params: dict[str, Any]) -> sa.URL:
+def _url(params: dict[str, Any], alias: str) -> sa.URL:
     """Move the URL's parts out of ``params``, leaving the other connect arguments."""
     port = params.pop("port", None)
+    try:
+        number = int(port) if port else None
+    except (TypeError, ValueError):
+        raise ImproperlyConfigured(
+            f"cyclone: settings.DATABASES[{alias!r}]['PORT'] must be a port number, got {port!r}"
+        ) from None
     return sa.URL.create(
         "postgresql+psycopg",
         username=params.pop("user", None),
         password=params.pop("password", None),
         host=params.pop("host", None),
-        port=int(port) if port else None,
+        port=number,
         database=params.pop("dbname", None),
     )
+
+
+def _engine_options() -> dict[str, Any]:
+    """cyclone's pool defaults, updated by ``settings.CYCLONE_ENGINE_OPTIONS``."""
+    given = getattr(settings, "CYCLONE_ENGINE_OPTIONS", None) or {}
+    if not isinstance(given, Mapping) or not all(isinstance(name, str) for name in given):
+        raise ImproperlyConfigured(
+            "settings.CYCLONE_ENGINE_OPTIONS must be a dict of sqlalchemy.create_engine "
+            f"keyword arguments, got {type(given).__name__}"
+        )
+    if "connect_args" in given:
+        raise ImproperlyConfigured(
+            "settings.CYCLONE_ENGINE_OPTIONS cannot set connect_args: cyclone connects with "
+            "the alias's NAME, USER, PASSWORD, HOST, PORT and OPTIONS"
+        )
+    return {**_DEFAULT_ENGINE_OPTIONS, **given}
+
+
+def _create_engine(url: sa.URL, params: dict[str, Any], options: dict[str, Any]) -> sa.Engine:
+    """``sqlalchemy.create_engine``; options it refuses are a settings mistake, named so."""
+    try:
+        return sa.create_engine(url, connect_args=params, **options)
+    except (TypeError, ValueError, KeyError, AttributeError, sa.exc.ArgumentError) as exc:
+        raise ImproperlyConfigured(
+            "settings.CYCLONE_ENGINE_OPTIONS: create_engine refused them: "
+            + " ".join(str(exc).split())
+        ) from exc
 
 
 def engine(alias: str | None = None) -> sa.Engine:
@@ -105,8 +139,7 @@ def engine(alias: str | None = None) -> sa.Engine:
     with _lock:
         found = _engines.get(cache_key)
         if found is None:
-            options = {**_DEFAULT_ENGINE_OPTIONS, **getattr(settings, "CYCLONE_ENGINE_OPTIONS", {})}
-            found = sa.create_engine(_url(params), connect_args=params, **options)
+            found = _create_engine(_url(params, alias), params, _engine_options())
             _engines[cache_key] = found
         return found
 
@@ -115,7 +148,8 @@ def migration_engine(wrapper: BaseDatabaseWrapper) -> sa.Engine:
     """A pool-less Engine on the database of ``wrapper``, for one migration command."""
     _check_vendor(wrapper)
     params = connect_params(wrapper)
-    return sa.create_engine(_url(params), connect_args=params, poolclass=sa.NullPool)
+    url = _url(params, wrapper.alias)
+    return sa.create_engine(url, connect_args=params, poolclass=sa.NullPool)
 
 
 def close_engines() -> None:

@@ -8,11 +8,14 @@ and Django's connection housekeeping around each step.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from argparse import REMAINDER, ArgumentParser
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
@@ -23,13 +26,32 @@ with MissingExtraError.guard(__name__, "django"):
     import click
 
     from cyclone.cli import build_cli
+    from cyclone.cli._app import run_group
+    from cyclone.cli._db import BadInput
+
+T = TypeVar("T")
+
+
+def _settings(factory: Callable[[], T]) -> Callable[[], T]:
+    """``factory``, its ImproperlyConfigured (a settings mistake: an alias DATABASES lacks,
+    a setting of the wrong type) turned into bad usage: one line, exit status 2, as a bad
+    ``--url`` or MODULE is for the ``cyclone`` program."""
+
+    @functools.wraps(factory)
+    def call() -> T:
+        try:
+            return factory()
+        except ImproperlyConfigured as exc:
+            raise BadInput(str(exc).removeprefix("cyclone: ")) from exc
+
+    return call
 
 
 def group() -> click.Group:
     """The click group ``manage.py cyclone`` runs."""
     return build_cli(
-        engine=_engines.engine,
-        definitions=_discovery.definitions,
+        engine=_settings(_engines.engine),
+        definitions=_settings(_discovery.definitions),
         worker_options=lambda: {"step_context": _steps.step_context},
         name="cyclone",
         database=(
@@ -52,18 +74,7 @@ class Command(BaseCommand):
         """
         prog = f"{os.path.basename(argv[0])} {argv[1]}"
         try:
-            result = group().main(args=argv[2:], prog_name=prog, standalone_mode=False)
-            code = result if isinstance(result, int) else 0
-        except click.UsageError as exc:
-            where = exc.ctx.command_path if exc.ctx is not None else prog
-            click.echo(f"cyclone: {exc.format_message()} (see '{where} --help')", err=True)
-            code = exc.exit_code
-        except click.ClickException as exc:
-            exc.show()
-            code = exc.exit_code
-        except (click.Abort, KeyboardInterrupt):
-            click.echo("cyclone: interrupted", err=True)
-            code = 130
+            code = run_group(group(), argv[2:], prog)
         finally:
             _engines.close_engines()
             connections.close_all()
