@@ -267,6 +267,25 @@ def test_manage_py_cyclone_names_a_settings_mistake_in_one_line_with_exit_2(
     assert "ImproperlyConfigured" not in done.stderr, done.stderr
 
 
+@pytest.mark.parametrize(("lines", "said"), SETTINGS_MISTAKES)
+def test_manage_py_check_reports_a_cyclone_settings_mistake(
+    tmp_path: Path, lines: str, said: str
+) -> None:
+    settings = settings_with(tmp_path, lines)
+    done = manage("check", database="never_connected", settings=settings)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert re.search(r"\(cyclone\.E00[123]\) .*" + re.escape(said), done.stderr), done.stderr
+
+
+def test_manage_py_check_warns_of_a_misspelt_cyclone_setting(tmp_path: Path) -> None:
+    settings = settings_with(tmp_path, 'CYCLONE_DATABSE = "archive"')
+    done = manage("check", database="never_connected", settings=settings)
+    assert done.returncode == 0, done.stderr
+    assert "(cyclone.W001) settings.CYCLONE_DATABSE is not a cyclone setting" in done.stderr
+    assert "did you mean CYCLONE_DATABASE?" in done.stderr
+    assert manage("check", database="never_connected").stderr == ""
+
+
 def test_a_submit_with_bad_engine_options_names_the_setting_and_writes_nothing(
     fresh_database: URL, tmp_path: Path
 ) -> None:

@@ -126,6 +126,19 @@ def _create_engine(url: sa.URL, params: dict[str, Any], options: dict[str, Any])
         ) from exc
 
 
+def check_alias(alias: str) -> None:
+    """Raise ImproperlyConfigured unless ``alias`` is a PostgreSQL alias cyclone can connect
+    with (a number for PORT); connects to nothing."""
+    _url(connect_params(wrapper_for(alias)), alias)
+
+
+def check_engine_options() -> None:
+    """Raise ImproperlyConfigured unless ``settings.CYCLONE_ENGINE_OPTIONS`` are keyword
+    arguments ``create_engine`` takes; connects to nothing."""
+    url = sa.URL.create("postgresql+psycopg")
+    _create_engine(url, {}, _engine_options()).dispose()
+
+
 def engine(alias: str | None = None) -> sa.Engine:
     """The Engine cyclone uses for a ``DATABASES`` alias (``settings.CYCLONE_DATABASE`` if None).
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from django.apps import AppConfig
+from django.core import checks
 from django.db.backends.base.base import NO_DB_ALIAS, BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 from django.utils.connection import ConnectionProxy
 
 from cyclone._store import binds as _binds
-from cyclone.contrib.django import _engines
+from cyclone.contrib.django import _checks, _engines
 
 
 def _before_maintenance(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
@@ -36,3 +37,4 @@ class CycloneConfig(AppConfig):
         _binds.register_adapter(ConnectionProxy, _engines.adapt)
         _binds.register_adapter(BaseDatabaseWrapper, _engines.adapt)
         connection_created.connect(_before_maintenance, dispatch_uid="cyclone.close_engines")
+        checks.register(_checks.check_settings)
