@@ -314,6 +314,17 @@ def test_a_submit_with_bad_engine_options_names_the_setting_and_writes_nothing(
         engine.dispose()
 
 
+@pytest.mark.parametrize("option", ["--grace", "--heartbeat", "--rescue-after"])
+def test_manage_py_cyclone_worker_refuses_nan_seconds_as_bad_usage(option: str) -> None:
+    """nan passed click's FloatRange: --grace nan was taken, --heartbeat nan was status 1."""
+    done = manage("cyclone", "worker", option, "nan", "--drain", database="never_connected")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == (
+        f"cyclone: Invalid value for '{option}': 'nan' is not a number of seconds "
+        "(see 'manage.py cyclone worker --help')\n"
+    )
+
+
 @pytest.mark.parametrize("args", [(), ("runs",)])
 def test_manage_py_cyclone_without_a_command_prints_its_help_and_exits_2(
     args: tuple[str, ...],

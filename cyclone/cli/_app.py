@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import importlib
 import logging
+import math
 import os
 import re
 import sys
@@ -198,6 +199,17 @@ def since(value: str) -> datetime:
             "(2026-01-31T12:00:00+00:00)"
         ) from None
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+class _Seconds(click.FloatRange):
+    """A number of seconds in a range; ``nan`` passes every bound of a FloatRange, so it is
+    refused here (``worker --grace nan`` was taken, ``--heartbeat nan`` failed as status 1)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        seconds = super().convert(value, param, ctx)
+        if math.isnan(seconds):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        return seconds
 
 
 def _converted(
@@ -410,19 +422,19 @@ def _add_commands(group: click.Group) -> None:
     @click.option("--drain", is_flag=True, help="Run what is runnable now, then exit.")
     @click.option(
         "--grace",
-        type=click.FloatRange(min=0),
+        type=_Seconds(min=0),
         metavar="SECONDS",
         help="On SIGTERM/SIGINT, let running jobs finish this long, then hand them back.",
     )
     @click.option(
         "--heartbeat",
-        type=click.FloatRange(min=0, min_open=True, max=86400),
+        type=_Seconds(min=0, min_open=True, max=86400),
         metavar="SECONDS",
         help="Beat for the running jobs this often (default 5).",
     )
     @click.option(
         "--rescue-after",
-        type=click.FloatRange(min=0, min_open=True, max=86400),
+        type=_Seconds(min=0, min_open=True, max=86400),
         metavar="SECONDS",
         help="Run again the jobs of a worker silent this long (default 60; above --heartbeat).",
     )
