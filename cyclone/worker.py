@@ -57,6 +57,10 @@ from cyclone.workflow import StandaloneStep, Workflow, check_name
 log = logging.getLogger("cyclone.worker")
 
 DEFAULT_CONCURRENCY = 4
+MAX_CONCURRENCY = 10_000
+"""The most jobs a Worker runs at once, and the largest per-queue limit: it starts a
+thread per job it may run, so ``concurrency=10**20`` hung starting threads (and would
+have failed every claim, past ``bigint``)."""
 DEFAULT_POLL_INTERVAL = 5.0
 DEFAULT_HEARTBEAT_INTERVAL = timedelta(seconds=5)
 DEFAULT_RESCUE_AFTER = timedelta(minutes=1)
@@ -305,8 +309,8 @@ def _check_worker_options(
     the loop's wait, a str concurrency a comparison."""
     if not _is_count(concurrency):
         raise TypeError(f"concurrency= takes an int, not {type(concurrency).__name__}")
-    if concurrency < 1:  # type: ignore[operator]
-        raise ValueError("concurrency must be >= 1")
+    if not 1 <= concurrency <= MAX_CONCURRENCY:  # type: ignore[operator]
+        raise ValueError(f"concurrency must be from 1 to {MAX_CONCURRENCY:,}, not {concurrency}")
     if isinstance(poll_interval, bool) or not isinstance(poll_interval, int | float):
         raise TypeError(f"poll_interval= takes seconds, not {type(poll_interval).__name__}")
     if not 0 < poll_interval < float("inf"):
@@ -343,7 +347,8 @@ class Worker:
         bind: an Engine or a Client.
         workflows: the workflows whose steps this worker runs.
         steps: the standalone step kinds this worker runs.
-        concurrency: how many jobs run at once (threads), over all queues.
+        concurrency: how many jobs run at once (threads), over all queues; at most
+            :data:`MAX_CONCURRENCY`.
         queues: ``{"queue": limit}`` to run only these queues, each with its own limit
             (the total is still capped by ``concurrency``); default: every queue, so a
             run whose step a redeploy moved to another queue still runs.
@@ -504,9 +509,14 @@ class Worker:
             if (
                 not isinstance(queues, Mapping)
                 or not queues
-                or any(not _is_count(limit) or limit < 1 for limit in queues.values())
+                or any(
+                    not _is_count(limit) or not 1 <= limit <= MAX_CONCURRENCY
+                    for limit in queues.values()
+                )
             ):
-                raise ValueError("queues= maps queue names to limits >= 1")
+                raise ValueError(
+                    f"queues= maps queue names to limits from 1 to {MAX_CONCURRENCY:,}"
+                )
             for name in queues:
                 try:
                     check_name("a queue name of queues=", name)

@@ -165,6 +165,33 @@ def test_a_bad_url_is_one_line_with_exit_2(how: str) -> None:
     )
 
 
+def test_an_empty_url_is_bad_usage_not_the_environments_database(database_url: URL) -> None:
+    # `--url "$DB"` with DB unset ran against $CYCLONE_DATABASE_URL's database.
+    env_url = database_url.render_as_string(hide_password=False)
+    done = program("python-m", "check", "--url", "", env={"CYCLONE_DATABASE_URL": env_url})
+    assert done.returncode == 2
+    assert done.stderr == (
+        "cyclone: Invalid value for '--url': is empty: give a database URL "
+        "(see 'cyclone check --help')\n"
+    )
+    assert done.stdout == ""
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--concurrency", str(10**20)],  # started a thread per slot: it hung
+        ["--concurrency", "10001"],
+        ["--queue", "emails=10001"],
+    ],
+)
+def test_a_worker_past_ten_thousand_jobs_at_once_is_bad_usage(args: list[str]) -> None:
+    done = program("python-m", "worker", "tests.support.cli_app", "--drain", *args)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1
+    assert "10000" in done.stderr or "10,000" in done.stderr
+
+
 def test_a_bad_url_never_prints_its_password() -> None:
     done = program("python-m", "check", "--url", "postgresql://ada:s3cret@host:port/db")
     assert done.returncode == 2

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import socket
 import sys
 import threading
 import types
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -872,9 +873,14 @@ def test_dashboard_serves_the_engine_on_the_host_port_and_threads(
 ) -> None:
     served: list[tuple[sa.Engine, str, int, int]] = []
     module = types.ModuleType("cyclone.dashboard")
-    module.serve = lambda engine, *, host, port, threads: served.append(  # type: ignore[attr-defined]
-        (engine, host, port, threads)
-    )
+
+    def serve(
+        engine: sa.Engine, *, host: str, port: int, threads: int, ready: Callable[[str], None]
+    ) -> None:
+        served.append((engine, host, port, threads))
+        ready(f"http://{host}:{port}/")
+
+    module.serve = serve  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "cyclone.dashboard", module)
     done = invoke(
         database_url, "dashboard", "--host", "0.0.0.0", "--port", "9000", "--threads", "8"
@@ -889,6 +895,23 @@ def test_dashboard_serves_the_engine_on_the_host_port_and_threads(
         (database_url.database, "0.0.0.0", 9000, 8),
         (database_url.database, "127.0.0.1", 8421, 4),
     ]
+
+
+def test_dashboard_on_an_address_it_cannot_listen_on_is_one_line_before_any_announce(
+    database_url: URL,
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = invoke(database_url, "dashboard", "--port", str(port))
+    assert done.exit_code == 1
+    assert done.stderr == f"cyclone: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+    empty = invoke(database_url, "dashboard", "--host", "")
+    assert empty.exit_code == 2
+    assert "--host" in empty.stderr
+    assert "is empty" in empty.stderr
+    assert "dashboard on" not in empty.stderr
 
 
 @pytest.mark.parametrize("missing", ["cyclone.dashboard", "waitress"])

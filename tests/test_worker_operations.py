@@ -178,14 +178,18 @@ def test_a_worker_rides_out_a_database_restart_with_few_log_lines_and_runs_new_j
         # One run of the sweeper with this retention failed in the driver ("timestamp out
         # of range"), and every later sweep again: nothing was ever purged.
         ({"retention": timedelta.max}, ValueError, "1,000 years"),
-        ({"retention": 5}, ValueError, "non-negative timedelta"),
+        ({"retention": 5}, TypeError, "retention= takes a timedelta"),
         # A NUL in a queue name made every claim fail in the driver.
         ({"queues": {"a\x00": 1}}, ValueError, "NUL"),
         ({"queues": {"": 1}}, ValueError, "non-empty"),
-        ({"queues": {"q": "1"}}, ValueError, "limits >= 1"),
+        ({"queues": {"q": "1"}}, ValueError, "limits from 1 to 10,000"),
+        # Ten thousand threads at most: concurrency=10**20 hung starting threads.
+        ({"queues": {"q": 10_001}}, ValueError, "limits from 1 to 10,000"),
+        ({"concurrency": 10**20}, ValueError, "concurrency must be from 1 to 10,000"),
+        ({"concurrency": 0}, ValueError, "concurrency must be from 1 to 10,000"),
         ({"concurrency": "4"}, TypeError, "concurrency= takes an int"),
         ({"poll_interval": float("nan")}, ValueError, "poll_interval"),
-        ({"heartbeat_interval": 5}, ValueError, "heartbeat_interval= takes a positive timedelta"),
+        ({"heartbeat_interval": 5}, TypeError, "heartbeat_interval= takes a timedelta"),
         ({"sweep_interval": timedelta(0)}, ValueError, "sweep_interval= takes a positive"),
     ],
 )

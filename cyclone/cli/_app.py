@@ -28,7 +28,12 @@ from cyclone.jobs import JobStatus
 from cyclone.runs import Run
 from cyclone.schedules import ScheduleStatus
 from cyclone.states import JobState, Parked, RunState
-from cyclone.worker import DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_RESCUE_AFTER, Worker
+from cyclone.worker import (
+    DEFAULT_HEARTBEAT_INTERVAL,
+    DEFAULT_RESCUE_AFTER,
+    MAX_CONCURRENCY,
+    Worker,
+)
 from cyclone.workflow import StandaloneStep, Workflow
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -100,8 +105,11 @@ def _invocation(ctx: click.Context | None = None) -> _Invocation:
     return found
 
 
-def _set_url(ctx: click.Context, _: click.Parameter, value: str | None) -> None:
+def _set_url(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
     if value is not None:
+        if not value.strip():
+            # An empty --url (an unset shell variable) fell back to the environment's.
+            raise click.BadParameter("is empty: give a database URL", ctx, param)
         _invocation(ctx).url = value
 
 
@@ -223,8 +231,10 @@ def _converted(
 
 def _queue(value: str) -> tuple[str, int]:
     name, sep, limit = value.partition("=")
-    if not name or (sep and not limit.isdigit()) or (sep and int(limit) < 1):
-        raise click.BadParameter(f"{value!r}: write NAME or NAME=LIMIT (LIMIT a positive integer)")
+    if not name or (sep and not (limit.isdigit() and 1 <= int(limit) <= MAX_CONCURRENCY)):
+        raise click.BadParameter(
+            f"{value!r}: write NAME or NAME=LIMIT (LIMIT an integer from 1 to {MAX_CONCURRENCY:,})"
+        )
     return name, int(limit) if sep else 1
 
 
@@ -415,9 +425,9 @@ def _add_commands(group: click.Group) -> None:
     @click.option(
         "-c",
         "--concurrency",
-        type=click.IntRange(min=1),
+        type=click.IntRange(min=1, max=MAX_CONCURRENCY),
         metavar="N",
-        help="Jobs run at once over all queues (threads; default 4).",
+        help=f"Jobs run at once over all queues (threads; default 4, at most {MAX_CONCURRENCY:,}).",
     )
     @click.option("--drain", is_flag=True, help="Run what is runnable now, then exit.")
     @click.option(
@@ -871,9 +881,20 @@ def _add_commands(group: click.Group) -> None:
                 f"the dashboard needs the dashboard extra (no module {exc.name}): "
                 "pip install 'cyclone[dashboard]'"
             ) from exc
+        if not host.strip():
+            raise click.BadParameter("is empty: give an address to listen on", param_hint="--host")
         engine = _invocation().engine()
-        click.echo(f"cyclone dashboard on http://{host}:{port}/", err=True)
-        web.serve(engine, host=host, port=port, threads=threads)
+        try:
+            web.serve(
+                engine,
+                host=host,
+                port=port,
+                threads=threads,
+                ready=lambda url: click.echo(f"cyclone dashboard on {url}", err=True),
+            )
+        except (OSError, ValueError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise CommandError(f"cannot listen on {host}:{port}: {reason}") from exc
         click.echo("cyclone dashboard stopped", err=True)
 
     @_command(group, "purge", short_help="Delete finished runs and standalone jobs.")

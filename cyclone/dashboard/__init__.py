@@ -70,8 +70,13 @@ def serve(
     port: int = 8421,
     authorize: Callable[[Mapping[str, Any]], bool] | None = None,
     threads: int = 4,
+    ready: Callable[[str], None] | None = None,
 ) -> None:
     """Serve the dashboard over HTTP with waitress until SIGINT or SIGTERM, then return.
+
+    ``ready`` is called with the dashboard's URL once its socket listens; an address that
+    cannot be listened on raises ``OSError`` (or ``ValueError`` for a host waitress
+    refuses) before it is called.
 
     This is what ``cyclone dashboard`` runs. Like gunicorn, it installs its own handlers
     for SIGINT and SIGTERM (so it stops even when its parent ignored SIGINT, as a shell's
@@ -88,6 +93,8 @@ def serve(
     server = create_server(
         create_app(engine, authorize=authorize), map=sockets, host=host, port=port, threads=threads
     )
+    if ready is not None:
+        ready(f"http://{host}:{server.effective_port}/")
     stopping = False
 
     def stop(signum: int, frame: FrameType | None) -> None:
