@@ -102,6 +102,29 @@ def _check_options(where: str, max_attempts: int, queue: str, priority: int) -> 
         raise errors.DefinitionError(f"{where}: priority must be an int in the smallint range")
 
 
+def _check_overrides(where: str, max_attempts: object, queue: object, priority: object) -> None:
+    """An enqueue's ``max_attempts=``, ``queue=`` and ``priority=`` (None: the kind's):
+    TypeError or ValueError before anything is written, as every call's arguments; the
+    same rules as :func:`_check_options` gives a definition."""
+    for what, value, low, high in (
+        ("max_attempts", max_attempts, 1, MAX_INTEGER),
+        ("priority", priority, -32768, 32767),
+    ):
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{where}: {what}= takes an int, not {type(value).__name__}")
+        if not low <= value <= high:
+            raise ValueError(f"{where}: {what}= must be from {low} to {high}, not {value}")
+    if queue is not None:
+        if not isinstance(queue, str):
+            raise TypeError(f"{where}: queue= takes a str, not {type(queue).__name__}")
+        try:
+            check_name(f"{where}: queue", queue)
+        except errors.DefinitionError as exc:
+            raise ValueError(str(exc)) from None
+
+
 def _check_definition_duration(where: str, what: str, value: timedelta) -> None:
     """A sleep's duration or a wait's timeout past :data:`cyclone._timing.MAX_DURATION` is a
     DefinitionError: a worker reaching the node computed a time PostgreSQL or Python cannot
@@ -1161,12 +1184,7 @@ class StandaloneStep(Generic[In, R]):
         if unique is not None:
             _keys.check_key(unique)
         submission.check_start(run_at, delay)
-        _check_options(
-            f"step kind {self.kind!r}",
-            self.max_attempts if max_attempts is None else max_attempts,
-            self.queue if queue is None else queue,
-            self.priority if priority is None else priority,
-        )
+        _check_overrides(f"step kind {self.kind!r}", max_attempts, queue, priority)
         return jobs.EnqueueRequest(
             kind=self.kind,
             args=_codec.encode(args, what=f"args of step {self.kind!r}", type_=self.args_type),
