@@ -7,7 +7,6 @@ both win.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
@@ -20,7 +19,7 @@ from cyclone._store import executor as _executor
 from cyclone._store import limits as _limits
 from cyclone._store import reads as _reads
 from cyclone._store import standalone as _standalone
-from cyclone.runs import read_within, wait_until_finished
+from cyclone.runs import deadline_of, read_within, wait_until_finished
 from cyclone.states import TERMINAL_JOB_STATES, JobState
 
 R = TypeVar("R")
@@ -138,7 +137,7 @@ class Job(Generic[R]):
             RunFailedError: the job failed or was cancelled.
             TimeoutError: ``timeout`` seconds passed first.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = deadline_of(timeout)
         status = self.wait(timeout)
         if status.state != JobState.COMPLETED:
             raise errors.RunFailedError(

@@ -146,6 +146,21 @@ def read_within(read: Callable[[], T], deadline: float | None, what: str) -> T:
             time.sleep(pause if left is None else min(pause, left))
 
 
+def deadline_of(timeout: object) -> float | None:
+    """The monotonic deadline of a wait's ``timeout`` (seconds; None: no deadline).
+
+    A timeout that is not a number is a TypeError, a negative or NaN one a ValueError,
+    before any statement: ``"5"`` failed in the arithmetic, NaN waited for ever.
+    """
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float):
+        raise TypeError(f"timeout= takes seconds (a number), not {type(timeout).__name__}")
+    if not timeout >= 0:
+        raise ValueError(f"timeout= takes a number of seconds >= 0, not {timeout!r}")
+    return time.monotonic() + timeout
+
+
 def wait_until_finished(
     engine: Engine,
     token: str,
@@ -168,7 +183,7 @@ def wait_until_finished(
     too, so that the notification wakes the thread that reads, not the caller, which
     would then only hand the read over.
     """
-    deadline = None if timeout is None else time.monotonic() + timeout
+    deadline = deadline_of(timeout)
     if deadline is not None:
         _deadline.interruptible(engine)
     woken = threading.Event()
@@ -467,7 +482,7 @@ class ResultRun(Run, Generic[Out]):
                 raise errors.NoOutputError(run_id=self.id, workflow=self.workflow)
             return (state, output) if state in TERMINAL_RUN_STATES else None
 
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = deadline_of(timeout)
         state, output = wait_until_finished(
             self._engine, str(self.id), timeout, read, self._started
         )

@@ -160,3 +160,28 @@ def test_worker_options_of_the_wrong_type_are_type_errors(engine: sa.Engine, nam
     ):
         with pytest.raises(ValueError, match="takes"):
             cyclone.Worker(engine, workflows=[wf], **options)
+
+
+def test_a_wait_timeout_of_the_wrong_type_or_sign_is_refused_before_any_read(
+    engine: sa.Engine, name: str
+) -> None:
+    # "5" failed in the arithmetic with Python's own message; NaN waited for ever.
+    wf = waiting(name)
+    run, _ = wf.submit_once(engine, "k", 1)
+    step: cyclone.Step[Any] = cyclone.step(f"{name}.kind")(lambda ctx, value: None)
+    job = step.enqueue(engine, 1)
+    priced: cyclone.ResultWorkflow[int, int] = cyclone.ResultWorkflow(
+        f"{name}.result", input=int, output=int
+    )
+    priced.result()(lambda ctx, value: value)
+    result_run, _ = priced.submit_once(engine, "k", 1)
+    for wait in (run.wait, result_run.result, job.wait, job.result):
+        with pytest.raises(TypeError, match=r"timeout= takes seconds \(a number\), not str"):
+            wait("5")  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="not timedelta"):
+            wait(timedelta(seconds=5))  # type: ignore[arg-type]
+        for bad in (float("nan"), -1):
+            with pytest.raises(ValueError, match="timeout= takes a number of seconds >= 0"):
+                wait(bad)
+    with pytest.raises(TimeoutError):
+        run.wait(0)
