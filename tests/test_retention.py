@@ -111,9 +111,53 @@ def test_purge_deletes_in_batches_and_returns_the_total(
     age(engine, doomed, "2 days")
     statements.reset()
     assert client.purge_terminal_runs(older_than=DAY, batch_size=10) == 35
-    deletes = [s for s in statements.statements if s.lstrip().upper().startswith("DELETE")]
+    deletes = [s for s in statements.statements if "DELETE FROM cyclone_runs" in s]
     assert len(deletes) == 4  # 10 + 10 + 10 + 5
     assert existing(engine, doomed) == set()
+
+
+def add_children(engine: sa.Engine, parent: cyclone.Run, count: int) -> None:
+    """``count`` ended child runs of ``parent`` (made by hand: only their number matters)."""
+    with engine.begin() as c:
+        c.execute(
+            sa.text(
+                "INSERT INTO cyclone_runs (workflow, input, definition, state, steps_remaining, "
+                "finalized_at, parent_id, parent_node, parent_item) "
+                "SELECT workflow, input, definition, state, steps_remaining, finalized_at, id, "
+                "'kid', g FROM cyclone_runs, generate_series(1, :n) g WHERE id = :parent"
+            ),
+            {"n": count, "parent": parent.id},
+        )
+
+
+def test_a_purge_batch_is_bounded_in_runs_with_their_trees_of_child_runs(
+    engine: sa.Engine, client: cyclone.Client, name: str, statements: StatementCounter
+) -> None:
+    # batch_size counted parents alone: a batch of a thousand parents with 10,000 child
+    # runs each deleted ten million runs in one statement.
+    doomed = cancelled(engine, workflow(name), 4)
+    for parent in doomed[:3]:
+        add_children(engine, parent, 4)  # trees of 5 runs
+    add_children(engine, doomed[3], 11)  # a tree of 12 runs: more than a batch, alone
+    age(engine, doomed, "2 days")
+    with engine.begin() as c:
+        c.execute(
+            sa.text(
+                "UPDATE cyclone_runs SET finalized_at = now() - interval '2 days' "
+                "WHERE parent_id = ANY(:ids)"
+            ),
+            {"ids": [r.id for r in doomed]},
+        )
+    deleted: list[int] = []
+    statements.reset()
+    assert client.purge_terminal_runs(older_than=DAY, batch_size=10, progress=deleted.append) == 4
+    assert deleted == [2, 1, 1]  # 5 + 5 runs, then 5 (12 would pass 10), then 12 alone
+    assert len([s for s in statements.statements if "DELETE FROM cyclone_runs" in s]) == 3
+    with engine.connect() as c:
+        left = c.execute(
+            sa.text("SELECT count(*) FROM cyclone_runs WHERE workflow = :wf"), {"wf": name}
+        ).scalar_one()
+    assert left == 0
 
 
 def test_purge_deletes_the_jobs_of_the_runs_it_deletes(

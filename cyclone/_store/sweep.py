@@ -23,6 +23,7 @@ from sqlalchemy import (
     delete,
     exists,
     func,
+    or_,
     select,
 )
 
@@ -77,16 +78,55 @@ def _jobs_due() -> list[Any]:
     ]
 
 
-def purge_runs_stmt() -> Delete:
-    """Delete one batch of terminal runs past their retention (their steps cascade)."""
-    doomed = (
-        select(runs.c.id)
+def _tree_size(parent: Any) -> Any:
+    """How many runs ``parent``'s purge deletes: itself and every run of its tree of child
+    runs (one probe of ``ix_cyclone_runs_parent`` per run, as :func:`_runs_below`)."""
+    child, deeper = runs.alias("sized_child"), runs.alias("sized_deeper")
+    tree = (
+        select(child.c.id)
+        .where(child.c.parent_id == parent.c.id)
+        .correlate(parent)
+        .cte("sized_tree", recursive=True, nesting=True)
+    )
+    tree = tree.union_all(select(deeper.c.id).where(deeper.c.parent_id == tree.c.id))
+    return 1 + select(func.count()).select_from(tree).scalar_subquery()
+
+
+def purge_runs_stmt() -> Any:
+    """Delete one batch of terminal runs past their retention (their steps and their trees
+    of child runs cascade); returns (parents deleted, parents that were due in the batch).
+
+    The batch is bounded in runs, not only in parents: the parents due, in id order, are
+    taken while the runs deleted (each parent with its tree) add up to at most ``batch``,
+    and the first one whatever its tree. A batch of a thousand parents of 10,000 child runs
+    each deleted ten million runs in one statement.
+    """
+    due = (
+        select(runs.c.id, _tree_size(runs).label("size"))
         .where(*_runs_due())
         .order_by(runs.c.id)
         .limit(bindparam("batch"))
-        .with_for_update(skip_locked=True)
+        .with_for_update(of=runs, skip_locked=True)
+        .cte("due")
     )
-    return delete(runs).where(runs.c.id.in_(doomed.scalar_subquery()))
+    upto = func.sum(due.c.size).over(order_by=due.c.id).label("upto")
+    ranked = select(due.c.id, due.c.size, upto).cte("ranked")
+    gone = (
+        delete(runs)
+        .where(
+            runs.c.id.in_(
+                select(ranked.c.id).where(
+                    or_(ranked.c.upto <= bindparam("batch"), ranked.c.upto == ranked.c.size)
+                )
+            )
+        )
+        .returning(runs.c.id)
+        .cte("gone")
+    )
+    return select(
+        select(func.count()).select_from(gone).scalar_subquery(),
+        select(func.count()).select_from(due).scalar_subquery(),
+    )
 
 
 def purge_jobs_stmt() -> Delete:
@@ -148,15 +188,27 @@ def _purge(
             with bind.begin():
                 if fence is not None:
                     fence(bind)
-                deleted = _executor.affected(bind, stmt, params)
+                deleted, taken = _batch(bind, stmt, params)
         else:
             with bind.begin() as conn:
-                deleted = _executor.affected(conn, stmt, params)
+                deleted, taken = _batch(conn, stmt, params)
         total += deleted
         if progress is not None:
             progress(deleted)
-        if deleted < batch_size:
+        # Done when nothing was deleted, or the batch deleted every parent it found due
+        # and found fewer than it could take; parents left out by the bound come next.
+        if deleted == 0 or (deleted == taken and taken < batch_size):
             return total
+
+
+def _batch(conn: Connection, stmt: _executor.Statement, params: dict[str, Any]) -> tuple[int, int]:
+    """One batch: (deleted, taken), ``taken`` the rows the batch found due (up to
+    ``batch``); fewer than ``batch`` means nothing more was due."""
+    if stmt is _PURGE_RUNS:
+        deleted, taken = _executor.one(conn, stmt, params)
+        return int(deleted), int(taken)
+    deleted = _executor.affected(conn, stmt, params)
+    return deleted, deleted
 
 
 def purge_runs(
