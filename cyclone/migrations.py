@@ -266,6 +266,7 @@ GRANTS: dict[str, tuple[str, ...]] = {
             "cyclone_limits",
             "cyclone_limit_keys",
             "cyclone_waiters",
+            "cyclone_workers",
         ),
         _READ_WRITE,
     ),

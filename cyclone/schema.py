@@ -505,6 +505,29 @@ waiters = Table(
 recorded with ``waits_until`` still ahead (see :mod:`cyclone._store.notify`)."""
 
 
+# -- the registry of running workers (revision cyclone_0025_workers) ---------------------
+
+workers = Table(
+    "cyclone_workers",
+    metadata,
+    Column("worker_id", Text, primary_key=True),
+    Column("host", Text, nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("heartbeat_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("concurrency", Integer, nullable=False),
+    Column("queues", ARRAY(Text)),
+    Column("workflows", ARRAY(Text), nullable=False),
+    Column("steps", ARRAY(Text), nullable=False),
+    Column("version", Text, nullable=False),
+    Column("stopping_at", DateTime(timezone=True)),
+)
+"""One row per running worker (:mod:`cyclone._store.workers`): written at its start,
+beaten by its heartbeat thread, deleted when it stops, or by the maintenance leader once
+it has been silent for ``rescue_after``. ``queues`` is NULL for a worker serving every
+queue; ``stopping_at`` is set once it began to stop (it waits for its running jobs)."""
+
+
 def run_lock_order(table: Any = runs) -> tuple[Any, Any]:
     """The order in which every statement locks several runs: by creation time, then id.
 

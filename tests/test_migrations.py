@@ -141,6 +141,7 @@ def test_upgrade_on_a_fresh_database_creates_the_schema(fresh_engine: sa.Engine)
         "cyclone_limits",
         "cyclone_limit_keys",
         "cyclone_waiters",
+        "cyclone_workers",
         "cyclone_definitions",
         "cyclone_alembic_version",
     }

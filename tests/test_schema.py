@@ -95,6 +95,7 @@ def test_metadata_holds_only_cyclone_tables() -> None:
         "cyclone_limits",
         "cyclone_limit_keys",
         "cyclone_waiters",
+        "cyclone_workers",
         "cyclone_definitions",
     }
     assert metadata.naming_convention == NAMING_CONVENTION
@@ -118,7 +119,8 @@ def test_constraint_names_follow_the_naming_convention(conn: sa.Connection) -> N
                 "'cyclone_schedules'::regclass, 'cyclone_signals'::regclass, "
                 "'cyclone_leader'::regclass, 'cyclone_queues'::regclass, "
                 "'cyclone_limits'::regclass, 'cyclone_limit_keys'::regclass, "
-                "'cyclone_waiters'::regclass, 'cyclone_definitions'::regclass)"
+                "'cyclone_waiters'::regclass, 'cyclone_workers'::regclass, "
+                "'cyclone_definitions'::regclass)"
             )
         ).scalars()
     )
@@ -155,6 +157,7 @@ def test_constraint_names_follow_the_naming_convention(conn: sa.Connection) -> N
         "pk_cyclone_limit_keys",
         "fk_cyclone_limit_keys_name_cyclone_limits",
         "pk_cyclone_waiters",
+        "pk_cyclone_workers",
         "pk_cyclone_definitions",
     }
     assert names == metadata_constraint_names()
