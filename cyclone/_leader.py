@@ -1,6 +1,7 @@
 """The maintenance leader's thread: every interval, take the lease if it is free, and
-while leading renew it and apply deadlines, rescue and sweeps, each transaction fenced by
-the term (the lease and the fence: :mod:`cyclone._store.leadership`)."""
+while leading renew it and apply deadlines, rescue (of the jobs and registry rows of
+workers that stopped beating) and sweeps, each transaction fenced by the term (the lease
+and the fence: :mod:`cyclone._store.leadership`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from cyclone._store import deadline as _deadline
 from cyclone._store import leadership as _leadership
 from cyclone._store import rescue as _rescue
 from cyclone._store import sweep as _sweeper
+from cyclone._store import workers as _workers
 
 log = logging.getLogger("cyclone.worker")
 
@@ -207,6 +209,15 @@ class Leader:
                 self._fence(conn)
                 expired = _rescue.expire_runs(conn)
                 rescued = _rescue.rescue(conn, self.rescue_after)
+                pruned = _workers.prune(conn, self.rescue_after)
+            if pruned:
+                log.info(
+                    "removed %d worker%s silent for %s from the registry: %s",
+                    len(pruned),
+                    "" if len(pruned) == 1 else "s",
+                    self.rescue_after,
+                    ", ".join(pruned),
+                )
             self._report_and_sweep(conn, expired, rescued)
         except _leadership.LeaseLost:
             log.warning(

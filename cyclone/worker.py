@@ -8,15 +8,18 @@ poll interval, on the socket of the connection it claims on, which LISTENs (the
 engine's listener wakes it where that connection cannot hold a session). Each claim takes a lease
 (:attr:`cyclone._store.claim.Claimed.lease`) that every outcome and heartbeat presents: a
 worker that lost a job (rescued, handed back, retried) has its late outcome refused. A
-heartbeat thread on a connection of its own marks held jobs alive; a worker that dies
-mid-step stops beating, and the maintenance leader (:mod:`cyclone._leader`) hands its
-jobs back after ``rescue_after``. An outcome that cannot be recorded (the database is
+heartbeat thread on a connection of its own marks held jobs alive, and the worker's own
+row in ``cyclone_workers`` (:mod:`cyclone._store.workers`, written when it starts serving,
+deleted when it stops); a worker that dies mid-step stops beating, and the maintenance
+leader (:mod:`cyclone._leader`) hands its jobs back and deletes its row after
+``rescue_after``. An outcome that cannot be recorded (the database is
 away) is kept, still heartbeaten, and recorded when the database answers again.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import logging
 import os
 import queue
@@ -51,6 +54,7 @@ from cyclone._store import notify as _notify
 from cyclone._store import rescue as _rescue
 from cyclone._store import sweep as _sweeper
 from cyclone._store import waits as _waits
+from cyclone._store import workers as _workers
 from cyclone.limits import Spec as LimitSpec
 from cyclone.workflow import StandaloneStep, Workflow, check_name
 
@@ -567,6 +571,10 @@ class Worker:
         self._schema_checked = False
         self._leader: _leader.Leader | None = None
         self._beating = threading.Event()
+        self._beat_now = threading.Event()
+        """Wakes the heartbeat thread before its interval: to record the stop, or to end."""
+        self._stop_told = False
+        """Whether the claim loop has told the heartbeat thread that the worker is stopping."""
         self._recheck_due = True
         """Whether the next claim is a woken one: it delivers signals and reads when the
         next job falls due (set by a NOTIFY, kept until a claim succeeds)."""
@@ -707,6 +715,7 @@ class Worker:
                 self._check_grants()
                 self._register_limits()
                 self._schema_checked = True
+            self._register()
             self.stats = WorkerStats()
             self._draining = until_idle
             _observe.serving(self)
@@ -758,6 +767,7 @@ class Worker:
                 target=self._beat, args=(side,), name="cyclone-heartbeat", daemon=True
             )
             self._beating.clear()
+            self._beat_now.clear()
             beater.start()
             abandoned = False
             scheduler: schedules.Scheduler | None = None
@@ -782,7 +792,9 @@ class Worker:
                 self._leader.stop()
                 self._leader = None
                 self._beating.set()
+                self._beat_now.set()
                 beater.join(JOIN_TIMEOUT)
+                self._stop_told = False
                 self._steps_pool.shutdown(wait=not abandoned)
                 self._steps_pool = None
                 self._stop_waiting()
@@ -805,6 +817,37 @@ class Worker:
                 self._freed.clear()
                 self._pending.clear()
                 self._busy.clear()
+
+    def _registration(self) -> _workers.Registration:
+        host, pid, _ = self.id.rsplit(":", 2)
+        return _workers.Registration(
+            worker_id=self.id,
+            host=host,
+            pid=int(pid),
+            concurrency=self.concurrency,
+            queues=self.queues,
+            workflows=sorted(self.workflows),
+            steps=sorted(self.steps),
+            version=importlib.metadata.version("cyclone"),
+        )
+
+    def _register(self) -> None:
+        """Write this worker's row in ``cyclone_workers`` before its first claim (one
+        statement), so operators see it (:meth:`cyclone.Client.list_workers`).
+
+        A worker that cannot (its role lacks the grant, say) does not start: it would run
+        unseen, and its heartbeats would fail for as long as it runs.
+        """
+        try:
+            with _executor.connect(self.engine) as conn:
+                _workers.register(conn, self._registration())
+        except Exception as exc:
+            log.error(
+                "worker %s cannot register in cyclone_workers (%s): it does not start",
+                self.id,
+                _first_line(exc),
+            )
+            raise
 
     def _register_limits(self) -> None:
         """Write the served kinds' limits as defined (an operator's ``max`` is kept).
@@ -901,11 +944,16 @@ class Worker:
             self._leader.release()
 
     def _beat(self, side: Engine) -> None:
-        """Mark the jobs this worker holds alive, on a connection of its own.
+        """Mark the jobs this worker holds alive, and its row in ``cyclone_workers``, on a
+        connection of its own, every ``heartbeat_interval``; delete the row at the end.
 
         Neither the application's pool nor the claim loop can hold it up: the connection
         comes from ``side`` (:func:`cyclone._store.leadership.side_engine`), opened at once. Jobs
-        whose outcome waits to be recorded are beaten too: their lease stays valid.
+        whose outcome waits to be recorded are beaten too: their lease stays valid. The
+        row is beaten whether or not the worker holds jobs, so an idle worker is seen
+        alive; a stop is recorded in it as soon as the claim loop sees it
+        (:attr:`_beat_now`), and a row pruned while the worker was silent (frozen past
+        ``rescue_after``) is written again.
         """
         conn: Connection | None = None
         try:
@@ -914,17 +962,24 @@ class Worker:
             log.warning("worker %s heartbeat cannot connect yet (%s)", self.id, _first_line(exc))
         failures = 0
         delay = self.heartbeat_interval
+        stop_recorded = False
         try:
-            while not self._beating.wait(delay):
+            while True:
+                self._beat_now.wait(delay)
+                self._beat_now.clear()
+                if self._beating.is_set():
+                    break
                 delay = self.heartbeat_interval
                 held = [(j.id, j.lease) for j in self._inflight.copy().values()]
                 held += [(j.id, j.lease) for j, _ in self._pending.copy().values()]
-                if not held:
-                    continue
+                stopping = self._stop_told
                 try:
                     if conn is None:
                         conn = _leadership.dedicated(side, autocommit=True)
-                    _rescue.heartbeat(conn, held)
+                    if held:
+                        _rescue.heartbeat(conn, held)
+                    self._beat_row(conn, stopping and not stop_recorded)
+                    stop_recorded = stop_recorded or stopping
                     failures = 0
                 except Exception as exc:
                     failures += 1
@@ -939,8 +994,43 @@ class Worker:
                         delay,
                     )
         finally:
+            self._deregister(conn)
             if conn is not None:
                 _close_quietly(conn)
+
+    def _beat_row(self, conn: Connection, record_stop: bool) -> None:
+        """Beat this worker's row (recording its stop once told of it), or write it again
+        when a leader deleted it: the worker was silent past ``rescue_after``."""
+        found = (
+            _workers.mark_stopping(conn, self.id) if record_stop else _workers.beat(conn, self.id)
+        )
+        if found:
+            return
+        log.info(
+            "worker %s registers again: its row was deleted (silent past rescue_after?)", self.id
+        )
+        _workers.register(conn, self._registration())
+        if self._stop_told:
+            _workers.mark_stopping(conn, self.id)
+
+    def _deregister(self, conn: Connection | None) -> None:
+        """Delete this worker's row as it stops serving (one try, on the heartbeat's
+        connection, none opened anew: a stop does not wait for a database that is away).
+
+        A row it cannot delete is the leader's to delete once it has been silent for
+        ``rescue_after``.
+        """
+        try:
+            if conn is None:
+                raise ConnectionError("the heartbeat has no connection")
+            _workers.deregister(conn, self.id)
+        except Exception as exc:
+            log.warning(
+                "worker %s could not delete its row of cyclone_workers (%s): the maintenance "
+                "leader deletes it once it has been silent for rescue_after",
+                self.id,
+                _first_line(exc),
+            )
 
     def _free(self) -> dict[str, int]:
         """Jobs to claim now, per queue group.
@@ -1043,6 +1133,9 @@ class Worker:
         merges = self._scope("*").merges or bool(self._gated)
         confirmed = not merges
         while True:
+            if self._stopping.is_set() and not self._stop_told:
+                self._stop_told = True
+                self._beat_now.set()  # the heartbeat thread records the stop in its row
             if self._stopping.is_set() and self._stop_now():
                 self._hand_back()
                 return True
