@@ -6,7 +6,7 @@ import logging as _logging
 from importlib.metadata import version as _version
 
 from cyclone import errors
-from cyclone.client import Client
+from cyclone.client import Client, WorkerStatus
 from cyclone.connections import close, configure
 from cyclone.context import StepContext
 from cyclone.errors import (
@@ -72,6 +72,7 @@ __all__ = [
     "TransactionAbortedError",
     "Worker",
     "WorkerStats",
+    "WorkerStatus",
     "Workflow",
     "__version__",
     "check_schema",

@@ -27,6 +27,7 @@ from cyclone._store import queues as _queues
 from cyclone._store import reads as _reads
 from cyclone._store import standalone as _standalone
 from cyclone._store import sweep as _sweeper
+from cyclone._store import workers as _workers
 from cyclone.jobs import JobStatus
 from cyclone.runs import RunStatus
 from cyclone.schedules import ScheduleStatus
@@ -192,6 +193,43 @@ class QueueStatus:
     available: int
     scheduled: int
     running: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStatus:
+    """One running worker as its row in ``cyclone_workers`` stands (:meth:`Client.list_workers`).
+
+    A worker writes the row when it starts serving, beats it every ``heartbeat_interval``
+    (busy or idle) and deletes it when it stops; the maintenance leader deletes the row of
+    a worker silent for ``rescue_after`` (killed, frozen, cut off), with its jobs' rescue.
+    """
+
+    id: str
+    """The worker's id, ``host:pid:hex``: the ``worker_id`` of the jobs it runs."""
+    host: str
+    pid: int
+    started_at: datetime
+    heartbeat_at: datetime
+    """Its last heartbeat: a worker alive beats every ``heartbeat_interval``."""
+    concurrency: int
+    queues: list[str] | None
+    """The queues it serves; None for every queue."""
+    workflows: list[str]
+    steps: list[str]
+    """The standalone step kinds it serves."""
+    version: str
+    """The cyclone version it runs."""
+    stopping_at: datetime | None
+    """When it began to stop (it waits for its running jobs); None while it runs."""
+    running: int
+    """The jobs running under its id."""
+    read_at: datetime
+    """The database's clock when this was read, to measure ``heartbeat_at`` against."""
+
+    @property
+    def silent_for(self) -> timedelta:
+        """How long since its last heartbeat, as of ``read_at``."""
+        return max(self.read_at - self.heartbeat_at, timedelta())
 
 
 @dataclass(frozen=True, slots=True)
@@ -879,6 +917,18 @@ class Client:
             QueueStatus(name, *paused.get(name, (False, None)), *totals.get(name, (0, 0, 0)))
             for name in sorted(totals.keys() | paused.keys())
         ]
+
+    def list_workers(self) -> list[WorkerStatus]:
+        """Every registered worker, oldest first, with the jobs running under its id.
+
+        One statement. A worker is listed from its start until it stops, or until the
+        maintenance leader deleted its row, ``rescue_after`` after its last heartbeat
+        (it was killed or is frozen). Workers of a cyclone older than revision
+        ``cyclone_0025_workers`` do not register and are not listed.
+        """
+        with self._reading() as conn:
+            rows = _workers.listed(conn)
+        return [WorkerStatus(*row) for row in rows]
 
     def list_jobs(
         self,

@@ -46,6 +46,7 @@ EXPECTED = [
     "TransactionAbortedError",
     "Worker",
     "WorkerStats",
+    "WorkerStatus",
     "Workflow",
     "__version__",
     "check_schema",
