@@ -4,7 +4,8 @@ The ```console blocks of a file are one bash session in a fresh database: a ``$ 
 (``export CYCLONE_DATABASE_URL=...`` is pointed at the test's database), the lines after it
 its expected output (stdout and stderr together). A line ``...`` stands for any lines.
 What differs from run to run is normalised on both sides: run ids, timestamps, durations,
-revision names, the version, line numbers in tracebacks, the database's name, host and port.
+revision names, the version, line numbers in tracebacks, the database's name, host and port,
+worker ids (``HOST:PID:ID``) and the host and pid of a worker.
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ _NORMAL = [
     (re.compile(r"cyclone_\d{4}"), "<revision>"),
     (re.compile(r"cyclone \d+\.\d+\.\d+\S*"), "cyclone <version>"),
     (re.compile(r", line \d+"), ", line <n>"),
+    (re.compile(r"[\w.-]+:\d+:[0-9a-f]{8}\b"), "<worker>"),
+    (re.compile(r'"host":"[^"]*","pid":\d+'), '"host":"<host>","pid":<pid>'),
+    (re.compile(r'"version":"[^"]*"'), '"version":"<version>"'),
+    (re.compile(r"(?<=\s)\d+\.\d+\.\d+\S*(?=\s+<time>|\s+-$)"), "<version>"),
     (re.compile(r"[ \t]+"), " "),
 ]
 

@@ -23,7 +23,7 @@ from cyclone import migrations
 from cyclone._timing import MAX_DURATION
 from cyclone.cli import _db, _definitions, _output
 from cyclone.cli._db import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_USAGE, BadInput, CommandError
-from cyclone.client import Client, JobDetail, QueueStatus, RunDetail, StepStatus
+from cyclone.client import Client, JobDetail, QueueStatus, RunDetail, StepStatus, WorkerStatus
 from cyclone.jobs import JobStatus
 from cyclone.runs import Run
 from cyclone.schedules import ScheduleStatus
@@ -814,6 +814,18 @@ def _add_commands(group: click.Group) -> None:
         changed = _invocation().client().resume_queue(name)
         click.echo(f"resumed queue {name}" if changed else f"queue {name} was not paused")
 
+    @_command(group, "workers", short_help="List the running workers.")
+    @_json_option
+    def workers(as_json: bool) -> None:
+        """List the running workers, oldest first: what they serve, their last heartbeat,
+        the jobs running under each, and whether it is stopping."""
+        found = _invocation().client().list_workers()
+        if as_json:
+            for status in found:
+                _output.json_line(_worker_record(status))
+            return
+        _output.table(_WORKER_COLUMNS, found, state=None)
+
     limits_group = click.Group(
         "limits", help="List the named limits (Concurrency, Rate) per key; set their max."
     )
@@ -1051,6 +1063,40 @@ _QUEUE_COLUMNS: list[_output.Column] = [
     ("AVAILABLE", lambda q: str(q.available)),
     ("SCHEDULED", lambda q: str(q.scheduled)),
     ("RUNNING", lambda q: str(q.running)),
+]
+
+
+def _worker_record(worker: WorkerStatus) -> dict[str, Any]:
+    return {
+        "id": worker.id,
+        "host": worker.host,
+        "pid": worker.pid,
+        "started_at": worker.started_at,
+        "heartbeat_at": worker.heartbeat_at,
+        "concurrency": worker.concurrency,
+        "queues": worker.queues,
+        "workflows": worker.workflows,
+        "steps": worker.steps,
+        "version": worker.version,
+        "stopping_at": worker.stopping_at,
+        "running": worker.running,
+    }
+
+
+def _names(names: Sequence[str] | None, none: str = "-") -> str:
+    return ",".join(names) if names else none
+
+
+_WORKER_COLUMNS: list[_output.Column] = [
+    ("ID", lambda w: w.id),
+    ("STARTED (UTC)", lambda w: _output.when(w.started_at)),
+    ("HEARTBEAT (UTC)", lambda w: _output.when(w.heartbeat_at)),
+    ("RUNNING", lambda w: f"{w.running}/{w.concurrency}"),
+    ("QUEUES", lambda w: _names(w.queues, "all")),
+    ("WORKFLOWS", lambda w: _names(w.workflows)),
+    ("STEPS", lambda w: _names(w.steps)),
+    ("VERSION", lambda w: w.version),
+    ("STOPPING (UTC)", lambda w: _output.when(w.stopping_at)),
 ]
 
 
