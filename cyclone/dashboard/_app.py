@@ -113,6 +113,7 @@ _URLS = Map(
         Rule("/queues", endpoint="queues"),
         Rule("/queues/<any(pause, resume):action>", endpoint="queue_action", methods=["POST"]),
         Rule("/limits", endpoint="limits"),
+        Rule("/workers", endpoint="workers"),
         Rule("/static/<name>", endpoint="static"),
     ],
     strict_slashes=False,
@@ -497,6 +498,10 @@ class Dashboard:
     def _page_limits(self, request: Request, csrf: str) -> Response:
         """Every limit and, per key with something running or waiting, how many."""
         return self._render(request, "limits.html", csrf, limits=self.client.list_limits())
+
+    def _page_workers(self, request: Request, csrf: str) -> Response:
+        """Every registered worker: what it serves, its last heartbeat, its running jobs."""
+        return self._render(request, "workers.html", csrf, workers=self.client.list_workers())
 
     def _page_schedule_action(self, request: Request, csrf: str, action: str) -> Response:
         name = _text(request.form.get("schedule"), "schedule")
