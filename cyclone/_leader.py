@@ -209,7 +209,7 @@ class Leader:
                 self._fence(conn)
                 expired = _rescue.expire_runs(conn)
                 rescued = _rescue.rescue(conn, self.rescue_after)
-                pruned = _workers.prune(conn, self.rescue_after)
+                pruned = _workers.prune(conn, self.rescue_after, self.worker_id)
             if pruned:
                 log.info(
                     "removed %d worker%s silent for %s from the registry: %s",

@@ -962,6 +962,7 @@ class Worker:
             log.warning("worker %s heartbeat cannot connect yet (%s)", self.id, _first_line(exc))
         failures = 0
         delay = self.heartbeat_interval
+        retry_at = 0.0
         stop_recorded = False
         try:
             while True:
@@ -972,6 +973,11 @@ class Worker:
                 delay = self.heartbeat_interval
                 held = [(j.id, j.lease) for j in self._inflight.copy().values()]
                 held += [(j.id, j.lease) for j, _ in self._pending.copy().values()]
+                if not held and time.monotonic() < retry_at:
+                    # The database is away: the row alone waits out the backoff, as the
+                    # other connections do; held jobs are tried every interval, to keep
+                    # their leases.
+                    continue
                 stopping = self._stop_told
                 try:
                     if conn is None:
@@ -986,12 +992,14 @@ class Worker:
                     if conn is not None:
                         _close_quietly(conn)
                         conn = None
-                    delay = min(self.heartbeat_interval, backoff_delay(failures))
+                    backoff = backoff_delay(failures)
+                    retry_at = time.monotonic() + backoff
+                    delay = min(self.heartbeat_interval, backoff)
                     log.warning(
                         "worker %s heartbeat failed (%s); retrying in %.1fs",
                         self.id,
                         _first_line(exc),
-                        delay,
+                        delay if held else backoff,
                     )
         finally:
             self._deregister(conn)

@@ -115,14 +115,18 @@ def deregister_worker_stmt() -> Any:
 
 
 def prune_workers_stmt() -> Any:
-    """Delete the rows of workers not beaten for ``:rescue_after``; returns their ids.
+    """Delete the rows of workers not beaten for ``:rescue_after``, but the leader's own
+    (``:worker``, alive: it runs the pass); returns their ids.
 
     The rule of :func:`cyclone._store.rescue.rescue_jobs_stmt` for a job whose worker
     stopped beating, applied to the worker itself.
     """
     return (
         delete(workers)
-        .where(workers.c.heartbeat_at < func.now() - bindparam("rescue_after", type_=Interval))
+        .where(
+            workers.c.heartbeat_at < func.now() - bindparam("rescue_after", type_=Interval),
+            workers.c.worker_id != bindparam("worker", type_=Text),
+        )
         .returning(workers.c.worker_id)
     )
 
@@ -187,11 +191,13 @@ def deregister(conn: Connection, worker_id: str) -> None:
     _executor.affected(conn, _DEREGISTER, {"worker": worker_id})
 
 
-def prune(conn: Connection, rescue_after: timedelta) -> list[str]:
-    """Delete the rows of workers silent for ``rescue_after``; return their ids."""
+def prune(conn: Connection, rescue_after: timedelta, leader: str) -> list[str]:
+    """Delete the rows of workers silent for ``rescue_after`` (not ``leader``'s); their ids."""
     return [
         str(worker_id)
-        for worker_id in _executor.column(conn, _PRUNE, {"rescue_after": rescue_after})
+        for worker_id in _executor.column(
+            conn, _PRUNE, {"rescue_after": rescue_after, "worker": leader}
+        )
     ]
 
 
