@@ -169,6 +169,38 @@ def test_a_worker_whose_role_lacks_a_documented_grant_names_it_at_start(
     engine.dispose()
 
 
+def test_a_worker_whose_role_cannot_register_does_not_start(
+    app_url: URL, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without INSERT on cyclone_workers it would run unseen by operators (and fail every
+    heartbeat): it names what it lacks, then fails before its first claim."""
+    owner = sa.create_engine(app_url.set(username=admin_url().username), poolclass=sa.NullPool)
+    with owner.begin() as conn:
+        conn.exec_driver_sql(f'REVOKE INSERT ON cyclone_workers FROM "{app_url.username}"')
+    owner.dispose()
+    engine = sa.create_engine(app_url)
+    wf = cyclone.Workflow(name)
+    wf.step()(lambda ctx, value: value)
+    run = wf.submit(engine, 1)
+    worker = cyclone.Worker(engine, workflows=[wf], sweep=False)
+    with pytest.raises(
+        sa.exc.ProgrammingError, match="permission denied for table cyclone_workers"
+    ):
+        worker.drain()
+    assert worker.stats.total == 0
+    assert run.status().state == cyclone.RunState.RUNNING
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors[0] == (
+        f"worker {worker.id}: the database role lacks INSERT on cyclone_workers: the statements "
+        "that need them will fail (the grants are in cyclone's docs/deployment.md)"
+    )
+    assert errors[1].startswith(f"worker {worker.id} cannot register in cyclone_workers (")
+    assert errors[1].endswith("): it does not start")
+    worker.close()
+    cyclone.close(engine)
+    engine.dispose()
+
+
 def parked(engine: sa.Engine, run_id: uuid.UUID) -> bool:
     """Whether the run's wait node was claimed and parked to wait for its signal (a signal
     sent while the worker parks it is not seen: that race is not what this test is about)."""

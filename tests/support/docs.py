@@ -270,6 +270,11 @@ EXECUTED = (
     ),
     Executed(
         "docs/operations.md",
+        "## Which workers are alive",
+        "tests/test_worker_registry.py::test_the_operations_block_prints_the_running_workers",
+    ),
+    Executed(
+        "docs/operations.md",
         "## Tracing and metrics",
         "tests/test_otel.py::test_operations_doc_tracing_snippet_runs",
     ),

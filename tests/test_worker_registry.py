@@ -1,0 +1,341 @@
+"""The registry of running workers (``cyclone_workers``): a worker registers when it starts
+serving, beats while idle, records its stop, leaves when it stops; the maintenance leader
+removes a killed worker after ``rescue_after``; ``Client.list_workers``, ``cyclone
+workers`` and the dashboard's workers page read it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from markupsafe import escape
+from werkzeug.test import Client as WebClient
+
+import cyclone
+from cyclone.dashboard import create_app
+from tests.conftest import StatementCounter, wait_until
+from tests.support import docs, processes, worker_proc
+from tests.support.workers import Background, spawn_worker, stop_all, waiting_advisory_locks
+
+FAST = {
+    "heartbeat_interval": timedelta(milliseconds=50),
+    "rescue_after": timedelta(seconds=5),
+    "poll_interval": 0.1,
+    "sweep": False,
+}
+
+
+def listed(engine: sa.Engine, worker_id: str) -> cyclone.WorkerStatus | None:
+    return next((w for w in cyclone.Client(engine).list_workers() if w.id == worker_id), None)
+
+
+@contextmanager
+def serving(worker: cyclone.Worker) -> Iterator[cyclone.WorkerStatus]:
+    """``worker.run()`` on a thread until the block ends; yields its row once it is listed."""
+    background = Background(worker.run, name="test-registry-worker")
+    try:
+        yield wait_until(lambda: listed(worker.engine, worker.id), timeout=30)
+    finally:
+        worker.stop()
+        background.join(30)
+        worker.close()
+
+
+def definitions(name: str) -> tuple[cyclone.Workflow[Any], cyclone.StandaloneStep[Any, Any]]:
+    wf: cyclone.Workflow[Any] = cyclone.Workflow(name)
+    wf.step()(lambda ctx, value: value)
+    kind = cyclone.step(f"{name}.kind")(lambda ctx, value: value)
+    return wf, kind
+
+
+def test_a_worker_is_listed_with_its_options_while_it_serves_and_leaves_when_it_stops(
+    engine: sa.Engine, name: str
+) -> None:
+    wf, kind = definitions(name)
+    worker = cyclone.Worker(
+        engine, workflows=[wf], steps=[kind], concurrency=3, queues={"b": 1, "a": 2}, **FAST
+    )
+    with serving(worker) as status:
+        assert status.id == worker.id
+        assert (status.host, status.pid) == (socket.gethostname(), os.getpid())
+        assert (status.concurrency, status.queues) == (3, ["a", "b"])
+        assert (status.workflows, status.steps) == ([name], [f"{name}.kind"])
+        assert (status.version, status.stopping_at, status.running) == (
+            cyclone.__version__,
+            None,
+            0,
+        )
+        assert status.started_at <= status.heartbeat_at <= status.read_at
+    assert listed(engine, worker.id) is None
+
+
+def test_a_worker_serving_every_queue_is_listed_with_none(engine: sa.Engine, name: str) -> None:
+    wf, _kind = definitions(name)
+    with serving(cyclone.Worker(engine, workflows=[wf], **FAST)) as status:
+        assert (status.queues, status.steps, status.concurrency) == (None, [], 4)
+
+
+def test_an_idle_workers_heartbeat_moves(engine: sa.Engine, name: str) -> None:
+    wf, _kind = definitions(name)
+    with serving(cyclone.Worker(engine, workflows=[wf], **FAST)) as first:
+        later = wait_until(
+            lambda: (w := listed(engine, first.id)) and w.heartbeat_at > first.heartbeat_at and w,
+            timeout=30,
+        )
+        assert later.running == 0
+        assert later.started_at == first.started_at
+
+
+def test_a_drain_registers_and_leaves(engine: sa.Engine, name: str) -> None:
+    wf: cyclone.Workflow[Any] = cyclone.Workflow(name)
+    seen: list[cyclone.WorkerStatus | None] = []
+
+    @wf.step()
+    def look(ctx: cyclone.StepContext, value: Any) -> None:
+        seen.append(listed(engine, worker.id))
+
+    wf.submit(engine, 1)
+    worker = cyclone.Worker(engine, workflows=[wf], sweep=False)
+    assert worker.drain() == 1
+    [status] = seen
+    assert status is not None
+    assert status.running == 1  # the job running `look`, under the worker's id
+    assert listed(engine, worker.id) is None
+    worker.close()
+
+
+def test_the_registry_costs_no_statement_per_job(
+    engine: sa.Engine, name: str, statements: StatementCounter
+) -> None:
+    """A drain of many jobs writes the row once and deletes it once, and its two
+    maintenance passes (first and last) prune silent workers' rows: the claim loop sends
+    nothing for it (the heartbeat, a minute here, does not fall within the drain)."""
+    wf, _kind = definitions(name)
+    for i in range(30):
+        wf.submit(engine, i)
+    worker = cyclone.Worker(
+        engine,
+        workflows=[wf],
+        heartbeat_interval=timedelta(minutes=1),
+        rescue_after=timedelta(minutes=5),
+        sweep=False,
+    )
+    statements.reset()
+    assert worker.drain() == 30
+    worker.close()
+    touching = [
+        s.lstrip().split()[0].upper() for s in statements.statements if "cyclone_workers" in s
+    ]
+    pruned = [s for s in statements.statements if "cyclone_workers.heartbeat_at <" in s]
+    assert (touching.count("INSERT"), touching.count("DELETE")) == (1, 1 + len(pruned)), touching
+    assert len(pruned) == 2
+    assert len(touching) == 4
+
+
+def test_a_row_deleted_under_a_live_worker_is_written_again(engine: sa.Engine, name: str) -> None:
+    """As when a leader pruned the row of a worker frozen past ``rescue_after`` that thawed."""
+    wf, _kind = definitions(name)
+    with serving(cyclone.Worker(engine, workflows=[wf], **FAST)) as status:
+        with engine.begin() as conn:
+            conn.execute(
+                sa.text("DELETE FROM cyclone_workers WHERE worker_id = :id"), {"id": status.id}
+            )
+        again = wait_until(lambda: listed(engine, status.id), timeout=30)
+        assert again.started_at > status.started_at
+        assert again.workflows == [name]
+
+
+@pytest.mark.processes
+def test_a_worker_stopping_on_sigterm_records_it_while_it_waits_for_its_job(
+    engine: sa.Engine, name: str
+) -> None:
+    lock = uuid.uuid4().int % 2**31
+    wf = worker_proc.gated(name, lock)
+    with engine.connect() as holder:
+        holder.execute(sa.select(sa.func.pg_advisory_lock(lock)))
+        holder.commit()
+        run = wf.submit(engine, worker_proc.Item(n=1))
+        proc = spawn_worker("serve", name, str(lock))
+        try:
+            wait_until(lambda: waiting_advisory_locks(engine, lock) == 1, timeout=30)
+            status = wait_until(
+                lambda: next(
+                    (w for w in cyclone.Client(engine).list_workers() if w.pid == proc.pid), None
+                ),
+                timeout=30,
+            )
+            assert (status.running, status.concurrency, status.stopping_at) == (1, 1, None)
+            proc.send_signal(signal.SIGTERM)
+            stopping = wait_until(
+                lambda: (w := listed(engine, status.id)) and w.stopping_at is not None and w,
+                timeout=30,
+            )
+            assert stopping.running == 1  # it waits for its job, which waits for the lock
+            assert proc.poll() is None
+            holder.execute(sa.select(sa.func.pg_advisory_unlock(lock)))
+            holder.commit()
+            _out, err = proc.communicate(timeout=30)
+        finally:
+            stop_all([proc])
+    assert proc.returncode == 0, err
+    assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    assert listed(engine, status.id) is None  # a clean stop deletes its row
+
+
+@pytest.mark.processes
+def test_the_leader_removes_a_killed_worker_after_rescue_after(
+    engine: sa.Engine, name: str, tmp_path: Path
+) -> None:
+    flag = tmp_path / "stuck"
+    wf = worker_proc.crashy(name, flag)
+    run = wf.submit(engine, worker_proc.Item(n=7))
+    proc = spawn_worker("lead", name, str(flag))
+    try:
+        wait_until(flag.exists, timeout=30)
+        status = wait_until(
+            lambda: next(
+                (w for w in cyclone.Client(engine).list_workers() if w.pid == proc.pid), None
+            ),
+            timeout=30,
+        )
+        wait_until(lambda: (w := listed(engine, status.id)) and w.running == 1, timeout=30)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    finally:
+        stop_all([proc])
+    last = listed(engine, status.id)
+    assert last is not None  # a killed worker stays listed, its heartbeat still
+    rescue_after = worker_proc.LEAD_RESCUE_AFTER
+    leader = cyclone.Worker(
+        engine,
+        workflows=[wf],
+        heartbeat_interval=timedelta(milliseconds=100),
+        rescue_after=rescue_after,
+        poll_interval=0.1,
+        sweep=False,
+    )
+    with serving(leader):
+        wait_until(lambda: listed(engine, status.id) is None, timeout=30)
+        with engine.connect() as conn:
+            now = conn.execute(sa.select(sa.func.now())).scalar_one()
+        assert now - last.heartbeat_at >= rescue_after
+        # The same pass handed its job back: it runs again, here.
+        assert run.wait(timeout=30).state == cyclone.RunState.COMPLETED
+
+
+def database_url(engine: sa.Engine) -> str:
+    return engine.url.render_as_string(hide_password=False)
+
+
+@pytest.mark.processes
+def test_the_cli_lists_the_workers_as_a_table_and_as_json(engine: sa.Engine, name: str) -> None:
+    wf, kind = definitions(name)
+    worker = cyclone.Worker(engine, workflows=[wf], steps=[kind], concurrency=2, **FAST)
+    with serving(worker):
+        command = [sys.executable, "-m", "cyclone", "workers", "--url", database_url(engine)]
+        table = processes.run(command, capture_output=True, text=True, timeout=60)
+        lines = processes.run([*command, "--json"], capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0, table.stderr
+    header, *rows = table.stdout.splitlines()
+    assert header.split() == [
+        "ID",
+        "STARTED",
+        "(UTC)",
+        "HEARTBEAT",
+        "(UTC)",
+        "RUNNING",
+        "QUEUES",
+        "WORKFLOWS",
+        "STEPS",
+        "VERSION",
+        "STOPPING",
+        "(UTC)",
+    ]
+    [row] = [r.split() for r in rows if r.startswith(worker.id)]
+    assert row[5:] == ["0/2", "all", name, f"{name}.kind", cyclone.__version__, "-"]
+    assert lines.returncode == 0, lines.stderr
+    records = [json.loads(line) for line in lines.stdout.splitlines()]
+    [record] = [r for r in records if r["id"] == worker.id]
+    assert record["host"] == socket.gethostname()
+    assert record["pid"] == os.getpid()
+    assert (record["concurrency"], record["queues"], record["running"]) == (2, None, 0)
+    assert (record["workflows"], record["steps"]) == ([name], [f"{name}.kind"])
+    assert record["stopping_at"] is None
+    assert record["started_at"].endswith("Z")
+
+
+@pytest.mark.processes
+def test_the_cli_fails_in_one_line_on_a_database_it_cannot_reach() -> None:
+    done = processes.run(
+        [sys.executable, "-m", "cyclone", "workers", "--url", "postgresql://x@127.0.0.1:1/db"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 3
+    assert done.stderr.startswith("cyclone: cannot connect to PostgreSQL at 127.0.0.1:1")
+    assert len(done.stderr.splitlines()) == 1
+
+
+def test_the_dashboard_lists_the_workers_escaped_and_is_in_the_navigation(
+    engine: sa.Engine, name: str
+) -> None:
+    wf, kind = definitions(name)
+    odd = f"<b>{name}</b>:1:deadbeef"
+    with engine.begin() as conn:  # a row as another host might write it, markup in it
+        conn.execute(
+            sa.text(
+                "INSERT INTO cyclone_workers (worker_id, host, pid, concurrency, queues, "
+                "workflows, steps, version) VALUES (:id, :host, 1, 1, ARRAY['<q>'], "
+                "ARRAY[]::text[], ARRAY[]::text[], '0.0.1')"
+            ),
+            {"id": odd, "host": f"<b>{name}</b>"},
+        )
+    web = WebClient(create_app(engine))
+    try:
+        assert 'href="/workers"' in web.get("/").get_data(as_text=True)
+        worker = cyclone.Worker(engine, workflows=[wf], steps=[kind], queues={"mail": 1}, **FAST)
+        with serving(worker):
+            answer = web.get("/workers")
+    finally:
+        with engine.begin() as conn:
+            conn.execute(sa.text("DELETE FROM cyclone_workers WHERE worker_id = :id"), {"id": odd})
+    assert answer.status_code == 200
+    page = answer.get_data(as_text=True)
+    start = page.index(f">{worker.id}<")
+    row = page[start : page.index("</tr>", start)]
+    assert f'href="/runs?workflow={name}"' in row
+    assert f'href="/jobs?kind={name}.kind"' in row
+    assert "0 / 4" in row
+    assert ">mail<" in row
+    assert "running" in row
+    assert str(escape(odd)) in page
+    assert str(escape("<q>")) in page
+    assert f"<b>{name}</b>" not in page
+    assert "<q>" not in page
+
+
+def test_the_operations_block_prints_the_running_workers(
+    engine: sa.Engine, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The block of docs/operations.md's "## Which workers are alive", as written."""
+    wf, _kind = definitions(name)
+    worker = cyclone.Worker(engine, workflows=[wf], concurrency=2, **FAST)
+    with serving(worker):
+        namespace = {"client": cyclone.Client(engine), "cyclone": cyclone}
+        for block in docs.blocks("docs/operations.md", "## Which workers are alive"):
+            exec(compile(block, "docs/operations.md", "exec"), namespace)
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.startswith(worker.id)]
+    assert len(printed) == 1
+    assert printed[0].startswith(f"{worker.id} running 0/2 jobs ")
