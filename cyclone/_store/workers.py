@@ -157,7 +157,9 @@ def list_workers_stmt() -> Any:
             workers.c.version,
             workers.c.stopping_at,
             func.coalesce(running.c.running, 0),
-            func.now(),
+            # The clock when the rows are read, after the snapshot: now() is the start of
+            # the transaction, which can precede a beat the snapshot already sees.
+            func.clock_timestamp(),
         )
         .select_from(workers.outerjoin(running, running.c.worker_id == workers.c.worker_id))
         .order_by(workers.c.started_at, workers.c.worker_id)
