@@ -11,6 +11,7 @@ Backoff = Callable[[int], float]
 DEFAULT_BASE = 1.0
 DEFAULT_CAP = 300.0
 DEFAULT_JITTER = 0.25
+_MAX_DOUBLINGS = 1000
 
 
 def doubling(first: float, cap: float, failures: int) -> float:
@@ -20,7 +21,9 @@ def doubling(first: float, cap: float, failures: int) -> float:
     to ``cap``. Used as it is by the loops that try the database again (a worker's claim,
     the maintenance leader, a wait's read), and with jitter by :func:`exponential`.
     """
-    return float(min(cap, first * 2 ** max(0, failures - 1)))
+    # The exponent is bounded: 2 ** 1024 no longer converts to a float, and the
+    # OverflowError killed the caller (a step's 1,025th failure left its job claimed).
+    return float(min(cap, first * 2.0 ** min(max(0, failures - 1), _MAX_DOUBLINGS)))
 
 
 def exponential(

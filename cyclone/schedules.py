@@ -30,7 +30,7 @@ from zoneinfo import ZoneInfoNotFoundError
 
 from sqlalchemy import Connection, Engine
 
-from cyclone import _keys, _ticks, errors
+from cyclone import _keys, _retry, _ticks, errors
 from cyclone._store import notify as _notify
 from cyclone._store import schedules as _schedules
 from cyclone.runs import lost_connection
@@ -297,7 +297,9 @@ def fire_all(
         except Exception as exc:
             failures = 1 if held is None else held.failures + 1
             cap = UNREACHABLE_MAX_SLEEP if lost_connection(exc) else MAX_SLEEP
-            delay = min(cap, 2.0 ** (failures - 1))
+            # _retry.doubling bounds its exponent: 2.0 ** 1024 overflowed here, and the
+            # OverflowError left this loop, so no schedule after this one was looked at.
+            delay = _retry.doubling(1.0, cap, failures)
             failing[schedule.name] = Failing(failures, time.monotonic() + delay)
             log.exception(
                 "schedule %s could not fire (%d times in a row); will try again in %.0f s",

@@ -196,6 +196,29 @@ def test_a_schedule_whose_input_fails_is_looked_at_again_later_not_every_second(
     assert list(runs_of(engine, name).values()) == [7]
 
 
+def test_a_schedule_failing_for_a_day_blocks_no_other_schedule(
+    engine: sa.Engine, name: str, cleanup: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The backoff was 2.0 ** (failures - 1) capped afterwards: at 1,024 failures in a row
+    # (17 hours of a failing input callable, 85 minutes of an outage at 5 s) the power
+    # overflowed, the OverflowError left fire_all, and every schedule after the failing
+    # one (by name) was never looked at again while it failed.
+    wf: cyclone.Workflow[int] = cyclone.Workflow(name, input=int)
+    wf.step()(lambda ctx, value: None)
+    failing_schedule = wf.schedule(f"{name}-a", every=timedelta(hours=1), input=lambda t: "x")
+    later = hourly(engine, f"{name}-b", cleanup, missed="catch_up")
+    sched.register(engine, [failing_schedule])
+    cleanup.append(f"{name}-a")
+    set_last_tick(engine, f"{name}-a", timedelta(hours=2))
+    set_last_tick(engine, f"{name}-b", timedelta(hours=2))
+    clock = [1000.0]
+    monkeypatch.setattr(sched.time, "monotonic", lambda: clock[0])
+    failing = {failing_schedule.name: sched.Failing(1024, clock[0])}
+    assert sched.fire_all(engine, [later, failing_schedule], failing) == sched.MAX_SLEEP
+    assert failing[failing_schedule.name].failures == 1025
+    assert len(ticks_of(engine, f"{name}-b")) == 2
+
+
 def test_a_schedule_that_could_not_reach_the_database_is_looked_at_again_within_seconds(
     engine: sa.Engine, name: str, cleanup: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

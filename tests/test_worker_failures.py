@@ -18,6 +18,7 @@ import cyclone
 from cyclone import runs as runs_module
 from cyclone import worker as worker_module
 from cyclone._retry import exponential
+from cyclone.schema import jobs
 from tests.support import processes
 from tests.support.workers import job_rows
 
@@ -352,3 +353,30 @@ def test_a_program_that_configures_no_logging_prints_nothing(database_url: URL, 
     )
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
+
+
+def test_a_step_retried_a_thousand_times_is_still_retried(engine: sa.Engine, name: str) -> None:
+    # The backoff computed 2 ** (attempt - 1) before its cap: from attempt 1,025 of a step
+    # with a large max_attempts the power no longer fit a float, the OverflowError left
+    # the worker's job thread, and the job stayed claimed until rescued, then again.
+    wf = cyclone.Workflow(name)
+
+    @wf.step(max_attempts=5000)
+    def flaky(ctx: cyclone.StepContext, value: Any) -> None:
+        raise Boom(f"attempt {ctx.attempt}")
+
+    run = wf.submit(engine, None)
+    assert cyclone.Worker(engine, workflows=[wf], backoff=lambda n: 60.0).drain() == 1
+    with engine.begin() as conn:
+        conn.execute(
+            sa.update(jobs)
+            .where(jobs.c.run_id == run.id)
+            .values(attempt=1024, scheduled_at=sa.func.now())
+        )
+    before = datetime.now(UTC)
+    assert cyclone.Worker(engine, workflows=[wf]).drain() == 1
+
+    row = job_rows(engine, run.id)["flaky"]
+    assert (row.state, row.attempt) == ("available", 1025)
+    assert row.errors[-1]["message"] == "attempt 1025"
+    assert row.scheduled_at >= before + timedelta(seconds=200)  # the cap, with jitter
