@@ -150,7 +150,9 @@ def deadline_of(timeout: object) -> float | None:
     """The monotonic deadline of a wait's ``timeout`` (seconds; None: no deadline).
 
     A timeout that is not a number is a TypeError, a negative or NaN one a ValueError,
-    before any statement: ``"5"`` failed in the arithmetic, NaN waited for ever.
+    before any statement: ``"5"`` failed in the arithmetic, NaN waited for ever. One of
+    ``threading.TIMEOUT_MAX`` (292 years) or more, ``float("inf")`` included, is no
+    deadline: a thread's wait that long failed with OverflowError, even on a finished run.
     """
     if timeout is None:
         return None
@@ -158,6 +160,8 @@ def deadline_of(timeout: object) -> float | None:
         raise TypeError(f"timeout= takes seconds (a number), not {type(timeout).__name__}")
     if not timeout >= 0:
         raise ValueError(f"timeout= takes a number of seconds >= 0, not {timeout!r}")
+    if timeout >= threading.TIMEOUT_MAX:
+        return None
     return time.monotonic() + timeout
 
 

@@ -185,3 +185,23 @@ def test_a_wait_timeout_of_the_wrong_type_or_sign_is_refused_before_any_read(
                 wait(bad)
     with pytest.raises(TimeoutError):
         run.wait(0)
+
+
+def test_a_wait_timeout_of_infinity_or_centuries_waits_without_a_deadline(
+    engine: sa.Engine, name: str
+) -> None:
+    # float("inf") passed the checks, then a thread's wait of that long overflowed:
+    # OverflowError("timeout value is too large"), even for a run that had finished.
+    step: cyclone.Step[int] = cyclone.step(f"{name}.kind")(lambda ctx, value: value)
+    job = step.enqueue(engine, 3)
+    priced: cyclone.ResultWorkflow[int, int] = cyclone.ResultWorkflow(
+        f"{name}.result", input=int, output=int
+    )
+    priced.result()(lambda ctx, value: value)
+    run, _ = priced.submit_once(engine, "k", 4)
+    assert cyclone.Worker(engine, workflows=[priced], steps=[step]).drain() == 2
+    for timeout in (float("inf"), 1e12):
+        assert run.wait(timeout).state == cyclone.RunState.COMPLETED
+        assert run.result(timeout) == 4
+        assert job.wait(timeout).state == cyclone.JobState.COMPLETED
+        assert job.result(timeout) == 3
