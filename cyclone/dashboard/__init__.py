@@ -90,11 +90,19 @@ def serve(
         from waitress.server import create_server
 
     sockets: dict[int, Any] = {}
-    server = create_server(
-        create_app(engine, authorize=authorize), map=sockets, host=host, port=port, threads=threads
-    )
-    if ready is not None:
-        ready(f"http://{host}:{server.effective_port}/")
+    try:
+        server = create_server(
+            create_app(engine, authorize=authorize),
+            map=sockets,
+            host=host,
+            port=port,
+            threads=threads,
+        )
+    except BaseException:
+        # An address in use: waitress had made the socket and its trigger's pipe, in
+        # ``sockets``; they were left open (a ResourceWarning, a descriptor per try).
+        wasyncore.close_all(sockets)
+        raise
     stopping = False
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -105,6 +113,8 @@ def serve(
 
     previous = {number: signal.signal(number, stop) for number in _STOP_SIGNALS}
     try:
+        if ready is not None:
+            ready(_url(host, server))
         server.run()  # waitress ends its loop and its threads on KeyboardInterrupt
     except KeyboardInterrupt:
         pass  # the signal came before waitress's loop began
@@ -115,3 +125,16 @@ def serve(
 
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _url(host: str, server: Any) -> str:
+    """The dashboard's URL: ``host`` and the port its (first) socket listens on.
+
+    A host name of several addresses (``localhost`` as ``::1`` and ``127.0.0.1``) is
+    served by one socket each, in a waitress ``MultiSocketServer``, which has no
+    ``effective_port`` but their list. An IPv6 address is bracketed.
+    """
+    listening = getattr(server, "effective_listen", None)
+    port = server.effective_port if listening is None else listening[0][1]
+    shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    return f"http://{shown}:{port}/"
