@@ -183,6 +183,8 @@ def test_an_empty_url_is_bad_usage_not_the_environments_database(database_url: U
         ["--concurrency", str(10**20)],  # started a thread per slot: it hung
         ["--concurrency", "10001"],
         ["--queue", "emails=10001"],
+        ["--queue", "emails=\u00b2"],  # isdigit(), not int(): "ValueError", status 1
+        ["--queue", "emails=" + "1" * 5000],  # past int()'s 4,300 digits: status 1
     ],
 )
 def test_a_worker_past_ten_thousand_jobs_at_once_is_bad_usage(args: list[str]) -> None:

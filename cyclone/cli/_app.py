@@ -231,7 +231,10 @@ def _converted(
 
 def _queue(value: str) -> tuple[str, int]:
     name, sep, limit = value.partition("=")
-    if not name or (sep and not (limit.isdigit() and 1 <= int(limit) <= MAX_CONCURRENCY)):
+    # ASCII digits, and few: str.isdigit() takes '²', which int() refuses, and int()
+    # refuses more than 4,300 digits; either was a ValueError, status 1.
+    counted = re.fullmatch(r"[0-9]{1,9}", limit) is not None
+    if not name or (sep and not (counted and 1 <= int(limit) <= MAX_CONCURRENCY)):
         raise click.BadParameter(
             f"{value!r}: write NAME or NAME=LIMIT (LIMIT an integer from 1 to {MAX_CONCURRENCY:,})"
         )
