@@ -300,6 +300,18 @@ def _is_count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def _checked_grace(grace: float | None) -> float | None:
+    """``grace`` (seconds, or None), checked before the worker relies on it: a NaN grace
+    handed nothing back, ever, and a wrong type failed inside the signal handler."""
+    if grace is None:
+        return None
+    if isinstance(grace, bool) or not isinstance(grace, int | float):
+        raise TypeError(f"grace= takes seconds (a number), not {type(grace).__name__}")
+    if not grace >= 0:
+        raise ValueError(f"grace= takes a number of seconds >= 0, not {grace!r}")
+    return grace
+
+
 def _check_worker_options(
     concurrency: object,
     poll_interval: object,
@@ -657,7 +669,7 @@ class Worker:
         returns. A second signal hands them back at once.
         """
         previous: dict[signal.Signals, Any] = {}
-        self._grace = grace
+        self._grace = _checked_grace(grace)
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 previous[sig] = signal.signal(sig, self._on_signal)
@@ -671,9 +683,14 @@ class Worker:
         """Ask :meth:`run` to stop claiming and return once the jobs in flight are done.
 
         With ``grace``, jobs still running after that many seconds are handed back.
+
+        Raises:
+            TypeError: ``grace`` is not a number of seconds.
+            ValueError: ``grace`` is negative or NaN (NaN handed nothing back, ever).
         """
-        if grace is not None:
-            self._stop_deadline = time.monotonic() + grace
+        checked = _checked_grace(grace)
+        if checked is not None:
+            self._stop_deadline = time.monotonic() + checked
         self._stopping.set()
         self._wake.set()
 

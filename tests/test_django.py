@@ -243,6 +243,7 @@ SETTINGS_MISTAKES = [
     ),
     ('DATABASES["default"]["PORT"] = "fivefour"', "['PORT'] must be a port number"),
     ('CYCLONE_ENGINE_OPTIONS = "pool_size=3"', "settings.CYCLONE_ENGINE_OPTIONS must be a dict"),
+    ("CYCLONE_ENGINE_OPTIONS = []", "settings.CYCLONE_ENGINE_OPTIONS must be a dict"),
     ('CYCLONE_ENGINE_OPTIONS = {"pool_sise": 3}', "'pool_sise'"),
     ('CYCLONE_ENGINE_OPTIONS = {"pool_size": "three"}', "settings.CYCLONE_ENGINE_OPTIONS:"),
     ("CYCLONE_WORKFLOW_MODULES = [3]", "must list absolute module paths, got 3"),

@@ -203,3 +203,18 @@ def test_bad_worker_options_are_refused_when_it_is_made(
 
     with pytest.raises(error, match=message):
         cyclone.Worker(engine, workflows=[wf], **options)
+
+
+def test_a_grace_that_is_not_a_number_of_seconds_is_refused_when_given(
+    engine: sa.Engine, name: str
+) -> None:
+    # NaN handed nothing back, ever; a str failed later, inside the signal handler.
+    wf: cyclone.Workflow[Any] = cyclone.Workflow(name)
+    wf.step()(lambda ctx, value: None)
+    worker = cyclone.Worker(engine, workflows=[wf])
+    for bad, error in ((float("nan"), ValueError), (-1, ValueError), ("5", TypeError)):
+        with pytest.raises(error, match="grace= takes"):
+            worker.stop(grace=bad)  # type: ignore[arg-type]
+        with pytest.raises(error, match="grace= takes"):
+            worker.run(grace=bad)  # type: ignore[arg-type]
+    worker.close()

@@ -101,7 +101,9 @@ def _url(params: dict[str, Any], alias: str) -> sa.URL:
 
 def _engine_options() -> dict[str, Any]:
     """cyclone's pool defaults, updated by ``settings.CYCLONE_ENGINE_OPTIONS``."""
-    given = getattr(settings, "CYCLONE_ENGINE_OPTIONS", None) or {}
+    given = getattr(settings, "CYCLONE_ENGINE_OPTIONS", None)
+    if given is None:
+        given = {}
     if not isinstance(given, Mapping) or not all(isinstance(name, str) for name in given):
         raise ImproperlyConfigured(
             "settings.CYCLONE_ENGINE_OPTIONS must be a dict of sqlalchemy.create_engine "
