@@ -760,12 +760,9 @@ def _add_commands(group: click.Group) -> None:
     @_json_option
     def schedules_list(as_json: bool) -> None:
         """List the schedules registered by workers, by name, with their last and next tick."""
-        found = _invocation().client().list_schedules()
-        if as_json:
-            for schedule in found:
-                _output.json_line(_schedule_record(schedule))
-            return
-        _output.table(_SCHEDULE_COLUMNS, found, state=None)
+        _listed(
+            _invocation().client().list_schedules(), _schedule_record, _SCHEDULE_COLUMNS, as_json
+        )
 
     @_command(schedules, "pause")
     @click.argument("name", metavar="NAME")
@@ -796,12 +793,7 @@ def _add_commands(group: click.Group) -> None:
     @_json_option
     def queues_list(as_json: bool) -> None:
         """List the queues with active jobs or ever paused: paused or not, and their jobs."""
-        found = _invocation().client().list_queues()
-        if as_json:
-            for queue in found:
-                _output.json_line(_queue_record(queue))
-            return
-        _output.table(_QUEUE_COLUMNS, found, state=None)
+        _listed(_invocation().client().list_queues(), _queue_record, _QUEUE_COLUMNS, as_json)
 
     @_command(queues, "pause")
     @click.argument("name", metavar="NAME", callback=_queue_name)
@@ -822,12 +814,7 @@ def _add_commands(group: click.Group) -> None:
     def workers(as_json: bool) -> None:
         """List the running workers, oldest first: what they serve, their last heartbeat,
         the jobs running under each, and whether it is stopping."""
-        found = _invocation().client().list_workers()
-        if as_json:
-            for status in found:
-                _output.json_line(_worker_record(status))
-            return
-        _output.table(_WORKER_COLUMNS, found, state=None)
+        _listed(_invocation().client().list_workers(), _worker_record, _WORKER_COLUMNS, as_json)
 
     limits_group = click.Group(
         "limits", help="List the named limits (Concurrency, Rate) per key; set their max."
@@ -1047,6 +1034,23 @@ def _act_in_bulk(bulk: _Bulk, run_id: str | None, options: Mapping[str, Any]) ->
     skipped = count - changed
     note = f" ({_runs(skipped)} skipped: changed meanwhile, or refused)" if skipped > 0 else ""
     click.echo(f"{bulk.done} {_runs(changed)}{note}")
+
+
+Item = TypeVar("Item")
+
+
+def _listed(
+    found: Sequence[Item],
+    record: Callable[[Item], dict[str, Any]],
+    columns: list[_output.Column],
+    as_json: bool,
+) -> None:
+    """A listing with no paging: a JSON line per item, or a table."""
+    if as_json:
+        for item in found:
+            _output.json_line(record(item))
+        return
+    _output.table(columns, found, state=None)
 
 
 def _queue_record(queue: QueueStatus) -> dict[str, Any]:
