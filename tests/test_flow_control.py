@@ -328,11 +328,17 @@ def test_a_worker_serving_only_limited_kinds_records_and_claims_in_one_statement
     claims = [s for s in statements.statements if "FROM cyclone_limit_keys" in s]
     assert len(claims) <= 40 + 2, len(claims)
     # The rest is the worker's start and its looks for earlier limits, then the leader's
-    # maintenance rounds (its lease, the deadline sweep, the rescue), each new connection's
-    # set-up and the looks at the tables' sizes for replanning: as many as the drain lasts
-    # and the connections it opens, so left out. A statement per job besides its claim
-    # would add 40.
-    maintenance = ("cyclone_leader", "WITH expired", "cyclone_jobs.state = 'running'")
+    # maintenance rounds (its lease, the deadline sweep, the rescue, the prune of silent
+    # workers), the worker's row in cyclone_workers (written, beaten, deleted), each new
+    # connection's set-up and the looks at the tables' sizes for replanning: as many as
+    # the drain lasts and the connections it opens, so left out. A statement per job
+    # besides its claim would add 40.
+    maintenance = (
+        "cyclone_leader",
+        "WITH expired",
+        "cyclone_jobs.state = 'running'",
+        "cyclone_workers",
+    )
     per_connection = (
         "pg_catalog.version()",
         "current_schema()",

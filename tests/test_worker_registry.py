@@ -118,9 +118,10 @@ def test_a_drain_registers_and_leaves(engine: sa.Engine, name: str) -> None:
 def test_the_registry_costs_no_statement_per_job(
     engine: sa.Engine, name: str, statements: StatementCounter
 ) -> None:
-    """A drain of many jobs writes the row once and deletes it once, and its two
-    maintenance passes (first and last) prune silent workers' rows: the claim loop sends
-    nothing for it (the heartbeat, a minute here, does not fall within the drain)."""
+    """A drain of many jobs writes the row once and deletes it once, and its maintenance
+    passes (its first and last, and one a second between, should the drain last) prune
+    silent workers' rows: the claim loop sends nothing for it (the heartbeat, a minute
+    here, does not fall within the drain)."""
     wf, _kind = definitions(name)
     for i in range(30):
         wf.submit(engine, i)
@@ -139,8 +140,8 @@ def test_the_registry_costs_no_statement_per_job(
     ]
     pruned = [s for s in statements.statements if "cyclone_workers.heartbeat_at <" in s]
     assert (touching.count("INSERT"), touching.count("DELETE")) == (1, 1 + len(pruned)), touching
-    assert len(pruned) == 2
-    assert len(touching) == 4
+    assert 2 <= len(pruned) < 30, touching
+    assert len(touching) == 2 + len(pruned)
 
 
 def test_a_row_deleted_under_a_live_worker_is_written_again(engine: sa.Engine, name: str) -> None:
