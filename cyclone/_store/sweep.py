@@ -170,7 +170,7 @@ def _check_age(older_than: timedelta) -> None:
 
 def _purge(
     bind: Engine | Connection,
-    stmt: _executor.Statement,
+    batch: Batch,
     older_than: timedelta,
     batch_size: int,
     progress: Progress | None = None,
@@ -188,10 +188,10 @@ def _purge(
             with bind.begin():
                 if fence is not None:
                     fence(bind)
-                deleted, taken = _batch(bind, stmt, params)
+                deleted, taken = batch(bind, params)
         else:
             with bind.begin() as conn:
-                deleted, taken = _batch(conn, stmt, params)
+                deleted, taken = batch(conn, params)
         total += deleted
         if progress is not None:
             progress(deleted)
@@ -201,13 +201,18 @@ def _purge(
             return total
 
 
-def _batch(conn: Connection, stmt: _executor.Statement, params: dict[str, Any]) -> tuple[int, int]:
-    """One batch: (deleted, taken), ``taken`` the rows the batch found due (up to
-    ``batch``); fewer than ``batch`` means nothing more was due."""
-    if stmt is _PURGE_RUNS:
-        deleted, taken = _executor.one(conn, stmt, params)
-        return int(deleted), int(taken)
-    deleted = _executor.affected(conn, stmt, params)
+Batch = Callable[[Connection, dict[str, Any]], tuple[int, int]]
+"""One batch of a purge: (deleted, taken), ``taken`` the rows it found due (up to
+``batch``); fewer than ``batch`` means nothing more was due."""
+
+
+def _runs_batch(conn: Connection, params: dict[str, Any]) -> tuple[int, int]:
+    deleted, taken = _executor.one(conn, _PURGE_RUNS, params)
+    return int(deleted), int(taken)
+
+
+def _jobs_batch(conn: Connection, params: dict[str, Any]) -> tuple[int, int]:
+    deleted = _executor.affected(conn, _PURGE_JOBS, params)
     return deleted, deleted
 
 
@@ -217,7 +222,7 @@ def purge_runs(
     batch_size: int = DEFAULT_BATCH,
     progress: Progress | None = None,
 ) -> int:
-    return _purge(engine, _PURGE_RUNS, older_than, batch_size, progress)
+    return _purge(engine, _runs_batch, older_than, batch_size, progress)
 
 
 def purge_jobs(
@@ -226,7 +231,7 @@ def purge_jobs(
     batch_size: int = DEFAULT_BATCH,
     progress: Progress | None = None,
 ) -> int:
-    return _purge(engine, _PURGE_JOBS, older_than, batch_size, progress)
+    return _purge(engine, _jobs_batch, older_than, batch_size, progress)
 
 
 def sweep_on(
@@ -238,6 +243,6 @@ def sweep_on(
     over, so a batch never runs under a stale term.
     """
     return (
-        _purge(conn, _PURGE_RUNS, keep, batch_size, fence=fence),
-        _purge(conn, _PURGE_JOBS, keep, batch_size, fence=fence),
+        _purge(conn, _runs_batch, keep, batch_size, fence=fence),
+        _purge(conn, _jobs_batch, keep, batch_size, fence=fence),
     )
