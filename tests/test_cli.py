@@ -447,3 +447,49 @@ def test_a_reader_that_goes_away_ends_the_command_quietly_with_exit_141(
         stderr = reader.stderr.read().decode()
         returncode = reader.wait(timeout=60)
     assert (returncode, stderr) == (141, "")
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [("", "cyclone worker"), ("?application_name=billing-worker", "billing-worker")],
+    ids=["named-for-the-command", "the-urls-name-kept"],
+)
+def test_a_cli_workers_connections_name_the_command_in_pg_stat_activity(
+    database_url: URL, name: str, query: str, expected: str
+) -> None:
+    monitor = sa.create_engine(database_url, poolclass=sa.NullPool)
+
+    def backends() -> dict[int, str]:
+        with monitor.connect() as conn:  # a transaction of its own: a fresh stats snapshot
+            rows = conn.execute(
+                sa.text(
+                    "SELECT pid, application_name FROM pg_stat_activity"
+                    " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+            )
+            return {pid: app for pid, app in rows}
+
+    before = backends()
+    url = database_url.render_as_string(hide_password=False) + query
+    env = {k: v for k, v in os.environ.items() if k != "PGAPPNAME"}
+    with processes.popen(
+        [CYCLONE, "worker", "tests.support.cli_app", "--url", url],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**env, "CYCLONE_CLI_WORKFLOW": name},
+    ) as worker:
+
+        def the_workers_backends() -> dict[int, str]:
+            if worker.poll() is not None:
+                pytest.fail(f"the worker exited early: {worker.communicate()[1]}")
+            new = {pid: app for pid, app in backends().items() if pid not in before}
+            return new if len(new) >= 3 else {}  # its registry, its listener, its claims
+
+        opened = wait_until(the_workers_backends, timeout=30)
+        worker.send_signal(signal.SIGTERM)
+        _, stderr = worker.communicate(timeout=60)
+    monitor.dispose()
+    assert worker.returncode == 0, stderr
+    assert set(opened.values()) == {expected}

@@ -86,7 +86,7 @@ class _Invocation:
                 url = url or os.environ.get(URL_ENV)
                 if not url:
                     raise BadInput(f"no database given: pass --url URL or set {URL_ENV}")
-                engine = _db.make_engine(url)
+                engine = _db.make_engine(url, ctx.command_path)
                 ctx.find_root().call_on_close(engine.dispose)
             self.opened = engine
             _db.probe(engine)

@@ -7,6 +7,7 @@ exit status from the table below (documented in docs/cli.md).
 from __future__ import annotations
 
 import logging
+import os
 import re
 import traceback
 from typing import IO, Any
@@ -105,12 +106,19 @@ def where(url: URL) -> str:
     return f"{host}:{url.port or 5432} (database {url.database or url.username or '?'})"
 
 
-def make_engine(raw: str) -> Engine:
-    """An Engine for a URL given on the command line (psycopg 3, a connect timeout)."""
+def make_engine(raw: str, command: str = "cyclone") -> Engine:
+    """An Engine for a URL given on the command line (psycopg 3, a connect timeout).
+
+    Its connections name ``command`` as their ``application_name``, so that an operator
+    tells ``cyclone worker``'s backends apart in ``pg_stat_activity``, unless the URL or
+    ``$PGAPPNAME`` names one already.
+    """
     url = database_url(raw)
     args: dict[str, Any] = {}
     if "connect_timeout" not in url.query:
         args["connect_timeout"] = CONNECT_TIMEOUT
+    if "application_name" not in url.query and not os.environ.get("PGAPPNAME"):
+        args["application_name"] = command
     try:
         return create_engine(url, connect_args=args)
     except NoSuchModuleError as exc:  # pragma: no cover - database_url admits psycopg only
