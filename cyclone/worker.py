@@ -45,6 +45,7 @@ from cyclone._store import binds as _binds
 from cyclone._store import children as _children
 from cyclone._store import claim as _claim
 from cyclone._store import completion as _completion
+from cyclone._store import deadline as _deadline
 from cyclone._store import due as _due
 from cyclone._store import executor as _executor
 from cyclone._store import fanout as _fanout
@@ -75,6 +76,9 @@ IDLE_WAKE = 1.0
 SHORT_STEP = 0.01
 SHORT_STEP_BATCH = 48
 JOIN_TIMEOUT = 10.0
+DEREGISTER_WITHIN = 2.0
+"""Seconds each try of a stopping worker to delete its row gets (the heartbeat's
+connection, then a new one), whatever the network does: a stop never waits longer."""
 RETRY_FIRST = 0.5
 RETRY_CAP = 30.0
 """A database that cannot be reached is tried again after 0.5 s, doubling up to 30 s."""
@@ -1019,7 +1023,7 @@ class Worker:
                         delay if held else backoff,
                     )
         finally:
-            self._deregister(conn)
+            self._deregister(conn, side)
             if conn is not None:
                 _close_quietly(conn)
 
@@ -1038,24 +1042,52 @@ class Worker:
         if self._stop_told:
             _workers.mark_stopping(conn, self.id)
 
-    def _deregister(self, conn: Connection | None) -> None:
-        """Delete this worker's row as it stops serving (one try, on the heartbeat's
-        connection, none opened anew: a stop does not wait for a database that is away).
+    def _deregister(self, conn: Connection | None, side: Engine) -> None:
+        """Delete this worker's row as it stops serving: on the heartbeat's connection
+        and, should that fail (the connection broke since its last beat, or the heartbeat
+        has none: its last try failed), once more on a new connection of ``side``. Each
+        try gets :data:`DEREGISTER_WITHIN` seconds, however the network behaves (the
+        socket is shut down, the connect gives up): a stop does not wait for a database
+        that is away.
 
-        A row it cannot delete is the leader's to delete once it has been silent for
-        ``rescue_after``.
+        A row it cannot delete is the leader's to delete once the worker has been silent
+        for its ``rescue_after``.
         """
+        failed: BaseException | None = None
+        if conn is not None:
+            try:
+                driver = _deadline.driver_of(conn)
+                if driver is None:
+                    raise ConnectionError("the heartbeat's connection is closed")
+                with _deadline.interrupt_after(driver, DEREGISTER_WITHIN):
+                    _workers.deregister(conn, self.id)
+                return
+            except Exception as exc:
+                failed = exc
+
+        def anew() -> None:
+            fresh = _leadership.dedicated(side, autocommit=True)
+            try:
+                _workers.deregister(fresh, self.id)
+            finally:
+                _close_quietly(fresh)
+
+        _deadline.interruptible(side)
         try:
-            if conn is None:
-                raise ConnectionError("the heartbeat has no connection")
-            _workers.deregister(conn, self.id)
+            _deadline.call(anew, time.monotonic() + DEREGISTER_WITHIN)
         except Exception as exc:
             log.warning(
                 "worker %s could not delete its row of cyclone_workers (%s): the maintenance "
-                "leader deletes it once it has been silent for rescue_after",
+                "leader deletes it once it has been silent for its rescue_after",
                 self.id,
                 _first_line(exc),
             )
+            return
+        log.info(
+            "worker %s deleted its row of cyclone_workers on a new connection (the heartbeat's %s)",
+            self.id,
+            "had none" if failed is None else f"failed: {_first_line(failed)}",
+        )
 
     def _free(self) -> dict[str, int]:
         """Jobs to claim now, per queue group.

@@ -6,10 +6,12 @@ workers`` and the dashboard's workers page read it."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
 import sys
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -60,8 +62,9 @@ def definitions(name: str) -> tuple[cyclone.Workflow[Any], cyclone.StandaloneSte
 
 
 def test_a_worker_is_listed_with_its_options_while_it_serves_and_leaves_when_it_stops(
-    engine: sa.Engine, name: str
+    engine: sa.Engine, name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.INFO, logger="cyclone.worker")
     wf, kind = definitions(name)
     worker = cyclone.Worker(
         engine, workflows=[wf], steps=[kind], concurrency=3, queues={"b": 1, "a": 2}, **FAST
@@ -78,6 +81,7 @@ def test_a_worker_is_listed_with_its_options_while_it_serves_and_leaves_when_it_
         )
         assert status.started_at <= status.heartbeat_at <= status.read_at
     assert listed(engine, worker.id) is None
+    assert "cyclone_workers" not in caplog.text  # deleted on the heartbeat's connection
 
 
 def test_a_worker_serving_every_queue_is_listed_with_none(engine: sa.Engine, name: str) -> None:
@@ -192,6 +196,67 @@ def test_a_worker_stopping_on_sigterm_records_it_while_it_waits_for_its_job(
     assert proc.returncode == 0, err
     assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED
     assert listed(engine, status.id) is None  # a clean stop deletes its row
+
+
+def heartbeat_backend(engine: sa.Engine) -> int | None:
+    """The server process of the connection that recorded a worker's stop in its row:
+    the heartbeat's (the one statement of cyclone setting ``stopping_at``)."""
+    with engine.connect() as conn:
+        found = conn.execute(
+            sa.text(
+                "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND query LIKE 'UPDATE cyclone_workers SET %' "
+                "AND query LIKE '%stopping_at%'"
+            )
+        ).scalars()
+        pids = list(found)
+    assert len(pids) <= 1, pids
+    return pids[0] if pids else None
+
+
+def test_a_worker_whose_heartbeat_connection_broke_deletes_its_row_on_a_new_one_at_stop(
+    engine: sa.Engine, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The heartbeat's server process is terminated after it recorded the stop, while the
+    worker waits for its job (its heartbeat a minute away, so no beat finds it broken
+    first): the stop deletes the row on a new connection, not leaving it to the leader."""
+    caplog.set_level(logging.INFO, logger="cyclone.worker")
+    wf: cyclone.Workflow[Any] = cyclone.Workflow(name)
+    release = threading.Event()
+
+    @wf.step()
+    def hold(ctx: cyclone.StepContext, value: Any) -> Any:
+        assert release.wait(60)
+        return value
+
+    run = wf.submit(engine, 1)
+    worker = cyclone.Worker(
+        engine,
+        workflows=[wf],
+        heartbeat_interval=timedelta(minutes=1),
+        rescue_after=timedelta(minutes=5),
+        poll_interval=0.1,
+        sweep=False,
+    )
+    background = Background(worker.run, name="test-registry-worker")
+    try:
+        wait_until(lambda: (w := listed(engine, worker.id)) and w.running == 1, timeout=30)
+        worker.stop()
+        wait_until(lambda: (w := listed(engine, worker.id)) and w.stopping_at, timeout=30)
+        backend = wait_until(lambda: heartbeat_backend(engine), timeout=30)
+        with engine.connect() as conn:
+            assert conn.execute(sa.select(sa.func.pg_terminate_backend(backend))).scalar_one()
+        wait_until(lambda: heartbeat_backend(engine) is None, timeout=30)
+        assert listed(engine, worker.id) is not None
+    finally:
+        release.set()
+        background.join(30)
+        worker.close()
+    assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    assert listed(engine, worker.id) is None
+    assert "deleted its row of cyclone_workers on a new connection (the heartbeat's failed:" in (
+        caplog.text
+    )
 
 
 @pytest.mark.processes

@@ -110,6 +110,16 @@ def shutdown(driver: psycopg.Connection[Any]) -> None:
         sock.shutdown(socket.SHUT_RDWR)
 
 
+def driver_of(conn: Any) -> psycopg.Connection[Any] | None:
+    """The psycopg connection under a SQLAlchemy ``Connection``, one detached from its pool
+    too (whose ``driver_connection`` is None); None when it has none open."""
+    fairy = conn.connection
+    for each in (fairy.driver_connection, fairy.dbapi_connection):
+        if isinstance(each, psycopg.Connection):
+            return each
+    return None
+
+
 @contextlib.contextmanager
 def interrupt_after(driver: psycopg.Connection[Any], seconds: float) -> Iterator[None]:
     """Shut ``driver``'s socket down if the block has not ended within ``seconds``."""
