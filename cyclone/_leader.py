@@ -212,10 +212,10 @@ class Leader:
                 pruned = _workers.prune(conn, self.rescue_after, self.worker_id)
             if pruned:
                 log.info(
-                    "removed %d worker%s silent for %s from the registry: %s",
+                    "removed %d worker%s silent past %s rescue_after from the registry: %s",
                     len(pruned),
                     "" if len(pruned) == 1 else "s",
-                    self.rescue_after,
+                    "its" if len(pruned) == 1 else "their",
                     ", ".join(pruned),
                 )
             self._report_and_sweep(conn, expired, rescued)

@@ -201,7 +201,7 @@ class WorkerStatus:
 
     A worker writes the row when it starts serving, beats it every ``heartbeat_interval``
     (busy or idle) and deletes it when it stops; the maintenance leader deletes the row of
-    a worker silent for ``rescue_after`` (killed, frozen, cut off), with its jobs' rescue.
+    a worker silent for its ``rescue_after`` (killed, frozen, cut off), with its jobs' rescue.
     """
 
     id: str
@@ -223,6 +223,10 @@ class WorkerStatus:
     """When it began to stop (it waits for its running jobs); None while it runs."""
     running: int
     """The jobs running under its id."""
+    rescue_after: timedelta | None
+    """The silence after which the maintenance leader hands its jobs back and deletes its
+    row (its ``Worker(rescue_after=)``); None for a worker of a cyclone older than revision
+    ``cyclone_0026_worker_rescue_after``: the leader's own then."""
     read_at: datetime
     """The database's clock when this was read, to measure ``heartbeat_at`` against."""
 
@@ -922,7 +926,7 @@ class Client:
         """Every registered worker, oldest first, with the jobs running under its id.
 
         One statement. A worker is listed from its start until it stops, or until the
-        maintenance leader deleted its row, ``rescue_after`` after its last heartbeat
+        maintenance leader deleted its row, its ``rescue_after`` after its last heartbeat
         (it was killed or is frozen). Workers of a cyclone older than revision
         ``cyclone_0025_workers`` do not register and are not listed.
         """

@@ -521,11 +521,14 @@ workers = Table(
     Column("steps", ARRAY(Text), nullable=False),
     Column("version", Text, nullable=False),
     Column("stopping_at", DateTime(timezone=True)),
+    Column("rescue_after", Interval),
 )
 """One row per running worker (:mod:`cyclone._store.workers`): written at its start,
 beaten by its heartbeat thread, deleted when it stops, or by the maintenance leader once
-it has been silent for ``rescue_after``. ``queues`` is NULL for a worker serving every
-queue; ``stopping_at`` is set once it began to stop (it waits for its running jobs)."""
+it has been silent for its own ``rescue_after`` (revision cyclone_0026_worker_rescue_after;
+NULL in a row written before it: the leader's then). ``queues`` is NULL for a worker
+serving every queue; ``stopping_at`` is set once it began to stop (it waits for its
+running jobs)."""
 
 
 def run_lock_order(table: Any = runs) -> tuple[Any, Any]:

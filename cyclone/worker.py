@@ -375,9 +375,12 @@ class Worker:
         poll_interval: seconds between polls when no notification arrives.
         heartbeat_interval: how often running jobs are marked alive; less than
             ``rescue_after``.
-        rescue_after: a running job whose worker has not beaten for this long is run again;
-            also the maintenance leader's lease: a leader that stops renewing it is
-            replaced within this plus one interval (at most a second).
+        rescue_after: this worker's running jobs are run again, and its row of the
+            registry deleted, once it has not beaten for this long: it records this in
+            its row, and whichever worker leads maintenance judges it by it (the leader's
+            own only for a worker that recorded none). Also the maintenance leader's lease
+            when this worker leads: a leader that stops renewing it is replaced within
+            this plus one interval (at most a second).
         backoff: seconds to wait before attempt ``n + 1`` of a step that raised on
             attempt ``n`` (default: exponential from 1 s, capped at 5 min, with jitter).
         sweep: run the sweeper from :meth:`run`: the maintenance leader purges the finished
@@ -850,6 +853,7 @@ class Worker:
             workflows=sorted(self.workflows),
             steps=sorted(self.steps),
             version=importlib.metadata.version("cyclone"),
+            rescue_after=self.rescue_after,
         )
 
     def _register(self) -> None:

@@ -9,7 +9,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -558,3 +558,65 @@ def workflow_of_two(name: str) -> cyclone.Workflow[Any]:
     wf.step("first")(lambda ctx, value: 1)
     wf.step("second", after=["first"])(lambda ctx, value: None)
     return wf
+
+
+BEFORE_WORKER_RESCUE_AFTER = "cyclone_0025_workers"
+
+
+def test_upgrade_to_worker_rescue_after_leaves_registered_workers_to_the_leaders_rule(
+    fresh_engine: sa.Engine,
+) -> None:
+    """Workers registered by the code of cyclone_0025_workers, one silent for ten minutes
+    holding a job and one beating, when the revision lands: their rows record no
+    ``rescue_after``, so a leader judges them and their jobs by its own, as before; a
+    worker of this version records its own. The downgrade drops the column, rows kept."""
+    kind = cyclone.step("inflight.kind")(lambda ctx, value: value)
+    cyclone.upgrade(fresh_engine, BEFORE_WORKER_RESCUE_AFTER)
+    job = kind.enqueue(fresh_engine, 5)
+    with fresh_engine.begin() as c:
+        c.execute(
+            sa.text(
+                "INSERT INTO cyclone_workers (worker_id, host, pid, concurrency, workflows, "
+                "steps, version, started_at, heartbeat_at) VALUES "
+                "('old:1:silent', 'old', 1, 1, '{}', '{inflight.kind}', '0.1.0', "
+                "now() - interval '1 hour', now() - interval '10 minutes'), "
+                "('old:2:beating', 'old', 2, 1, '{}', '{inflight.kind}', '0.1.0', "
+                "now() - interval '1 hour', now())"
+            )
+        )
+        c.execute(
+            sa.text(
+                "UPDATE cyclone_jobs SET state = 'running', worker_id = 'old:1:silent', "
+                "attempt = 1, lease = lease + 1, heartbeat_at = now() - interval '10 minutes' "
+                "WHERE id = :id"
+            ),
+            {"id": job.id},
+        )
+    cyclone.upgrade(fresh_engine)
+    cyclone.check_schema(fresh_engine)
+    assert drift(fresh_engine) == []
+    client = cyclone.Client(fresh_engine)
+    assert [(w.id, w.rescue_after) for w in client.list_workers()] == [
+        ("old:1:silent", None),
+        ("old:2:beating", None),
+    ]
+    seen: list[list[tuple[str, Any]]] = []
+    kind_seen = cyclone.step("inflight.kind")(
+        lambda ctx, value: seen.append([(w.id, w.rescue_after) for w in client.list_workers()])
+    )
+    worker = cyclone.Worker(
+        fresh_engine, steps=[kind_seen], rescue_after=timedelta(minutes=1), sweep=False
+    )
+    assert worker.drain() == 1  # the silent worker's job, handed back by the leader's rule
+    assert seen == [[("old:2:beating", None), (worker.id, timedelta(minutes=1))]]
+    assert [w.id for w in client.list_workers()] == ["old:2:beating"]
+    done = client.get_job(job.id)
+    assert done is not None
+    assert done.state is cyclone.JobState.COMPLETED
+    cyclone.downgrade(fresh_engine, BEFORE_WORKER_RESCUE_AFTER)
+    with fresh_engine.connect() as c:
+        assert c.execute(sa.text("SELECT worker_id FROM cyclone_workers")).scalars().all() == [
+            "old:2:beating"
+        ]
+    cyclone.upgrade(fresh_engine)
+    assert drift(fresh_engine) == []

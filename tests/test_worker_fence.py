@@ -129,10 +129,11 @@ def test_a_rescued_jobs_old_executions_see_cancelled_and_their_outcomes_are_refu
         wait_until(ctx.cancelled, 30, 0.05, "ctx.cancelled() never saw the lease move on")
         return "first"
 
-    # The rescuer leads maintenance and rescues after 2 s; the worker beats every 20 s,
-    # so each of its executions is rescued until the rescuer leaves. (With 1 s, the
-    # rescuer's maintenance transaction may sit idle past half its 1 s lease on a loaded
-    # machine: the server ends it, and the worker may take the lease, rescuing after 30 s.)
+    # The rescuer leads maintenance; the worker beats every 20 s, and its row says it
+    # promised 2 s (as a worker stalled past its rescue_after), so each of its executions
+    # is rescued until the rescuer leaves. (With 1 s, the rescuer's maintenance
+    # transaction may sit idle past half its 1 s lease on a loaded machine: the server
+    # ends it, and the worker may take the lease, rescuing after 30 s.)
     rescuer = cyclone.Worker(
         engine, workflows=[other], rescue_after=timedelta(seconds=2), sweep=False, **QUICK
     )
@@ -152,6 +153,7 @@ def test_a_rescued_jobs_old_executions_see_cancelled_and_their_outcomes_are_refu
         run = wf.submit(engine, None)
         with caplog.at_level(logging.WARNING, logger="cyclone.worker"):
             serving = Background(worker.run)
+            wait_until(lambda: promised(engine, worker.id, timedelta(seconds=2)), timeout=30)
             wait_until(
                 lambda: getattr(_created_job_of(engine, "only", run.id), "lost", 0) >= rescues,
                 timeout=30,
@@ -178,6 +180,16 @@ def test_a_rescued_jobs_old_executions_see_cancelled_and_their_outcomes_are_refu
     refused = [r for r in caplog.records if "refused" in r.getMessage()]
     assert len(refused) == len(executions) - 1
     assert all(r.levelno == logging.WARNING for r in refused)
+
+
+def promised(engine: sa.Engine, worker_id: str, rescue_after: timedelta) -> bool:
+    """Make the registered worker's row record ``rescue_after``; False before it registered."""
+    with engine.begin() as conn:
+        done = conn.execute(
+            sa.text("UPDATE cyclone_workers SET rescue_after = :after WHERE worker_id = :id"),
+            {"after": rescue_after, "id": worker_id},
+        )
+    return done.rowcount == 1
 
 
 def test_retry_all_refuses_a_cancelled_run_whose_step_is_still_running(

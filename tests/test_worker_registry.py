@@ -15,7 +15,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,14 @@ import cyclone
 from cyclone.dashboard import create_app
 from tests.conftest import StatementCounter, wait_until
 from tests.support import docs, processes, worker_proc
-from tests.support.workers import Background, spawn_worker, stop_all, waiting_advisory_locks
+from tests.support.workers import (
+    Background,
+    job_rows,
+    lease,
+    spawn_worker,
+    stop_all,
+    waiting_advisory_locks,
+)
 
 FAST = {
     "heartbeat_interval": timedelta(milliseconds=50),
@@ -139,8 +146,15 @@ def test_the_registry_costs_no_statement_per_job(
     statements.reset()
     assert worker.drain() == 30
     worker.close()
+    writes = (
+        "INSERT INTO cyclone_workers",
+        "UPDATE cyclone_workers",
+        "DELETE FROM cyclone_workers",
+    )
     touching = [
-        s.lstrip().split()[0].upper() for s in statements.statements if "cyclone_workers" in s
+        s.lstrip().split()[0].upper()
+        for s in statements.statements
+        if s.lstrip().startswith(writes)
     ]
     pruned = [s for s in statements.statements if "cyclone_workers.heartbeat_at <" in s]
     assert (touching.count("INSERT"), touching.count("DELETE")) == (1, 1 + len(pruned)), touching
@@ -298,6 +312,104 @@ def test_the_leader_removes_a_killed_worker_after_rescue_after(
         assert now - last.heartbeat_at >= rescue_after
         # The same pass handed its job back: it runs again, here.
         assert run.wait(timeout=30).state == cyclone.RunState.COMPLETED
+
+
+@pytest.mark.processes
+def test_the_leader_judges_a_worker_and_its_jobs_by_the_workers_own_rescue_after(
+    own_engine: sa.Engine, own_url: sa.URL, name: str, tmp_path: Path
+) -> None:
+    """A worker beating every 1.5 s that promised 4 s (``promise``), under a leader whose
+    own ``rescue_after`` is 0.5 s: alive, silent three times the leader's between beats,
+    it keeps its row and its job; killed, it loses both 4 s after its last beat, not
+    sooner."""
+    flag = tmp_path / "stuck"
+    wf = worker_proc.crashy(name, flag)
+    other: cyclone.Workflow[Any] = cyclone.Workflow(f"{name}-lead")
+    other.step()(lambda ctx, value: value)
+    lead = cyclone.Worker(
+        own_engine,
+        workflows=[other],
+        heartbeat_interval=timedelta(milliseconds=100),
+        rescue_after=timedelta(milliseconds=500),
+        poll_interval=0.1,
+        sweep=False,
+    )
+    with serving(lead):
+        wait_until(lambda: (held := lease(own_engine)) and held[0] == lead.id, timeout=30)
+        run = wf.submit(own_engine, worker_proc.Item(n=7))
+        proc = spawn_worker(
+            "promise", name, str(flag), database_url=own_url.render_as_string(hide_password=False)
+        )
+        try:
+            wait_until(flag.exists, timeout=30)
+            first = wait_until(
+                lambda: next(
+                    (w for w in cyclone.Client(own_engine).list_workers() if w.pid == proc.pid),
+                    None,
+                ),
+                timeout=30,
+            )
+            assert first.rescue_after == worker_proc.PROMISE_RESCUE_AFTER
+            wait_until(lambda: (w := listed(own_engine, first.id)) and w.running == 1, timeout=30)
+            held_by = job_lease(own_engine, run.id)
+            assert held_by[1] == first.id
+            # Alive: silent for twice the leader's rescue_after (the leader passes every
+            # third of a second meanwhile), then it beats again, its row never deleted
+            # (a row deleted is written again with a new started_at) nor its job taken.
+            silent = wait_until(
+                lambda: (
+                    (w := listed(own_engine, first.id))
+                    and w.silent_for > 2 * lead.rescue_after
+                    and w
+                ),
+                timeout=30,
+            )
+            beaten = wait_until(
+                lambda: (
+                    (w := listed(own_engine, first.id))
+                    and w.heartbeat_at > silent.heartbeat_at
+                    and w
+                ),
+                timeout=30,
+            )
+            assert beaten.started_at == first.started_at
+            assert beaten.running == 1
+            assert job_lease(own_engine, run.id) == held_by
+            assert lease(own_engine) is not None
+            assert lease(own_engine)[0] == lead.id  # type: ignore[index]
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+        finally:
+            stop_all([proc])
+        last = listed(own_engine, first.id)
+        assert last is not None
+        # Dead: removed, and its job handed back, once its own rescue_after has passed.
+        wait_until(lambda: listed(own_engine, first.id) is None, timeout=30)
+        with own_engine.connect() as conn:
+            now = conn.execute(sa.select(sa.func.now())).scalar_one()
+        assert now - last.heartbeat_at >= worker_proc.PROMISE_RESCUE_AFTER
+        [row] = job_rows(own_engine, run.id).values()
+        assert row.state == "available"
+        assert [e["type"] for e in row.errors] == ["WorkerLost"]
+        lost_at = datetime.fromisoformat(row.errors[0]["at"])
+        assert lost_at - last.heartbeat_at >= worker_proc.PROMISE_RESCUE_AFTER - HEARTBEAT_SKEW
+    # The step runs again here (its flag exists: it returns).
+    assert cyclone.Worker(own_engine, workflows=[wf], sweep=False).drain() == 1
+    assert run.status().state == cyclone.RunState.COMPLETED
+
+
+HEARTBEAT_SKEW = timedelta(milliseconds=100)
+"""The row and the jobs are beaten by two statements of one beat: the job's heartbeat,
+the first, can precede the row's by this much."""
+
+
+def job_lease(engine: sa.Engine, run_id: uuid.UUID) -> tuple[int, str]:
+    """The lease and worker of the one job of a run."""
+    with engine.connect() as conn:
+        found = conn.execute(
+            sa.text("SELECT lease, worker_id FROM cyclone_jobs WHERE run_id = :id"), {"id": run_id}
+        ).one()
+    return int(found[0]), str(found[1])
 
 
 def database_url(engine: sa.Engine) -> str:

@@ -19,7 +19,6 @@ from sqlalchemy import (
     BigInteger,
     Connection,
     Engine,
-    Interval,
     Text,
     Uuid,
     and_,
@@ -37,6 +36,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from cyclone._store import binds as _binds
 from cyclone._store import completion as _completion
 from cyclone._store import executor as _executor
+from cyclone._store import workers as _workers
 from cyclone._store.completion import run_over
 from cyclone._store.executor import const
 from cyclone.schema import jobs, runs
@@ -133,9 +133,14 @@ def hand_back_stmt() -> Any:
 
 
 def _stale() -> tuple[Any, ...]:
+    """Running jobs not beaten for their worker's ``rescue_after``: the one its row in
+    ``cyclone_workers`` records, or the leader's (``:rescue_after``) for a worker with no
+    row or none recorded (:func:`cyclone._store.workers.promised`). The first bound, the
+    shortest of them all, reads only the heartbeats old enough, by their index."""
     return (
         jobs.c.state == const(JobState.RUNNING.value),
-        jobs.c.heartbeat_at < func.now() - bindparam("rescue_after", type_=Interval),
+        jobs.c.heartbeat_at < func.now() - _workers.shortest_promise(),
+        jobs.c.heartbeat_at < func.now() - _workers.promised(jobs.c.worker_id),
     )
 
 
@@ -150,7 +155,8 @@ def lock_runs_of_stale_jobs_stmt() -> Any:
 
 
 def rescue_jobs_stmt() -> Any:
-    """Hand back running jobs whose worker has not beaten for ``rescue_after``.
+    """Hand back running jobs whose worker has not beaten for its ``rescue_after``
+    (:func:`_stale`).
 
     Only jobs whose run is in ``:rids`` (locked first by this transaction) or that have
     no run are taken, in id order, skipping locked ones. The lost attempt is counted in

@@ -4,9 +4,10 @@ A worker writes its row once when it starts serving (:func:`register`, an upsert
 it from its heartbeat thread every ``heartbeat_interval`` (:func:`beat`, on that thread's
 own connection, never on the claim loop), marks it when it begins to stop
 (:func:`mark_stopping`) and deletes it when it stops (:func:`deregister`). A worker that
-dies leaves its row: the maintenance leader deletes the rows not beaten for
-``rescue_after`` (:func:`prune`), in the transaction, fenced by its term, that rescues
-the jobs of the same workers by the same rule, so a row outlives its worker's jobs by
+dies leaves its row: the maintenance leader deletes the rows not beaten for the
+``rescue_after`` each records, the worker's own (:func:`prune`; the leader's for a row
+written without it), in the transaction, fenced by its term, that rescues the jobs of the
+same workers by the same rule (:func:`promised`), so a row outlives its worker's jobs by
 at most one pass.
 """
 
@@ -48,6 +49,8 @@ class Registration:
     workflows: Sequence[str]
     steps: Sequence[str]
     version: str
+    rescue_after: timedelta
+    """The silence after which the leader takes its jobs and deletes its row."""
 
     def params(self) -> dict[str, Any]:
         return {
@@ -59,6 +62,7 @@ class Registration:
             "workflows": list(self.workflows),
             "steps": list(self.steps),
             "version": self.version,
+            "rescue_after": self.rescue_after,
         }
 
 
@@ -79,6 +83,7 @@ def register_worker_stmt() -> Any:
         "workflows": bindparam("workflows", type_=ARRAY(Text)),
         "steps": bindparam("steps", type_=ARRAY(Text)),
         "version": bindparam("version", type_=Text),
+        "rescue_after": bindparam("rescue_after", type_=Interval),
         "started_at": now,
         "heartbeat_at": now,
         "stopping_at": None,
@@ -114,17 +119,41 @@ def deregister_worker_stmt() -> Any:
     return delete(workers).where(_me())
 
 
+def promised(worker_id: Any) -> Any:
+    """The silence after which the worker ``worker_id`` (a column or an expression) is
+    lost: the ``rescue_after`` its row records, or the leader's (``:rescue_after``) when
+    it has no row or its row none (written by a cyclone before revision
+    cyclone_0026_worker_rescue_after).
+
+    The one rule of the maintenance leader for a worker's row (:func:`prune_workers_stmt`)
+    and its running jobs (:func:`cyclone._store.rescue.rescue_jobs_stmt`): a leader with a
+    short ``rescue_after`` does not take the jobs of a live worker that promised to beat
+    within a longer one, nor leave those of a dead worker with a shorter one waiting.
+    """
+    own = select(workers.c.rescue_after).where(workers.c.worker_id == worker_id)
+    return func.coalesce(own.scalar_subquery(), bindparam("rescue_after", type_=Interval))
+
+
+def shortest_promise() -> Any:
+    """The shortest silence any worker may be judged by (its own or the leader's): a
+    bound that lets a statement read only the heartbeats old enough, by their index."""
+    shortest = select(func.min(workers.c.rescue_after)).scalar_subquery()
+    return func.least(bindparam("rescue_after", type_=Interval), shortest)
+
+
 def prune_workers_stmt() -> Any:
-    """Delete the rows of workers not beaten for ``:rescue_after``, but the leader's own
+    """Delete the rows of workers not beaten for the ``rescue_after`` each records (the
+    leader's, ``:rescue_after``, for a row without one), but the leader's own
     (``:worker``, alive: it runs the pass); returns their ids.
 
     The rule of :func:`cyclone._store.rescue.rescue_jobs_stmt` for a job whose worker
-    stopped beating, applied to the worker itself.
+    stopped beating (:func:`promised`), applied to the worker itself.
     """
+    promise = func.coalesce(workers.c.rescue_after, bindparam("rescue_after", type_=Interval))
     return (
         delete(workers)
         .where(
-            workers.c.heartbeat_at < func.now() - bindparam("rescue_after", type_=Interval),
+            workers.c.heartbeat_at < func.now() - promise,
             workers.c.worker_id != bindparam("worker", type_=Text),
         )
         .returning(workers.c.worker_id)
@@ -157,6 +186,7 @@ def list_workers_stmt() -> Any:
             workers.c.version,
             workers.c.stopping_at,
             func.coalesce(running.c.running, 0),
+            workers.c.rescue_after,
             # The clock when the rows are read, after the snapshot: now() is the start of
             # the transaction, which can precede a beat the snapshot already sees.
             func.clock_timestamp(),
@@ -194,7 +224,8 @@ def deregister(conn: Connection, worker_id: str) -> None:
 
 
 def prune(conn: Connection, rescue_after: timedelta, leader: str) -> list[str]:
-    """Delete the rows of workers silent for ``rescue_after`` (not ``leader``'s); their ids."""
+    """Delete the rows of workers silent for the ``rescue_after`` each records (this one,
+    the leader's, for a row without; never ``leader``'s own row); their ids."""
     return [
         str(worker_id)
         for worker_id in _executor.column(
@@ -205,5 +236,6 @@ def prune(conn: Connection, rescue_after: timedelta, leader: str) -> list[str]:
 
 def listed(conn: Connection) -> list[_executor.Row]:
     """Every registered worker, oldest first: the columns of ``cyclone_workers`` in table
-    order, then the jobs running under its id and the database's clock when read."""
+    order but ``rescue_after``, then the jobs running under its id, its ``rescue_after``
+    and the database's clock when read."""
     return _executor.rows(conn, _LIST)

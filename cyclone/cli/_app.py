@@ -1087,6 +1087,9 @@ def _worker_record(worker: WorkerStatus) -> dict[str, Any]:
         "version": worker.version,
         "stopping_at": worker.stopping_at,
         "running": worker.running,
+        "rescue_after": None
+        if worker.rescue_after is None
+        else worker.rescue_after.total_seconds(),
     }
 
 

@@ -8,8 +8,9 @@ Modes:
 
 - ``drain NAME GATE``: wait at the start gate (``pg_advisory_lock_shared(GATE)``, held
   exclusively by the test), drain :func:`pipeline` and print ``{"pid", "jobs"}`` as JSON.
-- ``crash NAME FLAG``: ``Worker.run()`` on :func:`crashy`; its step creates the file FLAG
-  and blocks forever, waiting for the test to ``SIGKILL`` the process.
+- ``crash NAME FLAG``: ``Worker.run()`` on :func:`crashy` with ``rescue_after`` of
+  :data:`CRASH_RESCUE_AFTER`; its step creates the file FLAG and blocks forever, waiting
+  for the test to ``SIGKILL`` the process.
 - ``serve NAME LOCK``: ``Worker.run()`` on :func:`gated` with concurrency 1, until
   SIGTERM; its step waits for ``pg_advisory_lock(LOCK)``, which the test holds.
 - ``grace NAME LOCK,GRACE``: as ``serve``, with ``Worker.run(grace=GRACE)``; prints
@@ -22,6 +23,8 @@ Modes:
 - ``lead NAME FLAG``: ``Worker.run()`` on :func:`crashy` with ``rescue_after`` of
   :data:`LEAD_RESCUE_AFTER` and INFO logging on stderr, until SIGTERM: the test freezes it
   (SIGSTOP) while it leads maintenance and runs the blocked step.
+- ``promise NAME FLAG``: as ``crash``, but beating every :data:`PROMISE_HEARTBEAT` and
+  promising :data:`PROMISE_RESCUE_AFTER`, longer than the leader's of the test.
 """
 
 from __future__ import annotations
@@ -43,6 +46,10 @@ import cyclone
 
 HEARTBEAT = timedelta(milliseconds=200)
 LEAD_RESCUE_AFTER = timedelta(seconds=2)
+CRASH_RESCUE_AFTER = timedelta(seconds=1)
+"""A killed worker's jobs wait for its own ``rescue_after``: the ``crash`` worker's."""
+PROMISE_HEARTBEAT = timedelta(milliseconds=1500)
+PROMISE_RESCUE_AFTER = timedelta(seconds=4)
 
 
 class Item(msgspec.Struct):
@@ -224,7 +231,20 @@ def main(argv: list[str]) -> int:
         print(json.dumps({"pid": os.getpid(), "jobs": jobs}), flush=True)
     elif mode == "crash":
         cyclone.Worker(
-            bind, workflows=[crashy(name, Path(arg))], heartbeat_interval=HEARTBEAT, sweep=False
+            bind,
+            workflows=[crashy(name, Path(arg))],
+            heartbeat_interval=HEARTBEAT,
+            rescue_after=CRASH_RESCUE_AFTER,
+            sweep=False,
+        ).run()
+    elif mode == "promise":
+        cyclone.Worker(
+            bind,
+            workflows=[crashy(name, Path(arg))],
+            heartbeat_interval=PROMISE_HEARTBEAT,
+            rescue_after=PROMISE_RESCUE_AFTER,
+            poll_interval=0.2,
+            sweep=False,
         ).run()
     elif mode == "serve":
         cyclone.Worker(
