@@ -84,6 +84,23 @@ RETRY_CAP = 30.0
 """A database that cannot be reached is tried again after 0.5 s, doubling up to 30 s."""
 DUE_SLACK = 0.005
 """Seconds added to a scheduled job's due time, so the claim that wakes for it finds it due."""
+
+
+def _due_after(seconds: float) -> float:
+    """The monotonic moment to claim a job that a statement just answered is due in
+    ``seconds`` from its ``now()``: counted from its answer, not from when it was sent.
+
+    The server starts the statement's transaction some time after it is sent (on a loaded
+    machine, tens of milliseconds), so a wake counted from the sending could claim before
+    the due moment of the server's clock: that claim finds nothing, and the read after it
+    no longer sees what it waited for (the job now due is not scheduled later; a full
+    rate window has rolled over), so the worker slept until its poll. Counted from the
+    answer, the claim's ``now()`` is past the due moment; a statement that waited for a
+    lock only delays the wake by that wait.
+    """
+    return time.monotonic() + seconds + DUE_SLACK
+
+
 WAIT_RECORD = 60.0
 """How long an idle worker's record in ``cyclone_waiters`` lasts; renewed halfway."""
 CONTENDED_RETRY = 0.002
@@ -1375,7 +1392,6 @@ class Worker:
         is due, never in a busy loop. Infinity when nothing is scheduled or on an error.
         """
         assert self._held is not None
-        sent_at = time.monotonic()  # the statement's now(): a wait for a lock does not count
         try:
             seconds = _due.seconds_until_next_due(self._held, self._scope("*"))
         except Exception:
@@ -1402,7 +1418,7 @@ class Worker:
                 seconds = gated if seconds is None else min(seconds, gated)
         if seconds is None:
             return float("inf")
-        return sent_at + seconds + DUE_SLACK
+        return _due_after(seconds)
 
     def _wait_for_work(self) -> bool:
         """Record this idle worker as waiting for work; True when it must claim once more.
@@ -1642,7 +1658,6 @@ class Worker:
                         left -= len(got)
                     continue
                 dues: list[float | None] | None = [] if dating and name == "*" else None
-                sent_at = time.monotonic()  # the statement's now()
                 room = max(0, min(limit, left))
                 if room == 0 and carrying and dues is None and not (deliver and not woke):
                     got = []
@@ -1661,7 +1676,7 @@ class Worker:
                     )
                 if dues:
                     seconds = dues[0]
-                    self._dated = float("inf") if seconds is None else sent_at + seconds + DUE_SLACK
+                    self._dated = float("inf") if seconds is None else _due_after(seconds)
                 if carrying:
                     self._settle(carrying, recorded)
                 carrying = []
