@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from werkzeug.test import Client as WebClient
 
 import cyclone
+from cyclone._store import children as _children
 from cyclone.dashboard import create_app
 from cyclone.schema import jobs
 from tests.conftest import wait_until
@@ -693,3 +694,176 @@ def test_a_limited_map_of_children_runs_every_item_and_its_items_carry_the_limit
             .order_by(jobs.c.item.nulls_first())
         ).all()
     assert [row.limit_name is not None for row in limited] == [False, True, True, True]
+
+
+# -- re-parking the items of a retried map of children, in batches ----------------------
+
+
+def cancelled_and_retried(engine: sa.Engine, name: str, n: int) -> tuple[Any, cyclone.Run[int]]:
+    """A map of ``n`` children, each made and waiting for its signal, the run cancelled
+    (and every child with it), then retried: its items available again, each to retry
+    its cancelled child."""
+    f = fleet(name, hold=True)
+    run = f.dispatch.submit(engine, n)
+    drain(engine, *f.workflows)
+    assert [r.state for r in item_rows(engine, run.id, "ship")] == ["blocked"] * n
+    run.cancel()
+    run.retry()
+    assert [r.state for r in item_rows(engine, run.id, "ship")] == ["available"] * n
+    return f, run
+
+
+def reparked(engine: sa.Engine, run_id: Any) -> list[tuple[str, str, bool]]:
+    """Each item's state with its child's state and whether the item waits for it."""
+    with engine.connect() as conn:
+        return [
+            (row[0], row[1], row[2])
+            for row in conn.execute(
+                sa.text(
+                    "SELECT j.state, c.state, c.parent_waits FROM cyclone_jobs j "
+                    "JOIN cyclone_runs c ON c.parent_id = j.run_id AND c.parent_item = j.item "
+                    "WHERE j.run_id = :r AND j.kind = 'ship' ORDER BY j.item"
+                ),
+                {"r": run_id},
+            )
+        ]
+
+
+def lock_waiters(engine: sa.Engine) -> int:
+    """Sessions of this database waiting for a row lock."""
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'"
+                )
+            ).scalar_one()
+        )
+
+
+def test_retrying_a_map_of_children_reparks_its_items_in_batches_of_a_bounded_number_of_statements(
+    engine: sa.Engine, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_children, "REPARK_PER_BATCH", 10)
+    f, run = cancelled_and_retried(engine, name, 25)
+    worker = cyclone.Worker(engine, workflows=[f.dispatch], concurrency=1, sweep=False)
+    with StepThreadStatements() as recorder, worker:
+        worker.drain()
+    assert reparked(engine, run.id) == [("blocked", "running", True)] * 25
+    sql = [q for q in recorder.sent if q.split()[0].upper() not in ("BEGIN", "COMMIT")]
+    # The map node parks again for its items (4 statements). Then three items are claimed
+    # (0, 11, 22), each re-parking the next ten (the last, two): each retries its own
+    # child and parks (15 statements, as any item's later attempt), then retries the
+    # others' children and parks those items (8), whatever their number. One by one,
+    # 4 + 25 * 15.
+    assert len(sql) == 4 + 3 * (15 + 8), "\n\n".join(sql)
+    for child in run.children():  # the same children, retried: each waits for its signal
+        child.signal("go", 1)
+    drain(engine, *f.workflows)
+    assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    assert output_of(engine, run.id, "total") == [10 * i + 1 for i in range(25)]
+    assert sorted(f.outcome.submitted) == list(range(25))  # no item's function ran again
+
+
+def test_two_workers_reparking_the_same_retried_map_retry_each_child_exactly_once(
+    own_engine: sa.Engine, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_children, "REPARK_PER_BATCH", 7)
+    engine = own_engine
+    f, run = cancelled_and_retried(engine, name, 60)
+    with engine.begin() as conn:  # every restart of a run, as the database sees it
+        conn.execute(sa.text("CREATE TABLE restarted (run_id uuid NOT NULL)"))
+        conn.execute(
+            sa.text(
+                "CREATE FUNCTION note_restart() RETURNS trigger LANGUAGE plpgsql AS $$ "
+                "BEGIN INSERT INTO restarted VALUES (NEW.id); RETURN NEW; END $$"
+            )
+        )
+        conn.execute(
+            sa.text(
+                "CREATE TRIGGER note_restart AFTER UPDATE OF state ON cyclone_runs FOR EACH ROW "
+                "WHEN (OLD.state IN ('failed', 'cancelled') AND NEW.state = 'running') "
+                "EXECUTE FUNCTION note_restart()"
+            )
+        )
+    with engine.connect() as conn:
+        since = conn.execute(sa.text("SELECT now()")).scalar_one()
+    workers = [
+        cyclone.Worker(engine, workflows=[f.dispatch], concurrency=2, sweep=False) for _ in range(2)
+    ]
+    with engine.connect() as holder:
+        # The test holds the parent: both workers claim items and wait for it, then race.
+        holder.execute(
+            sa.text("SELECT id FROM cyclone_runs WHERE id = :r FOR NO KEY UPDATE"), {"r": run.id}
+        )
+        draining = [Background(w.drain, name=f"drain-{i}") for i, w in enumerate(workers)]
+
+        def both_wait() -> bool:
+            with engine.connect() as conn:
+                running = conn.execute(
+                    sa.text(
+                        "SELECT count(DISTINCT worker_id), count(*) FROM cyclone_jobs "
+                        "WHERE run_id = :r AND state = 'running'"
+                    ),
+                    {"r": run.id},
+                ).one()
+            return running[0] == 2 and lock_waiters(engine) >= running[1]
+
+        wait_until(both_wait, timeout=30, message="both workers waiting for the parent")
+        holder.rollback()
+    for d in draining:
+        d.join(60)
+    assert reparked(engine, run.id) == [("blocked", "running", True)] * 60
+    with engine.connect() as conn:
+        restarts = Counter(
+            conn.execute(sa.text("SELECT run_id FROM restarted WHERE run_id <> :r"), {"r": run.id})
+            .scalars()
+            .all()
+        )
+        claimed = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM cyclone_jobs WHERE run_id = :r AND kind = 'ship' "
+                "AND item IS NOT NULL AND attempted_at > :since"
+            ),
+            {"r": run.id, "since": since},
+        ).scalar_one()
+    assert sorted(restarts) == sorted(c.id for c in run.children())
+    assert set(restarts.values()) == {1}
+    assert claimed < 30  # most items re-parked by a batch, not claimed one by one
+    run.cancel()
+
+
+def test_a_cancel_while_a_batch_reparks_the_items_leaves_no_live_job_in_the_cancelled_tree(
+    engine: sa.Engine, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_children, "REPARK_PER_BATCH", 100)
+    f, run = cancelled_and_retried(engine, name, 12)
+    first, *others = [c.id for c in run.children()]
+    worker = cyclone.Worker(engine, workflows=[f.dispatch], concurrency=1, sweep=False)
+    with engine.connect() as holder:
+        # The steps of the children of items 1 to 11: the batch that retries them, under
+        # the parent's lock, waits for the test to let it reset them.
+        holder.execute(
+            sa.text("SELECT id FROM cyclone_jobs WHERE run_id = ANY(:c) FOR UPDATE"),
+            {"c": others},
+        )
+        draining = Background(worker.drain)
+        wait_until(lambda: lock_waiters(engine) == 1, message="the batch waiting for the steps")
+        cancelling = Background(run.cancel)
+        wait_until(lambda: lock_waiters(engine) == 2, message="the cancel waiting for the parent")
+        holder.rollback()
+    cancelling.join(30)
+    draining.join(30)
+    assert run.status().state == cyclone.RunState.CANCELLED
+    assert {c.status().state for c in run.children()} == {cyclone.RunState.CANCELLED}
+    assert {r.state for r in item_rows(engine, run.id, "ship")} == {"cancelled"}
+    with engine.connect() as conn:
+        live = conn.execute(
+            sa.text(
+                "SELECT count(*) FROM cyclone_jobs WHERE run_id = ANY(:r) "
+                "AND state IN ('available', 'blocked', 'running')"
+            ),
+            {"r": [run.id, first, *others]},
+        ).scalar_one()
+    assert live == 0

@@ -27,7 +27,11 @@ ended and not awaited: it retries the child (its failed steps) and parks again.
 A map of children (``@wf.child(workflow, over=node)``) is a map node (:mod:`fanout`)
 whose items are child nodes: each item does all of the above for its own child, keyed by
 the item's index too, the child's ``parent_item`` naming the item, so that a child's end
-wakes its item alone.
+wakes its item alone. A retry of the parent makes every failed item available again,
+each to retry its child; the first claimed does so for the next items too, in its
+transaction, under the parent's lock it holds already (:func:`siblings_stmt`,
+:func:`repark_stmt`): one transaction per :data:`REPARK_PER_BATCH` items, not one each,
+every one of which would lock the parent in turn.
 """
 
 from __future__ import annotations
@@ -40,17 +44,23 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import (
+    BigInteger,
+    Connection,
     Engine,
     Integer,
+    Interval,
     Text,
+    Uuid,
     and_,
     bindparam,
+    cast,
     func,
     literal_column,
     or_,
     select,
     update,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from cyclone import errors
 from cyclone._store import completion as _completion
@@ -60,7 +70,7 @@ from cyclone._store import limits as _limits
 from cyclone._store import notify as _notify
 from cyclone._store import submission as _submission
 from cyclone._store import waits as _waits
-from cyclone._store.claim import Claimed
+from cyclone._store.claim import Claimed, available
 from cyclone._store.completion import Failure, Success
 from cyclone._store.executor import const
 from cyclone.schema import jobs, runs
@@ -73,6 +83,9 @@ log = logging.getLogger("cyclone.worker")
 
 DELIVER_PER_CALL = 100
 """How many ended children one delivery looks at; the rest wait for the next."""
+
+REPARK_PER_BATCH = 200
+"""How many other items of its map an item that retries its child re-parks with it."""
 
 
 def child_key(parent_run_id: uuid.UUID | str, node: str, item: int | None = None) -> str:
@@ -139,6 +152,114 @@ _ADOPT = (
     )
 )
 _SET_WAITS = update(runs).where(runs.c.id == bindparam("cid")).values(parent_waits=bindparam("w"))
+
+
+def siblings_stmt() -> Any:
+    """Lock the items of run ``:rid``'s map of children ``:kind`` after item ``:item`` that a
+    claim would take now and whose child a retry would restart, with their children; up
+    to ``:n`` rows ``(job id, child id)``, in item order, locked rows skipped.
+
+    An item qualifies as its own attempt would retry its child: the child of its key
+    (:func:`child_key`) is this run's, failed or cancelled, no longer awaited, not past
+    its deadline, with no step running. Left to their own attempts: items gated by a
+    limit or a Rate of the node (their attempts are what those bound) and children of a
+    limited workflow (whose key is locked before the parent, and its room checked per
+    run). Items before ``:item`` are not looked at: the claim takes items in order, so
+    those are taken or parked, and the range read starts at the claimed item.
+    """
+    child = runs.alias("child")
+    step = jobs.alias("child_step")
+    key = (
+        cast(jobs.c.run_id, Text) + const("/") + jobs.c.kind + const("/") + cast(jobs.c.item, Text)
+    )
+    running = (
+        select(step.c.id)
+        .where(step.c.run_id == child.c.id, step.c.state == const(JobState.RUNNING.value))
+        .exists()
+    )
+    return (
+        select(jobs.c.id, child.c.id)
+        .join(
+            child,
+            and_(child.c.workflow == bindparam("cw", type_=Text), child.c.submit_key == key),
+        )
+        .where(
+            jobs.c.run_id == bindparam("rid", type_=Uuid),
+            jobs.c.kind == bindparam("kind", type_=Text),
+            jobs.c.item > bindparam("item", type_=Integer),
+            *available(jobs, None),
+            jobs.c.limit_name.is_(None),
+            jobs.c.rate_name.is_(None),
+            child.c.parent_id == jobs.c.run_id,
+            child.c.state.in_([const(s) for s in EDGES["run.retry"].sources]),
+            ~child.c.parent_waits,
+            child.c.limit_name.is_(None),
+            or_(child.c.deadline.is_(None), child.c.deadline > func.now()),
+            ~running,
+        )
+        .order_by(jobs.c.item)
+        .limit(bindparam("n", type_=Integer))
+        .with_for_update(of=[jobs, child], key_share=True, skip_locked=True)
+    )
+
+
+def repark_stmt() -> Any:
+    """Park the map items ``:jids`` (available, locked by :func:`siblings_stmt`), whose
+    children were just retried, as their own attempts would have parked them
+    (``job.park_blocked``): blocked, no upstream pending, out of the claim index, the lease
+    moved on, until their child's end wakes them. They were never claimed: no attempt to
+    give back."""
+    return (
+        update(jobs)
+        .where(
+            jobs.c.id == func.any(bindparam("jids", type_=ARRAY(BigInteger))),
+            jobs.c.state == const(JobState.AVAILABLE.value),
+        )
+        .values(
+            state=const(JobState.BLOCKED.value),
+            lease=jobs.c.lease + 1,
+            worker_id=None,
+            heartbeat_at=None,
+            scheduled_at=func.now() + cast(const(f"{_waits.PARK_FOR.days} days"), Interval),
+        )
+    )
+
+
+_SIBLINGS = siblings_stmt()
+_AWAIT_ALL = (
+    update(runs)
+    .where(runs.c.id == func.any(bindparam("cids", type_=ARRAY(Uuid))))
+    .values(parent_waits=True)
+)
+_REPARK = repark_stmt()
+
+
+def _repark_siblings(conn: Connection, job: Claimed, workflow: str) -> int:
+    """Retry, with the claimed item ``job``'s child, the children of the next items of its
+    map that wait to do the same (:func:`siblings_stmt`), and park those items: what each
+    item's own attempt would do, for up to :data:`REPARK_PER_BATCH` items in three
+    statements and the five of the children's restart. How many it parked.
+
+    The caller's transaction holds the parent run's lock and the claimed item's job: the
+    items and children are locked after them, skipping any that another transaction
+    holds (an item being claimed, a child being cancelled), which is left to its own
+    attempt. So each item's child is retried once, by whoever holds that item, and a
+    cancel of the parent, which waits for the parent's lock, finds the retried children
+    running and cancels them.
+    """
+    params = {
+        "rid": job.run_id,
+        "kind": job.kind,
+        "item": job.item,
+        "cw": workflow,
+        "n": REPARK_PER_BATCH,
+    }
+    pairs = _executor.rows(conn, _SIBLINGS, params)
+    if not pairs:
+        return 0
+    _control.restart_children(conn, [row[1] for row in pairs])
+    _executor.affected(conn, _AWAIT_ALL, {"cids": [row[1] for row in pairs]})
+    return _executor.affected(conn, _REPARK, {"jids": [row[0] for row in pairs]})
 
 
 def wake_stmt() -> Any:
@@ -254,7 +375,8 @@ def execute(
     Statements: a read of the child by key (none: the node's function runs first, out of
     any transaction); then one transaction: lock the parent run, then the job; submit the
     child (the insert-or-read of ``submit_once``), record its parent (locking it); then
-    park, retry the child and park, or record the child's failure. A database error is
+    park, retry the child and park (a map's item: with the next items waiting to do the
+    same, :func:`_repark_siblings`), or record the child's failure. A database error is
     cyclone's, not the step's: the job is handed back, its attempt not counted.
     """
     assert job.run_id is not None
@@ -373,6 +495,8 @@ def _decide(
                 )
                 _completion.record_failures(conn, [failure])
                 return _waits.Parked(job.id, failure)
+            if job.item is not None and limit_name is None and job.slot is None:
+                _repark_siblings(conn, job, workflow)
         _executor.affected(conn, _SET_WAITS, {"cid": cid, "w": True})
         _executor.affected(conn, _waits._PARK, {**guard, "until": None})
         return _waits.Parked(job.id)

@@ -210,9 +210,11 @@ def next_due_seconds(scope: Scope) -> Any:
     return extract("epoch", due - func.now()).cast(Float)
 
 
-def _available(table: Any, queues: tuple[str, ...] | None) -> tuple[Any, ...]:
+def available(table: Any, queues: tuple[str, ...] | None) -> tuple[Any, ...]:
     """An available job of ``queues`` (None: any) that is due and not past its deadline,
-    in a queue not paused (the paused queues are read once per statement)."""
+    in a queue not paused (the paused queues are read once per statement): what a claim
+    takes, and what the re-park of a retried map's items takes without a claim
+    (:func:`cyclone._store.children.siblings_stmt`)."""
     return (
         table.c.state == const(JobState.AVAILABLE.value),
         true() if queues is None else one_of(table.c.queue, queues),
@@ -230,14 +232,14 @@ def _runnable(table: Any, scope: Scope) -> tuple[Any, ...]:
     on every claim. A standalone job has no run (``run_or_standalone``), a step has one.
     """
     if not scope.workflows:
-        return _available(table, scope.queues)
+        return available(table, scope.queues)
     run_running = (
         select(runs.c.state == const(RunState.RUNNING.value))
         .where(runs.c.id == table.c.run_id)
         .scalar_subquery()
     )
     run_check = run_running if not scope.kinds else or_(table.c.run_id.is_(None), run_running)
-    return (*_available(table, scope.queues), run_check)
+    return (*available(table, scope.queues), run_check)
 
 
 def _pick(scope: Scope, limit: int) -> Any:
@@ -273,7 +275,7 @@ def _pick(scope: Scope, limit: int) -> Any:
     candidates = union_all(
         *(
             select(c.c.id, c.c.priority, c.c.scheduled_at)
-            .where(_serves(c, key), *_available(c, scope.queues))
+            .where(_serves(c, key), *available(c, scope.queues))
             .order_by(c.c.priority, c.c.scheduled_at, c.c.id)
             .limit(offered)
             for key in keys

@@ -439,6 +439,18 @@ def restart_child(conn: Connection, run_id: uuid.UUID) -> str | None:
     return None
 
 
+def restart_children(conn: Connection, run_ids: list[uuid.UUID]) -> None:
+    """``retry`` the failed or cancelled child runs ``run_ids`` at once, in the caller's
+    transaction: :func:`restart_child` for many, five statements however many.
+
+    The caller holds their parent's lock, then each child's, and has checked under those
+    locks what :func:`restart_child` checks one by one: each is failed or cancelled, not
+    past its deadline, with no step running, and has no workflow limit (whose key would
+    have to be locked before the parent, and its room checked run by run).
+    """
+    _restart_locked(conn, run_ids, every_step=False)
+
+
 def lock_for_limit(conn: Connection, run_ids: list[uuid.UUID]) -> None:
     """Lock, in the caller's transaction, the running runs of ``run_ids`` (every run an
     admission cancels or admits, over all its keys) and their running children,

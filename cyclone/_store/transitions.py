@@ -103,6 +103,7 @@ BUILDERS: dict[str, Callable[[], Any]] = {
     "job.park": waits.park_stmt,
     "job.park_blocked": waits.park_stmt,
     "job.wake_parent": children.wake_stmt,
+    "job.repark_item": children.repark_stmt,
     "job.fan_out": fanout.fan_out_stmt,
     "job.fail_map_node": completion.fail_map_node_stmt,
     "job.cancel_ended_park": waits.end_parked_stmt,
