@@ -33,14 +33,28 @@ def admin_url() -> URL:
     return make_url(os.environ.get("CYCLONE_DATABASE_URL", DEFAULT_URL))
 
 
-def create_database(prefix: str) -> URL:
-    """Create an empty database on the test server and return its URL."""
+def create_database(prefix: str, template: str | None = None) -> URL:
+    """Create a database on the test server and return its URL: empty, or a copy of the
+    database named ``template`` (which nobody may be connected to)."""
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    copy = f' TEMPLATE "{template}"' if template is not None else ""
     admin = sa.create_engine(admin_url(), isolation_level="AUTOCOMMIT", poolclass=sa.NullPool)
     with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"{copy}'))
     admin.dispose()
     return admin_url().set(database=name)
+
+
+def sessions_on(database: str) -> int:
+    """How many sessions are connected to ``database``."""
+    admin = sa.create_engine(admin_url(), poolclass=sa.NullPool)
+    with admin.connect() as conn:
+        count = conn.execute(
+            sa.text("SELECT count(*) FROM pg_stat_activity WHERE datname = :name"),
+            {"name": database},
+        ).scalar_one()
+    admin.dispose()
+    return int(count)
 
 
 def drop_database(url: URL) -> None:
@@ -167,9 +181,10 @@ def fresh_database() -> URL:
     return own_database("cyclone_fresh")
 
 
-def own_database(prefix: str) -> URL:
-    """A new empty database for the current test, checked at rest and dropped after it."""
-    url = create_database(prefix)
+def own_database(prefix: str, template: str | None = None) -> URL:
+    """A new database for the current test (empty, or a copy of ``template``), checked at
+    rest and dropped after it."""
+    url = create_database(prefix, template)
     at_rest.touch(url)
     at_rest.drop_after_test(lambda: drop_database(url))
     return url
@@ -300,13 +315,32 @@ def wait_until(
 # session database could lead, or take over, in the test's place.
 
 
-@pytest.fixture
-def own_url() -> URL:
-    url = own_database("cyclone_own")
+@pytest.fixture(scope="session")
+def migrated_template() -> Iterator[str]:
+    """The name of a database migrated with cyclone.upgrade once per test process, that
+    ``own_url`` copies (``CREATE DATABASE ... TEMPLATE``: a file copy, where migrating each
+    test's database anew runs every revision's DDL again). Nothing connects to it after
+    its migration: PostgreSQL copies only a database nobody is connected to."""
+    url = create_database("cyclone_template")
     engine = sa.create_engine(url, poolclass=sa.NullPool)
     cyclone.upgrade(engine)
     engine.dispose()
-    return url
+    # Its backend leaves a moment after the connection closed (later on a loaded machine),
+    # and CREATE DATABASE gives up on a template still in use after 5 s.
+    wait_until(
+        lambda: sessions_on(str(url.database)) == 0,
+        timeout=60,
+        message=f"the sessions on {url.database} to end",
+    )
+    yield str(url.database)
+    drop_database(url)
+
+
+@pytest.fixture
+def own_url(migrated_template: str) -> URL:
+    """A database migrated with cyclone.upgrade for this test alone (a copy of
+    ``migrated_template``), checked at rest and dropped after the test."""
+    return own_database("cyclone_own", template=migrated_template)
 
 
 @pytest.fixture
