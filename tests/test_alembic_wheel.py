@@ -59,13 +59,24 @@ class Venv:
     bin: Path
 
     def run(
-        self, *args: str, cwd: Path, env: dict[str, str] | None = None, check: bool = True
+        self,
+        *args: str,
+        cwd: Path,
+        env: dict[str, str] | None = None,
+        check: bool = True,
+        timeout: float = 120,
     ) -> subprocess.CompletedProcess[str]:
         full_env = {**os.environ, "PATH": f"{self.bin}:{os.environ['PATH']}", **(env or {})}
         full_env.pop("PYTHONPATH", None)
         full_env.pop("VIRTUAL_ENV", None)
         done = processes.run(
-            args, cwd=cwd, env=full_env, capture_output=True, text=True, timeout=120, check=False
+            args,
+            cwd=cwd,
+            env=full_env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
         if check:
             assert done.returncode == 0, f"{args}:\n{done.stdout}\n{done.stderr}"
@@ -346,6 +357,8 @@ def test_an_upgrade_from_every_earlier_revision_with_runs_in_flight_in_both_mode
         str(app / "alembic.ini"),
         ",".join(earlier),
         cwd=app,
+        # Two upgrades per earlier revision: about a minute here, two on a loaded machine.
+        timeout=270,
     )
     assert done.stdout.split("\n")[:-1] == [
         f"{mode} {rev} ok" for mode in ("own", "shared") for rev in earlier
