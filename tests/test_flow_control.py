@@ -493,6 +493,33 @@ def test_a_worker_waiting_on_a_full_rate_window_wakes_when_it_opens_not_at_its_p
         wait_until(lambda job=job: job.status().state == "completed", timeout=30)
 
 
+def test_a_rate_key_another_transaction_held_at_the_claim_is_claimed_again_shortly_not_at_its_poll(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    # Another worker's claim holds the Rate's key: the claim skips it, its window has room,
+    # nothing rings when that transaction ends and nothing falls due. The worker counted
+    # only the Concurrency's keys as contended, so it slept until its poll.
+    rate = cyclone.Rate(100, timedelta(seconds=60), name=f"{name}-rate")
+    paired = cyclone.step(name, concurrency=cyclone.Concurrency(5), rate=rate)(
+        lambda ctx, args: None
+    )
+    waiting = [paired.enqueue(engine, {"n": n}) for n in range(3)]
+    worker = cyclone.Worker(engine, steps=[paired], concurrency=4, poll_interval=600)
+    with engine.connect() as holder:
+        holder.execute(
+            sa.text("SELECT 1 FROM cyclone_limit_keys WHERE name = :n FOR UPDATE"),
+            {"n": f"{name}-rate"},
+        )
+        serving(worker)
+        # Held until the worker either looks again for the key it could not take, or
+        # sleeps (until its poll) having seen no contention.
+        wait_until(lambda: worker._contention_looks >= 3 or asleep(engine, worker), timeout=30)
+        assert all(job.status().state == "available" for job in waiting)
+        holder.commit()
+    for job in waiting:
+        wait_until(lambda job=job: job.status().state == "completed", timeout=30)
+
+
 def test_a_worker_that_took_on_an_earlier_limit_with_a_rate_wakes_when_its_window_opens(
     engine: sa.Engine, name: str, serving: Any
 ) -> None:

@@ -332,8 +332,9 @@ def claim_gated_stmt(
         .where(locked.c.version == in_snapshot)
         .subquery("ranked")
     )
+    held_gates: Any = const(0, Integer)
     if paired:
-        ranked = _rate_gated(locked, cand, rank, in_snapshot)
+        ranked, held_gates = _rate_gated(locked, cand, rank, in_snapshot)
     chosen = (
         select(ranked.c.id)
         .order_by(ranked.c.rk, ranked.c.served_at, ranked.c.priority, ranked.c.id)
@@ -356,7 +357,7 @@ def claim_gated_stmt(
     )
     bumped = _served_paired(claimed) if paired else _served(claimed, locked)
     served_count = select(func.count()).select_from(bumped).scalar_subquery()
-    contended = _contended(names, queues, served, steps, top, locked, in_snapshot)
+    contended = _contended(names, queues, served, steps, top, locked, in_snapshot) + held_gates
     return _gated_result(claimed, served_count, contended, steps, completing, runs_locked, top)
 
 
@@ -395,10 +396,16 @@ def _rate_columns(paired: bool) -> tuple[Any, ...]:
     return (jobs.c.rate_name, jobs.c.rate_key) if paired else ()
 
 
-def _rate_gated(locked: Any, cand: Any, rank: Any, in_snapshot: Any) -> Any:
+def _rate_gated(locked: Any, cand: Any, rank: Any, in_snapshot: Any) -> tuple[Any, Any]:
     """The candidates of ``locked`` keys that their Rate lets start: per rate key (the
     job's ``rate_name``, ``rate_key``, or its own key for a Rate alone), locked ``FOR
-    UPDATE SKIP LOCKED`` and read at its newest version, at most its window's room."""
+    UPDATE SKIP LOCKED`` and read at its newest version, at most its window's room.
+
+    Also how many of those rate keys, with room in their window, it skipped because
+    another transaction held them (another worker's claim): contended, as
+    :func:`_contended` counts the limits' own keys. Nothing rings when that transaction
+    ends, and the window being open, nothing falls due either: the worker claims again
+    shortly instead of sleeping until its poll."""
     is_rate = locked.c.win.is_not(None)
     ranked_all = (
         select(
@@ -455,11 +462,35 @@ def _rate_gated(locked: Any, cand: Any, rank: Any, in_snapshot: Any) -> Any:
         )
         .subquery("gated")
     )
-    return (
+    wanted = (
+        select(ranked_all.c.gn, ranked_all.c.gk)
+        .where(ranked_all.c.gn.is_not(None))
+        .distinct()
+        .subquery("wanted_gates")
+    )
+    k3, lim3 = limit_keys.alias("seen_gate"), limits.alias("seen_limit")
+    window3 = _window(lim3.c.per)
+    with_room = (
+        select(k3.c.name)
+        .join_from(k3, lim3, lim3.c.name == k3.c.name)
+        .where(
+            k3.c.name == wanted.c.gn,
+            k3.c.key == wanted.c.gk,
+            lim3.c.max
+            > case((k3.c.window_start == window3, k3.c.window_count), else_=const(0, Integer)),
+        )
+        .exists()
+    )
+    taken = (
+        select(gates.c.name).where(gates.c.name == wanted.c.gn, gates.c.key == wanted.c.gk).exists()
+    )
+    held = select(func.count()).select_from(wanted).where(~taken, with_room).scalar_subquery()
+    ranked = (
         select(gated.c.id, gated.c.rk, gated.c.served_at, gated.c.priority)
         .where(or_(gated.c.gn.is_(None), gated.c.rk2 <= gated.c.room))
         .subquery("ranked")
     )
+    return ranked, held
 
 
 def _served_paired(claimed: Any) -> Any:
