@@ -12,7 +12,6 @@ import time
 from datetime import timedelta
 from typing import Any
 
-import psycopg
 from sqlalchemy import Connection, Engine
 
 from cyclone import _retry
@@ -128,9 +127,8 @@ class Leader:
         if conn is None:
             return
         with contextlib.suppress(Exception):  # closed meanwhile: the pass ended anyway
-            # dbapi_connection: the connection is detached, its fairy has no pool record
-            driver: Any = conn.connection.dbapi_connection
-            if isinstance(driver, psycopg.Connection):
+            driver = _deadline.driver_of(conn)
+            if driver is not None:
                 _deadline.shutdown(driver)
 
     def release(self) -> None:
