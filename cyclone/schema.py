@@ -84,7 +84,10 @@ foreign key (whose check would lock the version's row on every submit)."""
 runs = Table(
     "cyclone_runs",
     metadata,
-    Column("id", Uuid, primary_key=True, server_default=func.gen_random_uuid()),
+    # Time-ordered (version 7, the server's clock first): a new run's entries land at the
+    # right edge of the primary key and of the jobs' (run_id, ...) indexes, not on a
+    # random page (revision cyclone_0027_ordered_run_ids).
+    Column("id", Uuid, primary_key=True, server_default=func.cyclone_uuid7()),
     Column("workflow", Text, nullable=False),
     Column("submit_key", Text),
     Column("input", JSONB, nullable=False),

@@ -149,6 +149,7 @@ def test_upgrade_on_a_fresh_database_creates_the_schema(fresh_engine: sa.Engine)
         "cyclone_notify_job_changed",
         "cyclone_notify_run_finished",
         "cyclone_ring",
+        "cyclone_uuid7",
     }
     # New jobs notify from cyclone's insert statements (cyclone_0004), not by trigger.
     assert objects["triggers"] == {"cyclone_jobs_state_changed", "cyclone_runs_finished"}
@@ -618,5 +619,83 @@ def test_upgrade_to_worker_rescue_after_leaves_registered_workers_to_the_leaders
         assert c.execute(sa.text("SELECT worker_id FROM cyclone_workers")).scalars().all() == [
             "old:2:beating"
         ]
+    cyclone.upgrade(fresh_engine)
+    assert drift(fresh_engine) == []
+
+
+BEFORE_TIME_ORDERED_IDS = "cyclone_0026_worker_rescue_after"
+
+
+def _clock_ms(engine: sa.Engine) -> int:
+    with engine.connect() as c:
+        return int(
+            c.execute(
+                sa.text("SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)")
+            ).scalar_one()
+        )
+
+
+def test_upgrade_to_time_ordered_ids_keeps_the_ids_of_runs_in_flight_and_orders_new_ones(
+    fresh_engine: sa.Engine,
+) -> None:
+    """Runs submitted (one of them started) before the revision keep their random ids and
+    finish; runs submitted after it get version 7 ids whose first 48 bits are the
+    server's clock in milliseconds, so later runs sort after earlier ones. The downgrade
+    gives new runs random ids again."""
+    wf = workflow_of_two("ordered")
+    cyclone.upgrade(fresh_engine, BEFORE_TIME_ORDERED_IDS)
+    waiting, _ = wf.submit_once(fresh_engine, "before-waiting", 1)
+    started, _ = wf.submit_once(fresh_engine, "before-started", 2)
+    with fresh_engine.begin() as c:  # midway: its first step completed, its second available
+        c.execute(
+            sa.text("UPDATE cyclone_runs SET start_at = NULL, steps_remaining = 1 WHERE id = :id"),
+            {"id": started.id},
+        )
+        c.execute(
+            sa.text(
+                "INSERT INTO cyclone_jobs (run_id, workflow, kind, queue, state, output, deps, "
+                "pending_deps, attempt, max_attempts, finalized_at) VALUES "
+                "(:id, 'ordered', 'first', 'default', 'completed', '1', '{}', 0, 1, 3, now()), "
+                "(:id, 'ordered', 'second', 'default', 'available', NULL, '{first}', 0, 0, 3, "
+                "NULL)"
+            ),
+            {"id": started.id},
+        )
+    assert {waiting.id.version, started.id.version} == {4}
+
+    cyclone.upgrade(fresh_engine)
+    cyclone.check_schema(fresh_engine)
+    assert drift(fresh_engine) == []
+    with fresh_engine.connect() as c:
+        assert set(c.execute(sa.text("SELECT id FROM cyclone_runs")).scalars()) == {
+            waiting.id,
+            started.id,
+        }
+    low = _clock_ms(fresh_engine)
+    new = []
+    for i in range(5):
+        run, _ = wf.submit_once(fresh_engine, f"after-{i}", i)
+        new.append(run.id)
+    batch = wf.submit_once_many(fresh_engine, [(f"batch-{i}", i) for i in range(3)])
+    high = _clock_ms(fresh_engine)
+    ids = [*new, *(run.id for run, _ in batch)]
+    assert {i.version for i in ids} == {7}
+    stamps = [i.int >> 80 for i in ids]
+    assert low <= stamps[0]
+    assert stamps[-1] <= high
+    assert stamps == sorted(stamps)
+    assert len(set(ids)) == len(ids)
+
+    assert cyclone.Worker(fresh_engine, workflows=[wf]).drain() == 2 + 1 + 2 * len(ids)
+    client = cyclone.Client(fresh_engine)
+    for run_id in (waiting.id, started.id, *ids):
+        status = client.get_run(run_id)
+        assert status is not None
+        assert status.state is cyclone.RunState.COMPLETED
+
+    cyclone.downgrade(fresh_engine, BEFORE_TIME_ORDERED_IDS)
+    assert "cyclone_uuid7" not in cyclone_objects(fresh_engine)["functions"]
+    after, _ = wf.submit_once(fresh_engine, "downgraded", 9)
+    assert after.id.version == 4
     cyclone.upgrade(fresh_engine)
     assert drift(fresh_engine) == []
