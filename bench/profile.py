@@ -11,6 +11,7 @@
     .venv/bin/python -m bench.profile unprepared   # figure k: statements planned on every call
     .venv/bin/python -m bench.profile start        # a drain's fixed cost: drains of an empty queue
     .venv/bin/python -m bench.profile writes       # WAL, row versions, index entries per step
+    .venv/bin/python -m bench.profile ids --size 2000000   # random against time-ordered run ids
 
 Each creates and drops its own throwaway database, like ``bench.run``. The profiles are
 in ``bench/profiles/``, one module per question.
@@ -30,7 +31,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import make_url
 
 from bench import db
-from bench.profiles import drain, notify, ping, statements, submit, writes
+from bench.profiles import drain, ids, notify, ping, statements, submit, writes
 
 CHOICES = [
     "submit",
@@ -44,6 +45,7 @@ CHOICES = [
     "unprepared",
     "start",
     "writes",
+    "ids",
 ]
 
 
@@ -52,10 +54,15 @@ def main() -> None:
     parser.add_argument("what", choices=CHOICES)
     parser.add_argument("-n", type=int, default=2000)
     parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--size", type=int, default=1_000_000, help="ids: runs filled first")
+    parser.add_argument("--turns", type=int, default=6, help="ids: turns per variant")
     parser.add_argument("--url", default=os.environ.get("CYCLONE_DATABASE_URL", db.DEFAULT_URL))
     args = parser.parse_args()
     if args.what == "parts":
         statements.parts(args.url, args.n)
+        return
+    if args.what == "ids":
+        ids.ids(args.url, args.n, args.size, args.turns)
         return
     with db.throwaway(make_url(args.url)) as url:
         engine = sa.create_engine(url, pool_size=10)
