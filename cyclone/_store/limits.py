@@ -75,6 +75,7 @@ from cyclone._store.claim import (
     claimed_job_columns,
     claimed_step_columns,
     unlimited_standalone,
+    with_runs,
 )
 from cyclone._store.executor import const, one_of
 from cyclone.schema import jobs, limit_keys, limits, runs
@@ -604,7 +605,7 @@ def _gated_result(
             claimed.c.limit_key,
             contended,
         )
-        source = claimed.outerjoin(runs, runs.c.id == claimed.c.run_id)
+        source = with_runs(claimed)
     one = select(const(1, Integer).label("one")).subquery("one")
     source = one.outerjoin(source, true())
     for cte in extra:
