@@ -10,10 +10,13 @@ each. The plans below are PostgreSQL's own, for the statements cyclone sends.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
+import psycopg
+import psycopg.sql
 import pytest
 import sqlalchemy as sa
 
@@ -313,3 +316,73 @@ def test_the_look_for_rates_of_earlier_definitions_steps_through_the_rated_jobs_
     # its first match: it is never executed here.
     read = [line for line in plan if "Seq Scan on cyclone_jobs" in line]
     assert all("never executed" in line for line in read), shown
+
+
+def test_a_claim_reads_the_runs_of_its_jobs_by_id_not_by_a_scan_of_every_run(
+    own_engine: sa.Engine,
+) -> None:
+    """On a table of some thousand runs, the planner hashed a record's few jobs against a
+    scan of every run to lock their runs (here), and a claim's to join them (in the plan
+    a worker kept through a drain of 1,667 three-step runs); each now reads the runs it
+    needs by id, in the generic plan a worker's own connection keeps."""
+    wf: cyclone.Workflow[Any] = cyclone.Workflow("joined")
+    wf.step("first")(lambda ctx, value: value)
+    wf.step("second", after=["first"])(lambda ctx, value: None)
+    wf.step("third", after=["second"])(lambda ctx, value: None)
+    for start in range(0, 1667, 1000):
+        wf.submit_once_many(
+            own_engine, [(f"k{i}", i) for i in range(start, min(start + 1000, 1667))]
+        )
+    with own_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text("VACUUM ANALYZE cyclone_runs, cyclone_jobs"))
+    sent: list[tuple[str, Any]] = []
+
+    def capture(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if "claimed" in statement and not statement.startswith("EXPLAIN"):
+            sent.append((statement, parameters))
+
+    sa.event.listen(own_engine, "before_cursor_execute", capture)
+    try:
+        assert cyclone.Worker(own_engine, workflows=[wf]).drain() == 3 * 1667
+    finally:
+        sa.event.remove(own_engine, "before_cursor_execute", capture)
+    assert sent
+    with own_engine.connect() as conn:
+        for statement, parameters in sent:
+            plan = generic_plan(conn, statement, parameters)
+            assert "Seq Scan on cyclone_runs" not in plan, plan
+
+
+_SQL_TYPES = {
+    bool: "boolean",
+    int: "bigint",
+    float: "double precision",
+    str: "text",
+    type(None): "unknown",
+}
+
+
+def generic_plan(conn: sa.Connection, statement: str, parameters: dict[str, Any]) -> str:
+    """The plan PostgreSQL keeps for ``statement`` prepared and planned generically, as a
+    worker's own connection runs it (:class:`cyclone._store.executor.Held`), not the plan
+    for these values that ``EXPLAIN`` of the statement gives."""
+    names: list[str] = []
+
+    def numbered(match: re.Match[str]) -> str:
+        if match.group(1) not in names:
+            names.append(match.group(1))
+        return f"${names.index(match.group(1)) + 1}"
+
+    text = re.sub(r"%\((\w+)\)s", numbered, statement).replace("%%", "%")
+    conn.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
+    types = [_SQL_TYPES[type(parameters[name])] for name in names]
+    conn.exec_driver_sql(f"PREPARE generic ({', '.join(types)}) AS {text}")
+    driver = conn.connection.driver_connection
+    args = ", ".join(
+        f"CAST({psycopg.sql.Literal(parameters[name]).as_string(driver)} AS {t})"
+        for name, t in zip(names, types, strict=True)
+    )
+    try:
+        return "\n".join(conn.exec_driver_sql(f"EXPLAIN EXECUTE generic({args})").scalars())
+    finally:
+        conn.exec_driver_sql("DEALLOCATE generic")

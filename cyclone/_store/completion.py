@@ -79,7 +79,7 @@ def runs_locked_first() -> Any:
     items = _items()
     locked = (
         select(runs.c.id)
-        .where(runs.c.id.in_(select(jobs.c.run_id).where(among(jobs.c.id, select(items.c.id)))))
+        .where(among(runs.c.id, select(jobs.c.run_id).where(among(jobs.c.id, select(items.c.id)))))
         .order_by(*run_lock_order())
         .with_for_update(key_share=True)
         .cte("locked_runs")
