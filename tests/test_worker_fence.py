@@ -177,7 +177,9 @@ def test_a_rescued_jobs_old_executions_see_cancelled_and_their_outcomes_are_refu
     assert len(executions) == lost + 1 > rescues
     assert worker.stats.completed == 1
     assert worker.stats.refused == len(executions) - 1
-    refused = [r for r in caplog.records if "refused" in r.getMessage()]
+    # Outcomes refused, not a maintenance pass's term refused (the rescuer's transaction
+    # may sit idle past its lease on a loaded machine, which logs its own "refused").
+    refused = [r for r in caplog.records if "refused: lease" in r.getMessage()]
     assert len(refused) == len(executions) - 1
     assert all(r.levelno == logging.WARNING for r in refused)
 

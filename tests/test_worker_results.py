@@ -147,6 +147,11 @@ def test_result_of_a_cancelled_run_raises_run_failed_error(engine: sa.Engine, na
     assert excinfo.value.state == "cancelled"
 
 
+WOKEN_WITHIN = _runs.DEFAULT_POLL_INTERVAL - 0.5
+"""A waiter woken by the run's notification returns before its poll would have read the
+run; on a loaded machine the drain that finishes the run may itself take seconds."""
+
+
 def test_a_waiter_is_woken_by_notify(
     engine: sa.Engine, name: str, thread_statements: dict[str, list[str]]
 ) -> None:
@@ -165,7 +170,7 @@ def test_a_waiter_is_woken_by_notify(
 
     assert waiter.join(10) == Quote(total=42, count=2)
     assert waiter.finished_at is not None
-    assert waiter.finished_at - started < 2.0
+    assert waiter.finished_at - started < WOKEN_WITHIN
     assert worker.join(10) == 2
 
 
@@ -190,7 +195,7 @@ def test_a_fresh_submit_waits_for_its_notification_and_reads_once(
     worker = Background(cyclone.Worker(engine, workflows=[wf]).drain)
     assert waiter.join(10) == Quote(total=42, count=2)
     assert waiter.finished_at is not None
-    assert waiter.finished_at - started < 2.0
+    assert waiter.finished_at - started < WOKEN_WITHIN
     assert len(thread_statements[waiter_name]) == 1
     assert worker.join(10) == 2
 
