@@ -51,6 +51,7 @@ def test_a_held_connection_plans_its_statements_again_once_its_tables_have_grown
     engine: sa.Engine, table: sa.Table, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_executor, "REPLAN_FIRST", 3600.0)
+    monkeypatch.setattr(_executor, "REPLAN_STATEMENTS_FIRST", 10**9)
     read = _executor.Compiled(sa.select(table.c.v).where(table.c.g == sa.bindparam("g")))
     held = _executor.Held(engine, sized=(table,))
     try:
@@ -118,13 +119,29 @@ def test_plans_are_made_again_only_when_the_tables_grew_fourfold_looked_at_doubl
     engine: sa.Engine, table: sa.Table, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(_executor, "REPLAN_FIRST", 1.0)
-    grown = {1010.0: (200_000,), 1050.0: (300_000,), 1100.0: (900_000,), 1500.0: (4_000_000,)}
+    monkeypatch.setattr(_executor, "REPLAN_STATEMENTS_FIRST", 10**9)
+    grown = {1010.0: (40_000,), 1020.0: (70_000,), 1050.0: (250_000,), 1500.0: (4_000_000,)}
     looked, discarded = _looks(engine, (table,), monkeypatch, grown, 4000)
     gaps = [round(b - a, 2) for a, b in itertools.pairwise(looked)]
     assert looked[0] == 1000.0  # when the connection opened: the size its plans were made for
     assert gaps[:8] == [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0, 60.0]
-    # 200 kB is not four times the 64 kB floor; 300 kB is; 900 kB is not four times 300 kB.
-    assert discarded == [1063.0, 1543.0]
+    # 40 kB is not four times the 16 kB floor; 70 kB is; 250 kB is not four times 70 kB,
+    # 4 MB is.
+    assert discarded == [1031.0, 1543.0]
+
+
+def test_a_held_connection_also_looks_after_doubling_counts_of_statements(
+    engine: sa.Engine, table: sa.Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker on a new deployment fills its jobs table within its first statements,
+    before the clock's first look: it also looks after 4, 8, 16, ... statements."""
+    monkeypatch.setattr(_executor, "REPLAN_FIRST", 3600.0)
+    grown = {1002.0: (100_000,), 1010.0: (500_000,)}
+    looked, discarded = _looks(engine, (table,), monkeypatch, grown, 130)
+    # A statement every quarter second, the first opening the connection: it looks 4
+    # statements later, then 8, 16, 32 and 64 statements after that.
+    assert looked == [1000.0, 1001.0, 1003.0, 1007.0, 1015.0, 1031.0]
+    assert discarded == [1003.0, 1015.0]
 
 
 def test_a_small_table_grown_fourfold_is_planned_again_beside_a_large_one_that_did_not_grow(
@@ -132,6 +149,7 @@ def test_a_small_table_grown_fourfold_is_planned_again_beside_a_large_one_that_d
 ) -> None:
     """A worker's jobs start empty beside a large table of runs: their sum hardly grows."""
     monkeypatch.setattr(_executor, "REPLAN_FIRST", 1.0)
+    monkeypatch.setattr(_executor, "REPLAN_STATEMENTS_FIRST", 10**9)
     grown = {1000.0: (0, 4_000_000), 1002.0: (300_000, 4_100_000)}
     _looked, discarded = _looks(engine, (table, table), monkeypatch, grown, 40)
     assert discarded == [1003.0]
