@@ -1209,6 +1209,17 @@ def orphans_stmts(
     )
 
 
+@functools.lru_cache(maxsize=64)
+def _orphans_compiled(
+    served: Served, gated: tuple[str, ...], admits: tuple[str, ...], rates: tuple[str, ...]
+) -> tuple[_executor.Compiled, _executor.Compiled]:
+    """:func:`orphans_stmts` compiled once per worker's definitions: a worker looks before
+    its first claim, every ``ADOPT_INTERVAL`` and at the end of each drain, and compiling
+    the two reads took longer than running them."""
+    waiting, held = orphans_stmts(served, gated, admits, rates)
+    return _executor.Compiled(waiting, built=True), _executor.Compiled(held, built=True)
+
+
 def orphans(
     conn: _executor.Executor,
     served: Served,
@@ -1226,7 +1237,7 @@ def orphans(
     that ``rates`` (the worker's) lacks, whichever of the limit's waiting jobs keep it:
     its jobs keep it.
     """
-    waiting, held = orphans_stmts(served, gated, admits, rates)
+    waiting, held = _orphans_compiled(served, gated, admits, rates)
     found = conn.rows(waiting)
     names = [row for row in found if row[2] is None]
     kept = sorted({row[2] for row in found if row[2] is not None})
