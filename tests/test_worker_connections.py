@@ -216,6 +216,7 @@ def test_an_idle_worker_claims_and_records_a_job_in_two_statements_and_no_more(
     # A database of its own: another test's NOTIFY would wake the worker for a claim more.
     # Its looks at the tables' size (tests/test_replanning.py) are not counted here.
     monkeypatch.setattr(_executor, "REPLAN_FIRST", 3600.0)
+    monkeypatch.setattr(_executor, "REPLAN_STATEMENTS_FIRST", 10**9)
     engine = sa.create_engine(own_url, connect_args={"cursor_factory": CountingCursor})
     step = noop_kind(name)
     worker = cyclone.Worker(engine, steps=[step], poll_interval=120, sweep=False)
@@ -236,6 +237,7 @@ def test_an_idle_worker_records_a_last_step_alone_and_a_step_with_a_dependent_in
     # last step, with nothing to continue, by a statement that claims nothing: a worker
     # recorded as waiting hears of new work by its NOTIFY.
     monkeypatch.setattr(_executor, "REPLAN_FIRST", 3600.0)
+    monkeypatch.setattr(_executor, "REPLAN_STATEMENTS_FIRST", 10**9)
     engine = sa.create_engine(own_url, connect_args={"cursor_factory": CountingCursor})
     wf = cyclone.ResultWorkflow(f"{name}.wf", input=int, output=int)
 
