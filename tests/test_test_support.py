@@ -17,7 +17,7 @@ from sqlalchemy.engine import URL
 
 import cyclone
 from tests.conftest import wait_until
-from tests.support import at_rest, processes
+from tests.support import at_rest, invariants, processes
 from tests.support.workers import start_runs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -189,3 +189,39 @@ def test_a_connection_dropped_open_fails_the_test_and_says_where_it_was_opened(
             "*in open_and_forget*",
         ]
     )
+
+
+@cyclone.step("support.lane", concurrency=cyclone.Concurrency(1, key=lambda args: args["lane"]))
+def lane_step(ctx: cyclone.StepContext, args: dict[str, str]) -> None: ...
+
+
+def test_a_job_waiting_on_a_free_limit_slot_breaks_the_drained_invariant_only(
+    own_engine: sa.Engine,
+) -> None:
+    """A limited job left available while its key has room is a lost wake-up once the
+    workers have done all they could (the model-based test's end of an example): the
+    ``drained`` check says so; at rest alone a job enqueued and not served yet is fine.
+    A job whose key is full (its slot held by a running job) is waiting, not lost."""
+    name = "no due job waits on a Concurrency whose key has room (a slot free, not taken)"
+    lane_step.enqueue(own_engine, {"lane": "x"})
+    lane_step.enqueue(own_engine, {"lane": "x"})
+    with own_engine.connect() as conn:
+        assert invariants.violations(conn, at_rest=True) == {}
+        found = invariants.violations(conn, at_rest=True, drained=True)
+    assert list(found) == [name]
+    assert len(found[name]) == 2
+    with own_engine.begin() as conn:  # one of them holds the slot (as a worker's claim)
+        conn.execute(
+            sa.text(
+                "UPDATE cyclone_jobs SET state = 'running', worker_id = 'w:1', attempt = 1, "
+                "heartbeat_at = now(), attempted_at = now() "
+                "WHERE id = (SELECT min(id) FROM cyclone_jobs)"
+            )
+        )
+    with own_engine.connect() as conn:
+        assert name not in invariants.violations(conn, at_rest=False, drained=False)
+        assert list(invariants.violations(conn, at_rest=True, drained=True)) == [
+            "no job is running once every worker has stopped"
+        ]
+    with own_engine.begin() as conn:  # leave it at rest for the check after the test
+        conn.execute(sa.text("DELETE FROM cyclone_jobs"))

@@ -5,6 +5,9 @@ Each invariant is a query that returns the rows breaking it (none when it holds)
 row listed. ``at_rest`` adds the invariants that hold only once no worker is serving
 (after a test has stopped what it started): a running job then breaks the rule that
 every running job belongs to a live worker, and a terminal run may not keep one either.
+``drained`` adds those that hold once the workers have also done all they could before
+stopping (the model-based test's end of each example): a test that leaves jobs queued
+on purpose is at rest, not drained.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ class Invariant:
     name: str
     query: str
     at_rest_only: bool = False
+    drained_only: bool = False
 
 
 INVARIANTS: tuple[Invariant, ...] = (
@@ -213,6 +217,29 @@ INVARIANTS: tuple[Invariant, ...] = (
         FROM cyclone_jobs j WHERE j.state = 'running'
         """,
         at_rest_only=True,
+    ),
+    Invariant(
+        # A lost wake-up of a limit: its slot freed (its holder completed, failed, was
+        # rescued, handed back, cancelled or purged) while no worker took it again.
+        "no due job waits on a Concurrency whose key has room (a slot free, not taken)",
+        """
+        SELECT j.id AS job_id, j.run_id, j.kind, j.item, j.limit_name, j.limit_key, l.max,
+               (SELECT count(*) FROM cyclone_jobs o
+                WHERE o.limit_name = j.limit_name AND o.limit_key = j.limit_key
+                  AND o.state = 'running') AS running
+        FROM cyclone_jobs j
+        JOIN cyclone_limits l ON l.name = j.limit_name
+        LEFT JOIN cyclone_runs r ON r.id = j.run_id
+        WHERE j.state = 'available' AND j.scheduled_at <= now() AND l.per IS NULL
+          AND j.rate_name IS NULL
+          AND (j.deadline IS NULL OR j.deadline > now())
+          AND (j.run_id IS NULL OR r.state = 'running')
+          AND NOT EXISTS (SELECT 1 FROM cyclone_queues q WHERE q.name = j.queue AND q.paused)
+          AND (SELECT count(*) FROM cyclone_jobs o
+               WHERE o.limit_name = j.limit_name AND o.limit_key = j.limit_key
+                 AND o.state = 'running') < l.max
+        """,
+        drained_only=True,
     ),
     Invariant(
         "a limited job's limit and key have their rows",
@@ -413,11 +440,13 @@ INVARIANTS: tuple[Invariant, ...] = (
 """Every invariant; ``at_rest_only`` ones hold once no worker serves the database."""
 
 
-def violations(conn: sa.Connection, *, at_rest: bool) -> dict[str, list[dict[str, object]]]:
+def violations(
+    conn: sa.Connection, *, at_rest: bool, drained: bool = False
+) -> dict[str, list[dict[str, object]]]:
     """The rows breaking each invariant, by the invariant's name (only broken ones)."""
     broken: dict[str, list[dict[str, object]]] = {}
     for invariant in INVARIANTS:
-        if invariant.at_rest_only and not at_rest:
+        if (invariant.at_rest_only and not at_rest) or (invariant.drained_only and not drained):
             continue
         rows = conn.execute(sa.text(invariant.query + " LIMIT 20")).mappings().all()
         if rows:
@@ -425,13 +454,17 @@ def violations(conn: sa.Connection, *, at_rest: bool) -> dict[str, list[dict[str
     return broken
 
 
-def check(engine_or_conn: sa.Engine | sa.Connection, *, at_rest: bool = True) -> None:
-    """Raise AssertionError listing every broken invariant, with up to 20 rows each."""
+def check(
+    engine_or_conn: sa.Engine | sa.Connection, *, at_rest: bool = True, drained: bool = False
+) -> None:
+    """Raise AssertionError listing every broken invariant, with up to 20 rows each
+    (``drained``: with those that hold once the workers did all they could, at rest)."""
+    assert at_rest or not drained, "drained is at rest"
     if isinstance(engine_or_conn, sa.Engine):
         with engine_or_conn.connect() as conn:
-            broken = violations(conn, at_rest=at_rest)
+            broken = violations(conn, at_rest=at_rest, drained=drained)
     else:
-        broken = violations(engine_or_conn, at_rest=at_rest)
+        broken = violations(engine_or_conn, at_rest=at_rest, drained=drained)
     if broken:
         lines = ["cyclone's invariants are broken:"]
         for name, rows in broken.items():
