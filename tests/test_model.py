@@ -5,15 +5,18 @@ A hypothesis state machine submits runs of :data:`tests.support.model_proc.WORKF
 child run, the *kid*, is ``g -> k``: ``g`` a child node of its own whose run, the
 *grandkid*, has one gated step ``q``, and ``k`` gated (each child node has two attempts:
 the second runs a failed or cancelled child again), ``m`` a map node whose two items
-``m0`` and ``m1`` are gated) on a database of its own, served by worker
-processes, and interleaves: submit and submit_once (new key, same key with the same or
-another input, a key freed by a purge), fork (of a run ended or not, with a step to run
+``m0`` and ``m1`` are gated; ``b`` runs under a ``Concurrency(1)`` shared by the runs of a
+*lane*, ``m1`` to ``m3`` and ``m4`` to ``m6``, so that their ``b`` contend for one slot) on a
+database of its own, served by worker processes, and interleaves: submit and
+submit_once (new key, same key with the same or another input, a key freed by a
+purge), fork (of a run ended or not, with a step to run
 again or none, under a new key or an earlier fork's), cancel (cascading to the running
 kid and grandkid), retry, retry_all, signals
 (by run, by key, ``signal_tx`` committed, rolled back or held open), a day passing for a
 run (its deadline and its wait's timeout), a run driven to its child nodes
 (``bring_to_child``), its kid or grandkid cancelled, retried or retried in full by its
-own handle, set_retention and purges (a run kept while a run of its tree runs),
+own handle, set_retention and purges (a run kept while a run of its tree runs), runs of
+a lane driven to ``b`` together (``bring_to_lane``: one holds the slot, the others queue),
 each gated step (each map item and each child's step among them) finishing or
 failing (with attempts left or its last), a step finishing while its run is cancelled,
 and workers killed with SIGKILL,
@@ -21,15 +24,18 @@ frozen with SIGSTOP, thawed with SIGCONT or stopped with a hand-back of their jo
 Steps wait at gates the test holds (advisory locks, see
 :mod:`tests.support.model_proc`), so nothing here sleeps to synchronise: after every
 rule the test *settles* (waits until the database shows that every worker did all it
-can: each runnable step claimed and waiting at its gate, each outcome released recorded,
-each job of a dead or frozen worker rescued, each map node expanded or parked for its
-items (its job ``blocked``, an item's job per element of its list), each signal sent
-to a parked wait node delivered, each child node whose child ended woken, each run past
-its deadline failed), then checks cyclone's invariants and compares every run, its
-children and their steps with the reference model (:mod:`tests.support.run_model`),
+can: each runnable step claimed and waiting at its gate (a ``b`` whose lane's slot is
+held by a running job waits, available: not while the slot is free), each outcome
+released recorded, each job of a dead or frozen worker rescued, each map node expanded
+or parked for its items (its job ``blocked``, an item's job per element of its list),
+each signal sent to a parked wait node delivered, each child node whose child ended
+woken, each run past its deadline failed), then checks cyclone's invariants and compares
+every run, its children and their steps with the reference model
+(:mod:`tests.support.run_model`),
 which accepts every state the workers' moves may end in, in any order. At the end of
 each example every gate is released, the workers are stopped, and the at-rest
-invariants hold: every run has ended, or waits for its signal.
+invariants hold (with the *drained* ones: no job waits on a limit slot left free):
+every run has ended, or waits for its signal.
 
 Bounded for CI (``CYCLONE_MODEL_EXAMPLES``, default 8, and ``CYCLONE_MODEL_STEPS``,
 default 20: about 30 s); a longer run: ``CYCLONE_MODEL_EXAMPLES=500 CYCLONE_MODEL_STEPS=30
@@ -85,6 +91,7 @@ from tests.support.model_proc import (
     WORKFLOW,
     Item,
     gate,
+    lane_of,
 )
 from tests.support.run_model import (
     GRAND_STEP,
@@ -94,6 +101,7 @@ from tests.support.run_model import (
     KID_STEP,
     KID_STEPS,
     LEVELS,
+    LIMITED,
     STEPS,
     Expect,
     RunModel,
@@ -159,6 +167,10 @@ one state to another between two checks (printed at the end)."""
 MAP_TRANSITIONS: Counter[str] = Counter()
 """How many times the map node ``m`` and its items ``m0``, ``m1`` were seen to move from one
 state to another between two checks (printed at the end)."""
+LANE_TRANSITIONS: Counter[str] = Counter()
+"""How many times ``b`` (under the lane's ``Concurrency(1)``) was seen to move from one
+state to another between two checks, ``queued`` its wait for the slot (printed at the
+end), and ``contended``: checks that saw a lane's slot held and a ``b`` queued for it."""
 
 
 def guarded(fn: Callable[..., None]) -> Callable[..., None]:
@@ -277,6 +289,16 @@ class Snapshot:
         assert len(mine) <= 1, f"two executions at their gate hold one claim: {mine}"
         return mine[0] if mine else None
 
+    def limit_full(self, job: dict[str, Any]) -> bool:
+        """Whether ``job`` is limited and its key has ``max`` jobs running (its slot held:
+        by a job at its gate, of a cancelled run too, or of a worker not rescued yet)."""
+        if job.get("limit") is None:  # (a snapshot made by hand may not say)
+            return False
+        running = sum(
+            1 for j in self.jobs.values() if j["limit"] == job["limit"] and j["state"] == "running"
+        )
+        return bool(running >= job["max"])
+
     def expanded(self, tag: str) -> bool:
         """Whether ``m`` of run ``tag`` has items (they exist only once ``b`` completed)."""
         b = self.jobs.get((tag, "b"))
@@ -295,6 +317,8 @@ class Snapshot:
             state = job["state"]
             if state == "running":
                 state = "active"
+            elif state == "available" and job.get("limit") is not None:
+                state = "queued"  # waiting for its lane's slot (the settle checks it is held)
             elif state == "available":
                 state = "parked" if step == "w" and job["later"] else "active"
             elif state == "blocked" and step in ("w", "c") and job["pending"] == 0:
@@ -531,9 +555,10 @@ class Harness:
                     "j.kind || coalesce(j.item::text, ''), j.state, j.pending_deps, "
                     "j.worker_id, j.attempt, j.lease, j.id, "
                     "j.scheduled_at <= now(), j.scheduled_at > now() + interval '1 hour', "
-                    "s.payload IS NOT NULL "
+                    "s.payload IS NOT NULL, j.limit_name, j.limit_key, l.max "
                     "FROM cyclone_runs r LEFT JOIN cyclone_jobs j ON j.run_id = r.id "
-                    "LEFT JOIN cyclone_signals s ON s.run_id = r.id AND s.name = 'go'"
+                    "LEFT JOIN cyclone_signals s ON s.run_id = r.id AND s.name = 'go' "
+                    "LEFT JOIN cyclone_limits l ON l.name = j.limit_name"
                 )
             ).all()
             execs = conn.execute(
@@ -558,6 +583,9 @@ class Harness:
             due,
             later,
             signalled,
+            limit_name,
+            limit_key,
+            limit_max,
         ) in rows:
             runs[tag] = {
                 "state": rstate,
@@ -577,6 +605,8 @@ class Harness:
                     "id": job_id,
                     "due": due,
                     "later": later,
+                    "limit": None if limit_name is None else (limit_name, limit_key),
+                    "max": limit_max,
                 }
         waiting = [Exec(t, s, n, p, a, le, j) for t, s, n, p, a, le, j, v in execs if v is None]
         max_n: dict[tuple[str, str], int] = {}
@@ -599,8 +629,11 @@ class Harness:
                 todo.append(f"{tag}: past its deadline, still running")
         for (tag, step), job in snap.jobs.items():
             running = snap.runs[tag]["state"] == "running"
-            if job["state"] == "available" and job["due"] and running:
-                todo.append(f"{tag}:{step} available, not claimed")
+            if job["state"] == "available" and running and snap.limit_full(job):
+                pass  # waits for its limit's slot, held by another job of its key
+            elif job["state"] == "available" and job["due"] and running:
+                full = " (its limit's slot free)" if job.get("limit") is not None else ""
+                todo.append(f"{tag}:{step} available, not claimed{full}")
             elif job["state"] == "available" and not job["later"] and running and tag != cycling:
                 todo.append(f"{tag}:{step} available soon, not claimed")
             # A signal sent to a parked wait node is delivered by a worker's next claim
@@ -730,13 +763,17 @@ class ModelMachine(RuleBasedStateMachine):
             st.tuples(st.booleans(), st.booleans(), st.booleans()), min_size=1, max_size=3
         ),
         to_children=st.integers(0, 2),
+        to_lane=st.integers(0, 3),
     )
     @guarded
-    def start(self, runs: list[tuple[bool, bool, bool]], to_children: int = 0) -> None:
+    def start(
+        self, runs: list[tuple[bool, bool, bool]], to_children: int = 0, to_lane: int = 0
+    ) -> None:
         """Two workers serving, and a first few runs (keyed?, with a deadline?, signalled?),
         the first ``to_children`` of them driven to their child nodes (the kid and the
         grandkid made, its ``q`` at its gate), so that the rules find trees of children
-        to act on in a short example."""
+        to act on in a short example, and the next ``to_lane`` to their ``b`` (the first
+        three runs share a lane: the second's ``b`` queues for the first's slot)."""
         with self.engine.begin() as conn:
             conn.execute(
                 sa.text("TRUNCATE cyclone_signals, cyclone_jobs, cyclone_runs, model_exec")
@@ -750,10 +787,12 @@ class ModelMachine(RuleBasedStateMachine):
             model = self.submit_new(keyed, deadline)
             if signalled:
                 self.send_signal(model, "run", 1)
-        if to_children:
+        if to_children or to_lane:
             self.settle_and_check()
             for number in sorted(self.runs)[:to_children]:
                 self.drive_model(self.runs[number], None, GRAND_STEP)
+            for number in sorted(self.runs)[to_children:][:to_lane]:
+                self.drive_to_lane(self.runs[number])
 
     def teardown(self) -> None:
         try:
@@ -789,7 +828,7 @@ class ModelMachine(RuleBasedStateMachine):
             raise AssertionError("the example did not come to rest")
         for worker in self.h.live():
             self.h.stop(worker)
-        invariants.check(self.engine, at_rest=True)
+        invariants.check(self.engine, at_rest=True, drained=True)
         snap = self.h.snapshot()
         self.compare(snap)
         for tag, run in snap.runs.items():
@@ -832,6 +871,8 @@ class ModelMachine(RuleBasedStateMachine):
         invariants.check(self.engine, at_rest=False)
         self.compare(snap)
         self.snap = snap
+        if any(j["state"] == "available" and snap.limit_full(j) for j in snap.jobs.values()):
+            LANE_TRANSITIONS["contended"] += 1
 
     def compare(self, snap: Snapshot) -> None:
         for number, model in list(self.runs.items()):
@@ -843,6 +884,8 @@ class ModelMachine(RuleBasedStateMachine):
             if seen is not None and seen["w"] == "active" and tx_open:
                 views.append({**seen, "w": "parked"})
             candidates = self.alternatives.pop(number, None) or [model]
+            # A step waiting for its lane's slot is claimed once another run frees it.
+            candidates += [p for c in candidates if (p := c.promoted()) is not None]
             matching = [c for c in candidates if (None if c.purged else c.summary()) in views]
             assert matching, f"run {model.tag} is {seen}; the model says " + " or ".join(
                 str(c.summary()) for c in candidates
@@ -855,6 +898,7 @@ class ModelMachine(RuleBasedStateMachine):
         for parts, counter in (
             (("c", "kid", *KID_STEPS, "grand", *GRAND_STEPS), CHILD_TRANSITIONS),
             (("m", *ITEMS), MAP_TRANSITIONS),
+            (LIMITED, LANE_TRANSITIONS),
         ):
             for part in parts:
                 old = before.get(part, "none")
@@ -1343,6 +1387,48 @@ class ModelMachine(RuleBasedStateMachine):
         spends its attempts (failing the run, its other item running on)."""
         self.drive_to(pick, then, item)
 
+    @rule(pick=PICK, both=st.booleans())
+    @when(lambda self: self.has_runs())
+    @guarded
+    def bring_to_lane(self, pick: int, both: bool) -> None:
+        """Drive a run to its ``b`` (finish its ``a``, signal its ``w``) and leave it there:
+        claimed, holding its lane's one slot, or queued for it; ``both``: then another run
+        of the same lane (the next by number), which so contends with the first for the
+        slot. The rules that release, cancel, retry, lose or purge the holder then race
+        the slot's next claim."""
+        model = self.pick_run(pick)
+        self.drive_to_lane(model)
+        lane = lane_of(int(model.input_tag.removeprefix("m")))
+        others = [
+            n
+            for n, other in sorted(self.runs.items())
+            if lane_of(int(other.input_tag.removeprefix("m"))) == lane
+            and n != model.number
+            and (self.open_tx is None or n != self.open_tx[2])
+        ]
+        if both and others:
+            later = [n for n in others if n > model.number]
+            self.drive_to_lane(self.runs[(later or others)[0]])
+
+    def drive_to_lane(self, model: RunModel) -> None:
+        """:meth:`bring_to_lane` for the run ``model`` alone."""
+        for _ in range(3):
+            assert self.snap is not None
+            if model.purged or model.state != "running" or model.steps["b"].state != "blocked":
+                break
+            held = [e for e in self.releasable(self.snap) if (e.tag, e.step) == (model.tag, "a")]
+            if held:
+                model.release("a", "finish")
+                model = self.expect(model)
+                self.h.release(held[0], "finish")
+            elif model.steps["w"].state == "parked":
+                self.send_signal(model, "run", 1)
+            else:
+                return
+            self.settle_and_check()
+            model = self.runs[model.number]
+        RULES_RUN[f"bring_to_lane: b {model.steps['b'].state}"] += 1
+
     def drive_to(self, pick: int, then: str | None, step: str) -> None:
         """Drive a run to ``c`` and ``m``, then give ``step`` (``q``, ``k`` or an item)
         ``then``."""
@@ -1532,6 +1618,7 @@ def test_random_interleavings_end_as_the_model_says(harness: Harness) -> None:
     RULES_RUN.clear()
     CHILD_TRANSITIONS.clear()
     MAP_TRANSITIONS.clear()
+    LANE_TRANSITIONS.clear()
     FIRST_FAILURE.clear()
     started = time.monotonic()
     try:
@@ -1542,6 +1629,7 @@ def test_random_interleavings_end_as_the_model_says(harness: Harness) -> None:
         print(f"model: {time.monotonic() - started:.0f} s, rules run: {dict(RULES_RUN)}")
         print(f"child transitions seen: {dict(sorted(CHILD_TRANSITIONS.items()))}")
         print(f"map transitions seen: {dict(sorted(MAP_TRANSITIONS.items()))}")
+        print(f"lane transitions seen: {dict(sorted(LANE_TRANSITIONS.items()))}")
 
 
 # -- the test of the test: each known defect, replayed through the machine --------------
@@ -2278,6 +2366,59 @@ def test_a_failed_map_item_fails_its_run_and_retry_runs_it_alone_and_retry_all_e
         assert summary()["run"] == "completed"
         assert (executions("m0"), executions("m1")) == (2, 4)
         assert items_done() == (2, 2)
+    finally:
+        machine.teardown()
+
+
+@pytest.mark.processes
+def test_the_runs_of_a_lane_take_its_one_slot_in_turn(harness: Harness) -> None:
+    """Through the machine, ``b`` under its lane's ``Concurrency(1)``: of ``m1``, ``m2`` and
+    ``m3`` (one lane) driven to ``b``, one ``b`` runs and the others wait ``queued``
+    (available, not claimed: the settle accepts it only while the slot is held), while
+    ``m4``'s (another lane) runs. A cancel of a queued run cancels its ``b``; of the
+    holder, leaves its ``b`` running, holding the slot, until it ends: then a waiting
+    ``b`` takes it. A ``b`` failing with an attempt left queues behind one waiting; a
+    retried run's ``b`` waits as a new one; the holder's worker killed, its ``b`` is
+    rescued and the slot goes to one of the two; and at rest no ``b`` waits."""
+    ModelMachine.harness = harness
+    machine = ModelMachine()
+
+    def lanes() -> tuple[str, ...]:
+        return tuple(machine.model_of(f"m{n}").summary()["b"] for n in (1, 2, 3, 4))
+
+    try:
+        machine.start(runs=[(False, False, True)] * 4)
+        machine.settled_and_as_modelled()
+        for tag in ("m1", "m2", "m4", "m3"):
+            machine.release_step(tag, "a", "finish")  # w runs on its stored signal
+        assert lanes() == ("active", "queued", "queued", "active")
+        machine.cancel(pick=3)  # m2, queued: its b is cancelled
+        machine.settled_and_as_modelled()
+        assert lanes() == ("active", "cancelled", "queued", "active")
+        machine.cancel(pick=1)  # m1, holding the slot: its b runs on, and holds it
+        machine.settled_and_as_modelled()
+        assert lanes() == ("active", "cancelled", "queued", "active")
+        machine.release_step("m1", "b", "finish")  # in the cancelled run: the slot frees
+        assert lanes() == ("completed", "cancelled", "active", "active")
+        machine.retry(pick=3, every_step=False)  # m2's b waits again, behind m3's
+        machine.settled_and_as_modelled()
+        assert lanes() == ("completed", "queued", "active", "active")
+        machine.release_step("m3", "b", "fail")  # an attempt left: m2's b takes the slot
+        assert lanes() == ("completed", "active", "queued", "active")
+        assert machine.snap is not None
+        e = machine.snap.current("m2", "b")
+        assert e is not None
+        machine.kill_worker(pick=[w.pid for w in harness.live()].index(e.pid))
+        machine.settled_and_as_modelled()  # rescued: either b takes the slot
+        assert sorted(lanes()[1:3]) == ["active", "queued"]
+        machine.start_worker()
+        machine.settled_and_as_modelled()
+        for _ in range(2):  # the holder finishes; the other takes the slot, and finishes
+            snap = machine.snap
+            assert snap is not None
+            holder = next(t for t in ("m2", "m3") if snap.current(t, "b") is not None)
+            machine.release_step(holder, "b", "finish")
+        assert lanes() == ("completed", "completed", "completed", "active")
     finally:
         machine.teardown()
 

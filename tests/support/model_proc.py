@@ -17,6 +17,11 @@ of its own, as ``c`` is, whose run of :data:`GRAND` (the *grandkid*, tagged
 ``<the run's tag>/kid/kid``) has one gated step ``q``, and ``k`` is gated; ``m``
 is a map node over ``b``'s list ``[0, 1]``: its two items, gated too, are told in
 ``model_exec`` as steps ``m0`` and ``m1`` (the node's name and the item's index).
+``b`` runs under :data:`LANE`, a ``Concurrency(1)`` whose key is the run's *lane*
+(:func:`lane_of` its number: ``m1``, ``m2`` and ``m3`` share one slot, ``m4`` to ``m6``
+another, and a fork shares its source's, its input's tag): of two runs of a lane that
+reach ``b``, one's ``b`` runs and the other's waits ``available``, not claimed, until
+the slot frees (its holder ends, is rescued, handed back or purged).
 Each execution of a gated step inserts a row into ``model_exec`` numbered per (tag,
 step), then waits for the advisory lock :func:`gate` of that number, which the test
 holds from the run's submission until it gives the execution its verdict (``finish``
@@ -82,6 +87,26 @@ FORK_PREFIX = "fork-"
 class Item(msgspec.Struct):
     tag: str
     v: int = 0
+
+
+LANE_NAME = "model.lane"
+"""The name of :data:`LANE` (its row in ``cyclone_limits``)."""
+
+
+def lane_of(number: int) -> str:
+    """The lane of run ``m<number>``: three runs a lane (the first three runs, which an
+    example starts with, contend for one slot)."""
+    return f"lane-{(number - 1) // 3}"
+
+
+def lane(item: Item) -> str:
+    """The key of :data:`LANE` for a run of input ``item`` (a fork's input is its
+    source's): the lane of the run its tag names."""
+    return lane_of(int(item.tag.split("/")[0].removeprefix("m")))
+
+
+LANE = cyclone.Concurrency(1, key=lane, name=LANE_NAME)
+"""One ``b`` at once per lane, across every run and worker."""
 
 
 class StepFailed(Exception):
@@ -193,7 +218,7 @@ def w(ctx: cyclone.StepContext, payload: int) -> int:
     return payload
 
 
-@WORKFLOW.step(after=[w], max_attempts=MAX_ATTEMPTS)
+@WORKFLOW.step(after=[w], max_attempts=MAX_ATTEMPTS, concurrency=LANE)
 def b(ctx: cyclone.StepContext, item: Item) -> list[int]:
     gated(ctx, item, "b")
     return list(range(MAP_ITEMS))

@@ -19,8 +19,10 @@ while ``c`` fails the run, a deadline and a wait's timeout falling due together)
 are several, and the test keeps the one the database shows; none matching is a failure.
 
 Step states: ``blocked`` (upstream not completed), ``active`` (claimed and waiting at
-its gate, or available), ``parked`` (``w`` waiting for its signal, ``c`` and ``g`` for
-their child to end, ``m`` for its items), and the terminal ``completed``, ``failed``,
+its gate, or available), ``queued`` (a step of :data:`LIMITED`, available but not
+claimed: its lane's one slot is held by another run's step, see
+:data:`tests.support.model_proc.LANE`), ``parked`` (``w`` waiting for its signal, ``c``
+and ``g`` for their child to end, ``m`` for its items), and the terminal ``completed``, ``failed``,
 ``cancelled``. A child run is ``none`` until its node first parks; then a run state of
 its own, with its steps' states. The items are ``none`` until ``m`` first expands (and
 again after a ``retry_all``); each then has a step's states and attempts of its own.
@@ -51,6 +53,13 @@ KID_NODE = "g"
 """The kid's child node, whose child is the grandkid."""
 GRAND_STEP = "q"
 """The grandkid's one (gated) step."""
+LIMITED = ("b",)
+"""The steps under the lane's ``Concurrency(1)``: once runnable, each is claimed
+(``active``) or waits for the slot (``queued``), as the other runs of its lane let it.
+A run's model cannot tell which (the slot is shared with other runs): it allows both,
+and lets a ``queued`` step become ``active`` whenever the test sees it so (the slot
+freed by another run: :meth:`RunModel.promoted`); the test's settle checks that a step
+waits only while its lane's slot is held."""
 KID_STEPS = (KID_NODE, KID_STEP)
 GRAND_STEPS = (GRAND_STEP,)
 LEVELS = ("kid", "grand")
@@ -148,9 +157,9 @@ class ChildModel:
 
 
 def cancel_unstarted(steps: Iterable[StepModel]) -> None:
-    """Cancel the steps not started (blocked, parked, or available: not claimed yet)."""
+    """Cancel the steps not started (blocked, parked, or queued: not claimed yet)."""
     for s in steps:
-        if s.state in ("blocked", "parked"):
+        if s.state in ("blocked", "parked", "queued"):
             s.state = "cancelled"
 
 
@@ -287,6 +296,7 @@ class RunModel:
             moves.append("time out w")
         if b.state == "blocked" and w.state == "completed":
             moves.append("claim b")
+            moves.append("queue b")  # its lane's slot held by another run
         if c.state == "blocked" and b.state == "completed":
             moves.append("claim c")
         if c.state == "parked" and kid is not None and kid.state != "running":
@@ -334,8 +344,8 @@ class RunModel:
             self.steps["m"].state = "completed"
         else:
             verb, step = move.split()
-            assert verb == "claim", move
-            self.step(step).state = "active"
+            assert verb in ("claim", "queue"), move
+            self.step(step).state = "active" if verb == "claim" else "queued"
         self._end_if_done()
 
     def _claim_node(self, owner: ChildModel | None, node: str) -> None:
@@ -380,6 +390,17 @@ class RunModel:
         if self.state == "running" and all(s.state == "completed" for s in self.steps.values()):
             self.state = "completed"
 
+    def promoted(self) -> RunModel | None:
+        """This model with its ``queued`` steps claimed (their slot freed since), or None
+        when none is queued."""
+        queued = [step for step in LIMITED if self.steps[step].state == "queued"]
+        if not queued:
+            return None
+        after = self.copy()
+        for step in queued:
+            after.steps[step].state = "active"
+        return after
+
     def advance(self) -> RunModel:
         """Make the enabled moves in the canonical order until none is left."""
         while moves := self.enabled():
@@ -423,7 +444,10 @@ class RunModel:
     # -- what the test does ------------------------------------------------------------
 
     def release(self, step: str, verdict: str) -> None:
-        """The current execution of ``step`` (active) finishes or raises."""
+        """The current execution of ``step`` (active) finishes or raises (an attempt left
+        and its run running: claimed again, or, for a step of :data:`LIMITED`, available
+        again, as a new one, claimed or queued behind another run's step that the slot
+        it freed went to)."""
         s = self.step(step)
         assert s.state == "active", (self.tag, step, s)
         if self.purged:
@@ -436,6 +460,8 @@ class RunModel:
                 self._fail_for_good(step)
             elif self.state_of(step) != "running":
                 s.state = "cancelled"
+            elif step in LIMITED:
+                s.state = "blocked"
         self._end_if_done()
 
     def _fail_for_good(self, step: str) -> None:
@@ -476,9 +502,12 @@ class RunModel:
 
     def hand_back(self, step: str) -> None:
         """The worker running ``step`` stops and hands it back: claimed again, or, its run
-        ended, cancelled."""
+        ended, cancelled; a step of :data:`LIMITED` available again may find its slot
+        taken by another run's step meanwhile (so, as a new one, claimed or queued)."""
         if self.state_of(step) != "running":
             self.step(step).state = "cancelled"
+        elif step in LIMITED:
+            self.step(step).state = "blocked"
 
     def cancel(self) -> str | None:
         if self.purged:
