@@ -5,11 +5,11 @@ A hypothesis state machine submits runs of :data:`tests.support.model_proc.WORKF
 child run, the *kid*, is ``g -> k``: ``g`` a child node of its own whose run, the
 *grandkid*, has one gated step ``q``, and ``k`` gated (each child node has two attempts:
 the second runs a failed or cancelled child again), ``m`` a map node whose two items
-``m0`` and ``m1`` are gated; ``b`` runs under a ``Concurrency(1)`` shared by the runs of a
-*lane*, ``m1`` to ``m3`` and ``m4`` to ``m6``, so that their ``b`` contend for one slot) on a
-database of its own, served by worker processes, and interleaves: submit and
-submit_once (new key, same key with the same or another input, a key freed by a
-purge), fork (of a run ended or not, with a step to run
+``m0`` and ``m1`` are gated; ``b`` and the kid's ``k`` run under a ``Concurrency(1)``
+shared by the runs of a *lane*, ``m1`` to ``m3`` and ``m4`` to ``m6``, and their kids, so
+that they contend for one slot) on a database of its own, served by worker processes,
+and interleaves: submit and submit_once (new key, same key with the same or another
+input, a key freed by a purge), fork (of a run ended or not, with a step to run
 again or none, under a new key or an earlier fork's), cancel (cascading to the running
 kid and grandkid), retry, retry_all, signals
 (by run, by key, ``signal_tx`` committed, rolled back or held open), a day passing for a
@@ -24,8 +24,8 @@ frozen with SIGSTOP, thawed with SIGCONT or stopped with a hand-back of their jo
 Steps wait at gates the test holds (advisory locks, see
 :mod:`tests.support.model_proc`), so nothing here sleeps to synchronise: after every
 rule the test *settles* (waits until the database shows that every worker did all it
-can: each runnable step claimed and waiting at its gate (a ``b`` whose lane's slot is
-held by a running job waits, available: not while the slot is free), each outcome
+can: each runnable step claimed and waiting at its gate (a ``b`` or ``k`` whose lane's
+slot is held by a running job waits, available: not while the slot is free), each outcome
 released recorded, each job of a dead or frozen worker rescued, each map node expanded
 or parked for its items (its job ``blocked``, an item's job per element of its list),
 each signal sent to a parked wait node delivered, each child node whose child ended
@@ -168,9 +168,9 @@ MAP_TRANSITIONS: Counter[str] = Counter()
 """How many times the map node ``m`` and its items ``m0``, ``m1`` were seen to move from one
 state to another between two checks (printed at the end)."""
 LANE_TRANSITIONS: Counter[str] = Counter()
-"""How many times ``b`` (under the lane's ``Concurrency(1)``) was seen to move from one
-state to another between two checks, ``queued`` its wait for the slot (printed at the
-end), and ``contended``: checks that saw a lane's slot held and a ``b`` queued for it."""
+"""How many times ``b`` and ``k`` (under the lane's ``Concurrency(1)``) were seen to move
+from one state to another between two checks, ``queued`` its wait for the slot (printed
+at the end), and ``contended``: checks that saw a lane's slot held and a step queued."""
 
 
 def guarded(fn: Callable[..., None]) -> Callable[..., None]:
@@ -344,7 +344,9 @@ class Snapshot:
                     # A child cancelled before a claim started it never had jobs: its
                     # steps read as cancelled, as the read model says (unstarted.py).
                     state = "cancelled"
-                if state in ("running", "available"):
+                if state == "available" and job and job.get("limit") is not None:
+                    state = "queued"  # waiting for its lane's slot
+                elif state in ("running", "available"):
                     state = "active"
                 elif state == "blocked" and step == KID_NODE and job and job["pending"] == 0:
                     state = "parked"  # waiting for its child
@@ -2419,6 +2421,44 @@ def test_the_runs_of_a_lane_take_its_one_slot_in_turn(harness: Harness) -> None:
             holder = next(t for t in ("m2", "m3") if snap.current(t, "b") is not None)
             machine.release_step(holder, "b", "finish")
         assert lanes() == ("completed", "completed", "completed", "active")
+    finally:
+        machine.teardown()
+
+
+@pytest.mark.processes
+def test_a_kids_step_and_a_runs_step_share_their_lanes_slot(harness: Harness) -> None:
+    """Through the machine: ``m1``'s kid's ``k`` (of the kid's workflow) holds the lane's
+    slot, so ``m2``'s ``b`` (of the run's workflow, the same limit by name) waits for it.
+    A cancel of ``m1`` cascades to its kid, whose ``k`` runs on and holds the slot until
+    it ends; then ``m2``'s ``b`` takes it. A retry of ``m1`` (its ``c`` retries the kid)
+    queues the kid's ``k`` behind ``m2``'s ``b``."""
+    ModelMachine.harness = harness
+    machine = ModelMachine()
+
+    def lane() -> tuple[str, str]:
+        return machine.model_of("m1").summary()["k"], machine.model_of("m2").summary()["b"]
+
+    try:
+        machine.start(runs=[(False, False, True)] * 2)
+        machine.settled_and_as_modelled()
+        machine.bring_to_child(pick=1, then=None, level="kid")  # m1: q finished, k runs
+        machine.settled_and_as_modelled()
+        assert lane() == ("active", "blocked")
+        machine.release_step("m2", "a", "finish")
+        assert lane() == ("active", "queued")
+        machine.cancel(pick=1)  # m1, and its kid: k runs on, holding the slot
+        machine.settled_and_as_modelled()
+        assert machine.model_of("m1").summary()["kid"] == "cancelled"
+        assert lane() == ("active", "queued")
+        machine.release_step("m1/kid", "k", "fail")  # an attempt left, its run cancelled
+        assert lane() == ("cancelled", "active")
+        machine.release_step("m1", "m0", "finish")
+        machine.release_step("m1", "m1", "finish")
+        machine.retry(pick=1, every_step=False)  # c retries the kid: k waits for b
+        machine.settled_and_as_modelled()
+        assert lane() == ("queued", "active")
+        machine.release_step("m2", "b", "finish")
+        assert lane()[0] == "active"
     finally:
         machine.teardown()
 

@@ -19,8 +19,10 @@ is a map node over ``b``'s list ``[0, 1]``: its two items, gated too, are told i
 ``model_exec`` as steps ``m0`` and ``m1`` (the node's name and the item's index).
 ``b`` runs under :data:`LANE`, a ``Concurrency(1)`` whose key is the run's *lane*
 (:func:`lane_of` its number: ``m1``, ``m2`` and ``m3`` share one slot, ``m4`` to ``m6``
-another, and a fork shares its source's, its input's tag): of two runs of a lane that
-reach ``b``, one's ``b`` runs and the other's waits ``available``, not claimed, until
+another, and a fork shares its source's, its input's tag), and so does the kid's ``k``
+(the kid's lane is its top run's: a run's ``b`` and the kids' ``k`` of its lane draw
+from one slot, a limit shared by name between two workflows): of two steps of a lane
+that become runnable, one runs and the other waits ``available``, not claimed, until
 the slot frees (its holder ends, is rescued, handed back or purged).
 Each execution of a gated step inserts a row into ``model_exec`` numbered per (tag,
 step), then waits for the advisory lock :func:`gate` of that number, which the test
@@ -106,7 +108,7 @@ def lane(item: Item) -> str:
 
 
 LANE = cyclone.Concurrency(1, key=lane, name=LANE_NAME)
-"""One ``b`` at once per lane, across every run and worker."""
+"""One ``b`` or ``k`` at once per lane, across every run, kid and worker."""
 
 
 class StepFailed(Exception):
@@ -200,7 +202,7 @@ def g(ctx: cyclone.StepContext, item: Item) -> Item:
     return child_input(ctx)
 
 
-@KID.step(after=[g], max_attempts=MAX_ATTEMPTS)
+@KID.step(after=[g], max_attempts=MAX_ATTEMPTS, concurrency=LANE)
 def k(ctx: cyclone.StepContext, item: Item) -> int:
     return gated(ctx, item, "k")
 

@@ -53,9 +53,10 @@ KID_NODE = "g"
 """The kid's child node, whose child is the grandkid."""
 GRAND_STEP = "q"
 """The grandkid's one (gated) step."""
-LIMITED = ("b",)
-"""The steps under the lane's ``Concurrency(1)``: once runnable, each is claimed
-(``active``) or waits for the slot (``queued``), as the other runs of its lane let it.
+LIMITED = ("b", KID_STEP)
+"""The steps (the run's ``b``, its kid's ``k``) under the lane's ``Concurrency(1)``: once
+runnable, each is claimed (``active``) or waits for the slot (``queued``), as the other
+runs of its lane let it.
 A run's model cannot tell which (the slot is shared with other runs): it allows both,
 and lets a ``queued`` step become ``active`` whenever the test sees it so (the slot
 freed by another run: :meth:`RunModel.promoted`); the test's settle checks that a step
@@ -283,6 +284,7 @@ class RunModel:
                 moves.append("wake g")
             if k.state == "blocked" and g.state == "completed":
                 moves.append("claim k")
+                moves.append("queue k")  # its lane's slot held by another step
         if self.state != "running":
             return moves
         a, w, b, c, m = (self.steps[s] for s in STEPS)
@@ -393,13 +395,17 @@ class RunModel:
     def promoted(self) -> RunModel | None:
         """This model with its ``queued`` steps claimed (their slot freed since), or None
         when none is queued."""
-        queued = [step for step in LIMITED if self.steps[step].state == "queued"]
+        queued = [s for s in LIMITED if self.owns(s) and self.step(s).state == "queued"]
         if not queued:
             return None
         after = self.copy()
         for step in queued:
-            after.steps[step].state = "active"
+            after.step(step).state = "active"
         return after
+
+    def owns(self, step: str) -> bool:
+        """Whether the run or the child run ``step`` belongs to exists (its kid is made)."""
+        return step in STEPS or (step in KID_STEPS and self.kid is not None)
 
     def advance(self) -> RunModel:
         """Make the enabled moves in the canonical order until none is left."""
