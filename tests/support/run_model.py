@@ -20,10 +20,10 @@ are several, and the test keeps the one the database shows; none matching is a f
 
 Step states: ``blocked`` (upstream not completed), ``active`` (claimed and waiting at
 its gate, or available), ``queued`` (a step of :data:`LIMITED`, available but not
-claimed: its lane's one slot is held by another run's step, see
+claimed: its lane's one slot is held by another step, see
 :data:`tests.support.model_proc.LANE`), ``parked`` (``w`` waiting for its signal, ``c``
-and ``g`` for their child to end, ``m`` for its items), and the terminal ``completed``, ``failed``,
-``cancelled``. A child run is ``none`` until its node first parks; then a run state of
+and ``g`` for their child to end, ``m`` for its items), and the terminal ``completed``,
+``failed``, ``cancelled``. A child run is ``none`` until its node first parks; then a run state of
 its own, with its steps' states. The items are ``none`` until ``m`` first expands (and
 again after a ``retry_all``); each then has a step's states and attempts of its own.
 """
