@@ -295,7 +295,9 @@ class Snapshot:
         if job.get("limit") is None:  # (a snapshot made by hand may not say)
             return False
         running = sum(
-            1 for j in self.jobs.values() if j["limit"] == job["limit"] and j["state"] == "running"
+            1
+            for j in self.jobs.values()
+            if j.get("limit") == job["limit"] and j["state"] == "running"
         )
         return bool(running >= job["max"])
 
@@ -1897,6 +1899,46 @@ def test_a_child_node_parked_for_a_child_run_that_ended_is_not_settled() -> None
     }
     kid["parent_waits"] = False  # woken: the node (claimed) stops waiting as it records
     assert harness.unsettled(snap) == []
+
+
+def test_a_step_waiting_for_its_lanes_slot_is_settled_only_while_the_slot_is_held() -> None:
+    """A ``b`` available and not claimed waits for its lane's slot: settled while a job of
+    its limit and key runs (another run's ``b``, a kid's ``k``, or a job of a cancelled
+    run still at its gate), read as ``queued``; once no job of its key runs, a lost
+    wake-up, and the settle says the slot is free. A job of another key does not hold
+    it."""
+    harness = Harness.__new__(Harness)  # no database: unsettled() reads the snapshot only
+    harness.workers = [WorkerProc(SimpleNamespace(pid=100))]  # type: ignore[arg-type]
+    done = {"state": "completed", "pending": 0, "due": False, "later": False}
+    lane0, lane1 = ("model.lane", "lane-0"), ("model.lane", "lane-1")
+    waiting = {"state": "available", "pending": 0, "pid": None, "attempt": 0, "lease": 0}
+    waiting |= {"due": True, "later": False, "limit": lane0, "max": 1}
+    holder = {"state": "running", "pending": 0, "pid": 100, "attempt": 1, "lease": 3, "id": 9}
+    holder |= {"due": True, "later": False, "limit": lane0, "max": 1}
+    running = {"state": "running", "unstarted": False, "past_deadline": False}
+    snap = Snapshot(
+        runs={"m2": dict(running), "m1/kid": dict(running), "m4": dict(running)},
+        jobs={
+            ("m2", "a"): done,
+            ("m2", "w"): done,
+            ("m2", "b"): waiting,
+            ("m1/kid", "k"): holder,
+            ("m4", "b"): {**holder, "limit": lane1, "id": 10},
+        },
+        waiting=[
+            Exec("m1/kid", "k", 1, pid=100, attempt=1, lease=3, job_id=9),
+            Exec("m4", "b", 1, pid=100, attempt=1, lease=3, job_id=10),
+        ],
+        max_n={},
+    )
+    for r in snap.runs.values():
+        r["signalled"] = True
+    assert harness.unsettled(snap) == []
+    seen = snap.observed("m2")
+    assert seen is not None
+    assert seen["b"] == "queued"
+    holder["state"] = "completed"  # the kid's k ended: lane-0's slot is free
+    assert harness.unsettled(snap) == ["m2:b available, not claimed (its limit's slot free)"]
 
 
 def test_a_settle_that_fails_names_a_worker_whose_threads_all_wait_at_gates() -> None:
