@@ -404,8 +404,15 @@ class RunModel:
         return after
 
     def owns(self, step: str) -> bool:
-        """Whether the run or the child run ``step`` belongs to exists (its kid is made)."""
-        return step in STEPS or (step in KID_STEPS and self.kid is not None)
+        """Whether the run, child run or map node ``step`` belongs to has it (its kid, its
+        grandkid made; its items made)."""
+        if step in KID_STEPS:
+            return self.kid is not None
+        if step in GRAND_STEPS:
+            return self.grand is not None
+        if step in ITEMS:
+            return self.items is not None
+        return step in STEPS
 
     def advance(self) -> RunModel:
         """Make the enabled moves in the canonical order until none is left."""
