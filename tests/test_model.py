@@ -1443,24 +1443,38 @@ class ModelMachine(RuleBasedStateMachine):
             later = [n for n in others if n > model.number]
             self.drive_to_lane(self.runs[(later or others)[0]])
 
-    def drive_to_lane(self, model: RunModel) -> None:
-        """:meth:`bring_to_lane` for the run ``model`` alone."""
-        for _ in range(3):
+    def advance(
+        self, model: RunModel, until: str, tries: int, only: str | None = None
+    ) -> RunModel | None:
+        """Finish ``model``'s held steps (only ``only``, if given) and signal its wait
+        node, settling after each, until its step ``until`` is no longer blocked (or it
+        ended); the run's model then, or None when nothing was left to do."""
+        for _ in range(tries):
             assert self.snap is not None
-            if model.purged or model.state != "running" or model.steps["b"].state != "blocked":
+            if model.purged or model.state != "running" or model.steps[until].state != "blocked":
                 break
-            held = [e for e in self.releasable(self.snap) if (e.tag, e.step) == (model.tag, "a")]
+            held = [
+                e
+                for e in self.releasable(self.snap)
+                if e.tag == model.tag and only in (None, e.step)
+            ]
             if held:
-                model.release("a", "finish")
+                model.release(held[0].step, "finish")
                 model = self.expect(model)
                 self.h.release(held[0], "finish")
             elif model.steps["w"].state == "parked":
                 self.send_signal(model, "run", 1)
             else:
-                return
+                return None
             self.settle_and_check()
             model = self.runs[model.number]
-        RULES_RUN[f"bring_to_lane: b {model.steps['b'].state}"] += 1
+        return model
+
+    def drive_to_lane(self, model: RunModel) -> None:
+        """:meth:`bring_to_lane` for the run ``model`` alone."""
+        advanced = self.advance(model, "b", 3, only="a")
+        if advanced is not None:
+            RULES_RUN[f"bring_to_lane: b {advanced.steps['b'].state}"] += 1
 
     def drive_to(self, pick: int, then: str | None, step: str) -> None:
         """Drive a run to ``c`` and ``m``, then give ``step`` (``q``, ``k`` or an item)
@@ -1469,21 +1483,10 @@ class ModelMachine(RuleBasedStateMachine):
 
     def drive_model(self, model: RunModel, then: str | None, step: str) -> None:
         """:meth:`drive_to` for the run ``model``."""
-        for _ in range(4):
-            assert self.snap is not None
-            if model.purged or model.state != "running" or model.steps["c"].state != "blocked":
-                break
-            held = [e for e in self.releasable(self.snap) if e.tag == model.tag]
-            if held:
-                model.release(held[0].step, "finish")
-                model = self.expect(model)
-                self.h.release(held[0], "finish")
-            elif model.steps["w"].state == "parked":
-                self.send_signal(model, "run", 1)
-            else:
-                return
-            self.settle_and_check()
-            model = self.runs[model.number]
+        advanced = self.advance(model, "c", 4)
+        if advanced is None:
+            return
+        model = advanced
         verdicts = {None: [], "finish": ["finish"], "fail": ["fail"], "exhaust": ["fail"] * 2}
         tag = {
             KID_STEP: model.tag + KID_SUFFIX,
