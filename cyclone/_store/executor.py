@@ -481,8 +481,8 @@ REPLAN_STATEMENTS_FIRST = 4
 """Statements after a :class:`Held` connection opens until it looks at its tables' size
 whatever the clock says; the count then doubles up to :data:`REPLAN_STATEMENTS_EVERY`. A
 worker that starts on a new deployment fills its jobs table within its first statements,
-faster than the clock's first looks come: a drain of 1,667 three-step runs ran its
-statements 1.5 to 3 times slower (8 to 16 ms against 5) until the look at half a second."""
+faster than the clock's first looks come, and ran them on plans made for empty tables
+until then (bench/README.md, "What holds the unmet goals back")."""
 REPLAN_STATEMENTS_EVERY = 1024
 """The most statements between two looks at the size of a :class:`Held` connection's tables."""
 REPLAN_GROWTH = 4
