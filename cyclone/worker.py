@@ -19,6 +19,7 @@ away) is kept, still heartbeaten, and recorded when the database answers again.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.metadata
 import logging
 import os
@@ -604,6 +605,7 @@ class Worker:
         self._db_failures = 0
         self._step_seconds = 1.0
         self._held: _executor.Held | None = None
+        self._side: Engine | None = None
         self._schema_checked = False
         self._leader: _leader.Leader | None = None
         self._beating = threading.Event()
@@ -795,7 +797,7 @@ class Worker:
                     for each in unsubscribes:
                         each()
 
-            side = _leadership.side_engine(self.engine)
+            side = self._side_engine()
             self._leader = _leader.Leader(
                 side,
                 self.id,
@@ -859,6 +861,16 @@ class Worker:
                 self._pending.clear()
                 self._busy.clear()
 
+    def _side_engine(self) -> Engine:
+        """The engine of this worker's own connections (leader, heartbeat): made at its
+        first serve and kept, so that its statements compiled there stay compiled from one
+        drain to the next; each serve gives it a fresh copy of the application's pool."""
+        if self._side is None:
+            self._side = _leadership.side_engine(self.engine)
+        else:
+            _leadership.repool(self._side, self.engine)
+        return self._side
+
     def _registration(self) -> _workers.Registration:
         host, pid, _ = self.id.rsplit(":", 2)
         return _workers.Registration(
@@ -869,7 +881,7 @@ class Worker:
             queues=self.queues,
             workflows=sorted(self.workflows),
             steps=sorted(self.steps),
-            version=importlib.metadata.version("cyclone"),
+            version=_version(),
             rescue_after=self.rescue_after,
         )
 
@@ -1897,3 +1909,9 @@ def _close_quietly(conn: Connection) -> None:
         conn.close()
     except Exception:
         log.debug("closing a worker connection failed", exc_info=True)
+
+
+@functools.cache
+def _version() -> str:
+    """cyclone's installed version, read from its metadata once per process."""
+    return importlib.metadata.version("cyclone")

@@ -261,3 +261,48 @@ def test_an_idle_worker_records_a_last_step_alone_and_a_step_with_a_dependent_in
             assert "SKIP LOCKED" in record_first, record_first
             assert "SKIP LOCKED" not in record_last, record_last
             assert "UPDATE cyclone_runs SET" in record_last, record_last
+
+
+def test_a_worker_draining_again_compiles_none_of_its_statements_again(
+    engine: sa.Engine, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its maintenance passes and heartbeat run on an engine of its own, kept from one
+    # drain to the next with SQLAlchemy's cache of compiled statements.
+    step = noop_kind(name)
+    worker = cyclone.Worker(engine, steps=[step], concurrency=2, sweep=False)
+    step.enqueue(engine, 1)
+    assert worker.drain() == 1
+    compiled: list[str] = []
+    original = sa.sql.compiler.SQLCompiler.__init__
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        compiled.append(str(self))
+
+    monkeypatch.setattr(sa.sql.compiler.SQLCompiler, "__init__", counting)
+    step.enqueue(engine, 2)
+    assert worker.drain() == 1
+    assert compiled == []
+
+
+def test_pool_events_added_after_a_workers_drain_apply_to_its_own_connections_in_the_next(
+    own_url: sa.URL, name: str
+) -> None:
+    app = sa.create_engine(own_url, poolclass=sa.NullPool)
+    step = noop_kind(name)
+    worker = cyclone.Worker(app, steps=[step], sweep=False)
+    try:
+        step.enqueue(app, 1)
+        assert worker.drain() == 1
+        threads: list[str] = []
+
+        def on_connect(dbapi_conn: object, record: object) -> None:
+            threads.append(threading.current_thread().name)
+
+        sa.event.listen(app, "connect", on_connect)
+        step.enqueue(app, 2)
+        assert worker.drain() == 1
+        assert "cyclone-heartbeat" in threads
+    finally:
+        cyclone.close(app)
+        app.dispose()

@@ -40,6 +40,7 @@ instead, so that its log and listeners see every one of them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -504,6 +505,7 @@ measured: a jobs table of a few hundred rows is enough for a plan made while it 
 to scan it, once per step a statement records."""
 
 
+@functools.lru_cache(maxsize=8)
 def _size_of(tables: tuple[Table, ...]) -> Compiled:
     """The statement that reads how many bytes each of ``tables`` takes on disk (its main
     fork), one column each."""

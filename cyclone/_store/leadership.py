@@ -169,6 +169,16 @@ def side_engine(engine: Engine) -> Engine:
     return create_engine(engine.url, pool=engine.pool.recreate())
 
 
+def repool(side: Engine, engine: Engine) -> None:
+    """Give ``side`` (a :func:`side_engine` of ``engine``, disposed of) a new copy of
+    ``engine``'s pool, with the pool events ``engine`` has now. A worker keeps its side
+    engine from one serve to the next so that the statements it compiles there stay
+    compiled (SQLAlchemy caches them per engine), and repools it at each serve."""
+    _deadline.keepalives_for(engine)
+    old, side.pool = side.pool, engine.pool.recreate()
+    old.dispose()
+
+
 def dedicated(engine: Engine, *, autocommit: bool) -> Connection:
     """A new connection of ``engine`` (a :func:`side_engine`) detached from its pool,
     with TCP keepalives (:data:`cyclone._store.deadline.KEEPALIVES`)."""

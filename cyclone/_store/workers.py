@@ -196,7 +196,7 @@ def list_workers_stmt() -> Any:
     )
 
 
-_REGISTER = register_worker_stmt()
+_REGISTER = _executor.Compiled(register_worker_stmt())
 _BEAT = beat_worker_stmt()
 _STOPPING = mark_stopping_stmt()
 _DEREGISTER = deregister_worker_stmt()
