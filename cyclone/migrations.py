@@ -197,6 +197,13 @@ def fix_either(migrate: str = "`cyclone migrate` or cyclone.upgrade(engine)") ->
     )
 
 
+def _kept_in(found: Found) -> tuple[str, str]:
+    """The version table holding the revision ``found``, and its mode's name."""
+    if found.mode == "own":
+        return VERSION_TABLE, OWN_MODE
+    return SHARED_VERSION_TABLE, SHARED_MODE
+
+
 def problem(found: Found) -> str | None:
     """Why cyclone cannot work on the database described by ``found``; None if it can."""
     head = head_revision()
@@ -210,18 +217,27 @@ def problem(found: Found) -> str | None:
                 f"or {SHARED_VERSION_TABLE}): {fix_either()}"
             )
         return f"{where} has no cyclone schema (no cyclone revision found): {FIX_OWN}"
-    table, mode = (
-        (VERSION_TABLE, OWN_MODE) if found.mode == "own" else (SHARED_VERSION_TABLE, SHARED_MODE)
-    )
-    if found.revision not in revision_ids():
-        return (
-            f"{where} is at cyclone revision {found.revision} ({table}, {mode}), which this "
-            f"version of cyclone does not know (it needs {head}): upgrade cyclone"
-        )
+    unknown = unknown_revision(found)
+    if unknown is not None:
+        return unknown
+    table, mode = _kept_in(found)
     fix = FIX_OWN if found.mode == "own" else FIX_SHARED
     return (
         f"{where} is at cyclone revision {found.revision} ({table}, {mode}), "
         f"this version needs {head}: {fix}"
+    )
+
+
+def unknown_revision(found: Found) -> str | None:
+    """Why cyclone cannot migrate, or work on, a database at a revision this version does
+    not know (a newer cyclone migrated it); None if it knows the revision or finds none."""
+    if found.revision is None or found.revision in revision_ids():
+        return None
+    table, mode = _kept_in(found)
+    return (
+        f"database {found.database!r} is at cyclone revision {found.revision} ({table}, "
+        f"{mode}), which this version of cyclone does not know (it needs "
+        f"{head_revision()}): upgrade cyclone"
     )
 
 
@@ -346,8 +362,11 @@ def _keep_alembic_proxies() -> Iterator[None]:
                 proxy._install_proxy()
 
 
-def _refuse_shared(conn: Connection) -> None:
-    message = wrong_mode(find(conn))
+def _refuse(conn: Connection) -> None:
+    """Raise SchemaError, before alembic runs, for a database in the shared-history mode
+    or at a revision this version does not know (alembic would fail on it, unclearly)."""
+    found = find(conn)
+    message = wrong_mode(found) or unknown_revision(found)
     if message is not None:
         raise errors.SchemaError(message)
 
@@ -361,7 +380,7 @@ def _run(bind: Engine | Connection, revision: str, upgrade: bool) -> None:
     if isinstance(bind, Engine):
         with bind.begin() as conn:
             conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
-            _refuse_shared(conn)
+            _refuse(conn)
             config.attributes["connection"] = conn
             apply(config, revision)
         return
@@ -377,7 +396,7 @@ def _run(bind: Engine | Connection, revision: str, upgrade: bool) -> None:
     # or run in one of our own when it has none; the caller commits theirs.
     with _keep_alembic_proxies(), nullcontext() if bind.in_transaction() else bind.begin():
         bind.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _MIGRATION_LOCK})
-        _refuse_shared(bind)
+        _refuse(bind)
         config.attributes["connection"] = bind
         apply(config, revision)
 

@@ -151,6 +151,26 @@ def test_a_revision_this_version_does_not_know_asks_to_upgrade_cyclone(
         cyclone.check_schema(bare_engine)
 
 
+def test_upgrade_and_downgrade_of_a_revision_this_version_does_not_know_change_nothing(
+    bare_engine: sa.Engine,
+) -> None:
+    """A newer cyclone migrated the database: this version's upgrade and downgrade raise
+    SchemaError asking to upgrade cyclone, before alembic runs (it failed on a revision it
+    cannot locate), and leave the revision as it was."""
+    cyclone.upgrade(bare_engine)
+    with bare_engine.begin() as conn:
+        conn.execute(sa.text("UPDATE cyclone_alembic_version SET version_num = 'cyclone_9999'"))
+    for call in (cyclone.upgrade, cyclone.downgrade):
+        with pytest.raises(
+            cyclone.SchemaError, match=r"cyclone_9999 .*does not know.*upgrade cyclone"
+        ):
+            call(bare_engine)
+    with bare_engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT version_num FROM cyclone_alembic_version")).all() == [
+            ("cyclone_9999",)
+        ]
+
+
 def test_a_worker_starts_on_a_newer_revision_it_does_not_know_with_a_warning(
     bare_engine: sa.Engine, name: str, caplog: pytest.LogCaptureFixture
 ) -> None:
