@@ -353,6 +353,53 @@ def test_a_claim_reads_the_runs_of_its_jobs_by_id_not_by_a_scan_of_every_run(
             assert "Seq Scan on cyclone_runs" not in plan, plan
 
 
+def test_a_claim_updates_the_jobs_it_claims_by_id_not_by_a_scan_of_every_job(
+    own_engine: sa.Engine,
+) -> None:
+    """A claim that serves workflows picked its jobs with ``id IN (...)``, which the
+    planner hashed against a scan of every job on a table of some hundred jobs (the plan
+    a worker made early in a drain on new tables, and kept until it planned again); it
+    now finds them by id (:func:`cyclone._store.executor.among`) in the generic plan a
+    worker's own connection keeps."""
+    wf: cyclone.Workflow[Any] = cyclone.Workflow("picked")
+    wf.step("first")(lambda ctx, value: value)
+    wf.step("second", after=["first"])(lambda ctx, value: None)
+    wf.submit_once_many(own_engine, [(f"a{i}", i) for i in range(300)])
+    assert cyclone.Worker(own_engine, workflows=[wf]).drain() == 600
+    wf.submit_once_many(own_engine, [(f"b{i}", i) for i in range(300)])
+    with own_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text("VACUUM ANALYZE cyclone_runs, cyclone_jobs"))
+    sent: list[tuple[str, Any]] = []
+
+    def capture(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if "claimed" in statement and not statement.startswith("EXPLAIN"):
+            sent.append((statement, parameters))
+
+    sa.event.listen(own_engine, "before_cursor_execute", capture)
+    try:
+        assert cyclone.Worker(own_engine, workflows=[wf]).drain() == 600
+    finally:
+        sa.event.remove(own_engine, "before_cursor_execute", capture)
+    assert sent
+    with own_engine.connect() as conn:
+        for statement, parameters in sent:
+            plan = cte_plan(generic_plan(conn, statement, parameters), "claimed")
+            assert "Update on cyclone_jobs" in plan, plan
+            assert "Seq Scan on cyclone_jobs" not in plan, plan
+
+
+def cte_plan(plan: str, name: str) -> str:
+    """The part of ``plan`` that computes the CTE ``name``: its line and those indented
+    deeper that follow it."""
+    lines = plan.splitlines()
+    (start,) = [i for i, line in enumerate(lines) if line.strip() == f"CTE {name}"]
+    depth = len(lines[start]) - len(lines[start].lstrip())
+    end = start + 1
+    while end < len(lines) and len(lines[end]) - len(lines[end].lstrip()) > depth:
+        end += 1
+    return "\n".join(lines[start:end])
+
+
 _SQL_TYPES = {
     bool: "boolean",
     int: "bigint",

@@ -683,12 +683,12 @@ def claim_jobs_stmt(
     if to_start is not None:
         if chosen is None:
             chosen = _choose(picked, to_start, limit)
-        claim_ids = (
-            select(chosen.c.job_id)
-            .where(chosen.c.job_id.is_not(None), chosen.c.continued.is_(False))
-            .scalar_subquery()
+        claim_where = among(
+            jobs.c.id,
+            select(chosen.c.job_id).where(
+                chosen.c.job_id.is_not(None), chosen.c.continued.is_(False)
+            ),
         )
-        claim_where = jobs.c.id.in_(claim_ids)
     else:
         claim_where = among(jobs.c.id, select(picked.c.id))
     claimed = (
