@@ -68,6 +68,7 @@ ORDER = [
     "h-1p",
     "h-2p",
     "h-4p",
+    "h-wf-1p",
     "i-submits",
     "i-steps",
     "i-p50",

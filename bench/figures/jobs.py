@@ -81,7 +81,10 @@ def fig_d(bench: Bench, r: int) -> None:
 
 
 def fig_h(bench: Bench) -> None:
-    """Worker throughput with 1, 2 and 4 processes on a backlog of no-op jobs."""
+    """Worker throughput with 1, 2 and 4 processes on a backlog of no-op jobs; and one
+    process on a backlog of 3-step runs as many steps, beside the 1-process raw loop:
+    figure d's 5,001 steps in a fresh process weigh its start (compiling, planning, the
+    maintenance passes) against a drain of a third of a second; here it weighs little."""
     n = bench.sizes.backlog
     for nproc in WORKER_COUNTS:
         f = bench.fig(
@@ -96,3 +99,18 @@ def fig_h(bench: Bench) -> None:
         db.enqueue_noops(bench.dsn, n)
         f.cyclone.append(cyclone_rate(bench, "jobs", n, nproc))
         print(f"  h {nproc} proc: cyclone {f.cyclone[-1]:,.0f}, raw {f.raw[-1]:,.0f} jobs/s")
+    runs = (n + 2) // 3
+    steps = bench.fig(
+        "h-wf-1p",
+        f"worker, {runs * 3:,} steps backlog (3-step runs), 1 proc",
+        "steps/s",
+        True,
+        raw_label=RAW_LABEL,
+    )
+    steps.raw = bench.figures["h-1p"].raw
+    bench.reset()
+    items = [(f"h-{i}", workloads.payload(i)) for i in range(runs)]
+    for start in range(0, runs, 1000):
+        workloads.three_step.submit_once_many(bench.engine, items[start : start + 1000])
+    steps.cyclone.append(cyclone_rate(bench, "workflow", runs * 3, 1))
+    print(f"  h workflow steps, 1 proc: cyclone {steps.cyclone[-1]:,.0f} steps/s")
