@@ -333,24 +333,8 @@ def test_a_claim_reads_the_runs_of_its_jobs_by_id_not_by_a_scan_of_every_run(
         wf.submit_once_many(
             own_engine, [(f"k{i}", i) for i in range(start, min(start + 1000, 1667))]
         )
-    with own_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(sa.text("VACUUM ANALYZE cyclone_runs, cyclone_jobs"))
-    sent: list[tuple[str, Any]] = []
-
-    def capture(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
-        if "claimed" in statement and not statement.startswith("EXPLAIN"):
-            sent.append((statement, parameters))
-
-    sa.event.listen(own_engine, "before_cursor_execute", capture)
-    try:
-        assert cyclone.Worker(own_engine, workflows=[wf]).drain() == 3 * 1667
-    finally:
-        sa.event.remove(own_engine, "before_cursor_execute", capture)
-    assert sent
-    with own_engine.connect() as conn:
-        for statement, parameters in sent:
-            plan = generic_plan(conn, statement, parameters)
-            assert "Seq Scan on cyclone_runs" not in plan, plan
+    for plan in claim_plans(own_engine, wf, 3 * 1667):
+        assert "Seq Scan on cyclone_runs" not in plan, plan
 
 
 def test_a_claim_updates_the_jobs_it_claims_by_id_not_by_a_scan_of_every_job(
@@ -367,7 +351,16 @@ def test_a_claim_updates_the_jobs_it_claims_by_id_not_by_a_scan_of_every_job(
     wf.submit_once_many(own_engine, [(f"a{i}", i) for i in range(300)])
     assert cyclone.Worker(own_engine, workflows=[wf]).drain() == 600
     wf.submit_once_many(own_engine, [(f"b{i}", i) for i in range(300)])
-    with own_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+    for plan in claim_plans(own_engine, wf, 600):
+        claimed = cte_plan(plan, "claimed")
+        assert "Update on cyclone_jobs" in claimed, plan
+        assert "Seq Scan on cyclone_jobs" not in claimed, plan
+
+
+def claim_plans(engine: sa.Engine, wf: cyclone.Workflow[Any], steps: int) -> list[str]:
+    """The generic plans of the claim statements a worker sends to drain ``wf``'s runs
+    (``steps`` steps), after a ``VACUUM ANALYZE`` as autovacuum would make."""
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(sa.text("VACUUM ANALYZE cyclone_runs, cyclone_jobs"))
     sent: list[tuple[str, Any]] = []
 
@@ -375,17 +368,14 @@ def test_a_claim_updates_the_jobs_it_claims_by_id_not_by_a_scan_of_every_job(
         if "claimed" in statement and not statement.startswith("EXPLAIN"):
             sent.append((statement, parameters))
 
-    sa.event.listen(own_engine, "before_cursor_execute", capture)
+    sa.event.listen(engine, "before_cursor_execute", capture)
     try:
-        assert cyclone.Worker(own_engine, workflows=[wf]).drain() == 600
+        assert cyclone.Worker(engine, workflows=[wf]).drain() == steps
     finally:
-        sa.event.remove(own_engine, "before_cursor_execute", capture)
+        sa.event.remove(engine, "before_cursor_execute", capture)
     assert sent
-    with own_engine.connect() as conn:
-        for statement, parameters in sent:
-            plan = cte_plan(generic_plan(conn, statement, parameters), "claimed")
-            assert "Update on cyclone_jobs" in plan, plan
-            assert "Seq Scan on cyclone_jobs" not in plan, plan
+    with engine.connect() as conn:
+        return [generic_plan(conn, statement, parameters) for statement, parameters in sent]
 
 
 def cte_plan(plan: str, name: str) -> str:

@@ -34,6 +34,16 @@ def cyclone_rate(bench: Bench, what: str, wanted: int, nproc: int) -> float:
     return rate
 
 
+def submit_three_step(bench: Bench, prefix: str, steps: int) -> int:
+    """Submit enough 3-step runs for ``steps`` steps (keys ``prefix-i``, in batches of
+    1,000); how many runs."""
+    runs = (steps + 2) // 3
+    items = [(f"{prefix}-{i}", workloads.payload(i)) for i in range(runs)]
+    for start in range(0, runs, 1000):
+        workloads.three_step.submit_once_many(bench.engine, items[start : start + 1000])
+    return runs
+
+
 def fig_d(bench: Bench, r: int) -> None:
     """5,000 no-op jobs, and 3-step runs, drained by 1 and 2 processes; one reference
     drain behind a foreign backlog."""
@@ -61,10 +71,7 @@ def fig_d(bench: Bench, r: int) -> None:
         steps.raw = jobs.raw
         db.enqueue_noops(bench.dsn, n)
         jobs.cyclone.append(cyclone_rate(bench, "jobs", n, nproc))
-        runs = (n + 2) // 3
-        items = [(f"d{nproc}-{r}-{i}", workloads.payload(i)) for i in range(runs)]
-        for start in range(0, runs, 1000):
-            workloads.three_step.submit_once_many(bench.engine, items[start : start + 1000])
+        runs = submit_three_step(bench, f"d{nproc}-{r}", n)
         steps.cyclone.append(cyclone_rate(bench, "workflow", runs * 3, nproc))
     # Reference (no goal): the same 1-process drain behind a backlog of another kind.
     behind = bench.fig(
@@ -109,8 +116,6 @@ def fig_h(bench: Bench) -> None:
     )
     steps.raw = bench.figures["h-1p"].raw
     bench.reset()
-    items = [(f"h-{i}", workloads.payload(i)) for i in range(runs)]
-    for start in range(0, runs, 1000):
-        workloads.three_step.submit_once_many(bench.engine, items[start : start + 1000])
+    submit_three_step(bench, "h", n)
     steps.cyclone.append(cyclone_rate(bench, "workflow", runs * 3, 1))
     print(f"  h workflow steps, 1 proc: cyclone {steps.cyclone[-1]:,.0f} steps/s")
