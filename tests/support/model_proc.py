@@ -23,7 +23,8 @@ another, and a fork shares its source's, its input's tag), and so does the kid's
 (the kid's lane is its top run's: a run's ``b`` and the kids' ``k`` of its lane draw
 from one slot, a limit shared by name between two workflows): of two steps of a lane
 that become runnable, one runs and the other waits ``available``, not claimed, until
-the slot frees (its holder ends, is rescued, handed back or purged).
+the slot frees (its holder ends, is rescued, handed back or purged). ``b`` and ``k``
+run in a queue of their own, :data:`LANE_QUEUE`, which the test pauses and resumes.
 Each execution of a gated step inserts a row into ``model_exec`` numbered per (tag,
 step), then waits for the advisory lock :func:`gate` of that number, which the test
 holds from the run's submission until it gives the execution its verdict (``finish``
@@ -108,7 +109,11 @@ def lane(item: Item) -> str:
 
 
 LANE = cyclone.Concurrency(1, key=lane, name=LANE_NAME)
-"""One ``b`` or ``k`` at once per lane, across every run, kid and worker."""
+"""One ``b`` or ``k`` at once per lane, across every run, kid and worker (the test may
+set the limit's ``max`` at runtime: ``Client.set_limit``)."""
+LANE_QUEUE = "model.lane"
+"""The queue of ``b`` and ``k`` (every other step runs in the default queue): the test
+pauses and resumes it, holding the lanes' steps available, not claimed."""
 
 
 class StepFailed(Exception):
@@ -202,7 +207,7 @@ def g(ctx: cyclone.StepContext, item: Item) -> Item:
     return child_input(ctx)
 
 
-@KID.step(after=[g], max_attempts=MAX_ATTEMPTS, concurrency=LANE)
+@KID.step(after=[g], max_attempts=MAX_ATTEMPTS, concurrency=LANE, queue=LANE_QUEUE)
 def k(ctx: cyclone.StepContext, item: Item) -> int:
     return gated(ctx, item, "k")
 
@@ -220,7 +225,7 @@ def w(ctx: cyclone.StepContext, payload: int) -> int:
     return payload
 
 
-@WORKFLOW.step(after=[w], max_attempts=MAX_ATTEMPTS, concurrency=LANE)
+@WORKFLOW.step(after=[w], max_attempts=MAX_ATTEMPTS, concurrency=LANE, queue=LANE_QUEUE)
 def b(ctx: cyclone.StepContext, item: Item) -> list[int]:
     gated(ctx, item, "b")
     return list(range(MAP_ITEMS))
