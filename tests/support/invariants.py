@@ -30,6 +30,11 @@ class Invariant:
     drained_only: bool = False
 
 
+AT_MOST_MAX = "a Concurrency's key runs at most max jobs at once"
+"""The invariant a limit lowered at runtime breaks until the jobs it ran then end (the
+model-based test checks its own version of it then, knowing which jobs those are)."""
+
+
 INVARIANTS: tuple[Invariant, ...] = (
     Invariant(
         "a terminal run has no job waiting to run (available or blocked)",
@@ -354,7 +359,7 @@ INVARIANTS: tuple[Invariant, ...] = (
         """,
     ),
     Invariant(
-        "a Concurrency's key runs at most max jobs at once",
+        AT_MOST_MAX,
         """
         SELECT j.limit_name, j.limit_key, l.max, count(*) AS running
         FROM cyclone_jobs j JOIN cyclone_limits l ON l.name = j.limit_name
@@ -441,12 +446,16 @@ INVARIANTS: tuple[Invariant, ...] = (
 
 
 def violations(
-    conn: sa.Connection, *, at_rest: bool, drained: bool = False
+    conn: sa.Connection, *, at_rest: bool, drained: bool = False, skip: tuple[str, ...] = ()
 ) -> dict[str, list[dict[str, object]]]:
-    """The rows breaking each invariant, by the invariant's name (only broken ones)."""
+    """The rows breaking each invariant, by the invariant's name (only broken ones), but
+    those named in ``skip``."""
+    assert set(skip) <= {i.name for i in INVARIANTS}, f"no invariant is named {skip}"
     broken: dict[str, list[dict[str, object]]] = {}
     for invariant in INVARIANTS:
         if (invariant.at_rest_only and not at_rest) or (invariant.drained_only and not drained):
+            continue
+        if invariant.name in skip:
             continue
         rows = conn.execute(sa.text(invariant.query + " LIMIT 20")).mappings().all()
         if rows:
@@ -455,16 +464,21 @@ def violations(
 
 
 def check(
-    engine_or_conn: sa.Engine | sa.Connection, *, at_rest: bool = True, drained: bool = False
+    engine_or_conn: sa.Engine | sa.Connection,
+    *,
+    at_rest: bool = True,
+    drained: bool = False,
+    skip: tuple[str, ...] = (),
 ) -> None:
     """Raise AssertionError listing every broken invariant, with up to 20 rows each
-    (``drained``: with those that hold once the workers did all they could, at rest)."""
+    (``drained``: with those that hold once the workers did all they could, at rest),
+    but those named in ``skip``."""
     assert at_rest or not drained, "drained is at rest"
     if isinstance(engine_or_conn, sa.Engine):
         with engine_or_conn.connect() as conn:
-            broken = violations(conn, at_rest=at_rest, drained=drained)
+            broken = violations(conn, at_rest=at_rest, drained=drained, skip=skip)
     else:
-        broken = violations(engine_or_conn, at_rest=at_rest, drained=drained)
+        broken = violations(engine_or_conn, at_rest=at_rest, drained=drained, skip=skip)
     if broken:
         lines = ["cyclone's invariants are broken:"]
         for name, rows in broken.items():
