@@ -17,6 +17,8 @@ run (its deadline and its wait's timeout), a run driven to its child nodes
 (``bring_to_child``), its kid or grandkid cancelled, retried or retried in full by its
 own handle, set_retention and purges (a run kept while a run of its tree runs), runs of
 a lane driven to ``b`` together (``bring_to_lane``: one holds the slot, the others queue),
+the lanes' queue (``b`` and ``k`` run in a queue of their own) paused and resumed, the
+lanes' limit set at runtime (``Client.set_limit``: raised to 2, lowered to 1 or 0),
 each gated step (each map item and each child's step among them) finishing or
 failing (with attempts left or its last), a step finishing while its run is cancelled,
 and workers killed with SIGKILL,
@@ -25,11 +27,14 @@ Steps wait at gates the test holds (advisory locks, see
 :mod:`tests.support.model_proc`), so nothing here sleeps to synchronise: after every
 rule the test *settles* (waits until the database shows that every worker did all it
 can: each runnable step claimed and waiting at its gate (a ``b`` or ``k`` whose lane's
-slot is held by a running job waits, available: not while the slot is free), each outcome
+slot is held by a running job waits, available: not while the slot is free, unless
+their queue is paused), each outcome
 released recorded, each job of a dead or frozen worker rescued, each map node expanded
 or parked for its items (its job ``blocked``, an item's job per element of its list),
 each signal sent to a parked wait node delivered, each child node whose child ended
-woken, each run past its deadline failed), then checks cyclone's invariants and compares
+woken, each run past its deadline failed), then checks cyclone's invariants (no job of
+the paused queue claimed once the pause took effect; a lane running more than its limit's
+``max`` only by the jobs it ran when the limit was lowered: they run on) and compares
 every run, its children and their steps with the reference model
 (:mod:`tests.support.run_model`),
 which accepts every state the workers' moves may end in, in any order. At the end of
@@ -87,6 +92,8 @@ from tests.support.model_proc import (
     EXEC_DDL,
     FORK_PREFIX,
     KID_SUFFIX,
+    LANE_NAME,
+    LANE_QUEUE,
     TAG_SQL,
     WORKFLOW,
     Item,
@@ -300,6 +307,39 @@ class Snapshot:
             if j.get("limit") == job["limit"] and j["state"] == "running"
         )
         return bool(running >= job["max"])
+
+    def claimed_while_paused(self, before: set[tuple[int, int]]) -> list[str]:
+        """The jobs of a paused queue running under a claim made since the pause took
+        effect: not among ``before``, the (id, lease) of the jobs of the queue that ran
+        then (they run on). A job claimed again (rescued, handed back) has a new lease."""
+        return [
+            f"{tag}:{step} claimed while its queue {job['queue']} is paused"
+            for (tag, step), job in sorted(self.jobs.items())
+            if job["state"] == "running"
+            and job.get("paused")
+            and (job["id"], job["lease"]) not in before
+        ]
+
+    def over_limit(self, before: set[tuple[int, int]]) -> list[str]:
+        """The keys running more jobs than their limit's ``max``, beyond the jobs claimed
+        before it was last set: ``before``, the (id, lease) of the limit's jobs that ran
+        once the change took effect (a lowered limit stops no running job: its key may
+        run more than ``max`` until they end, but claims nothing until it has room)."""
+        held: dict[tuple[str, str], list[tuple[str, str, dict[str, Any]]]] = {}
+        for (tag, step), job in sorted(self.jobs.items()):
+            if job.get("limit") is not None and job["state"] == "running":
+                held.setdefault(job["limit"], []).append((tag, step, job))
+        broken = []
+        for (_name, key), running in sorted(held.items()):
+            kept = sum((job["id"], job["lease"]) in before for _t, _s, job in running)
+            top = running[0][2]["max"]
+            if len(running) > max(top, kept):
+                names = ", ".join(f"{t}:{s}" for t, s, _j in running)
+                broken.append(
+                    f"{key} runs {len(running)} jobs ({names}), over its max {top} "
+                    f"({kept} of them claimed before it was set)"
+                )
+        return broken
 
     def expanded(self, tag: str) -> bool:
         """Whether ``m`` of run ``tag`` has items (they exist only once ``b`` completed)."""
@@ -519,6 +559,37 @@ class Harness:
             worker.state = "killed"
         self.workers.clear()
 
+    def now(self) -> Any:
+        with self.engine.connect() as conn:
+            return conn.execute(sa.text("SELECT clock_timestamp()")).scalar_one()
+
+    def begun_before(self, moment: Any) -> list[str]:
+        """The workers' transactions (a claim is one statement) begun before ``moment`` and
+        not ended, but those waiting at a gate."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(
+                    "SELECT application_name, state, left(query, 60) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND application_name LIKE 'model-%' "
+                    "AND state <> 'idle' AND xact_start < :moment "
+                    "AND wait_event IS DISTINCT FROM 'advisory'"
+                ),
+                {"moment": moment},
+            ).all()
+        return [f"{app} {state}: {query}" for app, state, query in rows]
+
+    def barrier(self) -> None:
+        """Until every statement of the workers that began before now has ended: a claim
+        under way as the test paused a queue or set a limit read the state before it (a
+        worker waiting at a gate, or frozen between transactions, runs none)."""
+        moment = self.now()
+        wait_until(
+            lambda: not self.begun_before(moment),
+            SETTLE_TIMEOUT,
+            0.01,
+            lambda: f"statements begun before the change did not end: {self.begun_before(moment)}",
+        )
+
     # gates
 
     def lock_gates(self, tag: str, step: str, upto: int) -> None:
@@ -559,10 +630,12 @@ class Harness:
                     "j.kind || coalesce(j.item::text, ''), j.state, j.pending_deps, "
                     "j.worker_id, j.attempt, j.lease, j.id, "
                     "j.scheduled_at <= now(), j.scheduled_at > now() + interval '1 hour', "
-                    "s.payload IS NOT NULL, j.limit_name, j.limit_key, l.max, j.lost "
+                    "s.payload IS NOT NULL, j.limit_name, j.limit_key, l.max, j.lost, "
+                    "j.queue, coalesce(q.paused, false) "
                     "FROM cyclone_runs r LEFT JOIN cyclone_jobs j ON j.run_id = r.id "
                     "LEFT JOIN cyclone_signals s ON s.run_id = r.id AND s.name = 'go' "
-                    "LEFT JOIN cyclone_limits l ON l.name = j.limit_name"
+                    "LEFT JOIN cyclone_limits l ON l.name = j.limit_name "
+                    "LEFT JOIN cyclone_queues q ON q.name = j.queue"
                 )
             ).all()
             execs = conn.execute(
@@ -591,6 +664,8 @@ class Harness:
             limit_key,
             limit_max,
             lost,
+            queue,
+            paused,
         ) in rows:
             runs[tag] = {
                 "state": rstate,
@@ -613,6 +688,8 @@ class Harness:
                     "limit": None if limit_name is None else (limit_name, limit_key),
                     "max": limit_max,
                     "lost": lost,
+                    "queue": queue,
+                    "paused": bool(paused),
                 }
         waiting = [Exec(t, s, n, p, a, le, j) for t, s, n, p, a, le, j, v in execs if v is None]
         max_n: dict[tuple[str, str], int] = {}
@@ -637,6 +714,8 @@ class Harness:
             running = snap.runs[tag]["state"] == "running"
             if job["state"] == "available" and running and snap.limit_full(job):
                 pass  # waits for its limit's slot, held by another job of its key
+            elif job["state"] == "available" and running and job.get("paused"):
+                pass  # waits for its queue's resume (its limit's slot free or not)
             elif job["state"] == "available" and job["due"] and running:
                 full = " (its limit's slot free)" if job.get("limit") is not None else ""
                 todo.append(f"{tag}:{step} available, not claimed{full}")
@@ -743,6 +822,7 @@ class ModelMachine(RuleBasedStateMachine):
         super().__init__()
         self.h = type(self).harness
         run_model.ITEM_FAILS_NODE["on"] = KNOWN_DEFECTS_FIXED["map_item_fails_node"]
+        run_model.LANE_PAUSED["on"] = False
         self.engine = self.h.engine
         self.runs: dict[int, RunModel] = {}
         self.handles: dict[int, cyclone.Run] = {}
@@ -757,6 +837,19 @@ class ModelMachine(RuleBasedStateMachine):
         """What the last check saw of each run (to count the child's transitions)."""
         self.trace: list[str] = []
         """The rules run so far in this example, with their arguments."""
+        self.paused = False
+        """Whether the lanes' queue (``b`` and ``k``) is paused."""
+        self.ran_at_pause: set[tuple[int, int]] = set()
+        """The (id, lease) of the jobs of the lanes' queue that ran once its pause took
+        effect: they run on; any other running while it is paused was claimed since."""
+        self.lane_max = 1
+        """The lanes' limit's ``max``, as the test last set it."""
+        self.lowered = False
+        """Whether the test lowered the lanes' limit in this example (its keys may then run
+        more than ``max``, for a while: :meth:`Snapshot.over_limit` checks them)."""
+        self.ran_at_limit: set[tuple[int, int]] = set()
+        """The (id, lease) of the lanes' jobs that ran once the limit's last change took
+        effect."""
 
     def note_failure(self, e: BaseException) -> None:
         if not FIRST_FAILURE:
@@ -789,6 +882,9 @@ class ModelMachine(RuleBasedStateMachine):
         started = [self.h.start_worker() for _ in range(2)]
         for worker in started:
             self.h.wait_serving(worker)
+        client = cyclone.Client(self.engine)  # as an example before this one may have left them
+        client.resume_queue(LANE_QUEUE)
+        client.set_limit(LANE_NAME, 1)
         for keyed, deadline, signalled in runs:
             model = self.submit_new(keyed, deadline)
             if signalled:
@@ -819,6 +915,10 @@ class ModelMachine(RuleBasedStateMachine):
             self.close_signal_tx(commit=False)
         for worker in self.h.frozen():
             self.h.thaw(worker)
+        if self.paused:  # its steps would wait for ever
+            self.pause_lanes.__wrapped__(self, False)  # type: ignore[attr-defined]
+        if self.lane_max == 0:
+            self.set_lane_limit.__wrapped__(self, 1)  # type: ignore[attr-defined]
         for _ in range(100):
             snap = self.h.settle(" while bringing the example to rest")
             self.check(snap)
@@ -874,11 +974,21 @@ class ModelMachine(RuleBasedStateMachine):
         self.check(snap)
 
     def check(self, snap: Snapshot) -> None:
-        invariants.check(self.engine, at_rest=False)
+        skip = (invariants.AT_MOST_MAX,) if self.lowered else ()  # (over_limit's)
+        invariants.check(self.engine, at_rest=False, skip=skip)
+        broken = snap.over_limit(self.ran_at_limit) + snap.claimed_while_paused(self.ran_at_pause)
+        assert not broken, "; ".join(broken)
         self.compare(snap)
         self.snap = snap
         if any(j["state"] == "available" and snap.limit_full(j) for j in snap.jobs.values()):
             LANE_TRANSITIONS["contended"] += 1
+        if any(
+            j["state"] == "available" and j.get("paused") and not snap.limit_full(j)
+            for j in snap.jobs.values()
+        ):
+            LANE_TRANSITIONS["paused, its slot free"] += 1
+        if snap.over_limit(set()):
+            LANE_TRANSITIONS["over a lowered max"] += 1
 
     def compare(self, snap: Snapshot) -> None:
         for number, model in list(self.runs.items()):
@@ -1551,6 +1661,55 @@ class ModelMachine(RuleBasedStateMachine):
         RULES_RUN[f"finish_and_cancel: {e.step}, {level or 'run'}"] += 1
         self.alternatives[model.number] = alternatives
         self.runs[model.number] = alternatives[0]
+
+    # the lanes' queue and limit
+
+    def running_lanes(self) -> set[tuple[int, int]]:
+        """The (id, lease) of the lanes' jobs running now (once the workers' statements
+        begun before the change that asks have ended)."""
+        self.h.barrier()
+        return {
+            (j["id"], j["lease"])
+            for j in self.h.snapshot().jobs.values()
+            if j["state"] == "running" and j["queue"] == LANE_QUEUE
+        }
+
+    @rule(pause=st.booleans())
+    @guarded
+    def pause_lanes(self, pause: bool) -> None:
+        """Pause the lanes' queue (of ``b`` and ``k``), or resume it. While it is paused, a
+        ``b`` or ``k`` that becomes runnable waits ``queued``, its lane's slot free or not,
+        and one running runs on; resumed, a worker claims those its lanes have room for at
+        once. Each call says whether it changed anything."""
+        client = cyclone.Client(self.engine)
+        if pause:
+            got = client.pause_queue(LANE_QUEUE)
+            assert got is not self.paused, got
+            if not self.paused:
+                self.paused = run_model.LANE_PAUSED["on"] = True
+                self.ran_at_pause = self.running_lanes()
+        else:
+            got = client.resume_queue(LANE_QUEUE)
+            assert got is self.paused, got
+            self.paused = run_model.LANE_PAUSED["on"] = False
+            self.ran_at_pause = set()
+        (queue,) = [q for q in client.list_queues() if q.name == LANE_QUEUE]
+        assert (queue.paused, queue.paused_at is not None) == (self.paused, self.paused)
+
+    @rule(top=st.sampled_from([2, 0, 1]))
+    @guarded
+    def set_lane_limit(self, top: int) -> None:
+        """Set the lanes' ``Concurrency`` to ``top`` at runtime (``Client.set_limit``): raised,
+        a ``b`` or ``k`` queued for its lane's slot takes one at once; lowered, the lane's
+        steps running run on, over ``max`` for a while, and none is claimed until the lane
+        has room again; 0 holds every lane."""
+        client = cyclone.Client(self.engine)
+        client.set_limit(LANE_NAME, top)
+        self.lowered = self.lowered or top < self.lane_max
+        self.lane_max = top
+        self.ran_at_limit = self.running_lanes()
+        (limit,) = [li for li in client.list_limits() if li.name == LANE_NAME]
+        assert limit.max == top, limit
 
     # workers
 
@@ -2600,3 +2759,164 @@ def test_jobs_of_a_run_lost_together_are_rescued_in_one_statement() -> None:
         if e.items
     }
     assert ends == {("failed", "cancelled"), ("failed", "active")}
+
+
+def lane_snapshot(paused: bool) -> tuple[Harness, Snapshot, dict[str, Any]]:
+    """A harness with no database and a snapshot (as :meth:`Harness.snapshot` reads one)
+    of ``m2``'s ``b`` available in the lanes' queue (``paused`` or not), lane-0's slot free,
+    and ``m4``'s ``b`` holding lane-1's; and ``m2``'s ``b``."""
+    harness = Harness.__new__(Harness)  # no database: unsettled() reads the snapshot only
+    harness.workers = [WorkerProc(SimpleNamespace(pid=100))]  # type: ignore[arg-type]
+    done = {"state": "completed", "pending": 0, "due": False, "later": False}
+    lane0, lane1 = ("model.lane", "lane-0"), ("model.lane", "lane-1")
+    common = {"pending": 0, "due": True, "later": False, "max": 1, "queue": LANE_QUEUE}
+    waiting: dict[str, Any] = {"state": "available", "pid": None, "attempt": 0, "lease": 0}
+    waiting["id"] = 8
+    waiting |= {**common, "limit": lane0, "paused": paused}
+    holder: dict[str, Any] = {"state": "running", "pid": 100, "attempt": 1, "lease": 3}
+    holder |= {**common, "id": 10, "limit": lane1, "paused": paused}
+    running = {"state": "running", "unstarted": False, "past_deadline": False, "signalled": True}
+    snap = Snapshot(
+        runs={"m2": dict(running), "m4": dict(running)},
+        jobs={
+            ("m2", "a"): done,
+            ("m2", "w"): done,
+            ("m2", "b"): waiting,
+            ("m4", "b"): holder,
+        },
+        waiting=[Exec("m4", "b", 1, pid=100, attempt=1, lease=3, job_id=10)],
+        max_n={},
+    )
+    return harness, snap, waiting
+
+
+def test_a_step_of_a_paused_queue_is_settled_unclaimed_though_its_lanes_slot_is_free() -> None:
+    """A ``b`` available in the lanes' queue, its lane's slot free: while the queue is
+    paused it waits for the resume (``queued``, settled); once resumed, a lost wake-up, and
+    the settle says the slot is free."""
+    harness, snap, _b = lane_snapshot(paused=True)
+    assert harness.unsettled(snap) == []
+    seen = snap.observed("m2")
+    assert seen is not None
+    assert seen["b"] == "queued"
+    harness, snap, _b = lane_snapshot(paused=False)
+    assert harness.unsettled(snap) == ["m2:b available, not claimed (its limit's slot free)"]
+
+
+def test_a_job_of_a_paused_queue_claimed_since_the_pause_fails_the_checks() -> None:
+    """A job of the paused lanes' queue that ran when the pause took effect runs on; one
+    running under another claim (another job, or the same claimed again: a new lease)
+    was claimed while the queue was paused."""
+    _harness, snap, b = lane_snapshot(paused=True)
+    assert snap.claimed_while_paused({(10, 3)}) == []  # m4's b ran at the pause
+    assert snap.claimed_while_paused(set()) == ["m4:b claimed while its queue model.lane is paused"]
+    b |= {"state": "running", "pid": 100, "attempt": 1, "lease": 1}
+    assert snap.claimed_while_paused({(10, 3)}) == [
+        "m2:b claimed while its queue model.lane is paused"
+    ]
+    snap.jobs["m4", "b"]["lease"] = 4  # rescued, and claimed again
+    assert len(snap.claimed_while_paused({(10, 3), (8, 1)})) == 1
+    _harness, snap, b = lane_snapshot(paused=False)
+    b |= {"state": "running", "pid": 100, "attempt": 1, "lease": 1}
+    assert snap.claimed_while_paused(set()) == []  # resumed: claims are its business
+
+
+def test_a_lane_runs_over_its_lowered_max_only_by_the_jobs_it_ran_when_lowered() -> None:
+    """Two ``b`` of lane-0 running, its limit lowered to 1: both run on (over ``max``), but
+    once one ends, a third claimed is over it; lowered to 0, one left running is not."""
+    _harness, snap, b = lane_snapshot(paused=False)
+    b |= {"state": "running", "pid": 100, "attempt": 1, "lease": 1}
+    third = {**b, "lease": 1, "id": 12}
+    snap.jobs["m3", "b"] = {**b, "lease": 2, "id": 11}
+    snap.runs["m3"] = snap.runs["m2"]
+    assert snap.over_limit(set()) == [
+        "lane-0 runs 2 jobs (m2:b, m3:b), over its max 1 (0 of them claimed before it was set)"
+    ]
+    assert snap.over_limit({(8, 1), (11, 2)}) == []  # both ran when it was lowered
+    snap.jobs["m2", "b"]["state"] = "completed"
+    snap.jobs["m1", "b"] = third  # claimed since, over the lowered max
+    snap.runs["m1"] = snap.runs["m2"]
+    assert snap.over_limit({(8, 1), (11, 2)}) == [
+        "lane-0 runs 2 jobs (m1:b, m3:b), over its max 1 (1 of them claimed before it was set)"
+    ]
+    third["state"] = "available"
+    for job in snap.jobs.values():
+        if job.get("max"):
+            job["max"] = 0
+    assert snap.over_limit({(11, 2), (10, 3)}) == []  # (m4's b of lane-1 too)
+    assert snap.over_limit({(10, 3)}) == [
+        "lane-0 runs 1 jobs (m3:b), over its max 0 (0 of them claimed before it was set)"
+    ]
+
+
+def test_a_change_to_the_lanes_waits_for_the_workers_transactions_begun_before_it(
+    harness: Harness,
+) -> None:
+    """A pause or a limit set takes effect for the claims that begin after it: the test
+    waits (:meth:`Harness.barrier`) for the workers' transactions under way then, which
+    may have read the state before it; not for one begun since, nor one at a gate."""
+    url = harness.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(url, application_name="model-1") as older:
+        older.execute("SELECT 1")  # a transaction open, begun before the change
+        moment = harness.now()
+        assert harness.begun_before(moment) == ["model-1 idle in transaction: SELECT 1"]
+        older.commit()
+        assert harness.begun_before(moment) == []
+        older.execute("SELECT 2")  # begun after it
+        assert harness.begun_before(moment) == []
+        older.rollback()
+    harness.barrier()
+
+
+@pytest.mark.processes
+def test_a_paused_lanes_queue_holds_its_steps_and_a_limit_set_at_runtime_moves_its_slots(
+    harness: Harness,
+) -> None:
+    """Through the machine: the lanes' queue paused, ``m1``'s and ``m2``'s ``b`` wait
+    ``queued`` with lane-0's slot free; resumed, the one runnable first (``m1``'s: the
+    oldest due) takes it. The limit raised to 2, ``m2``'s ``b`` takes the second slot;
+    lowered to 1, both run on, and once ``m1``'s ends, ``m3``'s waits for ``m2``'s; set to
+    0, it waits with no job of its lane running; set to 1 again, it runs."""
+    ModelMachine.harness = harness
+    machine = ModelMachine()
+
+    def lanes() -> tuple[str, ...]:
+        return tuple(machine.model_of(f"m{n}").summary()["b"] for n in (1, 2, 3))
+
+    def lane_0() -> tuple[int, int]:
+        limits = cyclone.Client(harness.engine).list_limits()
+        (limit,) = [li for li in limits if li.name == LANE_NAME]
+        return limit.keys["lane-0"]
+
+    try:
+        machine.start(runs=[(False, False, True)] * 3)
+        machine.settled_and_as_modelled()
+        machine.pause_lanes(pause=True)
+        machine.pause_lanes(pause=True)  # paused already: it says so
+        machine.settled_and_as_modelled()
+        machine.release_step("m1", "a", "finish")  # w runs on its stored signal
+        machine.release_step("m2", "a", "finish")
+        assert lanes() == ("queued", "queued", "blocked")
+        assert lane_0() == (0, 2)
+        machine.pause_lanes(pause=False)
+        machine.settled_and_as_modelled()
+        assert lanes() == ("active", "queued", "blocked")
+        machine.set_lane_limit(top=2)
+        machine.settled_and_as_modelled()
+        assert lanes() == ("active", "active", "blocked")
+        machine.set_lane_limit(top=1)
+        machine.settled_and_as_modelled()
+        assert lane_0() == (2, 0)  # over the lowered max: they run on
+        machine.release_step("m3", "a", "finish")
+        machine.release_step("m1", "b", "finish")
+        assert lanes() == ("completed", "active", "queued")
+        machine.set_lane_limit(top=0)
+        machine.settled_and_as_modelled()
+        machine.release_step("m2", "b", "finish")
+        assert lanes() == ("completed", "completed", "queued")
+        assert lane_0() == (0, 1)
+        machine.set_lane_limit(top=1)
+        machine.settled_and_as_modelled()
+        assert lanes() == ("completed", "completed", "active")
+    finally:
+        machine.teardown()

@@ -20,9 +20,10 @@ are several, and the test keeps the one the database shows; none matching is a f
 
 Step states: ``blocked`` (upstream not completed), ``active`` (claimed and waiting at
 its gate, or available), ``queued`` (a step of :data:`LIMITED`, available but not
-claimed: its lane's one slot is held by another step, see
-:data:`tests.support.model_proc.LANE`), ``parked`` (``w`` waiting for its signal, ``c``
-and ``g`` for their child to end, ``m`` for its items), and the terminal ``completed``,
+claimed: its lane's slot is held by another step, see
+:data:`tests.support.model_proc.LANE`, or its queue is paused: :data:`LANE_PAUSED`),
+``parked`` (``w`` waiting for its signal, ``c`` and ``g`` for their child to end, ``m``
+for its items), and the terminal ``completed``,
 ``failed``, ``cancelled``. A child run is ``none`` until its node first parks; then a run state of
 its own, with its steps' states. The items are ``none`` until ``m`` first expands (and
 again after a ``retry_all``); each then has a step's states and attempts of its own.
@@ -61,6 +62,10 @@ A run's model cannot tell which (the slot is shared with other runs): it allows 
 and lets a ``queued`` step become ``active`` whenever the test sees it so (the slot
 freed by another run: :meth:`RunModel.promoted`); the test's settle checks that a step
 waits only while its lane's slot is held."""
+LANE_PAUSED = {"on": False}
+"""Whether the queue of the steps of :data:`LIMITED` is paused (the test sets it as it
+pauses and resumes the queue): no worker claims them then, so once runnable they wait
+``queued`` whatever their lane's slot, and a ``queued`` step is not promoted."""
 KID_STEPS = (KID_NODE, KID_STEP)
 GRAND_STEPS = (GRAND_STEP,)
 LEVELS = ("kid", "grand")
@@ -283,8 +288,9 @@ class RunModel:
             if g.state == "parked" and grand is not None and grand.state != "running":
                 moves.append("wake g")
             if k.state == "blocked" and g.state == "completed":
-                moves.append("claim k")
-                moves.append("queue k")  # its lane's slot held by another step
+                if not LANE_PAUSED["on"]:
+                    moves.append("claim k")
+                moves.append("queue k")  # its lane's slot held by another step, or paused
         if self.state != "running":
             return moves
         a, w, b, c, m = (self.steps[s] for s in STEPS)
@@ -297,8 +303,9 @@ class RunModel:
         elif w.state == "parked" and self.timer:
             moves.append("time out w")
         if b.state == "blocked" and w.state == "completed":
-            moves.append("claim b")
-            moves.append("queue b")  # its lane's slot held by another run
+            if not LANE_PAUSED["on"]:
+                moves.append("claim b")
+            moves.append("queue b")  # its lane's slot held by another run, or paused
         if c.state == "blocked" and b.state == "completed":
             moves.append("claim c")
         if c.state == "parked" and kid is not None and kid.state != "running":
@@ -393,10 +400,10 @@ class RunModel:
             self.state = "completed"
 
     def promoted(self) -> RunModel | None:
-        """This model with its ``queued`` steps claimed (their slot freed since), or None
-        when none is queued."""
+        """This model with its ``queued`` steps claimed (their slot freed since, or their
+        queue resumed), or None when none is queued or their queue is paused."""
         queued = [s for s in LIMITED if self.owns(s) and self.step(s).state == "queued"]
-        if not queued:
+        if not queued or LANE_PAUSED["on"]:
             return None
         after = self.copy()
         for step in queued:
