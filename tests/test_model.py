@@ -52,6 +52,7 @@ the same from run to run.
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import signal
@@ -319,6 +320,47 @@ class Snapshot:
             and job.get("paused")
             and (job["id"], job["lease"]) not in before
         ]
+
+    def overtaken(self, before: Snapshot) -> list[str]:
+        """The limited jobs claimed since ``before`` (the last check's snapshot) ahead of
+        one of their key that waited then and waits still: a key's slot goes to its
+        oldest due job (by priority, ``scheduled_at``, id). One that waited at ``before``
+        (available, due, its run running) was seen by every claim made since: a claim is
+        one statement, and the settle saw that key full, or its queue paused, so none
+        under way then had room for it (a claim that finds its key claimed from since its
+        snapshot skips it; a pause or a limit set waits for the claims under way).
+        Unchanged since (the same lease and ``scheduled_at``, its run running), it was
+        passed over."""
+        waited = [
+            (tag, step, job)
+            for (tag, step), job in sorted(self.jobs.items())
+            if job.get("limit") is not None
+            and job["state"] == "available"
+            and not job.get("paused")
+            and self.runs[tag]["state"] == "running"
+            and (was := before.jobs.get((tag, step))) is not None
+            and was["state"] == "available"
+            and was["due"]
+            and before.runs[tag]["state"] == "running"
+            and (was["lease"], was["rank"]) == (job["lease"], job["rank"])
+        ]
+        broken = []
+        for (tag, step), job in sorted(self.jobs.items()):
+            if job.get("limit") is None or job["state"] != "running":
+                continue
+            was = before.jobs.get((tag, step))
+            if was is not None and (was["state"], was["id"], was["lease"]) == (
+                "running",
+                job["id"],
+                job["lease"],
+            ):
+                continue  # it ran then
+            broken += [
+                f"{tag}:{step} took a slot of {job['limit'][1]} ahead of {t}:{s}, due before it"
+                for t, s, other in waited
+                if other["limit"] == job["limit"] and other["rank"] < job["rank"]
+            ]
+        return broken
 
     def over_limit(self, before: set[tuple[int, int]]) -> list[str]:
         """The keys running more jobs than their limit's ``max``, beyond the jobs claimed
@@ -631,7 +673,7 @@ class Harness:
                     "j.worker_id, j.attempt, j.lease, j.id, "
                     "j.scheduled_at <= now(), j.scheduled_at > now() + interval '1 hour', "
                     "s.payload IS NOT NULL, j.limit_name, j.limit_key, l.max, j.lost, "
-                    "j.queue, coalesce(q.paused, false) "
+                    "j.queue, coalesce(q.paused, false), j.priority, j.scheduled_at "
                     "FROM cyclone_runs r LEFT JOIN cyclone_jobs j ON j.run_id = r.id "
                     "LEFT JOIN cyclone_signals s ON s.run_id = r.id AND s.name = 'go' "
                     "LEFT JOIN cyclone_limits l ON l.name = j.limit_name "
@@ -666,6 +708,8 @@ class Harness:
             lost,
             queue,
             paused,
+            priority,
+            scheduled_at,
         ) in rows:
             runs[tag] = {
                 "state": rstate,
@@ -690,6 +734,7 @@ class Harness:
                     "lost": lost,
                     "queue": queue,
                     "paused": bool(paused),
+                    "rank": (priority, scheduled_at, job_id),
                 }
         waiting = [Exec(t, s, n, p, a, le, j) for t, s, n, p, a, le, j, v in execs if v is None]
         max_n: dict[tuple[str, str], int] = {}
@@ -977,6 +1022,8 @@ class ModelMachine(RuleBasedStateMachine):
         skip = (invariants.AT_MOST_MAX,) if self.lowered else ()  # (over_limit's)
         invariants.check(self.engine, at_rest=False, skip=skip)
         broken = snap.over_limit(self.ran_at_limit) + snap.claimed_while_paused(self.ran_at_pause)
+        if self.snap is not None:
+            broken += snap.overtaken(self.snap)
         assert not broken, "; ".join(broken)
         self.compare(snap)
         self.snap = snap
@@ -2920,3 +2967,31 @@ def test_a_paused_lanes_queue_holds_its_steps_and_a_limit_set_at_runtime_moves_i
         assert lanes() == ("completed", "completed", "active")
     finally:
         machine.teardown()
+
+
+def test_a_freed_slot_taken_ahead_of_a_step_of_its_lane_due_before_fails_the_checks() -> None:
+    """A lane's freed slot goes to its oldest due step: ``m2``'s ``b``, waiting at the last
+    check, still waiting while ``m3``'s (due after it) took the slot since, was passed
+    over; not if ``m3``'s was due first, nor if ``m2``'s moved since (claimed, handed back:
+    a new lease), nor if its queue is paused, nor for a step that ran at the last check."""
+    _harness, before, b = lane_snapshot(paused=False)
+    b["rank"] = (0, 5, 8)
+    holder = {**b, "state": "running", "pid": 100, "attempt": 1, "lease": 1, "id": 9}
+    holder["rank"] = (0, 1, 9)
+    third = {**b, "id": 11, "rank": (0, 7, 11)}
+    before.runs["m3"] = dict(before.runs["m2"])
+    before.jobs |= {("m3", "b"): third, ("m1", "b"): holder}
+    for job in before.jobs.values():
+        job.setdefault("rank", (0, 0, job.get("id", 0)))
+    now = copy.deepcopy(before)
+    now.jobs["m1", "b"]["state"] = "completed"
+    now.jobs["m3", "b"] |= {"state": "running", "pid": 100, "attempt": 1, "lease": 1}
+    assert now.overtaken(before) == ["m3:b took a slot of lane-0 ahead of m2:b, due before it"]
+    assert now.overtaken(now) == []  # it ran at the last check
+    now.jobs["m3", "b"]["rank"] = (0, 4, 11)  # due before m2's
+    assert now.overtaken(before) == []
+    now.jobs["m3", "b"]["rank"] = (0, 7, 11)
+    now.jobs["m2", "b"] |= {"lease": 1}  # claimed and handed back since
+    assert now.overtaken(before) == []
+    now.jobs["m2", "b"] |= {"lease": 0, "paused": True}
+    assert now.overtaken(before) == []
