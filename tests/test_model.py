@@ -17,7 +17,7 @@ run (its deadline and its wait's timeout), a run driven to its child nodes
 (``bring_to_child``), its kid or grandkid cancelled, retried or retried in full by its
 own handle, set_retention and purges (a run kept while a run of its tree runs), runs of
 a lane driven to ``b`` together (``bring_to_lane``: one holds the slot, the others queue),
-the lanes' queue (``b`` and ``k`` run in a queue of their own) paused and resumed, the
+the side queue (``b``, ``k`` and ``q`` run in a queue of their own) paused and resumed, the
 lanes' limit set at runtime (``Client.set_limit``: raised to 2, lowered to 1 or 0),
 each gated step (each map item and each child's step among them) finishing or
 failing (with attempts left or its last), a step finishing while its run is cancelled,
@@ -28,12 +28,12 @@ Steps wait at gates the test holds (advisory locks, see
 rule the test *settles* (waits until the database shows that every worker did all it
 can: each runnable step claimed and waiting at its gate (a ``b`` or ``k`` whose lane's
 slot is held by a running job waits, available: not while the slot is free, unless
-their queue is paused), each outcome
+the side queue is paused, as a ``q`` does), each outcome
 released recorded, each job of a dead or frozen worker rescued, each map node expanded
 or parked for its items (its job ``blocked``, an item's job per element of its list),
 each signal sent to a parked wait node delivered, each child node whose child ended
 woken, each run past its deadline failed), then checks cyclone's invariants (no job of
-the paused queue claimed once the pause took effect; a lane running more than its limit's
+the side queue claimed once its pause took effect; a lane running more than its limit's
 ``max`` only by the jobs it ran when the limit was lowered: they run on) and compares
 every run, its children and their steps with the reference model
 (:mod:`tests.support.run_model`),
@@ -94,7 +94,7 @@ from tests.support.model_proc import (
     FORK_PREFIX,
     KID_SUFFIX,
     LANE_NAME,
-    LANE_QUEUE,
+    SIDE_QUEUE,
     TAG_SQL,
     WORKFLOW,
     Item,
@@ -401,7 +401,7 @@ class Snapshot:
             state = job["state"]
             if state == "running":
                 state = "active"
-            elif state == "available" and job.get("limit") is not None:
+            elif state == "available" and (job.get("limit") is not None or job.get("paused")):
                 state = "queued"  # waiting for its lane's slot (the settle checks it is held)
             elif state == "available":
                 state = "parked" if step == "w" and job["later"] else "active"
@@ -428,8 +428,8 @@ class Snapshot:
                     # A child cancelled before a claim started it never had jobs: its
                     # steps read as cancelled, as the read model says (unstarted.py).
                     state = "cancelled"
-                if state == "available" and job and job.get("limit") is not None:
-                    state = "queued"  # waiting for its lane's slot
+                if state == "available" and job and (job.get("limit") or job.get("paused")):
+                    state = "queued"  # waiting for its lane's slot, or the queue's resume
                 elif state in ("running", "available"):
                     state = "active"
                 elif state == "blocked" and step == KID_NODE and job and job["pending"] == 0:
@@ -867,7 +867,7 @@ class ModelMachine(RuleBasedStateMachine):
         super().__init__()
         self.h = type(self).harness
         run_model.ITEM_FAILS_NODE["on"] = KNOWN_DEFECTS_FIXED["map_item_fails_node"]
-        run_model.LANE_PAUSED["on"] = False
+        run_model.SIDE_PAUSED["on"] = False
         self.engine = self.h.engine
         self.runs: dict[int, RunModel] = {}
         self.handles: dict[int, cyclone.Run] = {}
@@ -883,9 +883,9 @@ class ModelMachine(RuleBasedStateMachine):
         self.trace: list[str] = []
         """The rules run so far in this example, with their arguments."""
         self.paused = False
-        """Whether the lanes' queue (``b`` and ``k``) is paused."""
+        """Whether the side queue (``b``, ``k`` and ``q``) is paused."""
         self.ran_at_pause: set[tuple[int, int]] = set()
-        """The (id, lease) of the jobs of the lanes' queue that ran once its pause took
+        """The (id, lease) of the jobs of the side queue that ran once its pause took
         effect: they run on; any other running while it is paused was claimed since."""
         self.lane_max = 1
         """The lanes' limit's ``max``, as the test last set it."""
@@ -908,16 +908,22 @@ class ModelMachine(RuleBasedStateMachine):
         ),
         to_children=st.integers(0, 2),
         to_lane=st.integers(0, 3),
+        paused=st.booleans(),
     )
     @guarded
     def start(
-        self, runs: list[tuple[bool, bool, bool]], to_children: int = 0, to_lane: int = 0
+        self,
+        runs: list[tuple[bool, bool, bool]],
+        to_children: int = 0,
+        to_lane: int = 0,
+        paused: bool = False,
     ) -> None:
         """Two workers serving, and a first few runs (keyed?, with a deadline?, signalled?),
         the first ``to_children`` of them driven to their child nodes (the kid and the
         grandkid made, its ``q`` at its gate), so that the rules find trees of children
         to act on in a short example, and the next ``to_lane`` to their ``b`` (the first
-        three runs share a lane: the second's ``b`` queues for the first's slot)."""
+        three runs share a lane: the second's ``b`` queues for the first's slot), the side
+        queue ``paused`` before those (their ``b`` then waits with its slot free)."""
         with self.engine.begin() as conn:
             conn.execute(
                 sa.text("TRUNCATE cyclone_signals, cyclone_jobs, cyclone_runs, model_exec")
@@ -928,7 +934,7 @@ class ModelMachine(RuleBasedStateMachine):
         for worker in started:
             self.h.wait_serving(worker)
         client = cyclone.Client(self.engine)  # as an example before this one may have left them
-        client.resume_queue(LANE_QUEUE)
+        client.resume_queue(SIDE_QUEUE)
         client.set_limit(LANE_NAME, 1)
         for keyed, deadline, signalled in runs:
             model = self.submit_new(keyed, deadline)
@@ -938,6 +944,9 @@ class ModelMachine(RuleBasedStateMachine):
             self.settle_and_check()
             for number in sorted(self.runs)[:to_children]:
                 self.drive_model(self.runs[number], None, GRAND_STEP)
+            if paused:
+                self.pause_side_queue.__wrapped__(self, True)  # type: ignore[attr-defined]
+                self.settle_and_check()
             for number in sorted(self.runs)[to_children:][:to_lane]:
                 self.drive_to_lane(self.runs[number])
 
@@ -961,7 +970,7 @@ class ModelMachine(RuleBasedStateMachine):
         for worker in self.h.frozen():
             self.h.thaw(worker)
         if self.paused:  # its steps would wait for ever
-            self.pause_lanes.__wrapped__(self, False)  # type: ignore[attr-defined]
+            self.pause_side_queue.__wrapped__(self, False)  # type: ignore[attr-defined]
         if self.lane_max == 0:
             self.set_lane_limit.__wrapped__(self, 1)  # type: ignore[attr-defined]
         for _ in range(100):
@@ -1709,38 +1718,39 @@ class ModelMachine(RuleBasedStateMachine):
         self.alternatives[model.number] = alternatives
         self.runs[model.number] = alternatives[0]
 
-    # the lanes' queue and limit
+    # the side queue and the lanes' limit
 
-    def running_lanes(self) -> set[tuple[int, int]]:
+    def running_side(self) -> set[tuple[int, int]]:
         """The (id, lease) of the lanes' jobs running now (once the workers' statements
         begun before the change that asks have ended)."""
         self.h.barrier()
         return {
             (j["id"], j["lease"])
             for j in self.h.snapshot().jobs.values()
-            if j["state"] == "running" and j["queue"] == LANE_QUEUE
+            if j["state"] == "running" and j["queue"] == SIDE_QUEUE
         }
 
     @rule(pause=st.booleans())
     @guarded
-    def pause_lanes(self, pause: bool) -> None:
-        """Pause the lanes' queue (of ``b`` and ``k``), or resume it. While it is paused, a
-        ``b`` or ``k`` that becomes runnable waits ``queued``, its lane's slot free or not,
-        and one running runs on; resumed, a worker claims those its lanes have room for at
-        once. Each call says whether it changed anything."""
+    def pause_side_queue(self, pause: bool) -> None:
+        """Pause the side queue (of ``b``, ``k`` and ``q``), or resume it. While it is
+        paused, a step of it that becomes runnable (made, failed with an attempt left,
+        rescued, handed back) waits ``queued``, its lane's slot free or not, and one
+        running runs on; resumed, a worker claims at once those its lanes have room for.
+        Each call says whether it changed anything."""
         client = cyclone.Client(self.engine)
         if pause:
-            got = client.pause_queue(LANE_QUEUE)
+            got = client.pause_queue(SIDE_QUEUE)
             assert got is not self.paused, got
             if not self.paused:
-                self.paused = run_model.LANE_PAUSED["on"] = True
-                self.ran_at_pause = self.running_lanes()
+                self.paused = run_model.SIDE_PAUSED["on"] = True
+                self.ran_at_pause = self.running_side()
         else:
-            got = client.resume_queue(LANE_QUEUE)
+            got = client.resume_queue(SIDE_QUEUE)
             assert got is self.paused, got
-            self.paused = run_model.LANE_PAUSED["on"] = False
+            self.paused = run_model.SIDE_PAUSED["on"] = False
             self.ran_at_pause = set()
-        (queue,) = [q for q in client.list_queues() if q.name == LANE_QUEUE]
+        (queue,) = [q for q in client.list_queues() if q.name == SIDE_QUEUE]
         assert (queue.paused, queue.paused_at is not None) == (self.paused, self.paused)
 
     @rule(top=st.sampled_from([2, 0, 1]))
@@ -1754,7 +1764,7 @@ class ModelMachine(RuleBasedStateMachine):
         client.set_limit(LANE_NAME, top)
         self.lowered = self.lowered or top < self.lane_max
         self.lane_max = top
-        self.ran_at_limit = self.running_lanes()
+        self.ran_at_limit = self.running_side()
         (limit,) = [li for li in client.list_limits() if li.name == LANE_NAME]
         assert limit.max == top, limit
 
@@ -2810,13 +2820,13 @@ def test_jobs_of_a_run_lost_together_are_rescued_in_one_statement() -> None:
 
 def lane_snapshot(paused: bool) -> tuple[Harness, Snapshot, dict[str, Any]]:
     """A harness with no database and a snapshot (as :meth:`Harness.snapshot` reads one)
-    of ``m2``'s ``b`` available in the lanes' queue (``paused`` or not), lane-0's slot free,
+    of ``m2``'s ``b`` available in the side queue (``paused`` or not), lane-0's slot free,
     and ``m4``'s ``b`` holding lane-1's; and ``m2``'s ``b``."""
     harness = Harness.__new__(Harness)  # no database: unsettled() reads the snapshot only
     harness.workers = [WorkerProc(SimpleNamespace(pid=100))]  # type: ignore[arg-type]
     done = {"state": "completed", "pending": 0, "due": False, "later": False}
     lane0, lane1 = ("model.lane", "lane-0"), ("model.lane", "lane-1")
-    common = {"pending": 0, "due": True, "later": False, "max": 1, "queue": LANE_QUEUE}
+    common = {"pending": 0, "due": True, "later": False, "max": 1, "queue": SIDE_QUEUE}
     waiting: dict[str, Any] = {"state": "available", "pid": None, "attempt": 0, "lease": 0}
     waiting["id"] = 8
     waiting |= {**common, "limit": lane0, "paused": paused}
@@ -2838,7 +2848,7 @@ def lane_snapshot(paused: bool) -> tuple[Harness, Snapshot, dict[str, Any]]:
 
 
 def test_a_step_of_a_paused_queue_is_settled_unclaimed_though_its_lanes_slot_is_free() -> None:
-    """A ``b`` available in the lanes' queue, its lane's slot free: while the queue is
+    """A ``b`` available in the side queue, its lane's slot free: while the queue is
     paused it waits for the resume (``queued``, settled); once resumed, a lost wake-up, and
     the settle says the slot is free."""
     harness, snap, _b = lane_snapshot(paused=True)
@@ -2851,15 +2861,15 @@ def test_a_step_of_a_paused_queue_is_settled_unclaimed_though_its_lanes_slot_is_
 
 
 def test_a_job_of_a_paused_queue_claimed_since_the_pause_fails_the_checks() -> None:
-    """A job of the paused lanes' queue that ran when the pause took effect runs on; one
+    """A job of the paused side queue that ran when the pause took effect runs on; one
     running under another claim (another job, or the same claimed again: a new lease)
     was claimed while the queue was paused."""
     _harness, snap, b = lane_snapshot(paused=True)
     assert snap.claimed_while_paused({(10, 3)}) == []  # m4's b ran at the pause
-    assert snap.claimed_while_paused(set()) == ["m4:b claimed while its queue model.lane is paused"]
+    assert snap.claimed_while_paused(set()) == ["m4:b claimed while its queue model.side is paused"]
     b |= {"state": "running", "pid": 100, "attempt": 1, "lease": 1}
     assert snap.claimed_while_paused({(10, 3)}) == [
-        "m2:b claimed while its queue model.lane is paused"
+        "m2:b claimed while its queue model.side is paused"
     ]
     snap.jobs["m4", "b"]["lease"] = 4  # rescued, and claimed again
     assert len(snap.claimed_while_paused({(10, 3), (8, 1)})) == 1
@@ -2919,7 +2929,7 @@ def test_a_change_to_the_lanes_waits_for_the_workers_transactions_begun_before_i
 def test_a_paused_lanes_queue_holds_its_steps_and_a_limit_set_at_runtime_moves_its_slots(
     harness: Harness,
 ) -> None:
-    """Through the machine: the lanes' queue paused, ``m1``'s and ``m2``'s ``b`` wait
+    """Through the machine: the side queue paused, ``m1``'s and ``m2``'s ``b`` wait
     ``queued`` with lane-0's slot free; resumed, the one runnable first (``m1``'s: the
     oldest due) takes it. The limit raised to 2, ``m2``'s ``b`` takes the second slot;
     lowered to 1, both run on, and once ``m1``'s ends, ``m3``'s waits for ``m2``'s; set to
@@ -2938,14 +2948,14 @@ def test_a_paused_lanes_queue_holds_its_steps_and_a_limit_set_at_runtime_moves_i
     try:
         machine.start(runs=[(False, False, True)] * 3)
         machine.settled_and_as_modelled()
-        machine.pause_lanes(pause=True)
-        machine.pause_lanes(pause=True)  # paused already: it says so
+        machine.pause_side_queue(pause=True)
+        machine.pause_side_queue(pause=True)  # paused already: it says so
         machine.settled_and_as_modelled()
         machine.release_step("m1", "a", "finish")  # w runs on its stored signal
         machine.release_step("m2", "a", "finish")
         assert lanes() == ("queued", "queued", "blocked")
         assert lane_0() == (0, 2)
-        machine.pause_lanes(pause=False)
+        machine.pause_side_queue(pause=False)
         machine.settled_and_as_modelled()
         assert lanes() == ("active", "queued", "blocked")
         machine.set_lane_limit(top=2)
@@ -2995,3 +3005,68 @@ def test_a_freed_slot_taken_ahead_of_a_step_of_its_lane_due_before_fails_the_che
     assert now.overtaken(before) == []
     now.jobs["m2", "b"] |= {"lease": 0, "paused": True}
     assert now.overtaken(before) == []
+
+
+@pytest.mark.processes
+def test_a_grandkids_step_in_the_paused_side_queue_waits_unclaimed_until_it_resumes(
+    harness: Harness,
+) -> None:
+    """Through the machine, ``q`` (no limit: the ordinary claim) in the paused side queue:
+    the grandkid made, its ``q`` waits ``queued``; a cancel of the grandkid (which ``g``
+    retries) or of the run cancels it unclaimed, a retry of the grandkid makes it wait
+    again; resumed, it runs.
+    Paused again, ``q`` failing with an attempt left waits, available, for the resume,
+    then runs again."""
+    ModelMachine.harness = harness
+    machine = ModelMachine()
+
+    def grand() -> tuple[str, str]:
+        seen = machine.model_of("m1").summary()
+        return seen["grand"], seen["q"]
+
+    def executions() -> int:
+        with harness.engine.connect() as conn:
+            return int(
+                conn.execute(
+                    sa.text("SELECT count(*) FROM model_exec WHERE step = 'q'")
+                ).scalar_one()
+            )
+
+    try:
+        machine.start(runs=[(False, False, True)])
+        machine.settled_and_as_modelled()
+        machine.pause_side_queue(pause=True)
+        machine.settled_and_as_modelled()
+        machine.bring_to_child(pick=0, then=None, level="grand")  # b waits: nothing moves
+        machine.settled_and_as_modelled()
+        assert machine.model_of("m1").summary()["b"] == "queued"
+        machine.pause_side_queue(pause=False)
+        machine.settled_and_as_modelled()
+        machine.pause_side_queue(pause=True)
+        machine.bring_to_child(pick=0, then=None, level="grand")  # b finishes; the kid made
+        machine.settled_and_as_modelled()
+        assert grand() == ("running", "queued")
+        machine.cancel_child(pick=0, level="grand")  # g's second attempt retries it
+        machine.settled_and_as_modelled()
+        assert grand() == ("running", "queued")
+        machine.cancel(pick=0)  # the run, cascading to the kid and the grandkid
+        machine.settled_and_as_modelled()
+        assert grand() == ("cancelled", "cancelled")
+        machine.retry_child(pick=0, level="grand", every_step=False)
+        machine.settled_and_as_modelled()
+        assert grand() == ("running", "queued")
+        assert executions() == 0
+        machine.pause_side_queue(pause=False)
+        machine.settled_and_as_modelled()
+        assert grand() == ("running", "active")
+        machine.pause_side_queue(pause=True)
+        machine.settled_and_as_modelled()
+        machine.release_step("m1/kid/kid", GRAND_STEP, "fail")  # an attempt left
+        assert grand() == ("running", "queued")
+        machine.pause_side_queue(pause=False)
+        machine.settled_and_as_modelled()
+        machine.release_step("m1/kid/kid", GRAND_STEP, "finish")
+        assert grand() == ("completed", "completed")
+        assert executions() == 2
+    finally:
+        machine.teardown()

@@ -23,8 +23,8 @@ another, and a fork shares its source's, its input's tag), and so does the kid's
 (the kid's lane is its top run's: a run's ``b`` and the kids' ``k`` of its lane draw
 from one slot, a limit shared by name between two workflows): of two steps of a lane
 that become runnable, one runs and the other waits ``available``, not claimed, until
-the slot frees (its holder ends, is rescued, handed back or purged). ``b`` and ``k``
-run in a queue of their own, :data:`LANE_QUEUE`, which the test pauses and resumes.
+the slot frees (its holder ends, is rescued, handed back or purged). ``b``, ``k`` and
+``q`` run in a queue of their own, :data:`SIDE_QUEUE`, which the test pauses and resumes.
 Each execution of a gated step inserts a row into ``model_exec`` numbered per (tag,
 step), then waits for the advisory lock :func:`gate` of that number, which the test
 holds from the run's submission until it gives the execution its verdict (``finish``
@@ -111,9 +111,10 @@ def lane(item: Item) -> str:
 LANE = cyclone.Concurrency(1, key=lane, name=LANE_NAME)
 """One ``b`` or ``k`` at once per lane, across every run, kid and worker (the test may
 set the limit's ``max`` at runtime: ``Client.set_limit``)."""
-LANE_QUEUE = "model.lane"
-"""The queue of ``b`` and ``k`` (every other step runs in the default queue): the test
-pauses and resumes it, holding the lanes' steps available, not claimed."""
+SIDE_QUEUE = "model.side"
+"""The *side queue*: that of ``b``, ``k`` (claimed under their lane's limit) and ``q`` (the
+ordinary claim); every other step runs in the default queue. The test pauses and
+resumes it, holding those steps available, not claimed."""
 
 
 class StepFailed(Exception):
@@ -194,7 +195,7 @@ def child_input(ctx: cyclone.StepContext) -> Item:
 GRAND: cyclone.Workflow[Item] = cyclone.Workflow(f"{NAME}_grand", input=Item)
 
 
-@GRAND.step(max_attempts=MAX_ATTEMPTS)
+@GRAND.step(max_attempts=MAX_ATTEMPTS, queue=SIDE_QUEUE)
 def q(ctx: cyclone.StepContext, item: Item) -> int:
     return gated(ctx, item, "q")
 
@@ -207,7 +208,7 @@ def g(ctx: cyclone.StepContext, item: Item) -> Item:
     return child_input(ctx)
 
 
-@KID.step(after=[g], max_attempts=MAX_ATTEMPTS, concurrency=LANE, queue=LANE_QUEUE)
+@KID.step(after=[g], max_attempts=MAX_ATTEMPTS, concurrency=LANE, queue=SIDE_QUEUE)
 def k(ctx: cyclone.StepContext, item: Item) -> int:
     return gated(ctx, item, "k")
 
@@ -225,7 +226,7 @@ def w(ctx: cyclone.StepContext, payload: int) -> int:
     return payload
 
 
-@WORKFLOW.step(after=[w], max_attempts=MAX_ATTEMPTS, concurrency=LANE, queue=LANE_QUEUE)
+@WORKFLOW.step(after=[w], max_attempts=MAX_ATTEMPTS, concurrency=LANE, queue=SIDE_QUEUE)
 def b(ctx: cyclone.StepContext, item: Item) -> list[int]:
     gated(ctx, item, "b")
     return list(range(MAP_ITEMS))

@@ -21,7 +21,8 @@ are several, and the test keeps the one the database shows; none matching is a f
 Step states: ``blocked`` (upstream not completed), ``active`` (claimed and waiting at
 its gate, or available), ``queued`` (a step of :data:`LIMITED`, available but not
 claimed: its lane's slot is held by another step, see
-:data:`tests.support.model_proc.LANE`, or its queue is paused: :data:`LANE_PAUSED`),
+:data:`tests.support.model_proc.LANE`; or a step of :data:`SIDE_STEPS`, available but
+not claimed while their queue is paused: :data:`SIDE_PAUSED`),
 ``parked`` (``w`` waiting for its signal, ``c`` and ``g`` for their child to end, ``m``
 for its items), and the terminal ``completed``,
 ``failed``, ``cancelled``. A child run is ``none`` until its node first parks; then a run state of
@@ -62,10 +63,14 @@ A run's model cannot tell which (the slot is shared with other runs): it allows 
 and lets a ``queued`` step become ``active`` whenever the test sees it so (the slot
 freed by another run: :meth:`RunModel.promoted`); the test's settle checks that a step
 waits only while its lane's slot is held."""
-LANE_PAUSED = {"on": False}
-"""Whether the queue of the steps of :data:`LIMITED` is paused (the test sets it as it
-pauses and resumes the queue): no worker claims them then, so once runnable they wait
-``queued`` whatever their lane's slot, and a ``queued`` step is not promoted."""
+SIDE_STEPS = (*LIMITED, "q")
+"""The steps that run in the *side queue* (:data:`tests.support.model_proc.SIDE_QUEUE`):
+the steps of :data:`LIMITED` and the grandkid's ``q``."""
+SIDE_PAUSED = {"on": False}
+"""Whether the side queue is paused (the test sets it as it pauses and resumes the
+queue): no worker claims its steps then, so once runnable (made, failed with an attempt
+left, rescued, handed back) they wait ``queued``, whatever their lane's slot, and a
+``queued`` step is not promoted."""
 KID_STEPS = (KID_NODE, KID_STEP)
 GRAND_STEPS = (GRAND_STEP,)
 LEVELS = ("kid", "grand")
@@ -280,7 +285,7 @@ class RunModel:
         moves = []
         kid, grand = self.kid, self.grand
         if grand is not None and grand.state == "running" and grand.steps["q"].state == "blocked":
-            moves.append("claim q")
+            moves.append("queue q" if SIDE_PAUSED["on"] else "claim q")
         if kid is not None and kid.state == "running":
             g, k = kid.steps["g"], kid.steps["k"]
             if g.state == "blocked":
@@ -288,7 +293,7 @@ class RunModel:
             if g.state == "parked" and grand is not None and grand.state != "running":
                 moves.append("wake g")
             if k.state == "blocked" and g.state == "completed":
-                if not LANE_PAUSED["on"]:
+                if not SIDE_PAUSED["on"]:
                     moves.append("claim k")
                 moves.append("queue k")  # its lane's slot held by another step, or paused
         if self.state != "running":
@@ -303,7 +308,7 @@ class RunModel:
         elif w.state == "parked" and self.timer:
             moves.append("time out w")
         if b.state == "blocked" and w.state == "completed":
-            if not LANE_PAUSED["on"]:
+            if not SIDE_PAUSED["on"]:
                 moves.append("claim b")
             moves.append("queue b")  # its lane's slot held by another run, or paused
         if c.state == "blocked" and b.state == "completed":
@@ -402,8 +407,8 @@ class RunModel:
     def promoted(self) -> RunModel | None:
         """This model with its ``queued`` steps claimed (their slot freed since, or their
         queue resumed), or None when none is queued or their queue is paused."""
-        queued = [s for s in LIMITED if self.owns(s) and self.step(s).state == "queued"]
-        if not queued or LANE_PAUSED["on"]:
+        queued = [s for s in SIDE_STEPS if self.owns(s) and self.step(s).state == "queued"]
+        if not queued or SIDE_PAUSED["on"]:
             return None
         after = self.copy()
         for step in queued:
@@ -467,7 +472,7 @@ class RunModel:
         """The current execution of ``step`` (active) finishes or raises (an attempt left
         and its run running: claimed again, or, for a step of :data:`LIMITED`, available
         again, as a new one, claimed or queued behind another run's step that the slot
-        it freed went to)."""
+        it freed went to; queued while the side queue is paused)."""
         s = self.step(step)
         assert s.state == "active", (self.tag, step, s)
         if self.purged:
@@ -480,7 +485,7 @@ class RunModel:
                 self._fail_for_good(step)
             elif self.state_of(step) != "running":
                 s.state = "cancelled"
-            elif step in LIMITED:
+            elif step in LIMITED or (step in SIDE_STEPS and SIDE_PAUSED["on"]):
                 s.state = "blocked"
         self._end_if_done()
 
@@ -523,10 +528,11 @@ class RunModel:
     def hand_back(self, step: str) -> None:
         """The worker running ``step`` stops and hands it back: claimed again, or, its run
         ended, cancelled; a step of :data:`LIMITED` available again may find its slot
-        taken by another run's step meanwhile (so, as a new one, claimed or queued)."""
+        taken by another run's step meanwhile (so, as a new one, claimed or queued); a step
+        of the side queue, while it is paused, waits queued."""
         if self.state_of(step) != "running":
             self.step(step).state = "cancelled"
-        elif step in LIMITED:
+        elif step in LIMITED or (step in SIDE_STEPS and SIDE_PAUSED["on"]):
             self.step(step).state = "blocked"
 
     def cancel(self) -> str | None:
