@@ -27,14 +27,15 @@ Steps wait at gates the test holds (advisory locks, see
 :mod:`tests.support.model_proc`), so nothing here sleeps to synchronise: after every
 rule the test *settles* (waits until the database shows that every worker did all it
 can: each runnable step claimed and waiting at its gate (a ``b`` or ``k`` whose lane's
-slot is held by a running job waits, available: not while the slot is free, unless
-the side queue is paused, as a ``q`` does), each outcome
+slot is held by a running job waits, available: not while the slot is free; a step of
+the side queue waits, available, while the queue is paused), each outcome
 released recorded, each job of a dead or frozen worker rescued, each map node expanded
 or parked for its items (its job ``blocked``, an item's job per element of its list),
 each signal sent to a parked wait node delivered, each child node whose child ended
 woken, each run past its deadline failed), then checks cyclone's invariants (no job of
-the side queue claimed once its pause took effect; a lane running more than its limit's
-``max`` only by the jobs it ran when the limit was lowered: they run on) and compares
+the side queue claimed once its pause took effect; a lane's freed slot taken by its
+oldest due step; a lane running more than its limit's ``max`` only by the jobs it ran
+when the limit was lowered: they run on) and compares
 every run, its children and their steps with the reference model
 (:mod:`tests.support.run_model`),
 which accepts every state the workers' moves may end in, in any order. At the end of
@@ -1057,7 +1058,7 @@ class ModelMachine(RuleBasedStateMachine):
                 views.append({**seen, "w": "parked"})
             candidates = self.alternatives.pop(number, None) or [model]
             # A step waiting for its lane's slot is claimed once another run frees it.
-            candidates += [p for c in candidates if (p := c.promoted()) is not None]
+            candidates += [p for c in candidates for p in c.promotions()]
             matching = [c for c in candidates if (None if c.purged else c.summary()) in views]
             if not matching and seen is not None:
                 matching = [
@@ -3070,3 +3071,22 @@ def test_a_grandkids_step_in_the_paused_side_queue_waits_unclaimed_until_it_resu
         assert executions() == 2
     finally:
         machine.teardown()
+
+
+def test_a_run_whose_side_steps_wait_is_promoted_one_step_or_both() -> None:
+    """A run's ``b`` and its grandkid's ``q`` both waiting (``queued``: the side queue was
+    paused), the queue resumed: either may be claimed, or both (``b``'s lane's slot may be
+    held by another run); none while the queue is paused."""
+    model = RunModel(number=1, key=None, v=0, deadline=False, signal=1)
+    model.steps["a"].state = model.steps["w"].state = "completed"
+    model.steps["b"].state = "queued"
+    model.kid = run_model.ChildModel.kid()
+    model.kid.child = run_model.ChildModel.grand()
+    model.kid.child.steps[GRAND_STEP].state = "queued"
+    ends = {(m.summary()["b"], m.summary()["q"]) for m in model.promotions()}
+    assert ends == {("active", "queued"), ("queued", "active"), ("active", "active")}
+    run_model.SIDE_PAUSED["on"] = True
+    try:
+        assert model.promotions() == []
+    finally:
+        run_model.SIDE_PAUSED["on"] = False

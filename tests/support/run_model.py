@@ -61,7 +61,7 @@ runnable, each is claimed (``active``) or waits for the slot (``queued``), as th
 runs of its lane let it.
 A run's model cannot tell which (the slot is shared with other runs): it allows both,
 and lets a ``queued`` step become ``active`` whenever the test sees it so (the slot
-freed by another run: :meth:`RunModel.promoted`); the test's settle checks that a step
+freed by another run: :meth:`RunModel.promotions`); the test's settle checks that a step
 waits only while its lane's slot is held."""
 SIDE_STEPS = (*LIMITED, "q")
 """The steps that run in the *side queue* (:data:`tests.support.model_proc.SIDE_QUEUE`):
@@ -404,16 +404,22 @@ class RunModel:
         if self.state == "running" and all(s.state == "completed" for s in self.steps.values()):
             self.state = "completed"
 
-    def promoted(self) -> RunModel | None:
-        """This model with its ``queued`` steps claimed (their slot freed since, or their
-        queue resumed), or None when none is queued or their queue is paused."""
+    def promotions(self) -> list[RunModel]:
+        """This model with some of its ``queued`` steps claimed (their slot freed since, or
+        their queue resumed): each way of choosing them, none while their queue is paused
+        (a run's ``b`` and its grandkid's ``q`` may both wait, and only ``q`` run once the
+        queue resumes, ``b``'s lane's slot held)."""
         queued = [s for s in SIDE_STEPS if self.owns(s) and self.step(s).state == "queued"]
-        if not queued or SIDE_PAUSED["on"]:
-            return None
-        after = self.copy()
-        for step in queued:
-            after.step(step).state = "active"
-        return after
+        if SIDE_PAUSED["on"]:
+            return []
+        found = []
+        for n in range(1, len(queued) + 1):
+            for chosen in itertools.combinations(queued, n):
+                after = self.copy()
+                for step in chosen:
+                    after.step(step).state = "active"
+                found.append(after)
+        return found
 
     def owns(self, step: str) -> bool:
         """Whether the run, child run or map node ``step`` belongs to has it (its kid, its
