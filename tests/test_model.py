@@ -363,6 +363,19 @@ class Snapshot:
             ]
         return broken
 
+    def lane_counts(self) -> dict[str, tuple[int, int]]:
+        """Per key of the lanes' limit with a job running or available, how many of each
+        (as ``Client.list_limits`` counts them)."""
+        counts: dict[str, tuple[int, int]] = {}
+        for job in self.jobs.values():
+            if job.get("limit") is not None and job["state"] in ("running", "available"):
+                running, waiting = counts.get(job["limit"][1], (0, 0))
+                if job["state"] == "running":
+                    counts[job["limit"][1]] = (running + 1, waiting)
+                else:
+                    counts[job["limit"][1]] = (running, waiting + 1)
+        return counts
+
     def over_limit(self, before: set[tuple[int, int]]) -> list[str]:
         """The keys running more jobs than their limit's ``max``, beyond the jobs claimed
         before it was last set: ``before``, the (id, lease) of the limit's jobs that ran
@@ -1035,6 +1048,10 @@ class ModelMachine(RuleBasedStateMachine):
         if self.snap is not None:
             broken += snap.overtaken(self.snap)
         assert not broken, "; ".join(broken)
+        # What an operator reads of the lanes (settled, nothing moves): their max as set,
+        # and per key the jobs running and waiting.
+        (lanes,) = [li for li in cyclone.Client(self.engine).list_limits() if li.name == LANE_NAME]
+        assert (lanes.max, lanes.keys) == (self.lane_max, snap.lane_counts()), lanes
         self.compare(snap)
         self.snap = snap
         if any(j["state"] == "available" and snap.limit_full(j) for j in snap.jobs.values()):
