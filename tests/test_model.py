@@ -2924,7 +2924,7 @@ def test_a_lane_runs_over_its_lowered_max_only_by_the_jobs_it_ran_when_lowered()
     ]
 
 
-def test_a_change_to_the_lanes_waits_for_the_workers_transactions_begun_before_it(
+def test_a_pause_or_a_limit_set_waits_for_the_workers_transactions_begun_before_it(
     harness: Harness,
 ) -> None:
     """A pause or a limit set takes effect for the claims that begin after it: the test
