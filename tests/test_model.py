@@ -363,6 +363,16 @@ class Snapshot:
             ]
         return broken
 
+    def queue_counts(self, queue: str) -> tuple[int, int, int]:
+        """The jobs of ``queue`` available and due, available later, and running (as
+        ``Client.list_queues`` counts them)."""
+        mine = [j for j in self.jobs.values() if j.get("queue") == queue]
+        return (
+            sum(j["state"] == "available" and bool(j["due"]) for j in mine),
+            sum(j["state"] == "available" and not j["due"] for j in mine),
+            sum(j["state"] == "running" for j in mine),
+        )
+
     def lane_counts(self) -> dict[str, tuple[int, int]]:
         """Per key of the lanes' limit with a job running or available, how many of each
         (as ``Client.list_limits`` counts them)."""
@@ -1049,9 +1059,19 @@ class ModelMachine(RuleBasedStateMachine):
             broken += snap.overtaken(self.snap)
         assert not broken, "; ".join(broken)
         # What an operator reads of the lanes (settled, nothing moves): their max as set,
-        # and per key the jobs running and waiting.
-        (lanes,) = [li for li in cyclone.Client(self.engine).list_limits() if li.name == LANE_NAME]
+        # and per key the jobs running and waiting; the side queue, paused or not, and its
+        # jobs due, later and running.
+        client = cyclone.Client(self.engine)
+        (lanes,) = [li for li in client.list_limits() if li.name == LANE_NAME]
         assert (lanes.max, lanes.keys) == (self.lane_max, snap.lane_counts()), lanes
+        side = [
+            (q.paused, (q.available, q.scheduled, q.running))
+            for q in client.list_queues()
+            if q.name == SIDE_QUEUE
+        ]
+        expected = (self.paused, snap.queue_counts(SIDE_QUEUE))
+        # (listed once it has active jobs, or was ever paused)
+        assert side == [expected] or (side, expected) == ([], (False, (0, 0, 0))), side
         self.compare(snap)
         self.snap = snap
         if any(j["state"] == "available" and snap.limit_full(j) for j in snap.jobs.values()):
