@@ -342,7 +342,9 @@ def test_resuming_a_schedule_that_is_not_paused_keeps_the_ticks_it_missed(
     """
     client = cyclone.Client(engine)
     schedule = hourly(engine, name, cleanup, missed="catch_up")
-    set_last_tick(engine, name, timedelta(hours=5) + timedelta(minutes=1))
+    # Exactly five hours: (now - 5 h, now] holds five hourly ticks whatever the minute
+    # (five hours and a minute held six during the first minute of each hour).
+    set_last_tick(engine, name, timedelta(hours=5))
     before = status(engine, name)
     assert client.resume_schedule(name) is False
     after = status(engine, name)
