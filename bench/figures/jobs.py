@@ -106,7 +106,8 @@ def fig_h(bench: Bench) -> None:
         db.enqueue_noops(bench.dsn, n)
         f.cyclone.append(cyclone_rate(bench, "jobs", n, nproc))
         print(f"  h {nproc} proc: cyclone {f.cyclone[-1]:,.0f}, raw {f.raw[-1]:,.0f} jobs/s")
-    runs = (n + 2) // 3
+    bench.reset()
+    runs = submit_three_step(bench, "h", n)
     steps = bench.fig(
         "h-wf-1p",
         f"worker, {runs * 3:,} steps backlog (3-step runs), 1 proc",
@@ -115,7 +116,5 @@ def fig_h(bench: Bench) -> None:
         raw_label=RAW_LABEL,
     )
     steps.raw = bench.figures["h-1p"].raw
-    bench.reset()
-    submit_three_step(bench, "h", n)
     steps.cyclone.append(cyclone_rate(bench, "workflow", runs * 3, 1))
     print(f"  h workflow steps, 1 proc: cyclone {steps.cyclone[-1]:,.0f} steps/s")
