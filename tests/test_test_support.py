@@ -49,12 +49,29 @@ def test_a_child_starts_with_default_signals_whatever_the_caller_ignores() -> No
 
 @pytest.mark.usefixtures("caller_ignores_sigint_and_blocks_sigterm")
 def test_a_child_stops_on_sigint_whatever_the_caller_ignores() -> None:
-    code = "import sys, time; print('up', flush=True); time.sleep(60)"
+    code = (
+        "import signal, time;"
+        " print('up', signal.getsignal(signal.SIGINT) is signal.default_int_handler, flush=True);"
+        " time.sleep(60)"
+    )
     with processes.popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True) as child:
         assert child.stdout is not None
-        assert child.stdout.readline() == "up\n"
+        assert child.stdout.readline() == "up True\n"
         child.send_signal(signal.SIGINT)
-        assert child.wait(timeout=10) != 0
+        try:
+            returncode = child.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the child outlived its SIGINT: {signal_state(child.pid)}")
+        assert returncode != 0
+
+
+def signal_state(pid: int) -> str:
+    """What the kernel says of process ``pid``'s state and signals, for a failure's message."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError as exc:
+        return str(exc)
+    return "; ".join(line for line in status if line.startswith(("State", "Sig", "Shd")))
 
 
 def test_a_failing_with_block_kills_the_child_and_its_process_group() -> None:
