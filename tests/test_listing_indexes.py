@@ -357,15 +357,43 @@ def test_a_claim_updates_the_jobs_it_claims_by_id_not_by_a_scan_of_every_job(
         assert "Seq Scan on cyclone_jobs" not in claimed, plan
 
 
-def claim_plans(engine: sa.Engine, wf: cyclone.Workflow[Any], steps: int) -> list[str]:
-    """The generic plans of the claim statements a worker sends to drain ``wf``'s runs
-    (``steps`` steps), after a ``VACUUM ANALYZE`` as autovacuum would make."""
+def test_a_record_and_a_heartbeat_find_their_jobs_by_id_not_through_the_heartbeats_index(
+    own_engine: sa.Engine,
+) -> None:
+    """The statements that find running jobs by id (a worker's record of its successes,
+    its heartbeat, a hand-back) read the primary key, never the index of the heartbeats
+    (cyclone_0028_heartbeat_index): every job that ran since the last vacuum leaves an
+    entry there, which a bitmap scan reads whole. When it was partial on ``state =
+    'running'``, the planner combined it with the lookup by id, or read it alone."""
+    wf: cyclone.Workflow[Any] = cyclone.Workflow("beating")
+    wf.step("first")(lambda ctx, value: value)
+    wf.step("second", after=["first"])(lambda ctx, value: None)
+    wf.submit_once_many(own_engine, [(f"a{i}", i) for i in range(300)])
+    assert cyclone.Worker(own_engine, workflows=[wf]).drain() == 600
+    wf.submit_once_many(own_engine, [(f"b{i}", i) for i in range(300)])
+    plans = claim_plans(own_engine, wf, 600, marker="done AS")
+    leases = '[{"id": 1, "lease": 1}, {"id": 2, "lease": 1}]'
+    with own_engine.connect() as conn:
+        for build in (_rescue.heartbeat_stmt, _rescue.hand_back_stmt):
+            compiled = _executor.Compiled(build())
+            plans.append(generic_plan(conn, compiled.sql, {**compiled.defaults, "leases": leases}))
+    for plan in plans:
+        assert "ix_cyclone_jobs_heartbeat_at" not in plan, plan
+        assert "Seq Scan on cyclone_jobs" not in plan, plan
+
+
+def claim_plans(
+    engine: sa.Engine, wf: cyclone.Workflow[Any], steps: int, *, marker: str = "claimed"
+) -> list[str]:
+    """The generic plans of the statements holding ``marker`` (the claims) that a worker
+    sends to drain ``wf``'s runs (``steps`` steps), after a ``VACUUM ANALYZE`` as
+    autovacuum would make."""
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(sa.text("VACUUM ANALYZE cyclone_runs, cyclone_jobs"))
     sent: list[tuple[str, Any]] = []
 
     def capture(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
-        if "claimed" in statement and not statement.startswith("EXPLAIN"):
+        if marker in statement and not statement.startswith("EXPLAIN"):
             sent.append((statement, parameters))
 
     sa.event.listen(engine, "before_cursor_execute", capture)

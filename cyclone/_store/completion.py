@@ -122,6 +122,9 @@ def complete_jobs_ctes(runs_locked: Any, continuing: Continuing | None = None) -
         update(jobs)
         .where(
             runs_locked,
+            # Found by id: joined to the items alone, a generic plan hashed them against
+            # a scan of the running jobs (cyclone_0028_heartbeat_index).
+            among(jobs.c.id, select(_items().c.id)),
             jobs.c.id == done_items.c.id,
             jobs.c.lease == done_items.c.lease,
             jobs.c.state == const(JobState.RUNNING.value),

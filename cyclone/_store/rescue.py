@@ -38,7 +38,7 @@ from cyclone._store import completion as _completion
 from cyclone._store import executor as _executor
 from cyclone._store import workers as _workers
 from cyclone._store.completion import run_over
-from cyclone._store.executor import const
+from cyclone._store.executor import among, const
 from cyclone.schema import jobs, runs
 from cyclone.states import JobState, RunState
 
@@ -55,20 +55,29 @@ def _leases() -> Any:
     )
 
 
+def _held_jobs() -> Any:
+    """The ids of the jobs still running under the leases given, in id order (the lock
+    order). Found by id: joined to the leases alone, a generic plan hashed them against a
+    scan of the running jobs (cyclone_0028_heartbeat_index)."""
+    held = _leases()
+    return (
+        select(jobs.c.id)
+        .join(held, and_(jobs.c.id == held.c.id, jobs.c.lease == held.c.lease))
+        .where(
+            among(jobs.c.id, select(_leases().c.id)),
+            jobs.c.state == const(JobState.RUNNING.value),
+        )
+        .order_by(jobs.c.id)
+    )
+
+
 def heartbeat_stmt() -> Any:
     """Mark alive the jobs still held under the leases given; returns their ids.
 
     Rows another transaction has locked (a record, a rescue) are skipped, not waited
     for: a heartbeat never waits, so it is in no lock cycle; the next one beats them.
     """
-    held = _leases()
-    mine = (
-        select(jobs.c.id)
-        .join(held, and_(jobs.c.id == held.c.id, jobs.c.lease == held.c.lease))
-        .where(jobs.c.state == const(JobState.RUNNING.value))
-        .order_by(jobs.c.id)
-        .with_for_update(of=jobs, skip_locked=True)
-    )
+    mine = _held_jobs().with_for_update(of=jobs, skip_locked=True)
     return (
         update(jobs)
         .where(jobs.c.id.in_(mine.scalar_subquery()))
@@ -121,14 +130,7 @@ def hand_back_stmt() -> Any:
     A job whose run is over is cancelled instead (:func:`release_jobs_stmt`). Locks the
     jobs in id order, after :func:`hand_back` has locked their runs.
     """
-    held = _leases()
-    mine = (
-        select(jobs.c.id)
-        .join(held, and_(jobs.c.id == held.c.id, jobs.c.lease == held.c.lease))
-        .where(jobs.c.state == const(JobState.RUNNING.value))
-        .order_by(jobs.c.id)
-        .with_for_update(of=jobs)
-    )
+    mine = _held_jobs().with_for_update(of=jobs)
     return release_jobs_stmt(mine.scalar_subquery()).returning(jobs.c.id)
 
 

@@ -163,12 +163,17 @@ def prune_workers_stmt() -> Any:
 def list_workers_stmt() -> Any:
     """Every registered worker, oldest first, with the count of jobs running under its id.
 
-    The count reads the running jobs through their partial index
-    (``ix_cyclone_jobs_heartbeat_at``): as many as the workers hold, whatever the table's size.
+    The count reads the running jobs through the index of their heartbeats
+    (``ix_cyclone_jobs_heartbeat_at``, a job has one exactly while it runs): as many as
+    the workers hold, whatever the table's size.
     """
     running = (
         select(jobs.c.worker_id, func.count().label("running"))
-        .where(jobs.c.state == const(JobState.RUNNING.value), jobs.c.worker_id.is_not(None))
+        .where(
+            jobs.c.heartbeat_at.is_not(None),
+            jobs.c.state == const(JobState.RUNNING.value),
+            jobs.c.worker_id.is_not(None),
+        )
         .group_by(jobs.c.worker_id)
         .subquery("running")
     )

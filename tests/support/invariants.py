@@ -37,6 +37,13 @@ model-based test checks its own version of it then, knowing which jobs those are
 
 INVARIANTS: tuple[Invariant, ...] = (
     Invariant(
+        "a job has a heartbeat exactly while it runs (the rescue's index holds the running)",
+        """
+        SELECT j.id AS job_id, j.run_id, j.kind, j.state, j.heartbeat_at FROM cyclone_jobs j
+        WHERE (j.state = 'running') <> (j.heartbeat_at IS NOT NULL)
+        """,
+    ),
+    Invariant(
         "a terminal run has no job waiting to run (available or blocked)",
         f"""
         SELECT r.id AS run_id, r.state AS run_state, j.id AS job_id, j.kind, j.state
