@@ -229,6 +229,29 @@ def _due(
     )
 
 
+def _has_due(
+    table: Any,
+    name: Any,
+    key: Any,
+    queues: tuple[str, ...] | None,
+    served: Served,
+    steps: bool = False,
+) -> Any:
+    """Whether the key ``name``, ``key`` has a job :func:`_due`: a probe of its range of
+    ``ix_cyclone_jobs_gated`` that stops at the first.
+
+    ``OFFSET 0`` keeps it a probe per key. Without it, the planner may turn the
+    ``EXISTS`` into a join that collects the distinct keys of every due job first, which
+    a plan made when few jobs waited does: each claim then read every job waiting under
+    the limit, and a key with thousands waiting was claimed from at a few hundred jobs a
+    second."""
+    return exists(
+        select(table.c.id)
+        .where(*_due(table, name, key, queues, served, steps))
+        .offset(literal_column("0"))
+    )
+
+
 def _running_of(name: Any, key: Any) -> Any:
     """Running jobs of ``name`` and ``key`` in the snapshot (``ix_cyclone_jobs_gated_running``)."""
     r = jobs.alias("r")
@@ -300,7 +323,7 @@ def claim_gated_stmt(
             runs_locked,
             one_of(k.c.name, names),
             lim.c.max - used > const(0, Integer),
-            exists(select(a.c.id).where(*_due(a, k.c.name, k.c.key, queues, served, steps))),
+            _has_due(a, k.c.name, k.c.key, queues, served, steps),
         )
         .order_by(k.c.served_at, k.c.name, k.c.key)
         .limit(top)
@@ -384,7 +407,7 @@ def _contended(
         .where(
             one_of(k.c.name, names),
             lim.c.max - used > const(0, Integer),
-            exists(select(e.c.id).where(*_due(e, k.c.name, k.c.key, queues, served, steps))),
+            _has_due(e, k.c.name, k.c.key, queues, served, steps),
         )
         .limit(top)
         .subquery("eligible")
