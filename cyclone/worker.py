@@ -1701,6 +1701,11 @@ class Worker:
                     claimed += got
                     left -= len(got)
             self._delivered = sum(woke)
+            if self._delivered:
+                # A claim delivers DELIVER_PER_CLAIM pending signals at most, and nothing
+                # rings again for the others: the next claim delivers too, until one wakes
+                # none (a bulk of signals would otherwise wait for the poll).
+                self._recheck_due = True
             self._unblocked = sum(unblocked)
             self._contended = sum(contended)
             if self._child_nodes and (deliver or self._draining):

@@ -484,3 +484,55 @@ def test_a_signal_the_workflow_has_no_wait_node_for_is_refused_before_any_statem
         wf.signal(engine, "k", "refunded", {"x": 1})
     assert statements.count == 0, statements.statements
     assert stored_signals(engine, run.id) == {}
+
+
+def test_one_drain_delivers_every_signal_sent_in_bulk_not_one_claims_worth(
+    engine: sa.Engine, name: str
+) -> None:
+    """A claim delivers at most ``DELIVER_PER_CLAIM`` pending signals; a drain (and a
+    woken worker) claims again at once after a full batch, until none is pending, instead
+    of leaving the rest to its poll."""
+    wf = checkout(name)
+    worker = cyclone.Worker(engine, workflows=[wf])
+    count = 3 * _claim.DELIVER_PER_CLAIM + 1
+    wf.submit_once_many(engine, [(f"bulk-{i}", Order(i, i)) for i in range(count)])
+    assert worker.drain() == count  # every reserve ran; every wait node parked
+    with engine.begin() as conn:
+        for i in range(count):
+            wf.signal_tx(conn, f"bulk-{i}", "paid", Payment(f"pay-{i}", i))
+    assert worker.drain() == 2 * count
+    with engine.connect() as conn:
+        states = conn.execute(
+            sa.select(runs.c.state, sa.func.count())
+            .where(runs.c.workflow == name)
+            .group_by(runs.c.state)
+        ).all()
+    assert states == [("completed", count)]
+
+
+def test_a_serving_worker_delivers_every_signal_sent_in_bulk_before_its_poll(
+    engine: sa.Engine, name: str, serving: Callable[[cyclone.Worker], Background]
+) -> None:
+    """Signals sent in one transaction ring once; the worker the ring wakes delivers them
+    all, a claim's batch after another (and the nodes each batch wakes ring again), not
+    one batch and the rest at its poll."""
+    wf = checkout(name)
+    count = 3 * _claim.DELIVER_PER_CLAIM + 1
+    wf.submit_once_many(engine, [(f"bulk-{i}", Order(i, i)) for i in range(count)])
+    assert cyclone.Worker(engine, workflows=[wf]).drain() == count
+    serving(cyclone.Worker(engine, workflows=[wf], poll_interval=600, sweep=False))
+    with engine.begin() as conn:
+        for i in range(count):
+            wf.signal_tx(conn, f"bulk-{i}", "paid", Payment(f"pay-{i}", i))
+
+    def completed() -> int:
+        with engine.connect() as conn:
+            return int(
+                conn.execute(
+                    sa.select(sa.func.count()).where(
+                        runs.c.workflow == name, runs.c.state == "completed"
+                    )
+                ).scalar_one()
+            )
+
+    wait_until(lambda: completed() == count, timeout=60)
