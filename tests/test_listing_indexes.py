@@ -420,6 +420,31 @@ def test_a_limited_claim_probes_a_key_for_its_first_due_job_not_every_job_waitin
         assert all(int(rows) <= 1 for rows in probes), plan
 
 
+def test_an_admission_probes_a_key_for_its_first_held_run_not_every_run_held(
+    own_engine: sa.Engine,
+) -> None:
+    """The admission of runs held by their workflow's limit locks the keys with a held run
+    due by probing each key's range of ``ix_cyclone_runs_held`` up to its first run (the
+    ``EXISTS`` fenced as the limited claim's is): planned while few runs were held, it was
+    a join that read every held run of the limit in each admission."""
+    wf: cyclone.Workflow[Any] = cyclone.Workflow(
+        "admitted", input=dict, concurrency=cyclone.Concurrency(1, key=lambda inp: "one")
+    )
+    wf.step("only")(lambda ctx, value: None)
+    wf.submit_once_many(own_engine, [(f"a{i}", {"i": i}) for i in range(300)])
+    compiled = _executor.Compiled(_limits.lock_held_keys_stmt(("workflow:admitted",), 32))
+    with own_engine.connect() as conn:
+        held = conn.execute(
+            sa.text("SELECT count(*) FROM cyclone_runs WHERE start_at = 'infinity'")
+        ).scalar_one()
+        assert held >= 299
+        plan = generic_plan(conn, compiled.sql, dict(compiled.defaults), analyze=True)
+        conn.rollback()
+    probes = re.findall(r"on cyclone_runs h .*actual rows=(\d+) loops=\d+", plan)
+    assert probes, plan
+    assert all(int(rows) <= 1 for rows in probes), plan
+
+
 def test_a_childs_delivery_probes_the_node_of_each_ended_child_not_every_parked_node(
     own_engine: sa.Engine,
 ) -> None:

@@ -238,18 +238,19 @@ def _has_due(
     steps: bool = False,
 ) -> Any:
     """Whether the key ``name``, ``key`` has a job :func:`_due`: a probe of its range of
-    ``ix_cyclone_jobs_gated`` that stops at the first.
+    ``ix_cyclone_jobs_gated`` that stops at the first (see :func:`_probe`)."""
+    return _probe(select(table.c.id).where(*_due(table, name, key, queues, served, steps)))
 
-    ``OFFSET 0`` keeps it a probe per key. Without it, the planner may turn the
-    ``EXISTS`` into a join that collects the distinct keys of every due job first, which
-    a plan made when few jobs waited does: each claim then read every job waiting under
-    the limit, and a key with thousands waiting was claimed from at a few hundred jobs a
+
+def _probe(found: Any) -> Any:
+    """``EXISTS (found)``, a probe per outer row (a limit's key) that stops at its first row.
+
+    ``OFFSET 0`` keeps it a probe. Without it, the planner may turn the ``EXISTS`` into a
+    join that collects the distinct keys of every waiting row first, which a plan made
+    when few rows waited does: each statement then read every job (or held run) waiting
+    under the limit, and a key with thousands waiting was served at a few hundred jobs a
     second."""
-    return exists(
-        select(table.c.id)
-        .where(*_due(table, name, key, queues, served, steps))
-        .offset(literal_column("0"))
-    )
+    return exists(found.offset(literal_column("0")))
 
 
 def _running_of(name: Any, key: Any) -> Any:
@@ -748,7 +749,7 @@ def next_gated_due_stmt(
             lim.c.per.is_not(None),
             k.c.window_start == window,
             k.c.window_count >= lim.c.max,
-            exists(select(b.c.id).where(*_due(b, k.c.name, k.c.key, queues, served))),
+            _probe(select(b.c.id).where(*_due(b, k.c.name, k.c.key, queues, served))),
         )
         .scalar_subquery()
     )
@@ -766,15 +767,11 @@ def next_gated_due_stmt(
     if rates:
         k2, lim2, d = limit_keys.alias("rk2"), limits.alias("rl2"), jobs.alias("d")
         window2 = _window(lim2.c.per)
-        waiting = (
-            select(d.c.id)
-            .where(
-                *_due(d, d.c.limit_name, d.c.limit_key, queues, served),
-                one_of(d.c.limit_name, names),
-                d.c.rate_name == k2.c.name,
-                d.c.rate_key == k2.c.key,
-            )
-            .limit(1)
+        waiting = select(d.c.id).where(
+            *_due(d, d.c.limit_name, d.c.limit_key, queues, served),
+            one_of(d.c.limit_name, names),
+            d.c.rate_name == k2.c.name,
+            d.c.rate_key == k2.c.key,
         )
         paired_window = (
             select(func.min(window2 + lim2.c.per))
@@ -783,7 +780,7 @@ def next_gated_due_stmt(
                 one_of(k2.c.name, rates),
                 k2.c.window_start == window2,
                 k2.c.window_count >= lim2.c.max,
-                exists(waiting),
+                _probe(waiting),
             )
             .scalar_subquery()
         )
@@ -976,7 +973,7 @@ def lock_held_keys_stmt(names: tuple[str, ...], batch: int) -> Any:
         .join_from(limit_keys, limits, limits.c.name == limit_keys.c.name)
         .where(
             one_of(limit_keys.c.name, names),
-            exists(select(h.c.id).where(*_held_due(h, limit_keys.c.name, limit_keys.c.key))),
+            _probe(select(h.c.id).where(*_held_due(h, limit_keys.c.name, limit_keys.c.key))),
             or_(limits.c.on_limit != const("queue"), limits.c.max > running),
         )
         .order_by(limit_keys.c.served_at, limit_keys.c.name, limit_keys.c.key)
@@ -1227,7 +1224,7 @@ def orphans_stmts(
     return (
         union_all(limited, kept_rates),
         select(held_names.c.n).where(
-            held_names.c.n.is_not(None), ~one_of(held_names.c.n, admits), exists(served_run)
+            held_names.c.n.is_not(None), ~one_of(held_names.c.n, admits), _probe(served_run)
         ),
     )
 
@@ -1276,7 +1273,7 @@ def orphans(
 
 _kind = func.unnest(bindparam("kinds", type_=ARRAY(Text))).column_valued("kind")
 _UNLIMITED_KINDS = select(_kind).where(
-    exists(
+    _probe(
         select(jobs.c.id).where(
             unlimited_standalone(jobs, jobs.c.kind == _kind), *_available_jobs(jobs)
         )
