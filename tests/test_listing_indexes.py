@@ -414,10 +414,7 @@ def test_a_limited_claim_probes_a_key_for_its_first_due_job_not_every_job_waitin
         with own_engine.connect() as conn:
             plan = generic_plan(conn, statement, parameters, analyze=True)
             conn.rollback()
-        # rows are per loop: a probe returns its key's first due job or nothing.
-        probes = re.findall(r"on cyclone_jobs [ae] .*actual rows=(\d+) loops=\d+", plan)
-        assert probes, plan
-        assert all(int(rows) <= 1 for rows in probes), plan
+        assert_probes(plan, r"cyclone_jobs [ae]")
 
 
 def test_an_admission_probes_a_key_for_its_first_held_run_not_every_run_held(
@@ -440,9 +437,7 @@ def test_an_admission_probes_a_key_for_its_first_held_run_not_every_run_held(
         assert held >= 299
         plan = generic_plan(conn, compiled.sql, dict(compiled.defaults), analyze=True)
         conn.rollback()
-    probes = re.findall(r"on cyclone_runs h .*actual rows=(\d+) loops=\d+", plan)
-    assert probes, plan
-    assert all(int(rows) <= 1 for rows in probes), plan
+    assert_probes(plan, r"cyclone_runs h")
 
 
 def test_a_childs_delivery_probes_the_node_of_each_ended_child_not_every_parked_node(
@@ -470,15 +465,19 @@ def test_a_childs_delivery_probes_the_node_of_each_ended_child_not_every_parked_
             compiled = _executor.Compiled(stmt)
             plan = generic_plan(conn, compiled.sql, dict(compiled.defaults), analyze=True)
             conn.rollback()
-            # Each node probed by its key (a read of an alias of cyclone_jobs): at most
-            # one row a probe. The nodes found are then updated by id (on a table this
-            # small, the planner may read it whole for that).
-            probes = [
-                int(rows)
-                for rows in re.findall(r"on cyclone_jobs \w+ .*actual rows=(\d+) loops=", plan)
-            ]
-            assert probes, plan
-            assert max(probes) <= 1, plan
+            # Each node probed by its key (a read of an alias of cyclone_jobs). The nodes
+            # found are then updated by id (on a table this small, the planner may read
+            # it whole for that).
+            assert_probes(plan, r"cyclone_jobs \w+")
+
+
+def assert_probes(plan: str, read: str) -> None:
+    """Every node of ``plan`` (EXPLAIN ANALYZE) that reads ``read`` (a table and its alias,
+    a pattern) returns at most one row a loop, as a probe that stops at its first row
+    does, and there is at least one."""
+    probes = re.findall(rf"on {read} .*actual rows=(\d+) loops=\d+", plan)
+    assert probes, plan
+    assert all(int(rows) <= 1 for rows in probes), plan
 
 
 def claim_plans(

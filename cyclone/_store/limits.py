@@ -229,19 +229,6 @@ def _due(
     )
 
 
-def _has_due(
-    table: Any,
-    name: Any,
-    key: Any,
-    queues: tuple[str, ...] | None,
-    served: Served,
-    steps: bool = False,
-) -> Any:
-    """Whether the key ``name``, ``key`` has a job :func:`_due`: a probe of its range of
-    ``ix_cyclone_jobs_gated`` that stops at the first (see :func:`_probe`)."""
-    return _probe(select(table.c.id).where(*_due(table, name, key, queues, served, steps)))
-
-
 def _probe(found: Any) -> Any:
     """``EXISTS (found)``, a probe per outer row (a limit's key) that stops at its first row.
 
@@ -324,7 +311,7 @@ def claim_gated_stmt(
             runs_locked,
             one_of(k.c.name, names),
             lim.c.max - used > const(0, Integer),
-            _has_due(a, k.c.name, k.c.key, queues, served, steps),
+            _probe(select(a.c.id).where(*_due(a, k.c.name, k.c.key, queues, served, steps))),
         )
         .order_by(k.c.served_at, k.c.name, k.c.key)
         .limit(top)
@@ -408,7 +395,7 @@ def _contended(
         .where(
             one_of(k.c.name, names),
             lim.c.max - used > const(0, Integer),
-            _has_due(e, k.c.name, k.c.key, queues, served, steps),
+            _probe(select(e.c.id).where(*_due(e, k.c.name, k.c.key, queues, served, steps))),
         )
         .limit(top)
         .subquery("eligible")
