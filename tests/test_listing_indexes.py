@@ -445,7 +445,7 @@ def test_a_childs_delivery_probes_the_node_of_each_ended_child_not_every_parked_
 ) -> None:
     """The delivery that wakes the nodes of ended children, and the look for ended
     children whose node no longer waits, find each child's node (a map's item) by its key
-    in ``ix_cyclone_jobs_run_id_kind_item`` or ``ix_cyclone_jobs_run_id_kind``. Their
+    in ``ix_cyclone_jobs_run_steps``. Their
     join on "the item is the child's, or both are NULL" (an OR) could use neither: the
     wake compared every parked item with every ended child, and the look scanned every
     waiting item once per child. A map of 3,000 children did not drain in ten minutes
@@ -469,6 +469,76 @@ def test_a_childs_delivery_probes_the_node_of_each_ended_child_not_every_parked_
             # found are then updated by id (on a table this small, the planner may read
             # it whole for that).
             assert_probes(plan, r"cyclone_jobs \w+")
+
+
+def _relation_pages(conn: sa.Connection, name: str) -> int:
+    return int(
+        conn.execute(
+            sa.text("SELECT pg_relation_size(CAST(:n AS regclass)) / 8192"), {"n": name}
+        ).scalar_one()
+    )
+
+
+def test_standalone_jobs_write_no_entry_in_the_index_of_a_runs_jobs(
+    own_engine: sa.Engine,
+) -> None:
+    """``ix_cyclone_jobs_run_steps`` is partial on ``run_id IS NOT NULL``: enqueuing,
+    running and ending 2,000 standalone jobs leaves it as it was, where the index it
+    replaced (not partial) took an entry at each of their three row versions."""
+
+    @cyclone.step("indexes.standalone")
+    def standalone(ctx: cyclone.StepContext, value: Any) -> None:
+        return None
+
+    with own_engine.connect() as conn:
+        before = _relation_pages(conn, "ix_cyclone_jobs_run_steps")
+    with own_engine.begin() as conn:
+        for i in range(2000):
+            standalone.enqueue_tx(conn, i)
+    assert cyclone.Worker(own_engine, steps=[standalone]).drain() == 2000
+    with own_engine.connect() as conn:
+        assert _relation_pages(conn, "ix_cyclone_jobs_run_steps") == before
+        assert _relation_pages(conn, "pk_cyclone_jobs") > before + 5
+
+
+def test_a_purged_runs_jobs_are_found_through_the_index_of_a_runs_jobs(
+    own_engine: sa.Engine,
+) -> None:
+    """The foreign key's cascade (``run_id = $1``) and a read of many runs' jobs
+    (``run_id = ANY``) imply the index's ``run_id IS NOT NULL``: both read the index,
+    never the whole table, behind 600 runs' jobs and 2,000 standalone ones."""
+    wf: cyclone.Workflow[Any] = cyclone.Workflow("indexes.purged")
+    wf.step("a")(lambda ctx, value: None)
+    wf.step("b", after=["a"])(lambda ctx, value: None)
+
+    @cyclone.step("indexes.other")
+    def other(ctx: cyclone.StepContext, value: Any) -> None:
+        return None
+
+    wf.submit_once_many(own_engine, [(f"k{i}", i) for i in range(600)])
+    with own_engine.begin() as conn:
+        for i in range(2000):
+            other.enqueue_tx(conn, i)
+    assert cyclone.Worker(own_engine, workflows=[wf]).drain() == 1200
+    with own_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(sa.text("VACUUM ANALYZE cyclone_runs, cyclone_jobs"))
+    with own_engine.connect() as conn:
+        ids = list(conn.execute(sa.text("SELECT id FROM cyclone_runs LIMIT 2")).scalars())
+        conn.execute(sa.text("DELETE FROM cyclone_runs WHERE id = :id"), {"id": ids[0]})
+        scans = conn.execute(
+            sa.text(
+                "SELECT seq_scan, idx_scan FROM pg_stat_xact_user_tables "
+                "WHERE relname = 'cyclone_jobs'"
+            )
+        ).one()
+        assert scans == (0, 1)
+        plan = generic_plan(
+            conn,
+            "SELECT id FROM cyclone_jobs WHERE run_id = ANY(CAST(%(ids)s AS uuid[]))",
+            {"ids": "{" + ",".join(str(i) for i in ids) + "}"},
+        )
+        assert "ix_cyclone_jobs_run_steps" in plan, plan
+        conn.rollback()
 
 
 def assert_probes(plan: str, read: str) -> None:
