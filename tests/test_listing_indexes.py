@@ -383,6 +383,87 @@ def test_a_record_and_a_heartbeat_find_their_jobs_by_id_not_through_the_heartbea
         assert "Seq Scan on cyclone_jobs" not in plan, plan
 
 
+def _chain_of_three(name: str) -> cyclone.Workflow[Any]:
+    wf: cyclone.Workflow[Any] = cyclone.Workflow(name)
+    wf.step("first")(lambda ctx, value: value)
+    wf.step("second", after=["first"])(lambda ctx, value: value)
+    wf.step("third", after=["second"])(lambda ctx, value: None)
+    return wf
+
+
+def _statistics_of_standalone_jobs_only(engine: sa.Engine) -> None:
+    """What the jobs' statistics say after a backlog of standalone jobs was analyzed and
+    then drained and purged: every job without a run, the table's jobs gone."""
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO cyclone_jobs (kind, queue, priority, state, args, max_attempts) "
+                "SELECT 'standalone', 'default', 0, 'available', to_jsonb(g), 3 "
+                "FROM generate_series(1, 3000) g"
+            )
+        )
+        conn.execute(sa.text("ANALYZE cyclone_jobs"))
+        conn.execute(sa.text("TRUNCATE cyclone_jobs"))
+
+
+def _index_conditions(plan: str, read: str) -> list[str]:
+    """The ``Index Cond`` of each node of ``plan`` that reads ``read`` (a table and its
+    alias, a pattern) through an index; a node without one gives an empty string."""
+    lines = plan.splitlines()
+    found = []
+    for i, line in enumerate(lines):
+        if re.search(rf"Index.* on {read}\b", line):
+            cond = next(
+                (
+                    rest.strip()
+                    for rest in lines[i + 1 : i + 4]
+                    if rest.strip().startswith("Index Cond:")
+                ),
+                "",
+            )
+            found.append(cond)
+    return found
+
+
+def test_a_record_probes_each_recorded_steps_run_for_the_steps_waiting_on_it(
+    own_engine: sa.Engine,
+) -> None:
+    """The record of a worker's successes finds the steps each one unblocks by its run
+    (``run_id`` first in ``ix_cyclone_jobs_run_steps``). Planned while statistics showed
+    no job of a run (the jobs' table analyzed before any run started, as after a purge or
+    a backlog of standalone jobs), the join of the recorded steps to the waiting ones
+    read every waiting step through the whole index, in every record: a drain of 50,001
+    steps ran at a third of its speed."""
+    wf = _chain_of_three("unblocking")
+    _statistics_of_standalone_jobs_only(own_engine)
+    wf.submit_once_many(own_engine, [(f"k{i}", i) for i in range(300)])
+    plans = claim_plans(own_engine, wf, 900, marker="done AS")
+    for plan in plans:
+        conditions = _index_conditions(plan, "cyclone_jobs dependent")
+        assert conditions, plan
+        assert all("run_id = done.run_id" in cond for cond in conditions), plan
+
+
+def test_the_rescue_reads_stale_jobs_by_their_heartbeat_not_through_a_runs_jobs(
+    own_engine: sa.Engine,
+) -> None:
+    """The rescue's lock of the runs of stale jobs reads those jobs by their heartbeats.
+    Planned while statistics showed no job of a run, its join of runs to jobs read the
+    whole index of the runs' jobs, at each pass of the rescue."""
+    wf = _chain_of_three("rescued")
+    _statistics_of_standalone_jobs_only(own_engine)
+    wf.submit_once_many(own_engine, [(f"k{i}", i) for i in range(300)])
+    claim_plans(own_engine, wf, 900, marker="done AS")
+    with own_engine.connect() as conn:
+        compiled = _executor.Compiled(_rescue.lock_runs_of_stale_jobs_stmt())
+        plan = generic_plan(
+            conn, compiled.sql, {**compiled.defaults, "rescue_after": timedelta(minutes=1)}
+        )
+    assert "ix_cyclone_jobs_heartbeat_at" in plan, plan
+    assert "ix_cyclone_jobs_run_steps" not in plan, plan
+    assert "Seq Scan on cyclone_jobs" not in plan, plan
+
+
 def test_a_limited_claim_probes_a_key_for_its_first_due_job_not_every_job_waiting(
     own_engine: sa.Engine,
 ) -> None:
@@ -591,6 +672,7 @@ _SQL_TYPES = {
     int: "bigint",
     float: "double precision",
     str: "text",
+    timedelta: "interval",
     type(None): "unknown",
 }
 
