@@ -315,6 +315,15 @@ Index(
     jobs.c.rate_name,
     postgresql_where=text("state = 'available' AND rate_name IS NOT NULL"),
 )
+# One job per step of a run; a map node's items are jobs of its kind with their index in
+# ``item``, one per index (revision cyclone_0017_map_items).
+Index(
+    "ix_cyclone_jobs_run_id_kind",
+    jobs.c.run_id,
+    jobs.c.kind,
+    unique=True,
+    postgresql_where=text("item IS NULL"),
+)
 STEP_JOB_COLUMNS = (
     jobs.c.run_id,
     jobs.c.workflow,
@@ -329,22 +338,14 @@ STEP_JOB_COLUMNS = (
 """The columns every insert of a run's step jobs sets first (a run's start, a fork, a map's
 items), each then adding its own."""
 
-# One job per step of a run, and one per item of a map node (``item`` its index, NULL for
-# every other job; revision cyclone_0017_map_items): NULLS NOT DISTINCT makes the step's
-# NULL item unique too. The foreign key's cascade (a purged run's jobs) and every read of
-# a run's jobs reach it through ``run_id = ...``, which implies its predicate; standalone
-# jobs, which have no run, write no entry. On PostgreSQL 13 and 14, which lack NULLS NOT
-# DISTINCT, revision cyclone_0029_run_steps_index keeps the two indexes that served
-# before: ``ix_cyclone_jobs_run_id_kind`` (``run_id, kind`` where ``item IS NULL``) and
-# ``ix_cyclone_jobs_run_id_kind_item`` (``run_id, kind, item``).
+# Not partial: the index on run_id that the foreign key's cascade (a purged run's jobs)
+# and every read of a run's jobs reach; a partial one would leave them a scan per run.
 Index(
-    "ix_cyclone_jobs_run_steps",
+    "ix_cyclone_jobs_run_id_kind_item",
     jobs.c.run_id,
     jobs.c.kind,
     jobs.c.item,
     unique=True,
-    postgresql_nulls_not_distinct=True,
-    postgresql_where=text("run_id IS NOT NULL"),
 )
 Index(
     "ix_cyclone_jobs_unique_key",

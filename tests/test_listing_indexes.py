@@ -383,87 +383,6 @@ def test_a_record_and_a_heartbeat_find_their_jobs_by_id_not_through_the_heartbea
         assert "Seq Scan on cyclone_jobs" not in plan, plan
 
 
-def _chain_of_three(name: str) -> cyclone.Workflow[Any]:
-    wf: cyclone.Workflow[Any] = cyclone.Workflow(name)
-    wf.step("first")(lambda ctx, value: value)
-    wf.step("second", after=["first"])(lambda ctx, value: value)
-    wf.step("third", after=["second"])(lambda ctx, value: None)
-    return wf
-
-
-def _statistics_of_standalone_jobs_only(engine: sa.Engine) -> None:
-    """What the jobs' statistics say after a backlog of standalone jobs was analyzed and
-    then drained and purged: every job without a run, the table's jobs gone."""
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(
-            sa.text(
-                "INSERT INTO cyclone_jobs (kind, queue, priority, state, args, max_attempts) "
-                "SELECT 'standalone', 'default', 0, 'available', to_jsonb(g), 3 "
-                "FROM generate_series(1, 3000) g"
-            )
-        )
-        conn.execute(sa.text("ANALYZE cyclone_jobs"))
-        conn.execute(sa.text("TRUNCATE cyclone_jobs"))
-
-
-def _index_conditions(plan: str, read: str) -> list[str]:
-    """The ``Index Cond`` of each node of ``plan`` that reads ``read`` (a table and its
-    alias, a pattern) through an index; a node without one gives an empty string."""
-    lines = plan.splitlines()
-    found = []
-    for i, line in enumerate(lines):
-        if re.search(rf"Index.* on {read}\b", line):
-            cond = next(
-                (
-                    rest.strip()
-                    for rest in lines[i + 1 : i + 4]
-                    if rest.strip().startswith("Index Cond:")
-                ),
-                "",
-            )
-            found.append(cond)
-    return found
-
-
-def test_a_record_probes_each_recorded_steps_run_for_the_steps_waiting_on_it(
-    own_engine: sa.Engine,
-) -> None:
-    """The record of a worker's successes finds the steps each one unblocks by its run
-    (``run_id`` first in ``ix_cyclone_jobs_run_steps``). Planned while statistics showed
-    no job of a run (the jobs' table analyzed before any run started, as after a purge or
-    a backlog of standalone jobs), the join of the recorded steps to the waiting ones
-    read every waiting step through the whole index, in every record: a drain of 50,001
-    steps ran at a third of its speed."""
-    wf = _chain_of_three("unblocking")
-    _statistics_of_standalone_jobs_only(own_engine)
-    wf.submit_once_many(own_engine, [(f"k{i}", i) for i in range(300)])
-    plans = claim_plans(own_engine, wf, 900, marker="done AS")
-    for plan in plans:
-        conditions = _index_conditions(plan, "cyclone_jobs dependent")
-        assert conditions, plan
-        assert all("run_id = done.run_id" in cond for cond in conditions), plan
-
-
-def test_the_rescue_reads_stale_jobs_by_their_heartbeat_not_through_a_runs_jobs(
-    own_engine: sa.Engine,
-) -> None:
-    """The rescue's lock of the runs of stale jobs reads those jobs by their heartbeats.
-    Planned while statistics showed no job of a run, its join of runs to jobs read the
-    whole index of the runs' jobs, at each pass of the rescue."""
-    wf = _chain_of_three("rescued")
-    _statistics_of_standalone_jobs_only(own_engine)
-    wf.submit_once_many(own_engine, [(f"k{i}", i) for i in range(300)])
-    claim_plans(own_engine, wf, 900, marker="done AS")
-    with own_engine.connect() as conn:
-        compiled = _executor.Compiled(_rescue.lock_runs_of_stale_jobs_stmt())
-        plan = generic_plan(
-            conn, compiled.sql, {**compiled.defaults, "rescue_after": timedelta(minutes=1)}
-        )
-    assert "ix_cyclone_jobs_heartbeat_at" in plan, plan
-    assert "ix_cyclone_jobs_run_steps" not in plan, plan
-    assert "Seq Scan on cyclone_jobs" not in plan, plan
-
-
 def test_a_limited_claim_probes_a_key_for_its_first_due_job_not_every_job_waiting(
     own_engine: sa.Engine,
 ) -> None:
@@ -526,7 +445,7 @@ def test_a_childs_delivery_probes_the_node_of_each_ended_child_not_every_parked_
 ) -> None:
     """The delivery that wakes the nodes of ended children, and the look for ended
     children whose node no longer waits, find each child's node (a map's item) by its key
-    in ``ix_cyclone_jobs_run_steps``. Their
+    in ``ix_cyclone_jobs_run_id_kind_item`` or ``ix_cyclone_jobs_run_id_kind``. Their
     join on "the item is the child's, or both are NULL" (an OR) could use neither: the
     wake compared every parked item with every ended child, and the look scanned every
     waiting item once per child. A map of 3,000 children did not drain in ten minutes
@@ -550,76 +469,6 @@ def test_a_childs_delivery_probes_the_node_of_each_ended_child_not_every_parked_
             # found are then updated by id (on a table this small, the planner may read
             # it whole for that).
             assert_probes(plan, r"cyclone_jobs \w+")
-
-
-def _relation_pages(conn: sa.Connection, name: str) -> int:
-    return int(
-        conn.execute(
-            sa.text("SELECT pg_relation_size(CAST(:n AS regclass)) / 8192"), {"n": name}
-        ).scalar_one()
-    )
-
-
-def test_standalone_jobs_write_no_entry_in_the_index_of_a_runs_jobs(
-    own_engine: sa.Engine,
-) -> None:
-    """``ix_cyclone_jobs_run_steps`` is partial on ``run_id IS NOT NULL``: enqueuing,
-    running and ending 2,000 standalone jobs leaves it as it was, where the index it
-    replaced (not partial) took an entry at each of their three row versions."""
-
-    @cyclone.step("indexes.standalone")
-    def standalone(ctx: cyclone.StepContext, value: Any) -> None:
-        return None
-
-    with own_engine.connect() as conn:
-        before = _relation_pages(conn, "ix_cyclone_jobs_run_steps")
-    with own_engine.begin() as conn:
-        for i in range(2000):
-            standalone.enqueue_tx(conn, i)
-    assert cyclone.Worker(own_engine, steps=[standalone]).drain() == 2000
-    with own_engine.connect() as conn:
-        assert _relation_pages(conn, "ix_cyclone_jobs_run_steps") == before
-        assert _relation_pages(conn, "pk_cyclone_jobs") > before + 5
-
-
-def test_a_purged_runs_jobs_are_found_through_the_index_of_a_runs_jobs(
-    own_engine: sa.Engine,
-) -> None:
-    """The foreign key's cascade (``run_id = $1``) and a read of many runs' jobs
-    (``run_id = ANY``) imply the index's ``run_id IS NOT NULL``: both read the index,
-    never the whole table, behind 600 runs' jobs and 2,000 standalone ones."""
-    wf: cyclone.Workflow[Any] = cyclone.Workflow("indexes.purged")
-    wf.step("a")(lambda ctx, value: None)
-    wf.step("b", after=["a"])(lambda ctx, value: None)
-
-    @cyclone.step("indexes.other")
-    def other(ctx: cyclone.StepContext, value: Any) -> None:
-        return None
-
-    wf.submit_once_many(own_engine, [(f"k{i}", i) for i in range(600)])
-    with own_engine.begin() as conn:
-        for i in range(2000):
-            other.enqueue_tx(conn, i)
-    assert cyclone.Worker(own_engine, workflows=[wf]).drain() == 1200
-    with own_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.execute(sa.text("VACUUM ANALYZE cyclone_runs, cyclone_jobs"))
-    with own_engine.connect() as conn:
-        ids = list(conn.execute(sa.text("SELECT id FROM cyclone_runs LIMIT 2")).scalars())
-        conn.execute(sa.text("DELETE FROM cyclone_runs WHERE id = :id"), {"id": ids[0]})
-        scans = conn.execute(
-            sa.text(
-                "SELECT seq_scan, idx_scan FROM pg_stat_xact_user_tables "
-                "WHERE relname = 'cyclone_jobs'"
-            )
-        ).one()
-        assert scans == (0, 1)
-        plan = generic_plan(
-            conn,
-            "SELECT id FROM cyclone_jobs WHERE run_id = ANY(CAST(%(ids)s AS uuid[]))",
-            {"ids": "{" + ",".join(str(i) for i in ids) + "}"},
-        )
-        assert "ix_cyclone_jobs_run_steps" in plan, plan
-        conn.rollback()
 
 
 def assert_probes(plan: str, read: str) -> None:
@@ -672,7 +521,6 @@ _SQL_TYPES = {
     int: "bigint",
     float: "double precision",
     str: "text",
-    timedelta: "interval",
     type(None): "unknown",
 }
 

@@ -25,7 +25,7 @@ import cyclone
 from cyclone import migrations, schema
 from cyclone.schema import metadata
 from tests.conftest import wait_until
-from tests.support import docs, processes
+from tests.support import processes
 
 REPO = Path(__file__).resolve().parent.parent
 START_GATE = 0x7465737467617465  # "testgate"
@@ -408,19 +408,11 @@ def test_the_rated_jobs_index_built_beforehand_concurrently_is_kept_and_dropped_
     assert drift(fresh_engine) == []
 
 
-RUN_STEPS_INDEX = (
-    "CREATE UNIQUE INDEX {how} ix_cyclone_jobs_run_steps ON cyclone_jobs "
-    "(run_id, kind, item) NULLS NOT DISTINCT WHERE run_id IS NOT NULL"
-)
-BEFORE_RUN_STEPS_INDEX = "cyclone_0028_heartbeat_index"
-
-
 @pytest.mark.parametrize(
     ("before", "name", "definition"),
     [
         ("cyclone_0002", "ix_cyclone_jobs_claim_kind", CLAIM_KIND_INDEX),
         ("cyclone_0022_kind_claim_index", "ix_cyclone_jobs_rated", RATED_INDEX),
-        (BEFORE_RUN_STEPS_INDEX, "ix_cyclone_jobs_run_steps", RUN_STEPS_INDEX),
     ],
 )
 def test_an_invalid_index_left_by_a_failed_build_stops_the_upgrade(
@@ -706,116 +698,4 @@ def test_upgrade_to_time_ordered_ids_keeps_the_ids_of_runs_in_flight_and_orders_
     after, _ = wf.submit_once(fresh_engine, "downgraded", 9)
     assert after.id.version == 4
     cyclone.upgrade(fresh_engine)
-    assert drift(fresh_engine) == []
-
-
-def job_indexes(engine: sa.Engine) -> set[str]:
-    with engine.connect() as conn:
-        return set(
-            conn.execute(
-                sa.text("SELECT indexname FROM pg_indexes WHERE tablename = 'cyclone_jobs'")
-            ).scalars()
-        )
-
-
-def insert_step_job(conn: sa.Connection, run_id: Any, kind: str, item: int | None) -> None:
-    conn.execute(
-        sa.text(
-            "INSERT INTO cyclone_jobs (run_id, workflow, kind, queue, state, deps, "
-            "pending_deps, max_attempts, item) "
-            "VALUES (:id, 'steps', :kind, 'default', 'blocked', '{}', 1, 3, :item)"
-        ),
-        {"id": run_id, "kind": kind, "item": item},
-    )
-
-
-def test_upgrade_to_the_run_steps_index_keeps_one_job_per_step_and_item_and_runs_in_flight_finish(
-    fresh_engine: sa.Engine,
-) -> None:
-    """cyclone_0029_run_steps_index replaces the two unique indexes of a run's jobs with
-    one: a run still holds one job per step (NULL item) and one per item, standalone jobs
-    of one kind are as many as enqueued, runs and jobs waiting before the revision finish
-    after it, and the downgrade brings both indexes back."""
-    wf = workflow_of_two("steps")
-
-    @cyclone.step("steps.job")
-    def job(ctx: cyclone.StepContext, value: Any) -> None:
-        return None
-
-    cyclone.upgrade(fresh_engine, BEFORE_RUN_STEPS_INDEX)
-    assert {"ix_cyclone_jobs_run_id_kind", "ix_cyclone_jobs_run_id_kind_item"} <= job_indexes(
-        fresh_engine
-    )
-    waiting, _ = wf.submit_once(fresh_engine, "before-waiting", 1)
-    started, _ = wf.submit_once(fresh_engine, "before-started", 2)
-    with fresh_engine.begin() as c:  # midway: its first step completed, its second available
-        c.execute(
-            sa.text("UPDATE cyclone_runs SET start_at = NULL, steps_remaining = 1 WHERE id = :id"),
-            {"id": started.id},
-        )
-        c.execute(
-            sa.text(
-                "INSERT INTO cyclone_jobs (run_id, workflow, kind, queue, state, output, deps, "
-                "pending_deps, attempt, max_attempts, finalized_at) VALUES "
-                "(:id, 'steps', 'first', 'default', 'completed', '1', '{}', 0, 1, 3, now()), "
-                "(:id, 'steps', 'second', 'default', 'available', NULL, '{first}', 0, 0, 3, "
-                "NULL)"
-            ),
-            {"id": started.id},
-        )
-    job.enqueue(fresh_engine, 1)
-
-    cyclone.upgrade(fresh_engine)
-    assert drift(fresh_engine) == []
-    indexes = job_indexes(fresh_engine)
-    assert "ix_cyclone_jobs_run_steps" in indexes
-    assert not indexes & {"ix_cyclone_jobs_run_id_kind", "ix_cyclone_jobs_run_id_kind_item"}
-
-    after, _ = wf.submit_once(fresh_engine, "after", 2)
-    job.enqueue(fresh_engine, 2)
-    job.enqueue(fresh_engine, 3)
-    assert cyclone.Worker(fresh_engine, workflows=[wf], steps=[job]).drain() == 2 + 1 + 2 + 3
-    client = cyclone.Client(fresh_engine)
-    for run in (waiting, started, after):
-        status = client.get_run(run.id)
-        assert status is not None
-        assert status.state is cyclone.RunState.COMPLETED
-
-    with fresh_engine.begin() as conn:
-        insert_step_job(conn, after.id, "third", None)
-        insert_step_job(conn, after.id, "third", 0)
-        insert_step_job(conn, after.id, "third", 1)
-    for kind, item in (("first", None), ("third", None), ("third", 1)):
-        with (
-            pytest.raises(sa.exc.IntegrityError, match="ix_cyclone_jobs_run_steps"),
-            fresh_engine.begin() as conn,
-        ):
-            insert_step_job(conn, after.id, kind, item)
-
-    with fresh_engine.begin() as conn:
-        conn.execute(sa.text("DELETE FROM cyclone_jobs WHERE kind = 'third'"))
-    cyclone.downgrade(fresh_engine, BEFORE_RUN_STEPS_INDEX)
-    indexes = job_indexes(fresh_engine)
-    assert {"ix_cyclone_jobs_run_id_kind", "ix_cyclone_jobs_run_id_kind_item"} <= indexes
-    assert "ix_cyclone_jobs_run_steps" not in indexes
-    with (
-        pytest.raises(sa.exc.IntegrityError, match="ix_cyclone_jobs_run_id_kind"),
-        fresh_engine.begin() as conn,
-    ):
-        insert_step_job(conn, after.id, "first", None)
-    cyclone.upgrade(fresh_engine)
-    assert drift(fresh_engine) == []
-
-
-def test_the_run_steps_index_built_beforehand_as_the_docs_show_is_kept(
-    fresh_engine: sa.Engine,
-) -> None:
-    cyclone.upgrade(fresh_engine, BEFORE_RUN_STEPS_INDEX)
-    with fresh_engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        conn.exec_driver_sql(docs.snippet("docs/deployment.md", "run-steps-index"))
-    built = index_oid(fresh_engine, "ix_cyclone_jobs_run_steps")
-    cyclone.upgrade(fresh_engine)
-    assert version_rows(fresh_engine) == [migrations.head_revision()]
-    assert index_oid(fresh_engine, "ix_cyclone_jobs_run_steps") == built
-    assert "ix_cyclone_jobs_run_id_kind_item" not in job_indexes(fresh_engine)
     assert drift(fresh_engine) == []

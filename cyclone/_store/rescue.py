@@ -147,16 +147,10 @@ def _stale() -> tuple[Any, ...]:
 
 
 def lock_runs_of_stale_jobs_stmt() -> Any:
-    """Lock, in id order, the runs of jobs whose worker stopped beating (skip locked runs).
-
-    The runs found by id (``among``): the stale jobs are read by their heartbeats alone.
-    Joined to the runs, a generic plan made while statistics showed no job of a run read
-    the whole index of the runs' jobs instead (``ix_cyclone_jobs_run_steps``, partial on
-    ``run_id IS NOT NULL``, which the join implies), at every pass of the rescue.
-    """
+    """Lock, in id order, the runs of jobs whose worker stopped beating (skip locked runs)."""
     return (
         select(runs.c.id)
-        .where(among(runs.c.id, select(jobs.c.run_id).where(*_stale())))
+        .where(runs.c.id.in_(select(jobs.c.run_id).where(*_stale())))
         .order_by(runs.c.id)
         .with_for_update(key_share=True, skip_locked=True)
     )

@@ -193,11 +193,6 @@ EXECUTED = (
     ),
     Executed(
         "docs/deployment.md",
-        "### Building the run steps' index beforehand",
-        "tests/test_migrations.py::test_the_run_steps_index_built_beforehand_as_the_docs_show_is_kept",
-    ),
-    Executed(
-        "docs/deployment.md",
         "## Behind PgBouncer",
         "tests/test_pgbouncer.py::test_the_deployment_guide_snippet_runs_behind_pgbouncer",
     ),
