@@ -338,6 +338,18 @@ def test_a_claim_reads_the_runs_of_its_jobs_by_id_not_by_a_scan_of_every_run(
         assert "Seq Scan on cyclone_runs" not in plan, plan
 
 
+def _drained_once_then_submitted(engine: sa.Engine, name: str) -> cyclone.Workflow[Any]:
+    """A two-step workflow whose 300 runs a worker drained, and 300 more waiting: the
+    tables a worker's plans meet in the middle of its life, not on new tables."""
+    wf: cyclone.Workflow[Any] = cyclone.Workflow(name)
+    wf.step("first")(lambda ctx, value: value)
+    wf.step("second", after=["first"])(lambda ctx, value: None)
+    wf.submit_once_many(engine, [(f"a{i}", i) for i in range(300)])
+    assert cyclone.Worker(engine, workflows=[wf]).drain() == 600
+    wf.submit_once_many(engine, [(f"b{i}", i) for i in range(300)])
+    return wf
+
+
 def test_a_claim_updates_the_jobs_it_claims_by_id_not_by_a_scan_of_every_job(
     own_engine: sa.Engine,
 ) -> None:
@@ -346,12 +358,7 @@ def test_a_claim_updates_the_jobs_it_claims_by_id_not_by_a_scan_of_every_job(
     a worker made early in a drain on new tables, and kept until it planned again); it
     now finds them by id (:func:`cyclone._store.executor.among`) in the generic plan a
     worker's own connection keeps."""
-    wf: cyclone.Workflow[Any] = cyclone.Workflow("picked")
-    wf.step("first")(lambda ctx, value: value)
-    wf.step("second", after=["first"])(lambda ctx, value: None)
-    wf.submit_once_many(own_engine, [(f"a{i}", i) for i in range(300)])
-    assert cyclone.Worker(own_engine, workflows=[wf]).drain() == 600
-    wf.submit_once_many(own_engine, [(f"b{i}", i) for i in range(300)])
+    wf = _drained_once_then_submitted(own_engine, "picked")
     for plan in claim_plans(own_engine, wf, 600):
         claimed = cte_plan(plan, "claimed")
         assert "Update on cyclone_jobs" in claimed, plan
@@ -366,12 +373,7 @@ def test_a_record_and_a_heartbeat_find_their_jobs_by_id_not_through_the_heartbea
     (cyclone_0028_heartbeat_index): every job that ran since the last vacuum leaves an
     entry there, which a bitmap scan reads whole. When it was partial on ``state =
     'running'``, the planner combined it with the lookup by id, or read it alone."""
-    wf: cyclone.Workflow[Any] = cyclone.Workflow("beating")
-    wf.step("first")(lambda ctx, value: value)
-    wf.step("second", after=["first"])(lambda ctx, value: None)
-    wf.submit_once_many(own_engine, [(f"a{i}", i) for i in range(300)])
-    assert cyclone.Worker(own_engine, workflows=[wf]).drain() == 600
-    wf.submit_once_many(own_engine, [(f"b{i}", i) for i in range(300)])
+    wf = _drained_once_then_submitted(own_engine, "beating")
     plans = claim_plans(own_engine, wf, 600, marker="done AS")
     leases = '[{"id": 1, "lease": 1}, {"id": 2, "lease": 1}]'
     with own_engine.connect() as conn:

@@ -284,17 +284,16 @@ def _node_of(child: Any, *where: Any, lock: bool = False) -> Any:
         locked = found.with_for_update(skip_locked=True).subquery("locked")
         return select(locked.c.id)
 
+    def run(job: Any) -> Any:
+        return job.c.run_id == child.c.parent_id
+
+    def kind(job: Any) -> Any:
+        return job.c.kind == child.c.parent_node
+
     return union_all(
+        probe(run, kind, lambda job: job.c.item == child.c.parent_item),
         probe(
-            lambda job: job.c.run_id == child.c.parent_id,
-            lambda job: job.c.kind == child.c.parent_node,
-            lambda job: job.c.item == child.c.parent_item,
-        ),
-        probe(
-            lambda job: job.c.run_id == child.c.parent_id,
-            lambda job: job.c.kind == child.c.parent_node,
-            lambda job: job.c.item.is_(None),
-            lambda job: child.c.parent_item.is_(None),
+            run, kind, lambda job: job.c.item.is_(None), lambda job: child.c.parent_item.is_(None)
         ),
     )
 
