@@ -176,6 +176,30 @@ def test_every_connection_a_running_worker_opens_for_itself_has_keepalives(
         admin.dispose()
 
 
+def test_a_workers_own_connection_compiles_none_of_its_statements_with_jit(
+    own_url: sa.URL,
+) -> None:
+    """A worker's held connection runs without JIT, whatever the database sets: its look
+    for earlier limits (a recursive union) is always costed past ``jit_above_cost``, and
+    its prepared statements were compiled again at every execution."""
+    explain = sa.text("EXPLAIN (ANALYZE, FORMAT JSON) SELECT count(*) FROM cyclone_jobs")
+    admin = sa.create_engine(own_url, poolclass=sa.NullPool)
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'ALTER DATABASE "{own_url.database}" SET jit_above_cost = 0'))
+        conn.commit()
+    engine = sa.create_engine(own_url)
+    held = _executor.Held(engine)
+    try:
+        with engine.connect() as conn:
+            assert "JIT" in conn.execute(explain).scalar_one()[0]
+        (plan,) = held.rows(explain)[0]
+        assert "JIT" not in plan[0]
+    finally:
+        held.close()
+        engine.dispose()
+        admin.dispose()
+
+
 class LoopStatements(Recorder):
     """The statements sent by one thread."""
 

@@ -264,6 +264,33 @@ def test_the_server_ends_a_leaders_session_frozen_in_its_transaction_and_another
         b.release()
 
 
+def jit_compiled(conn: sa.Connection, statement: str) -> bool:
+    """Whether the server compiled ``statement`` with JIT when it ran it (EXPLAIN ANALYZE)."""
+    (plan,) = conn.exec_driver_sql(f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}").scalar_one()
+    return "JIT" in plan
+
+
+def test_a_maintenance_transaction_compiles_none_of_its_statements_with_jit(
+    own_engine: sa.Engine, name: str
+) -> None:
+    """The fence turns JIT off for the transaction it starts: a rescue's plan, costed
+    past ``jit_above_cost`` while many jobs run, was compiled at every pass."""
+    a = candidate(own_engine, f"{name}-a")
+    conn = _leadership.dedicated(own_engine, autocommit=False)
+    try:
+        assert a.once()
+        with conn.begin():
+            conn.exec_driver_sql("SET LOCAL jit_above_cost = 0")
+            assert jit_compiled(conn, "SELECT count(*) FROM cyclone_jobs")
+            a._fence(conn)
+            assert not jit_compiled(conn, "SELECT count(*) FROM cyclone_jobs")
+        with conn.begin():
+            assert conn.exec_driver_sql("SHOW jit").scalar_one() == "on"
+    finally:
+        conn.close()
+        a.release()
+
+
 def backend_alive(engine: sa.Engine, pid: int) -> bool:
     with engine.connect() as conn:
         return bool(

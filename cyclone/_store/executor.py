@@ -522,6 +522,13 @@ def _grown(sizes: tuple[int, ...], planned: tuple[int, ...]) -> bool:
     )
 
 
+_SESSION_SETUP = ("SET plan_cache_mode = force_generic_plan", "SET jit = off")
+"""The session of a :class:`Held` connection: plans kept (see :class:`Held`), and no JIT
+compilation. A plan whose estimate passes ``jit_above_cost`` (the look for earlier
+limits, a recursive union, always does) was compiled again at each execution, for
+statements that read a few index pages."""
+
+
 class Held:
     """A connection of its own for a long-lived loop's statements (a Worker's record and claim).
 
@@ -530,8 +537,9 @@ class Held:
     statements are prepared on first use and planned once, generically: a statement
     whose executions are spread over the pool's connections is parsed, then planned
     afresh (0.5 to 1 ms for a claim), about ten times on each before PostgreSQL keeps a
-    plan. Neither applies when the engine turns prepared statements off
-    (``prepare_threshold=None``, as behind PgBouncer in transaction mode). A lost
+    plan. Its session compiles nothing with JIT (:data:`_SESSION_SETUP`). None of this
+    applies when the engine turns prepared statements off (``prepare_threshold=None``, as
+    behind PgBouncer in transaction mode), which also means a session it cannot keep. A lost
     connection raises as on the pooled path, and the next statement opens a new one. An
     engine whose SQL is logged or has cursor-event listeners gets pooled ``Connection``
     calls instead (see :func:`connect`).
@@ -629,7 +637,7 @@ class Held:
         prepare = None if driver.prepare_threshold is None else True
         setup: list[sql.SQL | sql.Composed] = []
         if prepare:
-            setup.append(sql.SQL("SET plan_cache_mode = force_generic_plan"))
+            setup += [sql.SQL(each) for each in _SESSION_SETUP]
         setup += [sql.SQL("LISTEN {}").format(sql.Identifier(c)) for c in self._listen]
         for statement in setup:
             try:
