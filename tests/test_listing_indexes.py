@@ -400,7 +400,7 @@ def test_a_limited_claim_probes_a_key_for_its_first_due_job_not_every_job_waitin
     sent: dict[str, Any] = {}
 
     def capture(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
-        if statement.startswith("WITH locked AS"):
+        if "locked_front AS" in statement:
             sent[statement] = parameters
 
     sa.event.listen(own_engine, "before_cursor_execute", capture)
