@@ -69,19 +69,26 @@ ORDER = [f"live-{i}" for i in (7, 2, 9, 0, 4, 1, 8, 3, 6, 5)]
 """The live keys, least recently served first."""
 
 
+def waiting_behind(engine: sa.Engine, name: str, done_with: int) -> str:
+    """A job of the kind ``name`` for each key of :data:`ORDER`, the keys served in that
+    order, behind ``done_with`` keys done with; the limit's name."""
+    step = keyed_kind(name)
+    limit = f"kind:{name}"
+    with engine.begin() as conn:
+        for key in ORDER:
+            step.enqueue_tx(conn, {"k": key})
+    served_in_order(engine, limit, ORDER)
+    keys_done_with(engine, limit, done_with)
+    return limit
+
+
 @pytest.mark.parametrize("done_with", [0, 10, 40, 2000])
 def test_a_claim_takes_the_least_recently_served_keys_first_however_many_are_done_with(
     own_engine: sa.Engine, name: str, done_with: int
 ) -> None:
     """Below the front (no key done with), across it (some) and past it (all of the front
     done with), the claim takes exactly the keys least recently served that wait."""
-    step = keyed_kind(name)
-    limit = f"kind:{name}"
-    with own_engine.begin() as conn:
-        for key in ORDER:
-            step.enqueue_tx(conn, {"k": key})
-    served_in_order(own_engine, limit, ORDER)
-    keys_done_with(own_engine, limit, done_with)
+    limit = waiting_behind(own_engine, name, done_with)
     assert claimed_keys(own_engine, name, limit, 3) == ORDER[:3]
     assert claimed_keys(own_engine, name, limit, 4) == ORDER[3:7]
     assert claimed_keys(own_engine, name, limit, 10) == ORDER[7:]
@@ -127,13 +134,7 @@ def test_a_claim_reads_no_key_done_with_past_the_front_of_its_order(
     """With 3,000 keys done with, served before the few that wait, the claim reads the
     front of the keys' order and the keys with waiting jobs: before, it read (and probed
     for a due job) every key of the limit, 20,000 of them 30 s a claim."""
-    step = keyed_kind(name)
-    limit = f"kind:{name}"
-    with own_engine.begin() as conn:
-        for key in ORDER:
-            step.enqueue_tx(conn, {"k": key})
-    served_in_order(own_engine, limit, ORDER)
-    keys_done_with(own_engine, limit, 3000)
+    limit = waiting_behind(own_engine, name, 3000)
     compiled = _limits._fast_claim_gated(
         (limit,), None, _limits.Served((name,), ()), 8, False, False, False
     )
