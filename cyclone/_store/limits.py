@@ -247,19 +247,6 @@ reads (twice ``top``, and at least this many) before it looks among the keys wit
 waiting work alone (:func:`_in_turn`)."""
 
 
-def _due_probe(
-    table: Any,
-    name: Any,
-    key: Any,
-    queues: tuple[str, ...] | None,
-    served: Served,
-    steps: bool = False,
-) -> Any:
-    """Whether the key ``name``, ``key`` has a due job (:func:`_due`): a probe of its range
-    of ``ix_cyclone_jobs_gated`` that stops at the first (:func:`_probe`)."""
-    return _probe(select(table.c.id).where(*_due(table, name, key, queues, served, steps)))
-
-
 def _pair(table: Any) -> Any:
     """``(limit_name, limit_key)``, compared as a row: alone on those columns, a row
     comparison is where the index scan starts. Beside ``limit_name = :name`` it is only a
@@ -273,13 +260,14 @@ def _gated_jobs(table: Any) -> tuple[Any, ...]:
     return (*_available_jobs(table), table.c.limit_name.is_not(None))
 
 
-def _keys_of(names: tuple[str, ...], label: str, table: Any = jobs, waiting: Any = None) -> Any:
+def _keys_of(
+    names: tuple[str, ...], label: str, table: Any = jobs, waiting: Any = _gated_jobs
+) -> Any:
     """The distinct keys of the limits ``names`` that ``table``'s rows ``waiting(alias)``
     keep (available jobs: :func:`_gated_jobs`), as a CTE (columns ``n``, ``k``): per
     limit, a recursive walk that takes the least pair of a limit and a key above the
     last, one descent of the index those rows are a range of per key (a loose index
     scan). Read as far as its reader reads."""
-    waiting = waiting or _gated_jobs
 
     def least(after: Any) -> Any:
         probe = table.alias()
@@ -344,12 +332,23 @@ def _front_bound(names: tuple[str, ...], top: int, label: str) -> Any:
     return select(last_front.c.served_at).scalar_subquery()
 
 
+def _in_front(k: Any, bound: Any) -> Any:
+    """A key row of ``k`` in the front (served at or before its ``bound``, or any when the
+    limits have no more keys than the front)."""
+    return k.c.served_at <= func.coalesce(bound, _INFINITY)
+
+
+def _served_at_unindexed(k: Any) -> Any:
+    """``served_at`` of ``k`` as an expression no index has: compared or ordered on the
+    column, a plan read the keys' ``(name, served_at, key)`` index over every key served
+    since the bound, testing each against the waiting ones, instead of finding those by
+    primary key."""
+    return k.c.served_at + literal_column("interval '0 s'")
+
+
 def _past_front(k: Any, bound: Any) -> tuple[Any, ...]:
-    """A key row of ``k`` served after the front's ``bound``, which exists. Compared as an
-    expression no index has: on the column, a plan read the keys' ``(name, served_at,
-    key)`` index over every key served since the bound, testing each against the waiting
-    ones, instead of finding those by primary key."""
-    return (bound.is_not(None), k.c.served_at + literal_column("interval '0 s'") > bound)
+    """A key row of ``k`` served after the front's ``bound``, which exists."""
+    return (bound.is_not(None), _served_at_unindexed(k) > bound)
 
 
 def _in_turn(
@@ -367,7 +366,7 @@ def _in_turn(
     work (``found``, a :func:`_keys_of`), which costs a probe per such key, in the same
     order. Both parts together are the first ``top`` keys in order, exactly."""
     front = (
-        build(k.c.served_at <= func.coalesce(bound, _INFINITY))
+        build(_in_front(k, bound))
         .order_by(k.c.served_at, k.c.name, k.c.key)
         .limit(top)
         .with_for_update(of=k, skip_locked=True)
@@ -376,7 +375,7 @@ def _in_turn(
     taken = select(func.count()).select_from(front).scalar_subquery()
     rest = (
         build(taken < top, *_past_front(k, bound), _among_keys(k, names, found))
-        .order_by(k.c.served_at + literal_column("interval '0 s'"), k.c.name, k.c.key)
+        .order_by(_served_at_unindexed(k), k.c.name, k.c.key)
         .limit(top - taken)
         .with_for_update(of=k, skip_locked=True)
         .cte(f"{label}_rest")
@@ -458,7 +457,7 @@ def claim_gated_stmt(
                 one_of(k.c.name, names),
                 *conditions,
                 lim.c.max - used > const(0, Integer),
-                _due_probe(a, k.c.name, k.c.key, queues, served, steps),
+                _probe(select(a.c.id).where(*_due(a, k.c.name, k.c.key, queues, served, steps))),
             )
         )
 
@@ -552,14 +551,12 @@ def _contended(
             .where(
                 *conditions,
                 lim.c.max - used > const(0, Integer),
-                _due_probe(e, k.c.name, k.c.key, queues, served, steps),
+                _probe(select(e.c.id).where(*_due(e, k.c.name, k.c.key, queues, served, steps))),
             )
         )
 
     in_front = (
-        eligible(one_of(k.c.name, names), k.c.served_at <= func.coalesce(bound, _INFINITY))
-        .limit(top)
-        .cte("eligible_front")
+        eligible(one_of(k.c.name, names), _in_front(k, bound)).limit(top).cte("eligible_front")
     )
     seen_in_front = select(func.count()).select_from(in_front).scalar_subquery()
     open_key = (
