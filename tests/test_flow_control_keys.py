@@ -160,3 +160,20 @@ def test_an_admission_reads_no_key_done_with_past_the_front_of_its_order(
     locked = re.search(r"LockRows.*actual rows=(\d+) ", plan)
     assert rows_read(plan, "cyclone_limit_keys") < 200, plan
     assert locked is not None, plan
+
+
+def test_a_claim_of_a_limit_with_no_more_keys_than_its_front_walks_no_waiting_key(
+    own_engine: sa.Engine, name: str
+) -> None:
+    """The walk of the keys with waiting jobs is for a front that holds too few keys to
+    take: with every key in the front it is never run. Run at each claim (and its count
+    of contended keys), it slowed every claim of a few busy keys, and a key with few jobs
+    waited behind one with many under load."""
+    limit = waiting_behind(own_engine, name, 0)  # 10 keys: fewer than a claim of 16 takes
+    compiled = _limits._fast_claim_gated(
+        (limit,), None, _limits.Served((name,), ()), 16, False, False, False
+    )
+    plan = explained(own_engine, compiled, {"me": "test"})
+    walks = re.findall(r"Recursive Union.*", plan)
+    assert walks, plan
+    assert all("never executed" in walk for walk in walks), plan

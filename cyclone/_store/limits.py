@@ -570,7 +570,7 @@ def _contended(
             select(open_key.c.name)
             .select_from(found)
             .join(open_key, true())
-            .where(seen_in_front < top)
+            .where(bound.is_not(None), seen_in_front < top)
             .limit(top)
             .subquery("eligible_past_front")
         )
