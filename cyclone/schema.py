@@ -172,6 +172,9 @@ Index(
 )
 # The runs held back by a workflow's Concurrency (start_at 'infinity'), and the runs in
 # progress of each limit and key (revision cyclone_0015): a limited workflow's only.
+# The admission probes the first for each key in turn; ``limit_key``'s ``n_distinct`` is
+# -1 on both tables (cyclone_0029_limit_key_distinct), so that statistics saying a few
+# keys hold many rows never make that probe a sequential scan.
 Index(
     "ix_cyclone_runs_held",
     runs.c.limit_name,
@@ -290,7 +293,8 @@ Index(
     jobs.c.scheduled_at,
     postgresql_where=text("state = 'available'"),
 )
-# The jobs of a Concurrency or Rate: those waiting, and those running (cyclone_0015).
+# The jobs of a Concurrency or Rate: those waiting, and those running (cyclone_0015). A
+# limited claim probes the first for each key in turn (``limit_key``'s ``n_distinct``: above).
 Index(
     "ix_cyclone_jobs_gated",
     jobs.c.limit_name,

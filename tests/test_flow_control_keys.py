@@ -177,3 +177,47 @@ def test_a_claim_of_a_limit_with_no_more_keys_than_its_front_walks_no_waiting_ke
     walks = re.findall(r"Recursive Union.*", plan)
     assert walks, plan
     assert all("never executed" in walk for walk in walks), plan
+
+
+def test_a_claim_probes_each_key_by_its_index_where_statistics_say_few_keys_hold_many_jobs(
+    own_engine: sa.Engine, name: str
+) -> None:
+    """With statistics taken while 20 keys held 50 jobs each, the planner expected a scan
+    of the jobs to find a key's first job within a few rows, and read the whole table for
+    each key done with at the front: ``limit_key``'s ``n_distinct`` of -1 (revision
+    cyclone_0029_limit_key_distinct) keeps each probe on ``ix_cyclone_jobs_gated``."""
+    step = cyclone.step(name, concurrency=cyclone.Concurrency(2, key=lambda args: args["k"]))(
+        lambda ctx, args: None
+    )
+    limit = f"kind:{name}"
+    with own_engine.begin() as conn:
+        for i in range(1000):
+            step.enqueue_tx(conn, {"k": f"live-{i % 20}"})
+        conn.execute(sa.text("ANALYZE cyclone_jobs"))
+    served_in_order(own_engine, limit, [f"live-{i}" for i in range(20)])
+    keys_done_with(own_engine, limit, 2000)
+    compiled = _limits._fast_claim_gated(
+        (limit,), None, _limits.Served((name,), ()), 8, False, False, False
+    )
+    plan = explained(own_engine, compiled, {"me": "test"})
+    assert len(re.findall(r"Update on cyclone_jobs\b.*actual rows=8 ", plan)) == 1, plan
+    assert "Seq Scan on cyclone_jobs" not in plan, plan
+
+
+def test_an_admission_probes_each_key_by_its_index_where_statistics_say_few_keys_hold_many_runs(
+    own_engine: sa.Engine, name: str
+) -> None:
+    """The admission's probe of held runs, under the same statistics over the runs."""
+    wf: cyclone.Workflow[Any] = cyclone.Workflow(
+        name, input=dict, concurrency=cyclone.Concurrency(1, key=lambda inp: inp["k"])
+    )
+    wf.step("only")(lambda ctx, value: None)
+    wf.submit_once_many(own_engine, [(f"r{i}", {"k": f"live-{i % 20}"}) for i in range(1000)])
+    with own_engine.begin() as conn:
+        conn.execute(sa.text("ANALYZE cyclone_runs"))
+    limit = f"workflow:{name}"
+    keys_done_with(own_engine, limit, 2000)
+    compiled = _executor.Compiled(_limits.lock_held_keys_stmt((limit,), 32))
+    plan = explained(own_engine, compiled, {})
+    assert re.search(r"LockRows.*actual rows=[1-9]", plan), plan
+    assert "Seq Scan on cyclone_runs" not in plan, plan
