@@ -14,12 +14,12 @@ from pathlib import Path
 import msgspec
 import pytest
 import sqlalchemy as sa
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, make_url
 
 import cyclone
 from cyclone import migrations
-from tests.conftest import own_database, wait_until
-from tests.support import docs, processes
+from tests.conftest import drop_database, own_database, wait_until
+from tests.support import at_rest, docs, processes
 
 README = "README.md"
 QUICKSTART = "## Quickstart (a fresh machine)"
@@ -43,7 +43,12 @@ def test_the_quickstart_names_the_demo_and_the_test_command() -> None:
 @pytest.mark.processes
 def test_the_quickstart_demo_runs_the_checkout_example_to_its_result(database_url: URL) -> None:
     """``scripts/demo`` as written (the venv already made), against the test server; it
-    creates its own ``cyclone_demo`` database there, as the README says."""
+    creates its own ``cyclone_demo`` database there, as the README says. The test drops
+    that database before and after: one left by an earlier run, at a revision this
+    checkout may not know, is not the README's fresh start."""
+    demo = make_url(os.environ["CYCLONE_TEST_DATABASE_URL"]).set(database="cyclone_demo")
+    drop_database(demo)
+    at_rest.drop_after_test(lambda: drop_database(demo))
     env = {
         **os.environ,
         "CYCLONE_SKIP_INSTALL": "1",
