@@ -172,9 +172,10 @@ Index(
 )
 # The runs held back by a workflow's Concurrency (start_at 'infinity'), and the runs in
 # progress of each limit and key (revision cyclone_0015): a limited workflow's only.
-# The admission probes the first for each key in turn; ``limit_key``'s ``n_distinct`` is
-# -1 on both tables (cyclone_0029_limit_key_distinct), so that statistics saying a few
-# keys hold many rows never make that probe a sequential scan.
+# The admission probes the first for each key in turn. ``limit_key``'s ``n_distinct`` is
+# 10,000 on both tables (revision cyclone_0029_limit_key_distinct owns that DDL; the
+# metadata has no such option), so that, once analyzed, statistics saying a few keys
+# hold many rows do not cost that probe as a sequential scan.
 Index(
     "ix_cyclone_runs_held",
     runs.c.limit_name,

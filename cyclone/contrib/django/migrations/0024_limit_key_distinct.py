@@ -1,5 +1,5 @@
 """cyclone's revision ``cyclone_0029_limit_key_distinct``: the planner counts a limit's
-keys as many (``n_distinct`` of ``limit_key``).
+keys as many (``n_distinct`` of ``limit_key``, 10,000).
 
 The schema moves on to the new head; no model changes (statistics options have no model).
 """
