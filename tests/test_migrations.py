@@ -194,6 +194,56 @@ def test_upgrade_creates_the_claim_statistics_and_their_downgrade_drops_them(
         conn.execute(sa.text("DELETE FROM cyclone_jobs"))
 
 
+def test_upgrade_counts_limit_keys_as_many_analyzes_tables_with_rows_and_downgrade_resets(
+    fresh_engine: sa.Engine,
+) -> None:
+    """``limit_key``'s ``n_distinct`` of 10,000 (cyclone_0029_limit_key_distinct) on both
+    tables; a table with rows is analyzed, so the option holds at once; an empty one is
+    left never analyzed."""
+
+    def options() -> dict[str, list[str]]:
+        with fresh_engine.connect() as conn:
+            rows = conn.execute(
+                sa.text(
+                    "SELECT c.relname, a.attoptions FROM pg_attribute a "
+                    "JOIN pg_class c ON c.oid = a.attrelid WHERE a.attname = 'limit_key' "
+                    "AND c.relname IN ('cyclone_jobs', 'cyclone_runs')"
+                )
+            ).all()
+        return {name: [o for o in opts or () if o.startswith("n_distinct=")] for name, opts in rows}
+
+    def n_distinct(table: str) -> float | None:
+        with fresh_engine.connect() as conn:
+            value = conn.execute(
+                sa.text(
+                    "SELECT n_distinct FROM pg_stats WHERE tablename = :t AND attname = 'limit_key'"
+                ),
+                {"t": table},
+            ).scalar()
+        return None if value is None else float(value)
+
+    cyclone.upgrade(fresh_engine)
+    assert options() == {
+        "cyclone_jobs": ["n_distinct=10000"],
+        "cyclone_runs": ["n_distinct=10000"],
+    }
+    assert n_distinct("cyclone_jobs") is None  # empty: never analyzed
+    cyclone.downgrade(fresh_engine, "cyclone_0028_heartbeat_index")
+    assert options() == {"cyclone_jobs": [], "cyclone_runs": []}
+    with fresh_engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "INSERT INTO cyclone_jobs (kind, queue, priority, state, max_attempts, "
+                "limit_name, limit_key) SELECT 'k', 'default', 0, 'available', 1, 'kind:k', "
+                "'key-' || (g % 4) FROM generate_series(1, 100) g"
+            )
+        )
+    cyclone.upgrade(fresh_engine)  # analyzed: the claim's probes are planned on it now
+    assert n_distinct("cyclone_jobs") == 10000
+    with fresh_engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM cyclone_jobs"))
+
+
 def test_downgrade_from_0004_restores_the_insert_trigger(fresh_engine: sa.Engine) -> None:
     cyclone.upgrade(fresh_engine)
     cyclone.downgrade(fresh_engine, "cyclone_0003")
