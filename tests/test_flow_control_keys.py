@@ -22,6 +22,16 @@ def keyed_kind(name: str) -> cyclone.StandaloneStep[Any, Any]:
     )
 
 
+def keyed_workflow(name: str) -> cyclone.Workflow[Any]:
+    """A one-step workflow under ``Concurrency(1)`` per its input's ``k``: its limit
+    holds runs back, and admits them key by key."""
+    wf: cyclone.Workflow[Any] = cyclone.Workflow(
+        name, input=dict, concurrency=cyclone.Concurrency(1, key=lambda inp: inp["k"])
+    )
+    wf.step("only")(lambda ctx, value: None)
+    return wf
+
+
 def keys_done_with(engine: sa.Engine, limit: str, n: int) -> None:
     """``n`` key rows of ``limit`` with no job, served before every other key; the keys'
     statistics taken then, as autovacuum takes them after such a growth (without any,
@@ -148,10 +158,7 @@ def test_an_admission_reads_no_key_done_with_past_the_front_of_its_order(
 ) -> None:
     """The admission of runs held by a workflow's limit locks its keys in turn as the
     claim does: 3,000 keys done with are not read."""
-    wf: cyclone.Workflow[Any] = cyclone.Workflow(
-        name, input=dict, concurrency=cyclone.Concurrency(1, key=lambda inp: inp["k"])
-    )
-    wf.step("only")(lambda ctx, value: None)
+    wf = keyed_workflow(name)
     wf.submit_once_many(own_engine, [(f"{key}-{i}", {"k": key}) for key in ORDER for i in (0, 1)])
     limit = f"workflow:{name}"
     keys_done_with(own_engine, limit, 3000)
@@ -186,9 +193,7 @@ def test_a_claim_probes_each_key_by_its_index_where_statistics_say_few_keys_hold
     of the jobs to find a key's first job within a few rows, and read the whole table for
     each key done with at the front: ``limit_key``'s ``n_distinct`` of 10,000 (revision
     cyclone_0029_limit_key_distinct) keeps each probe on ``ix_cyclone_jobs_gated``."""
-    step = cyclone.step(name, concurrency=cyclone.Concurrency(2, key=lambda args: args["k"]))(
-        lambda ctx, args: None
-    )
+    step = keyed_kind(name)
     limit = f"kind:{name}"
     with own_engine.begin() as conn:
         for i in range(1000):
@@ -209,10 +214,7 @@ def test_an_admission_probes_each_key_by_its_index_where_statistics_say_few_keys
     own_engine: sa.Engine, name: str
 ) -> None:
     """The admission's probe of held runs, under the same statistics over the runs."""
-    wf: cyclone.Workflow[Any] = cyclone.Workflow(
-        name, input=dict, concurrency=cyclone.Concurrency(1, key=lambda inp: inp["k"])
-    )
-    wf.step("only")(lambda ctx, value: None)
+    wf = keyed_workflow(name)
     wf.submit_once_many(own_engine, [(f"r{i}", {"k": f"live-{i % 20}"}) for i in range(1000)])
     with own_engine.begin() as conn:
         conn.execute(sa.text("ANALYZE cyclone_runs"))
