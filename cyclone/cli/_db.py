@@ -6,7 +6,6 @@ exit status from the table below (documented in docs/cli.md).
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import traceback
@@ -28,8 +27,6 @@ EXIT_INTERRUPTED = 130
 EXIT_BROKEN_PIPE = 141
 
 CONNECT_TIMEOUT = 10
-
-log = logging.getLogger("cyclone.cli")
 
 
 class CommandError(click.ClickException):
@@ -156,18 +153,13 @@ def require_schema(engine: Engine, command_path: str, *, allow_newer: bool = Fal
     is this version's.
 
     ``allow_newer`` lets a worker start on a revision newer than it knows (a rolling
-    deploy that migrated first), with a warning.
+    deploy that migrated first): the worker's own check at start logs the warning.
     """
     try:
         migrations.check_schema(engine)
     except errors.SchemaError as exc:
         found = migrations.current_revision(engine)
         if allow_newer and found is not None and found not in known_revisions():
-            log.warning(
-                "the database has cyclone schema %s, newer than this version knows (%s)",
-                found,
-                migrations.head_revision(),
-            )
             return
         raise schema_error(engine, command_path, exc) from exc
 
@@ -182,14 +174,14 @@ def schema_error(engine: Engine, command_path: str, exc: BaseException) -> Comma
     at = f"the database at {where(engine.url)}"
     if found.revision is not None and found.revision not in known_revisions():
         message = (
-            f"{at} has cyclone schema {found.revision}, newer than "
-            f"this version of cyclone knows (it needs {expected}): upgrade cyclone"
+            f"{at} is at cyclone revision {found.revision}, which this version of cyclone "
+            f"does not know (it needs {expected}): upgrade cyclone"
         )
     elif found.revision == expected:
         message = str(exc)
     elif found.mode == "shared":
         message = (
-            f"{at} has cyclone schema {found.revision} in your application's alembic "
+            f"{at} is at cyclone revision {found.revision} in your application's alembic "
             f"history ({migrations.SHARED_MODE}), this version needs {expected}: "
             "run `alembic upgrade heads` in your application"
         )
@@ -199,7 +191,7 @@ def schema_error(engine: Engine, command_path: str, exc: BaseException) -> Comma
         message = f"{at} has no cyclone schema: run {migrate}"
     else:
         message = (
-            f"{at} has cyclone schema {found.revision}, this version needs {expected}: "
+            f"{at} is at cyclone revision {found.revision}, this version needs {expected}: "
             f"run {migrate}"
         )
     return NotMigrated(message)
