@@ -42,17 +42,20 @@ def test_the_quickstart_names_the_demo_and_the_test_command() -> None:
 
 @pytest.mark.processes
 def test_the_quickstart_demo_runs_the_checkout_example_to_its_result(database_url: URL) -> None:
-    """``scripts/demo`` as written (the venv already made), against the test server; it
-    creates its own ``cyclone_demo`` database there, as the README says. The test drops
-    that database before and after: one left by an earlier run, at a revision this
-    checkout may not know, is not the README's fresh start."""
-    demo = make_url(os.environ["CYCLONE_TEST_DATABASE_URL"]).set(database="cyclone_demo")
+    """``scripts/demo`` as written (the venv already made), against the test server, in a
+    database of its own named by ``CYCLONE_DEMO_DATABASE`` (a developer's ``cyclone_demo``
+    there is left alone): the script creates it, as it creates ``cyclone_demo``, and the
+    test drops it afterwards."""
+    demo = make_url(os.environ["CYCLONE_TEST_DATABASE_URL"]).set(
+        database=f"{database_url.database}_demo"
+    )
     drop_database(demo)
     at_rest.drop_after_test(lambda: drop_database(demo))
     env = {
         **os.environ,
         "CYCLONE_SKIP_INSTALL": "1",
         "CYCLONE_DATABASE_URL": os.environ["CYCLONE_TEST_DATABASE_URL"],
+        "CYCLONE_DEMO_DATABASE": demo.database,
     }
     done = processes.run(
         ["bash", "scripts/demo"],
@@ -65,6 +68,8 @@ def test_the_quickstart_demo_runs_the_checkout_example_to_its_result(database_ur
     )
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
     assert "status: completed" in done.stdout
+    with sa.create_engine(demo, poolclass=sa.NullPool).connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM cyclone_runs")).scalar_one() > 0
 
 
 def test_pointing_cyclone_at_a_database_upgrades_it_and_again() -> None:
