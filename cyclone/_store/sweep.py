@@ -6,19 +6,27 @@ to their jobs: the lock order of :mod:`cyclone.states`. A child run (``@wf.child
 never purged on its own: purging its parent purges it (and its children), whatever its
 own retention, so a parent never names a child that is gone; the counts are of parents.
 A parent is not purged while a run of its tree still runs.
+
+A purge walks the table once, in id order: each batch starts after the last row the one
+before it deleted (``:after``). Started from the first id, every batch would step over
+the index entries of every row the purge had deleted so far (they stay in the index
+until a vacuum), so a purge's cost grew with the square of its size. A row a batch
+skipped (locked, or a parent whose tree still runs) is left for the next purge.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     Connection,
-    Delete,
     Engine,
     Interval,
+    Uuid,
     bindparam,
     delete,
     exists,
@@ -36,6 +44,11 @@ from cyclone.states import TERMINAL_JOB_STATES, TERMINAL_RUN_STATES, RunState
 DEFAULT_BATCH = 1000
 DEFAULT_KEEP = timedelta(days=7)
 DEFAULT_INTERVAL = timedelta(minutes=5)
+
+FIRST_RUN = uuid.UUID(int=0)
+"""Below every run id (PostgreSQL orders uuids bytewise): a purge's first ``:after``."""
+FIRST_JOB = 0
+"""Below every job id (an identity from 1): a purge's first ``:after``."""
 
 
 def _runs_due() -> list[Any]:
@@ -94,7 +107,8 @@ def _tree_size(parent: Any) -> Any:
 
 def purge_runs_stmt() -> Any:
     """Delete one batch of terminal runs past their retention (their steps and their trees
-    of child runs cascade); returns (parents deleted, parents that were due in the batch).
+    of child runs cascade), the first due after the run ``:after`` in id order; returns
+    (parents deleted, parents that were due in the batch, the last parent deleted).
 
     The batch is bounded in runs, not only in parents: the parents due, in id order, are
     taken while the runs deleted (each parent with its tree) add up to at most ``batch``,
@@ -103,7 +117,7 @@ def purge_runs_stmt() -> Any:
     """
     due = (
         select(runs.c.id, _tree_size(runs).label("size"))
-        .where(*_runs_due())
+        .where(runs.c.id > bindparam("after", type_=Uuid), *_runs_due())
         .order_by(runs.c.id)
         .limit(bindparam("batch"))
         .with_for_update(of=runs, skip_locked=True)
@@ -126,19 +140,24 @@ def purge_runs_stmt() -> Any:
     return select(
         select(func.count()).select_from(gone).scalar_subquery(),
         select(func.count()).select_from(due).scalar_subquery(),
+        select(gone.c.id).order_by(gone.c.id.desc()).limit(1).scalar_subquery(),  # no max(uuid)
     )
 
 
-def purge_jobs_stmt() -> Delete:
-    """Delete one batch of finished standalone jobs older than ``older_than``."""
+def purge_jobs_stmt() -> Any:
+    """Delete one batch of finished standalone jobs older than ``older_than``, the first
+    after the job ``:after`` in id order; returns (deleted, the last deleted)."""
     doomed = (
         select(jobs.c.id)
-        .where(*_jobs_due())
+        .where(jobs.c.id > bindparam("after", type_=BigInteger), *_jobs_due())
         .order_by(jobs.c.id)
         .limit(bindparam("batch"))
         .with_for_update(skip_locked=True)
     )
-    return delete(jobs).where(jobs.c.id.in_(doomed.scalar_subquery()))
+    gone = (
+        delete(jobs).where(jobs.c.id.in_(doomed.scalar_subquery())).returning(jobs.c.id).cte("gone")
+    )
+    return select(func.count(), func.max(gone.c.id)).select_from(gone)
 
 
 _PURGE_RUNS = purge_runs_stmt()
@@ -171,6 +190,7 @@ def _check_age(older_than: timedelta) -> None:
 def _purge(
     bind: Engine | Connection,
     batch: Batch,
+    first: Any,
     older_than: timedelta,
     batch_size: int,
     progress: Progress | None = None,
@@ -181,17 +201,17 @@ def _purge(
         raise TypeError(f"batch_size takes an int, not {type(batch_size).__name__}")
     if batch_size < 1:
         raise ValueError("batch_size must be positive")
-    params = {"older_than": older_than, "batch": batch_size}
+    params = {"older_than": older_than, "batch": batch_size, "after": first}
     total = 0
     while True:
         if isinstance(bind, Connection):
             with bind.begin():
                 if fence is not None:
                     fence(bind)
-                deleted, taken = batch(bind, params)
+                deleted, taken, last = batch(bind, params)
         else:
             with bind.begin() as conn:
-                deleted, taken = batch(conn, params)
+                deleted, taken, last = batch(conn, params)
         total += deleted
         if progress is not None:
             progress(deleted)
@@ -199,21 +219,23 @@ def _purge(
         # and found fewer than it could take; parents left out by the bound come next.
         if deleted == 0 or (deleted == taken and taken < batch_size):
             return total
+        params["after"] = last
 
 
-Batch = Callable[[Connection, dict[str, Any]], tuple[int, int]]
-"""One batch of a purge: (deleted, taken), ``taken`` the rows it found due (up to
-``batch``); fewer than ``batch`` means nothing more was due."""
+Batch = Callable[[Connection, dict[str, Any]], tuple[int, int, Any]]
+"""One batch of a purge: (deleted, taken, last), ``taken`` the rows it found due (up to
+``batch``; fewer means nothing more was due) and ``last`` the id of the last row it
+deleted, where the next batch starts."""
 
 
-def _runs_batch(conn: Connection, params: dict[str, Any]) -> tuple[int, int]:
-    deleted, taken = _executor.one(conn, _PURGE_RUNS, params)
-    return int(deleted), int(taken)
+def _runs_batch(conn: Connection, params: dict[str, Any]) -> tuple[int, int, Any]:
+    deleted, taken, last = _executor.one(conn, _PURGE_RUNS, params)
+    return int(deleted), int(taken), last
 
 
-def _jobs_batch(conn: Connection, params: dict[str, Any]) -> tuple[int, int]:
-    deleted = _executor.affected(conn, _PURGE_JOBS, params)
-    return deleted, deleted
+def _jobs_batch(conn: Connection, params: dict[str, Any]) -> tuple[int, int, Any]:
+    deleted, last = _executor.one(conn, _PURGE_JOBS, params)
+    return int(deleted), int(deleted), last
 
 
 def purge_runs(
@@ -222,7 +244,7 @@ def purge_runs(
     batch_size: int = DEFAULT_BATCH,
     progress: Progress | None = None,
 ) -> int:
-    return _purge(engine, _runs_batch, older_than, batch_size, progress)
+    return _purge(engine, _runs_batch, FIRST_RUN, older_than, batch_size, progress)
 
 
 def purge_jobs(
@@ -231,7 +253,7 @@ def purge_jobs(
     batch_size: int = DEFAULT_BATCH,
     progress: Progress | None = None,
 ) -> int:
-    return _purge(engine, _jobs_batch, older_than, batch_size, progress)
+    return _purge(engine, _jobs_batch, FIRST_JOB, older_than, batch_size, progress)
 
 
 def sweep_on(
@@ -243,6 +265,6 @@ def sweep_on(
     over, so a batch never runs under a stale term.
     """
     return (
-        _purge(conn, _runs_batch, keep, batch_size, fence=fence),
-        _purge(conn, _jobs_batch, keep, batch_size, fence=fence),
+        _purge(conn, _runs_batch, FIRST_RUN, keep, batch_size, fence=fence),
+        _purge(conn, _jobs_batch, FIRST_JOB, keep, batch_size, fence=fence),
     )
