@@ -212,3 +212,21 @@ def test_a_submit_under_snapshot_isolation_rings_even_with_no_worker_waiting(
     with engine.connect().execution_options(isolation_level=isolation) as conn, conn.begin():
         workflow(name).submit_tx(conn, {"n": 1})
     assert received(listening, 2.0) == 1
+
+
+def test_a_transaction_that_read_no_waiter_reads_again_at_its_next_submit(
+    engine: sa.Engine, name: str, listening: psycopg.Connection[Any]
+) -> None:
+    # Only a ring is remembered for the rest of a transaction (cyclone_0031_ring_memo):
+    # a worker recorded as waiting after the first submit is rung by the second.
+    wf = workflow(name)
+    memo = sa.text("SELECT current_setting('cyclone.rang', true)")
+    with engine.connect() as conn:
+        with conn.begin():
+            wf.submit_tx(conn, {"n": 1})
+            assert conn.execute(memo).scalar() in (None, "")
+            with a_worker_waits(listening):
+                wf.submit_tx(conn, {"n": 2})
+            assert conn.execute(memo).scalar() == "y"
+            assert received(listening, 0.2) == 0  # not before the commit
+        assert received(listening, 2.0) == 1

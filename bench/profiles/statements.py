@@ -78,6 +78,32 @@ def _drop_checks(conn: Any) -> None:
             conn.execute(f"ALTER TABLE {table} DROP CONSTRAINT {name}")
 
 
+def _one_state_check(conn: Any) -> None:
+    conn.execute(
+        "ALTER TABLE cyclone_runs DROP CONSTRAINT ck_cyclone_runs_state, "
+        "DROP CONSTRAINT ck_cyclone_runs_finalized_at, "
+        "ADD CONSTRAINT ck_cyclone_runs_state CHECK (CASE WHEN state = 'running' "
+        "THEN finalized_at IS NULL ELSE state IN ('cancelled', 'completed', 'failed') "
+        "AND finalized_at IS NOT NULL END)"
+    )
+
+
+_RING_WITHOUT_MEMO = """
+CREATE OR REPLACE FUNCTION cyclone_ring() RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF current_setting('transaction_isolation') = 'read committed' THEN
+        PERFORM pg_advisory_xact_lock_shared(1668899692, pg_backend_pid() % 64);
+        IF NOT EXISTS (SELECT FROM cyclone_waiters WHERE waits_until > now()) THEN
+            RETURN false;
+        END IF;
+    END IF;
+    PERFORM pg_notify('cyclone_jobs_available', '');
+    RETURN true;
+END $$
+"""
+
+
 _VARIANTS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "cyclone": ("the schema and statement as shipped", lambda c: None),
     "no ring": ("without cyclone_ring() (NOTIFY when a worker waits)", lambda c: None),
@@ -86,6 +112,14 @@ _VARIANTS: dict[str, tuple[str, Callable[[Any], Any]]] = {
         lambda c: None,
     ),
     "no checks": ("without the CHECK constraints of the runs table", _drop_checks),
+    "one state check": (
+        "the runs' state and finalized_at checks as one CASE (a design not adopted)",
+        _one_state_check,
+    ),
+    "ring without memo": (
+        "cyclone_ring() remembering nothing, not even that it rang (a design not adopted)",
+        lambda c: c.execute(_RING_WITHOUT_MEMO),
+    ),
     "no listing indexes": (
         "without the runs' two listing indexes",
         lambda c: c.execute(

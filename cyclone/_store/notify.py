@@ -22,7 +22,10 @@ sleep (:func:`mark_waiting`, :func:`unsettled`) and a transaction making work:
   ringing transaction takes before it reads the waiters and holds until it ends), then
   claims once more, then sleeps on its LISTENing connection;
 - ``cyclone_ring()`` takes its slot, then reads ``cyclone_waiters`` in a snapshot taken
-  after that (a volatile function's query), and notifies if a waiter is recorded.
+  after that (a volatile function's query), and notifies if a waiter is recorded; a
+  transaction that rang remembers it (the local setting ``cyclone.rang``) and rings no
+  more, one that read no waiter reads again at its next call (revision
+  cyclone_0031_ring_memo).
 
 A transaction that read no waiter held its slot from before that read until it ended,
 so it either ended before the worker's last claim (which sees its work) or read after
