@@ -640,3 +640,37 @@ def test_a_child_sorts_after_its_parent_in_the_lock_order_when_the_clock_steps_b
             {"r": run.id},
         ).one()
     assert child_at > parent_at
+
+
+def test_a_child_whose_result_is_a_map_gives_its_node_the_list(
+    engine: sa.Engine, name: str
+) -> None:
+    """The child's result is its map node's own job's output, not one of its items'."""
+    cubes: cyclone.ResultWorkflow[int, list[int]] = cyclone.ResultWorkflow(
+        f"{name}-cubes", input=int, output=list[int]
+    )
+
+    @cubes.step()
+    def numbers(ctx: cyclone.StepContext, n: int) -> list[int]:
+        return list(range(n))
+
+    @cubes.map(over=numbers, result=True)
+    def cube(ctx: cyclone.StepContext, i: int) -> int:
+        return i**3
+
+    parent: cyclone.Workflow[int] = cyclone.Workflow(name, input=int)
+
+    @parent.child(cubes)
+    def make(ctx: cyclone.StepContext, n: int) -> int:
+        return n
+
+    @parent.step(after=[make])
+    def total(ctx: cyclone.StepContext, n: int) -> int:
+        return sum(ctx.output(make))
+
+    run = parent.submit(engine, 4)
+    drain(engine, parent, cubes)
+    assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    rows = job_rows(engine, run.id)
+    assert rows["make"].output == [0, 1, 8, 27]
+    assert rows["total"].output == 36

@@ -143,7 +143,11 @@ _ADOPT = (
         runs.c.parent_waits,
         runs.c.error.op("->>")(const("message")),
         select(_result.c.output.cast(Text))
-        .where(_result.c.run_id == runs.c.id, _result.c.kind == runs.c.result_step)
+        .where(
+            _result.c.run_id == runs.c.id,
+            _result.c.kind == runs.c.result_step,
+            _result.c.item.is_(None),  # a map node's own job, not its items
+        )
         .scalar_subquery(),
         runs.c.limit_name,
         runs.c.limit_key,

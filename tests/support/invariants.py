@@ -337,7 +337,8 @@ INVARIANTS: tuple[Invariant, ...] = (
           AND c.finalized_at <= j.finalized_at
           AND j.output IS DISTINCT FROM COALESCE(
                 (SELECT r.output FROM cyclone_jobs r
-                 WHERE r.run_id = c.id AND r.kind = c.result_step), 'null'::jsonb)
+                 WHERE r.run_id = c.id AND r.kind = c.result_step AND r.item IS NULL),
+                'null'::jsonb)
         """,
     ),
     Invariant(
