@@ -335,18 +335,18 @@ STEP_JOB_COLUMNS = (
 items), each then adding its own."""
 
 # The jobs of runs: one per step (``item`` NULL) and one per item of a map node (its index
-# in ``item``, revision cyclone_0017_map_items), unique for the items. The index on run_id
-# that the foreign key's cascade (a purged run's jobs) and every read of a run's jobs
-# reach, each naming a run, which implies the predicate; a standalone job has no entry.
-# A step's uniqueness has no index of its own (cyclone_0030_run_jobs_index): a run's
-# steps are inserted once, by the statement that starts it under its row's lock.
+# in ``item``, revision cyclone_0017_map_items), unique for the items. Not partial: the
+# index on run_id that the foreign key's cascade (a purged run's jobs) and every read of
+# a run's jobs reach, and the range of a kind's standalone jobs (``run_id`` NULL) that
+# their listing by kind reads. A step's uniqueness has no index of its own
+# (cyclone_0030_run_jobs_index): a run's steps are inserted once, by the statement that
+# starts it under its row's lock.
 Index(
     "ix_cyclone_jobs_run_id_kind_item",
     jobs.c.run_id,
     jobs.c.kind,
     jobs.c.item,
     unique=True,
-    postgresql_where=text("run_id IS NOT NULL"),
 )
 Index(
     "ix_cyclone_jobs_unique_key",

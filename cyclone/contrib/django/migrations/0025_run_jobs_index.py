@@ -1,5 +1,5 @@
-"""cyclone's revision ``cyclone_0030_run_jobs_index``: a run's jobs have one index,
-holding the jobs of runs only.
+"""cyclone's revision ``cyclone_0030_run_jobs_index``: a run's steps have no unique
+index of their own.
 
 The schema moves on to the new head; no model changes (indexes have no model).
 """
