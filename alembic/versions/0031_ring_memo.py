@@ -6,12 +6,13 @@ Create Date: 2026-12-07
 
 ``cyclone_ring()`` (revision cyclone_0019_waiters) kept its answer for the rest of the
 transaction in the local setting ``cyclone.rang``, ``'y'`` or ``'n'``. Writing that
-setting is most of what a call costs beyond its read of the waiters, and a busy system
-(no worker asleep) paid it on every transaction that made work, where the answer is
-``'n'``. Now only a ring is remembered: a transaction that read no waiter reads them
-again at its next call (its slot's lock is already held, so that read costs one index
-probe of a small table), which may ring where the answer before would not have, never
-the reverse. Code from before this revision calls the function the same way.
+setting was about a third of a call's cost, and a busy system (no worker asleep) paid it
+in every transaction that made work, where the answer is ``'n'``. Now only a ring is
+remembered: a transaction that read no waiter reads them again at its next call (its
+slot's lock is already held, so that costs a read of a small table), which may ring
+where the answer before would not have, never the reverse. A statement whose row
+trigger rings for many rows (a retry of many jobs) reads the waiters once per row while
+no worker sleeps. Code from before this revision calls the function the same way.
 """
 
 from alembic import op
