@@ -320,6 +320,15 @@ Index(
     jobs.c.rate_name,
     postgresql_where=text("state = 'available' AND rate_name IS NOT NULL"),
 )
+# One job per step of a run; a map node's items are jobs of its kind with their index in
+# ``item``, one per index (revision cyclone_0017_map_items).
+Index(
+    "ix_cyclone_jobs_run_id_kind",
+    jobs.c.run_id,
+    jobs.c.kind,
+    unique=True,
+    postgresql_where=text("item IS NULL"),
+)
 STEP_JOB_COLUMNS = (
     jobs.c.run_id,
     jobs.c.workflow,
@@ -334,13 +343,8 @@ STEP_JOB_COLUMNS = (
 """The columns every insert of a run's step jobs sets first (a run's start, a fork, a map's
 items), each then adding its own."""
 
-# The jobs of runs: one per step (``item`` NULL) and one per item of a map node (its index
-# in ``item``, revision cyclone_0017_map_items), unique for the items. Not partial: the
-# index on run_id that the foreign key's cascade (a purged run's jobs) and every read of
-# a run's jobs reach, and the range of a kind's standalone jobs (``run_id`` NULL) that
-# their listing by kind reads. A step's uniqueness has no index of its own
-# (cyclone_0030_run_jobs_index): a run's steps are inserted once, by the statement that
-# starts it under its row's lock.
+# Not partial: the index on run_id that the foreign key's cascade (a purged run's jobs)
+# and every read of a run's jobs reach; a partial one would leave them a scan per run.
 Index(
     "ix_cyclone_jobs_run_id_kind_item",
     jobs.c.run_id,

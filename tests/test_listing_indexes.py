@@ -447,8 +447,8 @@ def test_a_childs_delivery_probes_the_node_of_each_ended_child_not_every_parked_
 ) -> None:
     """The delivery that wakes the nodes of ended children, and the look for ended
     children whose node no longer waits, find each child's node (a map's item) by its key
-    in ``ix_cyclone_jobs_run_id_kind_item`` (the item, or ``item IS NULL``). Their
-    join on "the item is the child's, or both are NULL" (an OR) could use no item: the
+    in ``ix_cyclone_jobs_run_id_kind_item`` or ``ix_cyclone_jobs_run_id_kind``. Their
+    join on "the item is the child's, or both are NULL" (an OR) could use neither: the
     wake compared every parked item with every ended child, and the look scanned every
     waiting item once per child. A map of 3,000 children did not drain in ten minutes
     (the wake 0.6 to 1.2 s a call, the look up to 0.2 s)."""

@@ -217,7 +217,7 @@ def test_a_submit_under_snapshot_isolation_rings_even_with_no_worker_waiting(
 def test_a_transaction_that_read_no_waiter_reads_again_at_its_next_submit(
     engine: sa.Engine, name: str, listening: psycopg.Connection[Any]
 ) -> None:
-    # Only a ring is remembered for the rest of a transaction (cyclone_0031_ring_memo):
+    # Only a ring is remembered for the rest of a transaction (cyclone_0030_ring_memo):
     # a worker recorded as waiting after the first submit is rung by the second.
     wf = workflow(name)
     memo = sa.text("SELECT current_setting('cyclone.rang', true)")

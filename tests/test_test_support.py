@@ -242,29 +242,3 @@ def test_a_job_waiting_on_a_free_limit_slot_breaks_the_drained_invariant_only(
         ]
     with own_engine.begin() as conn:  # leave it at rest for the check after the test
         conn.execute(sa.text("DELETE FROM cyclone_jobs"))
-
-
-def test_a_second_job_for_a_runs_step_breaks_an_invariant(own_engine: sa.Engine) -> None:
-    """No index keeps a run to one job per step (cyclone_0030_run_jobs_index): the run's
-    start inserts its steps once. A copy of a step's job inserted behind cyclone's back
-    is reported; a map node's items (one job per item of the same kind) are not."""
-    name = "a run has one job per step (no index enforces it: the run's start inserts them once)"
-    wf = cyclone.Workflow("copied")
-    wf.step("only")(lambda ctx, value: None)
-    wf.submit(own_engine, 1)
-    start_runs(own_engine, wf)
-    copy = (
-        "INSERT INTO cyclone_jobs (run_id, workflow, kind, queue, state, max_attempts, item) "
-        "SELECT run_id, workflow, kind, queue, 'blocked', max_attempts, CAST(:item AS int) "
-        "FROM cyclone_jobs"
-    )
-    with own_engine.begin() as conn:
-        conn.execute(sa.text(copy), {"item": 0})
-        conn.execute(
-            sa.text(copy.replace("FROM cyclone_jobs", "FROM cyclone_jobs LIMIT 1")), {"item": 1}
-        )
-        assert name not in invariants.violations(conn, at_rest=False)
-        conn.execute(sa.text(copy + " WHERE item IS NULL"), {"item": None})
-        (row,) = invariants.violations(conn, at_rest=False)[name]
-        assert (row["kind"], row["jobs"]) == ("only", 2)
-        conn.rollback()

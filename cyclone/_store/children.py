@@ -267,10 +267,11 @@ def _repark_siblings(conn: Connection, job: Claimed, workflow: str) -> int:
 def _node_of(child: Any, *where: Any, lock: bool = False) -> Any:
     """The job of the node (or, in a map of children, the item) that ``child`` (a row
     with ``parent_id``, ``parent_node``, ``parent_item``) names, and ``where``: a probe of
-    ``ix_cyclone_jobs_run_id_kind_item`` by the item for an item's child, by ``item IS
-    NULL`` for a child node's; with ``lock``, locked, rows locked elsewhere skipped.
+    ``ix_cyclone_jobs_run_id_kind_item`` for an item's child, of
+    ``ix_cyclone_jobs_run_id_kind`` for a child node's; with ``lock``, locked, rows
+    locked elsewhere skipped.
 
-    Two probes, not one join on "both items NULL or equal": its ``OR`` can use no
+    Two probes, not one join on "both items NULL or equal": its ``OR`` can use neither
     index's item, so a plan made while few items were parked compared every parked item (every
     waiting item) with each child, and a map of 3,000 children did not drain in ten
     minutes. A set operation is never flattened into a join: each stays a probe."""

@@ -37,14 +37,6 @@ model-based test checks its own version of it then, knowing which jobs those are
 
 INVARIANTS: tuple[Invariant, ...] = (
     Invariant(
-        "a run has one job per step (no index enforces it: the run's start inserts them once)",
-        """
-        SELECT j.run_id, j.kind, count(*) AS jobs FROM cyclone_jobs j
-        WHERE j.run_id IS NOT NULL AND j.item IS NULL
-        GROUP BY j.run_id, j.kind HAVING count(*) > 1
-        """,
-    ),
-    Invariant(
         "a job has a heartbeat exactly while it runs (the rescue's index holds the running)",
         """
         SELECT j.id AS job_id, j.run_id, j.kind, j.state, j.heartbeat_at FROM cyclone_jobs j

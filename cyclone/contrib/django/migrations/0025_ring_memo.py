@@ -1,4 +1,4 @@
-"""cyclone's revision ``cyclone_0031_ring_memo``: ``cyclone_ring()`` remembers only that
+"""cyclone's revision ``cyclone_0030_ring_memo``: ``cyclone_ring()`` remembers only that
 it rang.
 
 The schema moves on to the new head; no model changes (functions have no model).
@@ -13,8 +13,8 @@ from cyclone.contrib.django._migrate import apply_revisions
 
 class Migration(migrations.Migration):
     atomic = False  # the revisions commit on a connection of their own
-    revision = "cyclone_0031_ring_memo"  # cyclone's head revision when this was written
+    revision = "cyclone_0030_ring_memo"  # cyclone's head revision when this was written
 
-    dependencies = [("cyclone", "0025_run_jobs_index")]
+    dependencies = [("cyclone", "0024_limit_key_distinct")]
 
-    operations = [apply_revisions(down_to="cyclone_0030_run_jobs_index")]
+    operations = [apply_revisions(down_to="cyclone_0029_limit_key_distinct")]

@@ -1,7 +1,7 @@
 """``cyclone_ring()`` remembers only that it rang.
 
-Revision ID: cyclone_0031_ring_memo
-Revises: cyclone_0030_run_jobs_index
+Revision ID: cyclone_0030_ring_memo
+Revises: cyclone_0029_limit_key_distinct
 Create Date: 2026-12-07
 
 ``cyclone_ring()`` (revision cyclone_0019_waiters) kept its answer for the rest of the
@@ -17,8 +17,8 @@ no worker sleeps. Code from before this revision calls the function the same way
 
 from alembic import op
 
-revision = "cyclone_0031_ring_memo"
-down_revision = "cyclone_0030_run_jobs_index"
+revision = "cyclone_0030_ring_memo"
+down_revision = "cyclone_0029_limit_key_distinct"
 branch_labels = None
 depends_on = None
 
