@@ -321,7 +321,10 @@ Index(
     postgresql_where=text("state = 'available' AND rate_name IS NOT NULL"),
 )
 # One job per step of a run; a map node's items are jobs of its kind with their index in
-# ``item``, one per index (revision cyclone_0017_map_items).
+# ``item``, one per index (revision cyclone_0017_map_items). It holds the steps alone, so
+# the reads of a run's steps that do not fix the kind (a claimed step's upstream outputs,
+# its dependents) never pass over the entries of the run's map items, as they would in
+# ``ix_cyclone_jobs_run_id_kind_item`` (tests/test_listing_indexes.py).
 Index(
     "ix_cyclone_jobs_run_id_kind",
     jobs.c.run_id,

@@ -365,6 +365,27 @@ def test_a_claim_updates_the_jobs_it_claims_by_id_not_by_a_scan_of_every_job(
         assert "Seq Scan on cyclone_jobs" not in claimed, plan
 
 
+def test_a_claimed_items_upstream_outputs_are_read_from_the_steps_index_not_its_runs_items(
+    own_engine: sa.Engine,
+) -> None:
+    """A claimed step reads its upstream outputs by run, ``kind = ANY(deps)`` and ``item
+    IS NULL``. Through ``ix_cyclone_jobs_run_id_kind`` (partial on ``item IS NULL``) that
+    reads the run's steps alone; through ``ix_cyclone_jobs_run_id_kind_item`` it read
+    every entry of the run's map items for each claimed item: without the first index,
+    a map of 10,000 items ran in 5.3 s against 1.4 s (``bench.figures.map``)."""
+    wf: cyclone.Workflow[Any] = cyclone.Workflow("fanned")
+    wf.step("first")(lambda ctx, value: value)
+    wf.step("numbers", after=["first"])(lambda ctx, value: list(range(300)))
+    wf.map(over="numbers", after=["first"])(lambda ctx, item: item)
+    wf.submit(own_engine, 1)
+    plans = claim_plans(own_engine, wf, 303)
+    upstream = [
+        line for plan in plans for line in plan.splitlines() if "on cyclone_jobs upstream" in line
+    ]
+    assert upstream, plans
+    assert all("using ix_cyclone_jobs_run_id_kind on" in line for line in upstream), upstream
+
+
 def test_a_record_and_a_heartbeat_find_their_jobs_by_id_not_through_the_heartbeats_index(
     own_engine: sa.Engine,
 ) -> None:
