@@ -230,3 +230,35 @@ def test_a_transaction_that_read_no_waiter_reads_again_at_its_next_submit(
             assert conn.execute(memo).scalar() == "y"
             assert received(listening, 0.2) == 0  # not before the commit
         assert received(listening, 2.0) == 1
+
+
+def test_a_statement_making_many_jobs_available_reads_the_waiters_once(
+    engine: sa.Engine, name: str, listening: psycopg.Connection[Any]
+) -> None:
+    # The row trigger remembers, for its statement, that no worker waited
+    # (cyclone_0031_trigger_ring_memo); the next statement reads again and rings a
+    # worker recorded as waiting since.
+    job = standalone(name)
+    for i in range(20):
+        job.enqueue(engine, {"n": i})
+    jobs = cyclone.schema.jobs
+    mine = jobs.c.kind == job.kind
+    fail = sa.update(jobs).where(mine).values(state="failed", finalized_at=sa.func.now())
+    again = sa.update(jobs).where(mine).values(state="available", finalized_at=None)
+    scans = sa.select(sa.func.pg_stat_get_xact_numscans(sa.text("'cyclone_waiters'::regclass")))
+    with engine.begin() as conn:
+        conn.execute(fail)
+    received(listening, 0.05, quiet=0.05)
+    with engine.connect() as conn:
+        with conn.begin():
+            # Counted since the backend last reported its statistics (at most a second
+            # ago, at an earlier transaction's end): a difference within one transaction.
+            before = conn.execute(scans).scalar()
+            assert conn.execute(again).rowcount == 20
+            assert conn.execute(scans).scalar() == before + 1
+            conn.execute(fail)
+            with a_worker_waits(listening):
+                conn.execute(again)
+            assert conn.execute(scans).scalar() == before + 2
+            assert received(listening, 0.2) == 0  # not before the commit
+        assert received(listening, 2.0) == 1
