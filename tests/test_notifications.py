@@ -235,9 +235,9 @@ def test_a_transaction_that_read_no_waiter_reads_again_at_its_next_submit(
 def test_a_statement_making_many_jobs_available_reads_the_waiters_once(
     engine: sa.Engine, name: str, listening: psycopg.Connection[Any]
 ) -> None:
-    # The row trigger remembers, for its statement, that no worker waited
-    # (cyclone_0031_trigger_ring_memo); the next statement reads again and rings a
-    # worker recorded as waiting since.
+    # The row trigger remembers, while its statement_timestamp() lasts, that no worker
+    # waited (cyclone_0031_trigger_ring_memo); the next statement sent reads again and
+    # rings a worker recorded as waiting since.
     job = standalone(name)
     for i in range(20):
         job.enqueue(engine, {"n": i})
@@ -251,8 +251,8 @@ def test_a_statement_making_many_jobs_available_reads_the_waiters_once(
     received(listening, 0.05, quiet=0.05)
     with engine.connect() as conn:
         with conn.begin():
-            # Counted since the backend last reported its statistics (at most a second
-            # ago, at an earlier transaction's end): a difference within one transaction.
+            # Counted since the backend last reported its statistics, which it does only
+            # between transactions: a difference within one transaction is exact.
             before = conn.execute(scans).scalar()
             assert conn.execute(again).rowcount == 20
             assert conn.execute(scans).scalar() == before + 1

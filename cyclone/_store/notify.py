@@ -25,9 +25,9 @@ sleep (:func:`mark_waiting`, :func:`unsettled`) and a transaction making work:
   after that (a volatile function's query), and notifies if a waiter is recorded; a
   transaction that rang remembers it (the local setting ``cyclone.rang``) and rings no
   more, one that read no waiter reads again at its next call (revision
-  cyclone_0030_ring_memo), except within one statement whose row trigger rings for
-  each job it makes available: the trigger remembers the statement's no
-  (``cyclone.quiet``, revision cyclone_0031_trigger_ring_memo).
+  cyclone_0030_ring_memo), except that the jobs' row trigger, which rings for each job
+  an update makes available, remembers a no for as long as its ``statement_timestamp()``
+  lasts (``cyclone.quiet``, revision cyclone_0031_trigger_ring_memo).
 
 A transaction that read no waiter held its slot from before that read until it ended,
 so it either ended before the worker's last claim (which sees its work) or read after
