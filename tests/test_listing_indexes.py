@@ -386,6 +386,38 @@ def test_a_claimed_items_upstream_outputs_are_read_from_the_steps_index_not_its_
     assert all("using ix_cyclone_jobs_run_id_kind on" in line for line in upstream), upstream
 
 
+def test_a_sleep_after_a_map_reads_when_its_upstream_ended_from_the_steps_index(
+    own_engine: sa.Engine,
+) -> None:
+    """A sleep node counts its duration from when its upstream steps ended: the latest
+    ``finalized_at`` of its run's jobs by ``kind = ANY(deps)`` and ``item IS NULL``.
+    Without ``item IS NULL`` the read could not use ``ix_cyclone_jobs_run_id_kind``
+    (partial on it), and read every item of an upstream map node: a map of 5,000 items
+    was a sequential scan of the jobs, 1.5 ms against 0.03."""
+    wf: cyclone.Workflow[Any] = cyclone.Workflow("napping")
+
+    @wf.step()
+    def numbers(ctx: cyclone.StepContext, value: int) -> list[int]:
+        return list(range(300))
+
+    @wf.map(over=numbers)
+    def each(ctx: cyclone.StepContext, item: int) -> int:
+        return item
+
+    @wf.sleep(timedelta(hours=1), after=[each])
+    def later(ctx: cyclone.StepContext, value: int) -> int:
+        return value
+
+    wf.submit(own_engine, 1)
+    # The numbers, the 300 items and the map node run; the sleep node parks.
+    plans = claim_plans(own_engine, wf, 302, marker="max(upstream.finalized_at)")
+    upstream = [
+        line for plan in plans for line in plan.splitlines() if "on cyclone_jobs upstream" in line
+    ]
+    assert upstream, plans
+    assert all("using ix_cyclone_jobs_run_id_kind on" in line for line in upstream), upstream
+
+
 def test_a_record_and_a_heartbeat_find_their_jobs_by_id_not_through_the_heartbeats_index(
     own_engine: sa.Engine,
 ) -> None:
@@ -545,6 +577,7 @@ _SQL_TYPES = {
     float: "double precision",
     str: "text",
     type(None): "unknown",
+    timedelta: "interval",
 }
 
 

@@ -237,7 +237,11 @@ _upstream = jobs.alias("upstream")
 _SLEEP_DUE = select(
     func.coalesce(
         select(func.max(_upstream.c.finalized_at))
-        .where(_upstream.c.run_id == jobs.c.run_id, _upstream.c.kind == func.any(jobs.c.deps))
+        .where(
+            _upstream.c.run_id == jobs.c.run_id,
+            _upstream.c.kind == func.any(jobs.c.deps),
+            _upstream.c.item.is_(None),  # a map node's own job, not its items
+        )
         .scalar_subquery(),
         jobs.c.created_at,
     )
