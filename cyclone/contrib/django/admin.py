@@ -205,6 +205,11 @@ class StepInline(admin.TabularInline):
     can_delete = False
     show_change_link = True
 
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        # A map node's items are jobs of the run under the node's name, not steps: the
+        # node's own row stands for them (docs/map.md), as on the dashboard's run page.
+        return super().get_queryset(request).filter(item__isnull=True)
+
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 

@@ -36,6 +36,7 @@ from shop.workflows import (
     Probe,
     Refund,
     fulfil,
+    packing,
     payment,
     reconnect,
     refund,
@@ -51,7 +52,7 @@ class DiscoveryTests(SimpleTestCase):
         workflows, steps = definitions()
         self.assertEqual(
             {wf.name for wf in workflows},
-            {"shop.fulfil", "shop.restock", "shop.reconnect", "shop.payment"},
+            {"shop.fulfil", "shop.restock", "shop.reconnect", "shop.payment", "shop.packing"},
         )
         self.assertEqual({step.kind for step in steps}, {"shop.receipt", "shop.refund"})
 
@@ -402,6 +403,18 @@ class AdminTests(EmptiesCycloneTables):
         self.assertContains(page, "supplier has no tea")
         step = Job.objects.get(run_id=self.failed.id)
         self.assertEqual((step.state, step.attempt), ("failed", 1))
+
+    def test_run_page_lists_a_map_node_once_not_each_of_its_items(self) -> None:
+        run = packing.submit(engine(), ["tea", "cups", "saucers"])
+        with worker(concurrency=1) as w:
+            w.drain()
+        self.assertEqual(run.status().state, cyclone.RunState.COMPLETED)
+        self.assertEqual(Job.objects.filter(run_id=run.id).count(), 5)  # 2 steps, 3 items
+        page = self.client.get(f"/admin/cyclone/run/{run.id}/change/")
+        self.assertEqual(page.status_code, 200)
+        (steps,) = page.context["inline_admin_formsets"]
+        kinds = [form.instance.kind for form in steps.formset.forms]
+        self.assertEqual(kinds, ["contents", "pack"])
 
     def test_run_page_draws_graph_errors_and_tracebacks_as_the_dashboard_and_links_to_it(
         self,

@@ -47,6 +47,21 @@ def paid(ctx: cyclone.StepContext, cents: int) -> int:
     return cents
 
 
+packing = cyclone.Workflow("shop.packing", input=list[str])
+"""An order packed item by item: a map node, whose items the admin's run page lists as
+one step."""
+
+
+@packing.step()
+def contents(ctx: cyclone.StepContext, items: list[str]) -> list[str]:
+    return items
+
+
+@packing.map(over=contents)
+def pack(ctx: cyclone.StepContext, item: str) -> str:
+    return f"packed {item}"
+
+
 class Probe(msgspec.Struct):
     alias: str
     terminate: bool = False
