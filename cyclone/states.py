@@ -120,7 +120,12 @@ EDGES: dict[str, Edge] = {
         Edge("job", "wake_parent", (_J.BLOCKED.value,), _J.AVAILABLE.value),
         Edge("job", "repark_item", (_J.AVAILABLE.value,), _J.BLOCKED.value),
         Edge("job", "fan_out", (_J.RUNNING.value,), _J.BLOCKED.value),
-        Edge("job", "fail_map_node", (_J.BLOCKED.value,), _J.FAILED.value),
+        Edge(
+            "job",
+            "fail_map_node",
+            (_J.BLOCKED.value, _J.AVAILABLE.value, _J.RUNNING.value),
+            _J.FAILED.value,
+        ),
         Edge("job", "rescue", (_J.RUNNING.value,), _J.AVAILABLE.value),
         Edge("job", "rescue_give_up", (_J.RUNNING.value,), _J.FAILED.value),
         Edge("job", "hand_back", (_J.RUNNING.value,), _J.AVAILABLE.value),
@@ -152,11 +157,13 @@ of children that retries its child also retries the children of the next items w
 to do the same, and parks those items without their being claimed (``repark_item``).
 A map node parks until its items complete (``fan_out``), or fails when one of them fails
 for good (``fail_map_node``), after it created them or after a retry reset the failed
-ones. Unstarted jobs are cancelled by hand (``cancel``, a standalone job), when their run
-fails or is cancelled (``cancel_unstarted``), or when it expires
-(``cancel_unstarted_expired``). A failed or cancelled standalone job is run again by hand
-(``retry``). A run completes when its last step does (``complete``) or when it is retried
-with every step already completed (``complete_restarted``).
+ones: parked, or, after a retry, not parked again yet (available, or running for a
+worker deciding about it, whose lease then moves on). Unstarted jobs are cancelled by
+hand (``cancel``, a standalone job), when their run fails or is cancelled
+(``cancel_unstarted``), or when it expires (``cancel_unstarted_expired``). A failed or
+cancelled standalone job is run again by hand (``retry``). A run completes when its last
+step does (``complete``) or when it is retried with every step already completed
+(``complete_restarted``).
 
 Each edge is taken by exactly one statement builder of the store, listed in
 :data:`cyclone._store.transitions.BUILDERS`; edges with the same sources and target are

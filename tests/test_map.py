@@ -256,6 +256,55 @@ def test_retry_re_runs_only_the_failed_items_and_keeps_the_completed_ones(
     assert set(again.values()) == {1}
 
 
+@pytest.mark.parametrize("node", ["available", "running elsewhere"])
+def test_an_item_failing_for_good_after_a_retry_fails_its_map_node_not_yet_parked_again(
+    engine: sa.Engine, name: str, node: str
+) -> None:
+    # After a retry the map node waits to be claimed again beside its failed items, or a
+    # worker is deciding about it. An item failing for good meanwhile fails the node, as
+    # the run names it; it was cancelled as a step not started, or by that worker.
+    runs: Counter[int] = Counter()
+    fail = {1}
+    wf = failing_map(name, fail, runs)
+    run = wf.submit(engine, 3)
+    worker = cyclone.Worker(engine, workflows=[wf], concurrency=1, backoff=lambda n: 0.0)
+    wait_until(lambda: worker.drain() >= 0 and run.status().done, timeout=20, interval=0.05)
+    run.retry()
+    the_node = (jobs.c.run_id == run.id) & (jobs.c.kind == "double") & jobs.c.item.is_(None)
+    hold = (
+        # Not claimed before its item: due in an hour.
+        {"scheduled_at": sa.func.now() + sa.text("interval '1 hour'")}
+        if node == "available"
+        # Claimed by another worker, which has not decided yet.
+        else {
+            "state": "running",
+            "worker_id": "elsewhere",
+            "attempt": jobs.c.attempt + 1,
+            "lease": jobs.c.lease + 1,
+            "heartbeat_at": sa.func.now(),
+        }
+    )
+    with engine.begin() as conn:
+        (lease,) = conn.execute(
+            sa.update(jobs).where(the_node).values(**hold).returning(jobs.c.lease)
+        ).one()
+    wait_until(lambda: worker.drain() >= 0 and run.status().done, timeout=20, interval=0.05)
+    status = run.status()
+    assert status.state == cyclone.RunState.FAILED
+    assert status.error is not None
+    assert (status.error["step"], status.error["item"]) == ("double", 1)
+    with engine.connect() as conn:
+        row = conn.execute(
+            sa.select(jobs.c.state, jobs.c.attempt, jobs.c.lease, jobs.c.worker_id).where(the_node)
+        ).one()
+    # The deciding worker's lease no longer matches: its park or end changes nothing.
+    assert tuple(row) == ("failed", 0, lease + 1, None)
+    fail.clear()
+    run.retry()
+    wait_until(lambda: worker.drain() >= 0 and run.status().done, timeout=20, interval=0.05)
+    assert run.result(timeout=5) == [0, 2, 4]
+
+
 def test_retry_all_expands_the_map_node_anew(engine: sa.Engine, name: str) -> None:
     runs: Counter[int] = Counter()
     wf = failing_map(name, set(), runs)

@@ -40,7 +40,7 @@ from cyclone._store import notify as _notify
 from cyclone._store import queues as _queues
 from cyclone._store.executor import among, const, one_of
 from cyclone.schema import jobs, run_lock_order, runs
-from cyclone.states import JobState, RunState
+from cyclone.states import EDGES, JobState, RunState
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,17 +416,35 @@ def fail_run_stmt() -> Any:
 
 
 def fail_map_node_stmt() -> Any:
-    """Fail the map node ``:step`` of run ``:rid``, parked while its items ran, because one
-    of its items failed for good (a step that failed itself is not parked: untouched)."""
+    """Fail the map node ``:step`` of run ``:rid`` because one of its items failed for good.
+
+    The node is parked while its items run; after a retry it may not be parked again yet:
+    available, or running for a worker deciding about it. Such a worker's lease moves on,
+    so its park or end then changes nothing, and its claim is not counted as an attempt,
+    as a park's is not. A step that failed itself is untouched (it is not a source).
+    """
     return (
         update(jobs)
         .where(
             jobs.c.run_id == bindparam("rid"),
             jobs.c.kind == bindparam("step", type_=Text),
             jobs.c.item.is_(None),
-            jobs.c.state == const(JobState.BLOCKED.value),
+            one_of(jobs.c.state, EDGES["job.fail_map_node"].sources),
         )
-        .values(state=const(JobState.FAILED.value), finalized_at=func.now())
+        .values(
+            state=const(JobState.FAILED.value),
+            finalized_at=func.now(),
+            attempt=case(
+                (
+                    (jobs.c.state == const(JobState.RUNNING.value)) & (jobs.c.attempt > 0),
+                    jobs.c.attempt - 1,
+                ),
+                else_=jobs.c.attempt,
+            ),
+            lease=jobs.c.lease + 1,
+            worker_id=None,
+            heartbeat_at=None,
+        )
     )
 
 

@@ -101,6 +101,17 @@ INVARIANTS: tuple[Invariant, ...] = (
         """,
     ),
     Invariant(
+        "a failed run's failed step is failed (a map node too, when one of its items failed it)",
+        """
+        SELECT r.id AS run_id, r.failed_step, j.id AS job_id, j.state
+        FROM cyclone_runs r
+        LEFT JOIN cyclone_jobs j
+             ON j.run_id = r.id AND j.kind = r.failed_step AND j.item IS NULL
+        WHERE r.state = 'failed' AND r.failed_step IS NOT NULL
+          AND j.state IS DISTINCT FROM 'failed'
+        """,
+    ),
+    Invariant(
         "a completed run has every job completed and no step remaining",
         """
         SELECT r.id AS run_id, r.steps_remaining, j.id AS job_id, j.kind, j.state
