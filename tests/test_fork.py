@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -18,6 +19,7 @@ from werkzeug.test import Client as WebClient
 
 import cyclone
 from cyclone.dashboard import create_app
+from cyclone.schema import jobs, runs
 from tests.conftest import StatementCounter, wait_until
 from tests.support import docs, fork_app, fork_proc, processes
 from tests.support.dashboard import text_of
@@ -243,6 +245,75 @@ def test_a_running_run_cannot_be_forked(engine: sa.Engine, name: str) -> None:
     assert [r.id for r in runs_of(engine, name)] == [run.id]
 
 
+def test_a_fork_reads_its_sources_steps_as_they_are_once_it_holds_the_source(
+    engine: sa.Engine, name: str
+) -> None:
+    # The statement that locks the source sees the steps as they were when it began: a
+    # retry, a claim and a cancel committed while it waited for the lock left a step
+    # running, which the fork must see, or the step runs in both runs.
+    calls: Counter[str] = Counter()
+    run = failed_run(engine, name, calls)
+    fixed = three_steps(name, calls, fixed=True)
+    label = (jobs.c.run_id == run.id) & (jobs.c.kind == "label")
+    outcome: list[object] = []
+
+    def fork() -> None:
+        try:
+            outcome.append(fixed.run(engine, run.id).fork("fixed"))
+        except cyclone.CycloneError as exc:
+            outcome.append(exc)
+
+    with engine.connect() as holder:
+        tx = holder.begin()
+        holder.execute(sa.select(runs.c.id).where(runs.c.id == run.id).with_for_update())
+        pid = holder.execute(sa.select(sa.func.pg_backend_pid())).scalar_one()
+        forking = threading.Thread(target=fork)
+        forking.start()
+        wait_until(lambda: waits_for(engine, pid), 30)
+        # What the retry, the claim of `label` and the cancel leave behind.
+        holder.execute(sa.update(runs).where(runs.c.id == run.id).values(state="cancelled"))
+        holder.execute(
+            sa.update(jobs)
+            .where(label)
+            .values(
+                state="running",
+                finalized_at=None,
+                attempt=1,  # reset by the retry, claimed once since
+                lease=jobs.c.lease + 1,
+                worker_id="elsewhere",
+                heartbeat_at=sa.func.now(),
+            )
+        )
+        tx.commit()
+        forking.join(30)
+    (refused,) = outcome
+    assert isinstance(refused, cyclone.InvalidStateError), refused
+    assert "steps still running" in str(refused)
+    assert len(runs_of(engine, name)) == 1
+    with engine.begin() as conn:  # its worker hands it back into the ended run
+        conn.execute(
+            sa.update(jobs)
+            .where(label)
+            .values(
+                state="cancelled", finalized_at=sa.func.now(), worker_id=None, heartbeat_at=None
+            )
+        )
+
+
+def waits_for(engine: sa.Engine, holder: int) -> bool:
+    """Whether a session waits for a lock ``holder``'s session holds."""
+    with engine.connect() as conn:
+        return bool(
+            conn.execute(
+                sa.text(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE wait_event_type = 'Lock' AND :holder = ANY(pg_blocking_pids(pid))"
+                ),
+                {"holder": holder},
+            ).scalar_one()
+        )
+
+
 def test_a_fork_of_a_run_of_another_workflow_or_of_no_run_is_not_found(
     engine: sa.Engine, name: str
 ) -> None:
@@ -458,6 +529,7 @@ def test_a_fork_costs_two_statements_and_a_second_fork_of_the_key_too(
     again = list(statements.statements)
     for sent in (made, again):
         sql = [s for s in sent if s.split()[0].upper() not in ("BEGIN", "COMMIT", "ROLLBACK")]
-        assert len(sql) == 2, sent
+        assert len(sql) == 3, sent
         assert "FOR SHARE" in sql[0]
-        assert sql[1].lstrip().upper().startswith("WITH"), sql[1]
+        assert "jsonb_object_agg" in sql[1]  # the steps' states, read under the lock
+        assert sql[2].lstrip().upper().startswith("WITH"), sql[2]

@@ -1,10 +1,11 @@
 """Fork: a new run of a workflow's current graph that keeps the outputs of a finished run's steps.
 
-A fork is one transaction of two statements: the first locks the source run
+A fork is one transaction of three statements: the first locks the source run
 (``FOR SHARE``: a retry or purge of it waits until the fork commits, and no step of it can
 be recorded meanwhile; the key of its workflow limit before it, if any) and reads its
-state, graph and the state of each of its steps; the
-caller (:func:`fork`) decides which steps are kept, and the second statement inserts the
+state and graph; the second reads the state of each of its steps, in a snapshot taken
+once the lock is held; the
+caller (:func:`fork`) decides which steps are kept, and the third statement inserts the
 run of the key ``ON CONFLICT DO NOTHING`` and, only if it was inserted, every step of
 the current graph at once: kept steps ``completed`` with the source's output copied in
 SQL (never through Python), a kept map node with its completed items, the others
@@ -13,7 +14,7 @@ not kept. The run is inserted started (``start_at`` NULL, its jobs written), so 
 claim that starts runs never sees it. A key whose run exists already is read in the same
 statement and its input compared as ``jsonb`` with the source's, as ``submit_once``
 does. Nothing is written before the
-second statement, and that statement is atomic: a crash at any point leaves either no
+third statement, and that statement is atomic: a crash at any point leaves either no
 fork or the whole fork.
 """
 
@@ -62,17 +63,6 @@ _SOURCE = (
         runs.c.workflow,
         runs.c.state,
         cast(_definitions.graph_of(runs), Text),
-        select(cast(func.jsonb_object_agg(_step_states.c.kind, _step_states.c.state), Text))
-        .where(_step_states.c.run_id == runs.c.id, _step_states.c.item.is_(None))
-        .scalar_subquery(),
-        select(_step_states.c.kind)
-        .where(
-            _step_states.c.run_id == runs.c.id,
-            _step_states.c.item.is_not(None),
-            _step_states.c.state == const(JobState.RUNNING.value),
-        )
-        .limit(const(1, Integer))
-        .scalar_subquery(),
         runs.c.limit_name,
         runs.c.limit_key,
     )
@@ -84,9 +74,26 @@ _SOURCE = (
 )
 """Lock the source run ``FOR SHARE`` (after its workflow limit's key, the lock order of
 keys and runs: :func:`cyclone._store.limits.keys_locked_first`) and read its workflow,
-state, graph, the states of its steps (not of map items, which share their node's name),
-a map node with an item still running, if any, and the workflow limit and key it ran
-under."""
+state, graph, and the workflow limit and key it ran under."""
+
+_SOURCE_STEPS = select(
+    select(cast(func.jsonb_object_agg(_step_states.c.kind, _step_states.c.state), Text))
+    .where(_step_states.c.run_id == bindparam("source"), _step_states.c.item.is_(None))
+    .scalar_subquery(),
+    select(_step_states.c.kind)
+    .where(
+        _step_states.c.run_id == bindparam("source"),
+        _step_states.c.item.is_not(None),
+        _step_states.c.state == const(JobState.RUNNING.value),
+    )
+    .limit(const(1, Integer))
+    .scalar_subquery(),
+)
+"""The states of the source's steps (not of map items, which share their node's name) and
+a map node with an item still running, if any. Read in a statement after the one that
+locks the source: a statement's snapshot is taken before it waits for its locks, so the
+locking statement would see the steps as they were before the transactions it waited
+for (a retry, a claim, a cancel) changed them, while seeing the run as they left it."""
 
 _STEP_FIELDS = (
     column("ord", Integer),
@@ -421,12 +428,13 @@ def fork(
         if row is None or row[0] != workflow:
             raise errors.NotFoundError(f"workflow {workflow!r} has no run {source_id}")
         state = RunState(row[1])
-        step_states = {} if row[3] is None else _states_decoder.decode(row[3])
+        steps = _executor.one(conn, _SOURCE_STEPS, {"source": source_id})
+        step_states = {} if steps[0] is None else _states_decoder.decode(steps[0])
         if state not in TERMINAL_RUN_STATES:
             raise errors.InvalidStateError(
                 operation="fork", run_id=source_id, state=f"{state}: cancel it or let it end first"
             )
-        if JobState.RUNNING.value in step_states.values() or row[4] is not None:
+        if JobState.RUNNING.value in step_states.values() or steps[1] is not None:
             raise errors.InvalidStateError(
                 operation="fork",
                 run_id=source_id,
@@ -441,7 +449,7 @@ def fork(
             completed=completed,
             rerun=rerun,
         )
-        limit_name, limit_key = row[5], row[6]
+        limit_name, limit_key = row[3], row[4]
         if limit_name is not None:
             # Under its workflow's limit, the fork is a run in progress of the source's key
             # (the input is the same): it needs room there, as a retry does.
