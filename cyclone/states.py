@@ -13,11 +13,13 @@ that order, in one statement. A limit's key comes before every run: an admission
 keys, then the runs it acts on over all of them, in that order, in one statement; a
 transaction that waits for a key locks it before any run
 (:func:`cyclone._store.limits.keys_locked_first`).
-Submit inserts the run only; a claim locks jobs, skipping locked rows, and the runs it
-starts (whose jobs do not exist yet), skipping locked runs, then inserts their jobs; a
-heartbeat locks jobs only, skipping locked rows; a hand-back locks the runs of its
-running jobs, then the jobs, in id order; a worker deciding about a wait or sleep node
-locks its run, then its job. So no two of them wait for each other in a cycle: there is
+A retry of a child run first takes ``FOR KEY SHARE`` of the top run of its tree, before
+any key: it conflicts only with a purge's delete of that tree, which skips locked runs
+and takes no key. Submit inserts the run only; a claim locks jobs, skipping locked rows,
+and the runs it starts (whose jobs do not exist yet), skipping locked runs, then inserts
+their jobs; a heartbeat locks jobs only, skipping locked rows; a hand-back locks the
+runs of its running jobs, then the jobs, in id order; a worker deciding about a wait or
+sleep node locks its run, then its job. So no two of them wait for each other in a cycle: there is
 no deadlock to retry.
 """
 

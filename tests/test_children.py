@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -460,6 +461,54 @@ def test_a_parent_whose_child_still_runs_is_purged_only_once_the_child_ends(
     assert client.purge_terminal_runs(older_than=timedelta(0)) == 1
     assert client.get_run(run.id) is None
     assert client.get_run(child.id) is None
+
+
+@pytest.mark.parametrize("retry", ["run.retry", "Client.retry_runs"])
+def test_a_purge_never_deletes_a_child_that_a_retry_running_meanwhile_restarts(
+    own_engine: sa.Engine, name: str, retry: str
+) -> None:
+    # Found by a review: a purge read in its snapshot that no run of a tree ran, and its
+    # delete of the tree waited for a retry of the child, then deleted the child running.
+    s = shop(name)
+    s.outcome.fail = True
+    run = s.checkout.submit(own_engine, Order(lines=[1]))
+    drain(own_engine, *s.workflows)
+    assert run.wait(timeout=10).state == cyclone.RunState.FAILED
+    (child,) = run.children()
+    client = cyclone.Client(own_engine)
+    retried: list[object] = []
+    purged: list[int] = []
+
+    def restart() -> None:
+        if retry == "run.retry":
+            child.retry()
+        else:
+            retried.append(client.retry_runs(workflow=child.status().workflow))
+
+    with own_engine.connect() as holder:
+        # The retry waits at its reset of the child's steps, holding its locks.
+        tx = holder.begin()
+        holder.execute(
+            sa.text("SELECT 1 FROM cyclone_jobs WHERE run_id = :r FOR UPDATE"), {"r": child.id}
+        )
+        retrying = threading.Thread(target=restart)
+        retrying.start()
+        wait_until(lambda: waiting_on_locks(own_engine) == 1, 30)
+        purging = threading.Thread(
+            target=lambda: purged.append(client.purge_terminal_runs(older_than=timedelta(0)))
+        )
+        purging.start()
+        wait_until(lambda: bool(purged) or waiting_on_locks(own_engine) == 2, 30)
+        tx.commit()
+        retrying.join(30)
+        purging.join(30)
+    assert purged == [0]
+    assert retried == ([] if retry == "run.retry" else [1])
+    assert child.status().state == cyclone.RunState.RUNNING
+    assert client.get_run(run.id) is not None
+    s.outcome.fail = False
+    drain(own_engine, *s.workflows)
+    assert child.wait(timeout=10).state == cyclone.RunState.COMPLETED
 
 
 def test_retry_all_of_a_parent_reads_its_completed_child_and_makes_no_second_one(

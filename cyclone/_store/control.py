@@ -257,6 +257,35 @@ def lock_run_stmt(*, keys_first: bool = False) -> Any:
     )
 
 
+def lock_tops_stmt() -> Any:
+    """Lock ``FOR KEY SHARE`` the top run of the tree of child runs that each child run of
+    ``:rids`` belongs to (none for a run that is no child), in the run lock order.
+
+    A purge deletes a tree from its top run (``FOR UPDATE SKIP LOCKED``), having read in
+    its snapshot that no run of the tree runs: a retry of a run below, committed while
+    the purge's delete waited for that run, was deleted running. Locked by a retry, the
+    top run is skipped by the purge; deleted by a purge first, the retry waits, then
+    finds its run gone. The one lock a retry takes before its limit's keys (the lock
+    order of :mod:`cyclone.states`): it conflicts only with a purge's delete, which
+    takes no key.
+    """
+    child, above = runs.alias("below_top"), runs.alias("above")
+    up = (
+        select(child.c.parent_id.label("id"))
+        .where(child.c.id == _rids(), child.c.parent_id.is_not(None))
+        .cte("up", recursive=True)
+    )
+    up = up.union_all(
+        select(above.c.parent_id).where(above.c.id == up.c.id, above.c.parent_id.is_not(None))
+    )
+    return (
+        select(runs.c.id)
+        .where(among(runs.c.id, select(up.c.id)), runs.c.parent_id.is_(None))
+        .order_by(*run_lock_order())
+        .with_for_update(read=True, key_share=True)
+    )
+
+
 def any_running_stmt() -> Any:
     """A step of the run ``:rid`` still running, if any."""
     return (
@@ -353,6 +382,7 @@ _LOCK_RUN_KEYS_FIRST = lock_run_stmt(keys_first=True)
 _ANY_RUNNING = any_running_stmt()
 _STATE = select(runs.c.state).where(runs.c.id == bindparam("rid"))
 _LOCK_RETRYABLE = lock_retryable_stmt()
+_LOCK_TOPS = lock_tops_stmt()
 _RESTARTABLE = restartable_stmt()
 
 
@@ -477,6 +507,7 @@ def restart(engine: Engine, run_id: uuid.UUID, *, every_step: bool) -> None:
     """
     operation = "retry_all" if every_step else "retry"
     with engine.begin() as conn:
+        _executor.rows(conn, _LOCK_TOPS, {"rids": [run_id]})
         row = _executor.first(conn, _LOCK_RUN_KEYS_FIRST, {"rid": run_id})
         if row is None:
             raise errors.NotFoundError(f"run {run_id} does not exist")
@@ -506,6 +537,7 @@ def restart_many(engine: Engine, run_ids: Sequence[uuid.UUID]) -> int:
     they are (as ``retry`` refuses them), and so is every run in another state.
     """
     with engine.begin() as conn:
+        _executor.rows(conn, _LOCK_TOPS, {"rids": list(run_ids)})
         rows = _executor.rows(conn, _LOCK_RETRYABLE, {"rids": list(run_ids)})
         locked = [row[0] for row in rows if row[1]]
         if not locked:
