@@ -1518,14 +1518,14 @@ class Worker:
 
     def _reads_due_now(self, claimed: list[_claim.Claimed], free: dict[str, int]) -> bool:
         """Whether to read when the next job falls due after this claim, its statement not
-        having read it: after a NOTIFY, once a claim finds nothing; or, with no limited job
-        served, once one leaves room (it saw every job due now). A worker serving limited
-        jobs leaves room whenever their keys are full: it reads at its next empty claim."""
+        having read it: after a NOTIFY, a poll or a job scheduled later, once a claim finds
+        nothing or leaves room (it saw every job due now). A worker serving limited jobs
+        reads it too: a claim that took what a full window or full keys let it take may
+        leave jobs waiting on a window that opens with no NOTIFY, while its own jobs run
+        on and record nothing to claim after."""
         if not self._due_unknown:
             return False
-        if not claimed:
-            return True
-        return len(claimed) < sum(free.values()) and not (self._gated or self._admits)
+        return not claimed or len(claimed) < sum(free.values())
 
     def _maybe_deaf(self) -> bool:
         """Whether a NOTIFY may have been lost: the loop sleeps on its held connection's

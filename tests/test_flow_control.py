@@ -493,6 +493,35 @@ def test_a_worker_waiting_on_a_full_rate_window_wakes_when_it_opens_not_at_its_p
         wait_until(lambda job=job: job.status().state == "completed", timeout=30)
 
 
+@pytest.mark.parametrize("limits", ["rate", "rate and concurrency"])
+def test_a_worker_whose_claim_left_room_under_a_full_window_starts_more_when_it_opens(
+    engine: sa.Engine, name: str, serving: Any, limits: str
+) -> None:
+    # Found by a review: a worker serving limited jobs read when the next one falls due
+    # only after a claim that took nothing. Its claim took the window's one job and left
+    # room; that job ran on and recorded nothing, so it slept until its poll.
+    rate = cyclone.Rate(1, timedelta(seconds=1), name=f"{name}-rate")
+    concurrency = cyclone.Concurrency(5) if limits == "rate and concurrency" else None
+    started: list[int] = []
+    release = threading.Event()
+
+    @cyclone.step(name, concurrency=concurrency, rate=rate)
+    def slow(ctx: cyclone.StepContext, args: dict[str, int]) -> None:
+        started.append(args["n"])
+        release.wait(30)
+
+    waiting = [slow.enqueue(engine, {"n": n}) for n in range(3)]
+    try:
+        serving(cyclone.Worker(engine, steps=[slow], concurrency=3, poll_interval=600))
+        wait_until(lambda: len(started) == 3, timeout=20)
+    finally:
+        release.set()
+    for job in waiting:
+        wait_until(lambda job=job: job.status().state == "completed", timeout=30)
+    windows = starts_per_second(engine, jobs.c.kind == name)
+    assert all(n <= 1 for _, n in windows), windows
+
+
 def test_a_rate_key_another_transaction_held_at_the_claim_is_claimed_again_shortly_not_at_its_poll(
     engine: sa.Engine, name: str, serving: Any
 ) -> None:
