@@ -522,6 +522,44 @@ def test_a_worker_whose_claim_left_room_under_a_full_window_starts_more_when_it_
     assert all(n <= 1 for _, n in windows), windows
 
 
+def test_a_limited_step_handed_back_into_its_cancelled_run_wakes_the_worker_waiting_for_its_slot(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    # Found by a review: a running limited step released straight to cancelled (its run
+    # ended) freed its slot and rang no one; the worker waiting for that slot slept on
+    # until its poll. The rescue of a stopped worker's job releases through the same
+    # statement.
+    entered, release = threading.Event(), threading.Event()
+    wf: cyclone.Workflow[int] = cyclone.Workflow(name, input=int)
+
+    @wf.step(concurrency=cyclone.Concurrency(1))
+    def one(ctx: cyclone.StepContext, n: int) -> int:
+        entered.set()
+        release.wait(30)
+        return n
+
+    first = wf.submit(engine, 1)
+    holding = cyclone.Worker(engine, workflows=[wf], concurrency=1, poll_interval=600)
+    background = serving(holding)
+    try:
+        assert entered.wait(30)
+        second = wf.submit(engine, 2)
+        waiting = cyclone.Worker(engine, workflows=[wf], concurrency=1, poll_interval=600)
+        serving(waiting)
+        wait_until(lambda: asleep(engine, waiting), timeout=30)
+        first.cancel()
+        holding.stop(grace=0)  # hands its step back: cancelled, in the cancelled run
+        background.join(30)
+    finally:
+        release.set()
+    assert second.wait(timeout=20).state == cyclone.RunState.COMPLETED
+    with engine.connect() as conn:
+        state = conn.execute(
+            sa.select(jobs.c.state).where(jobs.c.run_id == first.id, jobs.c.kind == "one")
+        ).scalar_one()
+    assert state == "cancelled"
+
+
 def test_a_rate_key_another_transaction_held_at_the_claim_is_claimed_again_shortly_not_at_its_poll(
     engine: sa.Engine, name: str, serving: Any
 ) -> None:

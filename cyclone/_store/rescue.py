@@ -36,6 +36,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from cyclone._store import binds as _binds
 from cyclone._store import completion as _completion
 from cyclone._store import executor as _executor
+from cyclone._store import notify as _notify
 from cyclone._store import workers as _workers
 from cyclone._store.completion import run_over
 from cyclone._store.executor import among, const
@@ -124,6 +125,17 @@ def release_jobs_stmt(
     )
 
 
+def _freed_slot_rings() -> Any:
+    """A ``RETURNING`` column of a release: ring when a job under a Concurrency ends
+    (cancelled in an ended run, or failed) instead of being made available.
+
+    Its slot is free, and a job waiting for it is not one this statement made available,
+    for which the jobs' trigger rings.
+    """
+    ends = and_(jobs.c.state != const(JobState.AVAILABLE.value), jobs.c.limit_name.is_not(None))
+    return case((ends, _notify.ring())).label("rang")
+
+
 def hand_back_stmt() -> Any:
     """Make the jobs held under ``:leases`` available again, now, without counting the attempt.
 
@@ -131,7 +143,7 @@ def hand_back_stmt() -> Any:
     jobs in id order, after :func:`hand_back` has locked their runs.
     """
     mine = _held_jobs().with_for_update(of=jobs)
-    return release_jobs_stmt(mine.scalar_subquery()).returning(jobs.c.id)
+    return release_jobs_stmt(mine.scalar_subquery()).returning(jobs.c.id, _freed_slot_rings())
 
 
 def _stale() -> tuple[Any, ...]:
@@ -199,7 +211,9 @@ def rescue_jobs_stmt() -> Any:
         give_up=gives_up,
         lost=jobs.c.lost + 1,
         errors=jobs.c.errors.op("||")(record),
-    ).returning(jobs.c.id, jobs.c.run_id, jobs.c.kind, jobs.c.state, jobs.c.item)
+    ).returning(
+        jobs.c.id, jobs.c.run_id, jobs.c.kind, jobs.c.state, jobs.c.item, _freed_slot_rings()
+    )
 
 
 def expire_runs_stmt() -> Any:
@@ -286,7 +300,7 @@ def rescue(conn: Connection, rescue_after: timedelta) -> list[int]:
     params = {"rescue_after": rescue_after}
     rids = _executor.column(conn, _LOCK_STALE_RUNS, params)
     rows = _executor.rows(conn, _RESCUE, {**params, "rids": rids})
-    for _job_id, run_id, kind, state, item in rows:
+    for _job_id, run_id, kind, state, item, _rang in rows:
         if state == JobState.FAILED.value and run_id is not None:
             what = f"step {kind!r}" if item is None else f"item {item} of step {kind!r}"
             error = {
