@@ -19,6 +19,7 @@ from sqlalchemy.engine import URL
 from werkzeug.test import Client
 
 import cyclone
+from cyclone._store import rescue as _rescue
 from cyclone.dashboard import create_app
 from cyclone.schema import jobs
 from tests.conftest import StatementCounter, wait_until
@@ -302,6 +303,44 @@ def test_an_item_failing_for_good_after_a_retry_fails_its_map_node_not_yet_parke
     fail.clear()
     run.retry()
     wait_until(lambda: worker.drain() >= 0 and run.status().done, timeout=20, interval=0.05)
+    assert run.result(timeout=5) == [0, 2, 4]
+
+
+def test_a_map_node_handed_back_while_its_items_complete_waits_for_no_upstream(
+    engine: sa.Engine, name: str
+) -> None:
+    # Found by a review: items completing while a worker decides about their map node
+    # count it down, for the decision to count anew; handed back instead of decided,
+    # the node kept a count below zero.
+    runs: Counter[int] = Counter()
+    fail = {1}
+    wf = failing_map(name, fail, runs)
+    run = wf.submit(engine, 3)
+    worker = cyclone.Worker(engine, workflows=[wf], concurrency=1, backoff=lambda n: 0.0)
+    wait_until(lambda: worker.drain() >= 0 and run.status().done, timeout=20, interval=0.05)
+    fail.clear()
+    run.retry()
+    the_node = (jobs.c.run_id == run.id) & (jobs.c.kind == "double") & jobs.c.item.is_(None)
+    with engine.begin() as conn:  # claimed by another worker, which has not decided yet
+        node_id, lease = conn.execute(
+            sa.update(jobs)
+            .where(the_node)
+            .values(
+                state="running",
+                worker_id="elsewhere",
+                attempt=jobs.c.attempt + 1,
+                lease=jobs.c.lease + 1,
+                heartbeat_at=sa.func.now(),
+            )
+            .returning(jobs.c.id, jobs.c.lease)
+        ).one()
+    worker.drain()  # the failed item runs again and completes: the node is counted down
+    with engine.begin() as conn:  # the other worker stops and hands the node back
+        assert _rescue.hand_back(conn, [(node_id, lease)]) == {node_id}
+    with engine.connect() as conn:
+        row = conn.execute(sa.select(jobs.c.state, jobs.c.pending_deps).where(the_node)).one()
+    assert tuple(row) == ("available", 0)
+    worker.drain()
     assert run.result(timeout=5) == [0, 2, 4]
 
 

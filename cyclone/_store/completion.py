@@ -376,6 +376,8 @@ def retry_job_stmt() -> Any:
                 (over, const(JobState.CANCELLED.value)), else_=const(JobState.AVAILABLE.value)
             ),
             finalized_at=case((over, func.now()), else_=None),
+            # As a release (cyclone._store.rescue.release_jobs_stmt): available, nothing pending.
+            pending_deps=case((over, jobs.c.pending_deps), else_=0),
             worker_id=None,
             heartbeat_at=None,
             scheduled_at=func.now() + func.make_interval(0, 0, 0, 0, 0, 0, bindparam("delay")),

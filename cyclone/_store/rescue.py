@@ -115,6 +115,9 @@ def release_jobs_stmt(
         .values(
             state=case(*outcomes, else_=const(JobState.AVAILABLE.value)),
             finalized_at=case((ends, func.now()), else_=None),
+            # An available job waits for no upstream. A map node being decided was counted
+            # down by its items completing meanwhile, for its decision to count anew.
+            pending_deps=case((ends, jobs.c.pending_deps), else_=0),
             attempt=case(*kept_attempt, (jobs.c.attempt > 0, jobs.c.attempt - 1), else_=0),
             lease=jobs.c.lease + 1,
             worker_id=None,
