@@ -321,8 +321,9 @@ class Run:
 
         Raises:
             InvalidStateError: the run is running or completed, past its deadline, or one
-                of its steps is still running (a cancelled run's step runs to its end):
-                retry once it has ended, so that no step ever runs twice at once.
+                of its steps is still running (a cancelled run's step runs to its end), or
+                one of an ended child run of its: retry once it has ended, so that no step
+                ever runs twice at once.
         """
         _control.restart(self._engine, self.id, every_step=False)
 

@@ -511,6 +511,46 @@ def test_a_purge_never_deletes_a_child_that_a_retry_running_meanwhile_restarts(
     assert child.wait(timeout=10).state == cyclone.RunState.COMPLETED
 
 
+def test_a_parent_whose_cancelled_child_still_runs_a_step_is_not_retried_until_it_ends(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    # Found by a review: the retry was accepted, the child's node ran again, could not
+    # retry its child while that step ran, and failed the parent again at once.
+    entered, release = threading.Event(), threading.Event()
+    leaf: cyclone.Workflow[int] = cyclone.Workflow(f"{name}-leaf", input=int)
+
+    @leaf.step()
+    def slow(ctx: cyclone.StepContext, n: int) -> int:
+        entered.set()
+        release.wait(30)
+        return n
+
+    top: cyclone.Workflow[int] = cyclone.Workflow(f"{name}-top", input=int)
+
+    @top.child(leaf)
+    def start(ctx: cyclone.StepContext, n: int) -> int:
+        return n
+
+    run = top.submit(engine, 1)
+    client = cyclone.Client(engine)
+    worker = cyclone.Worker(engine, workflows=[top, leaf], concurrency=2)
+    serving(worker)
+    try:
+        assert entered.wait(30)
+        run.cancel()
+        (child,) = run.children()
+        assert child.status().state == cyclone.RunState.CANCELLED
+        with pytest.raises(cyclone.InvalidStateError, match="steps of a child run still running"):
+            run.retry()
+        assert client.retry_runs(workflow=top) == 0
+    finally:
+        release.set()
+    wait_until(lambda: job_rows(engine, child.id)["slow"].state != "running", timeout=30)
+    run.retry()
+    assert run.wait(timeout=30).state == cyclone.RunState.COMPLETED
+    assert child.status().state == cyclone.RunState.COMPLETED
+
+
 def test_retry_all_of_a_parent_reads_its_completed_child_and_makes_no_second_one(
     engine: sa.Engine, name: str
 ) -> None:

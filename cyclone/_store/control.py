@@ -295,6 +295,23 @@ def any_running_stmt() -> Any:
     )
 
 
+def _running_in_ended_children(parent: Any) -> Any:
+    """Whether a step still runs in an ended child run of ``parent`` (one cancelled with it,
+    say). A retry of the parent runs the child's node again, which retries the child and
+    refuses while a step of it runs: the parent would fail again at once."""
+    child = runs.alias("ended_child")
+    return (
+        select(jobs.c.id)
+        .join_from(child, jobs, jobs.c.run_id == child.c.id)
+        .where(
+            child.c.parent_id == parent,
+            child.c.state.in_([const(s) for s in EDGES["run.retry"].sources]),
+            jobs.c.state == const(JobState.RUNNING.value),
+        )
+        .exists()
+    )
+
+
 def lock_retryable_stmt() -> Any:
     """Lock the runs of ``:rids`` that a retry may restart (failed or cancelled), with the
     children their nodes wait for, all in the run lock order, after the keys of the limits
@@ -332,7 +349,8 @@ def running_children_stmt() -> Any:
 
 def restartable_stmt() -> Any:
     """Of the runs ``:rids`` (locked), those neither past their deadline nor with a step
-    still running: the runs a retry may restart."""
+    still running, in them or in an ended child run of theirs: the runs a retry may
+    restart."""
     running = (
         select(jobs.c.id)
         .where(jobs.c.run_id == runs.c.id, jobs.c.state == const(JobState.RUNNING.value))
@@ -344,6 +362,7 @@ def restartable_stmt() -> Any:
             runs.c.id == _rids(),
             or_(runs.c.deadline.is_(None), runs.c.deadline > func.now()),
             ~running,
+            ~_running_in_ended_children(runs.c.id),
         )
         .order_by(runs.c.id)
     )
@@ -381,6 +400,7 @@ _LOCK_RUN = lock_run_stmt()
 _LOCK_RUN_KEYS_FIRST = lock_run_stmt(keys_first=True)
 _ANY_RUNNING = any_running_stmt()
 _STATE = select(runs.c.state).where(runs.c.id == bindparam("rid"))
+_CHILD_RUNNING = select(_running_in_ended_children(bindparam("rid", type_=Uuid)))
 _LOCK_RETRYABLE = lock_retryable_stmt()
 _LOCK_TOPS = lock_tops_stmt()
 _RESTARTABLE = restartable_stmt()
@@ -501,7 +521,9 @@ def restart(engine: Engine, run_id: uuid.UUID, *, every_step: bool) -> None:
 
     Refused (``InvalidStateError``) for a run not in a state the edge starts from, past
     its deadline, or with a step still running: such a step would record into the
-    restarted run and be claimed again while it runs. Under the run's lock, which every
+    restarted run and be claimed again while it runs. So is a run with a step still
+    running in an ended child run of its: the child's node, run again, would retry the
+    child and refuse. Under the run's lock, which every
     recording of an outcome takes first, no step can end meanwhile. A run whose steps
     had all completed (cancelled while its last steps ran) is completed at once.
     """
@@ -523,6 +545,12 @@ def restart(engine: Engine, run_id: uuid.UUID, *, every_step: bool) -> None:
                 operation=operation,
                 run_id=run_id,
                 state=f"{state} with steps still running; {operation} once they end",
+            )
+        if _executor.value(conn, _CHILD_RUNNING, {"rid": run_id}):
+            raise errors.InvalidStateError(
+                operation=operation,
+                run_id=run_id,
+                state=f"{state} with steps of a child run still running; {operation} once they end",
             )
         _limits.hold_for_restart(conn, run_id, operation)
         _restart_locked(conn, [run_id], every_step=every_step)
