@@ -257,6 +257,32 @@ def test_retry_re_runs_only_the_failed_items_and_keeps_the_completed_ones(
     assert set(again.values()) == {1}
 
 
+def failed_by_item_one(engine: sa.Engine, name: str) -> tuple[Any, cyclone.Worker, set[int]]:
+    """A run of :func:`failing_map` over 3 items failed by item 1, the worker that ran it,
+    and the set of items that fail (clear it to let item 1 pass)."""
+    fail = {1}
+    wf = failing_map(name, fail, Counter())
+    run = wf.submit(engine, 3)
+    worker = cyclone.Worker(engine, workflows=[wf], concurrency=1, backoff=lambda n: 0.0)
+    wait_until(lambda: worker.drain() >= 0 and run.status().done, timeout=20, interval=0.05)
+    return run, worker, fail
+
+
+def map_node_of(run: Any) -> Any:
+    """The condition naming the map node ``double`` of ``run``'s jobs (not its items)."""
+    return (jobs.c.run_id == run.id) & (jobs.c.kind == "double") & jobs.c.item.is_(None)
+
+
+CLAIMED_ELSEWHERE = {
+    "state": "running",
+    "worker_id": "elsewhere",
+    "attempt": jobs.c.attempt + 1,
+    "lease": jobs.c.lease + 1,
+    "heartbeat_at": sa.func.now(),
+}
+"""The columns of a job claimed by another worker, which has not decided about it yet."""
+
+
 @pytest.mark.parametrize("node", ["available", "running elsewhere"])
 def test_an_item_failing_for_good_after_a_retry_fails_its_map_node_not_yet_parked_again(
     engine: sa.Engine, name: str, node: str
@@ -264,26 +290,14 @@ def test_an_item_failing_for_good_after_a_retry_fails_its_map_node_not_yet_parke
     # After a retry the map node waits to be claimed again beside its failed items, or a
     # worker is deciding about it. An item failing for good meanwhile fails the node, as
     # the run names it; it was cancelled as a step not started, or by that worker.
-    runs: Counter[int] = Counter()
-    fail = {1}
-    wf = failing_map(name, fail, runs)
-    run = wf.submit(engine, 3)
-    worker = cyclone.Worker(engine, workflows=[wf], concurrency=1, backoff=lambda n: 0.0)
-    wait_until(lambda: worker.drain() >= 0 and run.status().done, timeout=20, interval=0.05)
+    run, worker, fail = failed_by_item_one(engine, name)
     run.retry()
-    the_node = (jobs.c.run_id == run.id) & (jobs.c.kind == "double") & jobs.c.item.is_(None)
+    the_node = map_node_of(run)
     hold = (
         # Not claimed before its item: due in an hour.
         {"scheduled_at": sa.func.now() + sa.text("interval '1 hour'")}
         if node == "available"
-        # Claimed by another worker, which has not decided yet.
-        else {
-            "state": "running",
-            "worker_id": "elsewhere",
-            "attempt": jobs.c.attempt + 1,
-            "lease": jobs.c.lease + 1,
-            "heartbeat_at": sa.func.now(),
-        }
+        else CLAIMED_ELSEWHERE
     )
     with engine.begin() as conn:
         (lease,) = conn.execute(
@@ -312,26 +326,15 @@ def test_a_map_node_handed_back_while_its_items_complete_waits_for_no_upstream(
     # Found by a review: items completing while a worker decides about their map node
     # count it down, for the decision to count anew; handed back instead of decided,
     # the node kept a count below zero.
-    runs: Counter[int] = Counter()
-    fail = {1}
-    wf = failing_map(name, fail, runs)
-    run = wf.submit(engine, 3)
-    worker = cyclone.Worker(engine, workflows=[wf], concurrency=1, backoff=lambda n: 0.0)
-    wait_until(lambda: worker.drain() >= 0 and run.status().done, timeout=20, interval=0.05)
+    run, worker, fail = failed_by_item_one(engine, name)
     fail.clear()
     run.retry()
-    the_node = (jobs.c.run_id == run.id) & (jobs.c.kind == "double") & jobs.c.item.is_(None)
-    with engine.begin() as conn:  # claimed by another worker, which has not decided yet
+    the_node = map_node_of(run)
+    with engine.begin() as conn:
         node_id, lease = conn.execute(
             sa.update(jobs)
             .where(the_node)
-            .values(
-                state="running",
-                worker_id="elsewhere",
-                attempt=jobs.c.attempt + 1,
-                lease=jobs.c.lease + 1,
-                heartbeat_at=sa.func.now(),
-            )
+            .values(**CLAIMED_ELSEWHERE)
             .returning(jobs.c.id, jobs.c.lease)
         ).one()
     worker.drain()  # the failed item runs again and completes: the node is counted down
