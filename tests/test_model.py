@@ -2581,13 +2581,13 @@ def test_a_grandkid_is_cancelled_retried_and_read_through_its_tree(harness: Harn
             "cancelled",
             "active",
         )
-        machine.retry_child(pick=0, level="kid", every_step=False)  # g fails: q still runs
+        machine.retry_child(pick=0, level="kid", every_step=False)  # refused: q still runs
         machine.settled_and_as_modelled()
         assert tree() == (
             "completed",
             "completed",
-            "failed",
-            "failed",
+            "cancelled",
+            "cancelled",
             "cancelled",
             "cancelled",
             "active",

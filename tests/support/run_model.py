@@ -150,13 +150,16 @@ class ChildModel:
         if self.child is not None:
             self.child.cancel_tree()
 
-    def restart(self, *, every_step: bool) -> str | None:
+    def restart(self, *, every_step: bool, by_handle: bool = False) -> str | None:
         """``retry`` (its failed and cancelled steps) or ``retry_all`` (every step) by its
         own handle, or by its node's later attempt (``retry``): refused for a run not in
-        a state it starts from, or with a step still running. A run whose steps have all
-        completed is completed at once."""
+        a state it starts from, or with a step still running; by its handle, also while
+        a step of its own ended child still runs. A run whose steps have all completed is
+        completed at once."""
         sources = TERMINAL if every_step else ("failed", "cancelled")
         if self.state not in sources or self.active():
+            return Expect.INVALID_STATE
+        if by_handle and ended_and_active(self.child):
             return Expect.INVALID_STATE
         reset = TERMINAL if every_step else ("failed", "cancelled")
         for s in self.steps.values():
@@ -165,6 +168,12 @@ class ChildModel:
         self.state = "running"
         self.end_if_done()
         return None
+
+
+def ended_and_active(child: ChildModel | None) -> bool:
+    """Whether ``child`` ended (failed or cancelled) with a step still running: a retry of
+    its parent by a handle is refused (its node, run again, could not retry it)."""
+    return child is not None and child.state in ("failed", "cancelled") and child.active()
 
 
 def cancel_unstarted(steps: Iterable[StepModel]) -> None:
@@ -571,7 +580,7 @@ class RunModel:
         child = self.child_at(level)
         assert child is not None, (self.tag, level)
         assert not self.purged, self.tag
-        return child.restart(every_step=every_step)
+        return child.restart(every_step=every_step, by_handle=True)
 
     def retry_alternatives(self, *, every_step: bool) -> tuple[str | None, list[RunModel]]:
         """What ``retry`` (``retry_all``) returns, and the models it may leave (the moves
@@ -588,6 +597,8 @@ class RunModel:
         if self.state not in sources or self.deadline_passed:
             return Expect.INVALID_STATE
         if any(s.state == "active" for s in self.steps.values()) or self.items_active():
+            return Expect.INVALID_STATE
+        if ended_and_active(self.kid):
             return Expect.INVALID_STATE
         reset = ("completed", "failed", "cancelled") if every_step else ("failed", "cancelled")
         for s in self.steps.values():
