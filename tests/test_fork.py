@@ -24,6 +24,7 @@ from tests.conftest import StatementCounter, wait_until
 from tests.support import docs, fork_app, fork_proc, processes
 from tests.support.dashboard import text_of
 from tests.support.fork_defs import Order, three_steps
+from tests.support.workers import blocked_by
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -269,7 +270,7 @@ def test_a_fork_reads_its_sources_steps_as_they_are_once_it_holds_the_source(
         pid = holder.execute(sa.select(sa.func.pg_backend_pid())).scalar_one()
         forking = threading.Thread(target=fork)
         forking.start()
-        wait_until(lambda: waits_for(engine, pid), 30)
+        wait_until(lambda: blocked_by(engine, pid) is not None, 30)
         # What the retry, the claim of `label` and the cancel leave behind.
         holder.execute(sa.update(runs).where(runs.c.id == run.id).values(state="cancelled"))
         holder.execute(
@@ -297,20 +298,6 @@ def test_a_fork_reads_its_sources_steps_as_they_are_once_it_holds_the_source(
             .values(
                 state="cancelled", finalized_at=sa.func.now(), worker_id=None, heartbeat_at=None
             )
-        )
-
-
-def waits_for(engine: sa.Engine, holder: int) -> bool:
-    """Whether a session waits for a lock ``holder``'s session holds."""
-    with engine.connect() as conn:
-        return bool(
-            conn.execute(
-                sa.text(
-                    "SELECT count(*) FROM pg_stat_activity "
-                    "WHERE wait_event_type = 'Lock' AND :holder = ANY(pg_blocking_pids(pid))"
-                ),
-                {"holder": holder},
-            ).scalar_one()
         )
 
 

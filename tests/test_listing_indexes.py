@@ -379,11 +379,7 @@ def test_a_claimed_items_upstream_outputs_are_read_from_the_steps_index_not_its_
     wf.map(over="numbers", after=["first"])(lambda ctx, item: item)
     wf.submit(own_engine, 1)
     plans = claim_plans(own_engine, wf, 303)
-    upstream = [
-        line for plan in plans for line in plan.splitlines() if "on cyclone_jobs upstream" in line
-    ]
-    assert upstream, plans
-    assert all("using ix_cyclone_jobs_run_id_kind on" in line for line in upstream), upstream
+    assert_upstream_read_from_the_steps_index(plans)
 
 
 def test_a_sleep_after_a_map_reads_when_its_upstream_ended_from_the_steps_index(
@@ -411,11 +407,7 @@ def test_a_sleep_after_a_map_reads_when_its_upstream_ended_from_the_steps_index(
     wf.submit(own_engine, 1)
     # The numbers, the 300 items and the map node run; the sleep node parks.
     plans = claim_plans(own_engine, wf, 302, marker="max(upstream.finalized_at)")
-    upstream = [
-        line for plan in plans for line in plan.splitlines() if "on cyclone_jobs upstream" in line
-    ]
-    assert upstream, plans
-    assert all("using ix_cyclone_jobs_run_id_kind on" in line for line in upstream), upstream
+    assert_upstream_read_from_the_steps_index(plans)
 
 
 def test_a_record_and_a_heartbeat_find_their_jobs_by_id_not_through_the_heartbeats_index(
@@ -557,6 +549,16 @@ def claim_plans(
     assert sent
     with engine.connect() as conn:
         return [generic_plan(conn, statement, parameters) for statement, parameters in sent]
+
+
+def assert_upstream_read_from_the_steps_index(plans: list[str]) -> None:
+    """Every read of ``upstream`` jobs in ``plans`` (there is one) goes through
+    ``ix_cyclone_jobs_run_id_kind``: a run's steps, not its map items."""
+    upstream = [
+        line for plan in plans for line in plan.splitlines() if "on cyclone_jobs upstream" in line
+    ]
+    assert upstream, plans
+    assert all("using ix_cyclone_jobs_run_id_kind on" in line for line in upstream), upstream
 
 
 def cte_plan(plan: str, name: str) -> str:

@@ -22,24 +22,13 @@ from cyclone.schema import runs
 from tests.conftest import wait_until
 from tests.support import processes
 from tests.support.factories import count_runs, job_kinds, workflow
+from tests.support.workers import blocked_by
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def backend_pid(conn: sa.Connection) -> int:
     return int(conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one())
-
-
-def blocked_by(engine: sa.Engine, holder_pid: int) -> int | None:
-    """The pid of a backend waiting on a lock that ``holder_pid`` holds, if any."""
-    with engine.connect() as conn:  # a new transaction: pg_stat_activity is re-read
-        return conn.execute(
-            sa.text(
-                "SELECT pid FROM pg_stat_activity "
-                "WHERE wait_event_type = 'Lock' AND :holder = ANY(pg_blocking_pids(pid))"
-            ),
-            {"holder": holder_pid},
-        ).scalar()
 
 
 def in_background(fn: Callable[[], Any]) -> tuple[ThreadPoolExecutor, Future[Any]]:

@@ -295,6 +295,15 @@ def any_running_stmt() -> Any:
     )
 
 
+def _step_running(run: Any) -> Any:
+    """Whether a step of ``run`` still runs."""
+    return (
+        select(jobs.c.id)
+        .where(jobs.c.run_id == run, jobs.c.state == const(JobState.RUNNING.value))
+        .exists()
+    )
+
+
 def _running_in_ended_children(parent: Any) -> Any:
     """Whether a step still runs in an ended child run of ``parent`` (one cancelled with it,
     say). A retry of the parent runs the child's node again, which retries the child and
@@ -351,17 +360,12 @@ def restartable_stmt() -> Any:
     """Of the runs ``:rids`` (locked), those neither past their deadline nor with a step
     still running, in them or in an ended child run of theirs: the runs a retry may
     restart."""
-    running = (
-        select(jobs.c.id)
-        .where(jobs.c.run_id == runs.c.id, jobs.c.state == const(JobState.RUNNING.value))
-        .exists()
-    )
     return (
         select(runs.c.id)
         .where(
             runs.c.id == _rids(),
             or_(runs.c.deadline.is_(None), runs.c.deadline > func.now()),
-            ~running,
+            ~_step_running(runs.c.id),
             ~_running_in_ended_children(runs.c.id),
         )
         .order_by(runs.c.id)
@@ -400,7 +404,9 @@ _LOCK_RUN = lock_run_stmt()
 _LOCK_RUN_KEYS_FIRST = lock_run_stmt(keys_first=True)
 _ANY_RUNNING = any_running_stmt()
 _STATE = select(runs.c.state).where(runs.c.id == bindparam("rid"))
-_CHILD_RUNNING = select(_running_in_ended_children(bindparam("rid", type_=Uuid)))
+_RID = bindparam("rid", type_=Uuid)
+_STILL_RUNNING = select(_step_running(_RID), _running_in_ended_children(_RID))
+"""Whether a step of the run ``:rid`` still runs, and one of an ended child run of its."""
 _LOCK_RETRYABLE = lock_retryable_stmt()
 _LOCK_TOPS = lock_tops_stmt()
 _RESTARTABLE = restartable_stmt()
@@ -540,13 +546,14 @@ def restart(engine: Engine, run_id: uuid.UUID, *, every_step: bool) -> None:
             raise errors.InvalidStateError(
                 operation=operation, run_id=run_id, state=f"{state} and past its deadline"
             )
-        if _executor.first(conn, _ANY_RUNNING, {"rid": run_id}) is not None:
+        own, in_child = _executor.one(conn, _STILL_RUNNING, {"rid": run_id})
+        if own:
             raise errors.InvalidStateError(
                 operation=operation,
                 run_id=run_id,
                 state=f"{state} with steps still running; {operation} once they end",
             )
-        if _executor.value(conn, _CHILD_RUNNING, {"rid": run_id}):
+        if in_child:
             raise errors.InvalidStateError(
                 operation=operation,
                 run_id=run_id,

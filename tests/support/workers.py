@@ -228,3 +228,15 @@ def waiting_on_locks(engine: sa.Engine) -> int:
                 )
             ).scalar_one()
         )
+
+
+def blocked_by(engine: sa.Engine, holder_pid: int) -> int | None:
+    """The pid of a backend waiting on a lock that ``holder_pid`` holds, if any."""
+    with engine.connect() as conn:  # a new transaction: pg_stat_activity is re-read
+        return conn.execute(
+            sa.text(
+                "SELECT pid FROM pg_stat_activity "
+                "WHERE wait_event_type = 'Lock' AND :holder = ANY(pg_blocking_pids(pid))"
+            ),
+            {"holder": holder_pid},
+        ).scalar()
