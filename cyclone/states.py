@@ -9,10 +9,11 @@ first (``FOR NO KEY UPDATE``; several runs by creation time, then id, which puts
 run after its parent: :func:`cyclone.schema.run_lock_order`), then the jobs (in id
 order). A cancel locks a tree of child runs in that order, in the statement that
 cancels them; a bulk retry locks its batch and the children it stops waiting for in
-that order, in one statement. A limit's key comes before every run: an admission locks
-keys, then the runs it acts on over all of them, in that order, in one statement; a
-transaction that waits for a key locks it before any run
-(:func:`cyclone._store.limits.keys_locked_first`).
+that order, in one statement; a ``retry_all`` locks its run, then the children its map
+items wait for (which it forgets), in that order, before the run's jobs. A limit's key
+comes before every run: an admission locks keys, then the runs it acts on over all of
+them, in that order, in one statement; a transaction that waits for a key locks it
+before any run (:func:`cyclone._store.limits.keys_locked_first`).
 A retry of a child run first takes ``FOR KEY SHARE`` of the top run of its tree, before
 any key: it conflicts only with a purge's delete of that tree, which skips locked runs
 and takes no key. Submit inserts the run only; a claim locks jobs, skipping locked rows,

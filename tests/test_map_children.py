@@ -22,10 +22,10 @@ from cyclone._store import children as _children
 from cyclone.dashboard import create_app
 from cyclone.schema import jobs
 from tests.conftest import wait_until
-from tests.support import processes
+from tests.support import invariants, processes
 from tests.support.child_defs import fleet
 from tests.support.dashboard import text_of
-from tests.support.workers import REPO, Background, rescue_lost_jobs
+from tests.support.workers import REPO, Background, blocked_by, rescue_lost_jobs
 from tests.test_children import StepThreadStatements, session_waits_to_insert_the_child
 
 
@@ -291,6 +291,135 @@ def test_retry_all_over_a_shorter_list_keeps_the_children_of_the_items_gone(
     assert [c.parent_item for c in detail.children] == [0, 1, 2, 3]
     assert detail.children_total == 4
     assert sorted(f.outcome.submitted) == [0, 1, 2, 3]  # each item found its child
+
+
+def awaited_items(engine: sa.Engine, run_id: Any) -> dict[int, str]:
+    """The items of the run whose children its node waits for (``parent_waits``), and
+    each child's state."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            sa.text(
+                "SELECT parent_item, state FROM cyclone_runs "
+                "WHERE parent_id = :r AND parent_waits ORDER BY parent_item"
+            ),
+            {"r": run_id},
+        )
+        return {row.parent_item: row.state for row in rows}
+
+
+def test_retry_all_of_a_map_of_children_leaves_a_running_child_to_its_items_new_expansion(
+    engine: sa.Engine, name: str
+) -> None:
+    # Found by a review: item 1's child failed, and so the run, while the children of items
+    # 0 and 2 still ran; retry_all forgot the items but left those children awaited, each
+    # naming an item the run no longer had until the map expanded anew (or for good, over
+    # a shorter list). Forgotten with their items, they are read anew, as a retried
+    # parent's ended children are: each item of the new expansion waits for its child.
+    f = fleet(name, hold=True)
+    f.outcome.broken = {1}
+    run = f.dispatch.submit(engine, 3)
+    drain(engine, *f.workflows)
+    f.parcel.run(engine, child_of_item(engine, run.id, 1)).signal("go", 1)
+    drain(engine, *f.workflows)
+    assert run.wait(timeout=10).state == cyclone.RunState.FAILED
+    assert awaited_items(engine, run.id) == {0: "running", 2: "running"}
+    before = {k.submit_key: k.id for k in children_of(engine, run.id)}
+    run.retry_all()
+    invariants.check(engine)  # no child awaited by an item the run no longer has
+    assert awaited_items(engine, run.id) == {}
+    assert {k.submit_key: k.state for k in children_of(engine, run.id)} == {
+        f"{run.id}/ship/0": "running",
+        f"{run.id}/ship/1": "failed",
+        f"{run.id}/ship/2": "running",
+    }
+    f.outcome.broken = set()
+    drain(engine, *f.workflows)
+    # The new items 0 and 2 wait for the children that still run; item 1 retried its own.
+    assert awaited_items(engine, run.id) == {0: "running", 2: "running"}
+    assert [(r.item, r.state) for r in item_rows(engine, run.id, "ship")] == [
+        (0, "blocked"),
+        (1, "completed"),
+        (2, "blocked"),
+    ]
+    for i in (0, 2):
+        f.parcel.run(engine, child_of_item(engine, run.id, i)).signal("go", 1)
+    drain(engine, *f.workflows)
+    assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    assert output_of(engine, run.id, "total") == [1, 11, 21]
+    assert {k.submit_key: k.id for k in children_of(engine, run.id)} == before  # none anew
+    assert sorted(f.outcome.submitted) == [0, 1, 2]  # no item's function ran again
+
+
+def test_retry_all_over_a_shorter_list_leaves_the_running_child_of_an_item_gone_awaited_by_none(
+    engine: sa.Engine, name: str
+) -> None:
+    f = fleet(name, hold=True)
+    f.outcome.broken = {1}
+    run = f.dispatch.submit(engine, 3)
+    drain(engine, *f.workflows)
+    f.parcel.run(engine, child_of_item(engine, run.id, 1)).signal("go", 1)
+    drain(engine, *f.workflows)
+    assert run.wait(timeout=10).state == cyclone.RunState.FAILED
+    gone = f.parcel.run(engine, child_of_item(engine, run.id, 2))
+    f.outcome.broken, f.outcome.orders = set(), 2
+    run.retry_all()
+    drain(engine, *f.workflows)
+    # Item 2 is gone: its child runs on, still the run's child, awaited by no item.
+    assert awaited_items(engine, run.id) == {0: "running"}
+    assert [r.item for r in item_rows(engine, run.id, "ship")] == [0, 1]
+    assert gone.status().state == cyclone.RunState.RUNNING
+    invariants.check(engine)
+    for i in (0, 2):
+        f.parcel.run(engine, child_of_item(engine, run.id, i)).signal("go", 1)
+    drain(engine, *f.workflows)
+    assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED
+    assert output_of(engine, run.id, "total") == [1, 11]
+    assert gone.status().state == cyclone.RunState.COMPLETED
+    assert [c.status().parent_item for c in run.children()] == [0, 1, 2]
+
+
+def test_retry_all_of_a_map_of_children_locks_their_children_in_order_before_its_jobs(
+    own_engine: sa.Engine, name: str
+) -> None:
+    # A retry_all stops the items' children being awaited: it locks them after the run,
+    # in the run lock order (as a worker recording steps of several of them does), and
+    # before any job of the run (runs, then jobs: the lock order of cyclone.states).
+    f = fleet(name, hold=True)
+    f.outcome.broken = {1}
+    run = f.dispatch.submit(own_engine, 3)
+    drain(own_engine, *f.workflows)
+    f.parcel.run(own_engine, child_of_item(own_engine, run.id, 1)).signal("go", 1)
+    drain(own_engine, *f.workflows)
+    assert run.wait(timeout=10).state == cyclone.RunState.FAILED
+    with own_engine.connect() as conn:
+        first, last = conn.execute(
+            sa.text(
+                "SELECT id FROM cyclone_runs WHERE parent_id = :r AND state = 'running' "
+                "ORDER BY created_at, id"
+            ),
+            {"r": run.id},
+        ).scalars()
+    with own_engine.connect() as holder:
+        holder.execute(
+            sa.text("SELECT 1 FROM cyclone_runs WHERE id = :c FOR NO KEY UPDATE"), {"c": first}
+        )
+        pid = holder.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
+        retrying = Background(run.retry_all, name="retry-all")
+        wait_until(lambda: blocked_by(own_engine, pid) is not None, 30)
+        with own_engine.begin() as probe:  # neither the later child nor a job is locked yet
+            probe.execute(
+                sa.text("SELECT 1 FROM cyclone_runs WHERE id = :c FOR NO KEY UPDATE NOWAIT"),
+                {"c": last},
+            )
+            probe.execute(
+                sa.text("SELECT 1 FROM cyclone_jobs WHERE run_id = :r FOR UPDATE NOWAIT"),
+                {"r": run.id},
+            )
+        holder.rollback()
+        retrying.join(30)
+    assert run.status().state == cyclone.RunState.RUNNING
+    assert awaited_items(own_engine, run.id) == {}
+    invariants.check(own_engine)
 
 
 def test_a_run_detail_lists_the_first_children_it_is_asked_for_and_counts_them_all(

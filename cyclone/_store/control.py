@@ -389,11 +389,35 @@ def forget_ended_children_stmt() -> Any:
     )
 
 
+def forget_item_children_stmt() -> Any:
+    """Forget that the items of the map nodes of the runs ``:rids`` wait for their
+    children, the running ones included, locking those children first in the run lock
+    order: a ``retry_all`` deletes the items (:func:`cyclone._store.fanout.forget_items`),
+    and each item of the node's new expansion reads the child of its index anew (a
+    running child: it waits for it again; an ended one, as a retried parent's ended
+    child). A child left awaited would name an item the run no longer has, for good over
+    a shorter list.
+
+    Run under the lock of each run of ``:rids``, before any job of theirs: runs (a child
+    after its parent), then jobs, the lock order of :mod:`cyclone.states`. No item can
+    await a child meanwhile (an item locks its run first).
+    """
+    awaited = (
+        select(runs.c.id)
+        .where(runs.c.parent_id == _rids(), runs.c.parent_item.is_not(None), runs.c.parent_waits)
+        .order_by(*run_lock_order())
+        .with_for_update(key_share=True)
+        .cte("awaited_by_items")
+    )
+    return update(runs).where(among(runs.c.id, select(awaited.c.id))).values(parent_waits=False)
+
+
 _CANCEL_RUN = cancel_run_stmt()
 _LOCK_TREES = lock_trees_stmt()
 _CANCEL_CASCADED = cancel_run_stmt(cascaded=True)
 _RUNNING_CHILDREN = running_children_stmt()
 _FORGET_ENDED_CHILDREN = forget_ended_children_stmt()
+_FORGET_ITEM_CHILDREN = forget_item_children_stmt()
 _RESET_FAILED = reset_jobs_stmt(every_step=False)
 _RESET_ALL = reset_jobs_stmt(every_step=True)
 _RESTART_FAILED = restart_run_stmt(from_states=(RunState.FAILED, RunState.CANCELLED))
@@ -464,6 +488,7 @@ def _restart_locked(conn: Connection, run_ids: list[uuid.UUID], *, every_step: b
     """Restart the runs ``run_ids``, locked and checked: their steps, signals and state."""
     params = {"rids": run_ids}
     if every_step:
+        _executor.affected(conn, _FORGET_ITEM_CHILDREN, params)
         _fanout.forget_items(conn, run_ids)
     _executor.affected(conn, _RESET_ALL if every_step else _RESET_FAILED, params)
     _executor.affected(conn, _CLEAR_UNSENT_SIGNALS, params)
@@ -532,6 +557,11 @@ def restart(engine: Engine, run_id: uuid.UUID, *, every_step: bool) -> None:
     child and refuse. Under the run's lock, which every
     recording of an outcome takes first, no step can end meanwhile. A run whose steps
     had all completed (cancelled while its last steps ran) is completed at once.
+
+    A child run still running is no reason to refuse: the node, run again, finds it and
+    waits for it again. A ``retry_all`` forgets the items of its map nodes, and that they
+    wait for their children (:func:`forget_item_children_stmt`); each item of the new
+    expansion reads its child anew.
     """
     operation = "retry_all" if every_step else "retry"
     with engine.begin() as conn:
