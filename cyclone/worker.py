@@ -107,8 +107,9 @@ WAIT_RECORD = 60.0
 CONTENDED_RETRY = 0.002
 CONTENDED_CAP = 0.5
 """Seconds before claiming again when a limited claim could not serve a key with room and
-a due job (another claim held it, or had just claimed from it): 2 ms, doubling up to
-0.5 s while it stays so (a transaction holding a key's lock, a fork's)."""
+a due job (another claim held it, or had just claimed from it), or an admission skipped a
+key with a held run due (another transaction held it): 2 ms, doubling up to 0.5 s while
+it stays so (a transaction holding a key's lock, a fork's)."""
 SETTLE_RETRY = 0.01
 SETTLE_CAP = 0.5
 """Seconds between looks at the ring slots still held when an idle worker recorded itself:
@@ -518,7 +519,9 @@ class Worker:
         that finds its child submitted parks again) and not rung for yet: kept until a
         round of claims succeeds, then rung for unless this worker took each again."""
         self._contended = 0
-        """Keys with room and a due job that the last limited claims could not serve."""
+        """Keys with room and a due job that the last limited claims could not serve, and
+        keys with a held run due that its admission skipped (another transaction held
+        them)."""
         self._contention_looks = 0
         self._served = _limits_store.Served(
             tuple(sorted(self.steps)), tuple(sorted(self.workflows))
@@ -1337,8 +1340,9 @@ class Worker:
                 self._contention_looks = 0
             elif self._free() and not self._stopping.is_set():
                 # A limited key with room and a due job that this claim could not serve
-                # (another worker's claim held it): nothing will ring for it, so claim again
-                # shortly rather than at the poll.
+                # (another worker's claim held it), or with a held run due that the
+                # admission skipped (another transaction held it): nothing will ring for
+                # it, so claim and admit again shortly rather than at the poll.
                 self._contention_looks += 1
                 delay = _retry.doubling(CONTENDED_RETRY, CONTENDED_CAP, self._contention_looks)
                 if self._outcomes.empty():
@@ -1707,7 +1711,6 @@ class Worker:
                 # none (a bulk of signals would otherwise wait for the poll).
                 self._recheck_due = True
             self._unblocked = sum(unblocked)
-            self._contended = sum(contended)
             if self._child_nodes and (deliver or self._draining):
                 # Wake the child nodes whose child runs ended (a run's end rang, or a poll).
                 self._delivered += _children.deliver(self.engine)
@@ -1719,8 +1722,12 @@ class Worker:
             if self._admits:
                 # After the outcomes above are recorded (a run they ended frees its slot).
                 # An admitted run rings NOTIFY: the next claim, here or elsewhere, starts it.
-                # Counted as delivered: the loop claims again at once (a drain too).
-                self._delivered += _limits_store.admit_runs(self.engine, self._admits)
+                # Counted as delivered: the loop claims again at once (a drain too). A key
+                # it skipped, held by another transaction, counts as contended.
+                self._delivered += _limits_store.admit_runs(
+                    self.engine, self._admits, contended=contended
+                )
+            self._contended = sum(contended)
         except Exception as exc:
             self._db_failures += 1
             log.warning(

@@ -22,7 +22,7 @@ from cyclone._store import limits as _limits_store
 from tests.conftest import wait_until
 from tests.support.flow_proc import workflow
 from tests.support.workers import Background, start_runs, waiting_on_locks
-from tests.test_flow_control import spawn, stop
+from tests.test_flow_control import asleep, spawn, stop
 
 IN_PROGRESS = (
     "SELECT limit_key, count(*) FROM cyclone_runs WHERE workflow = :w AND state = 'running' "
@@ -537,3 +537,64 @@ def test_an_admission_over_several_keys_and_a_bulk_cancel_lock_their_runs_in_one
         None,
         None,
     ]
+
+
+def test_an_admission_counts_the_keys_with_room_another_transaction_held_as_contended(
+    engine: sa.Engine, name: str
+) -> None:
+    """An admission skips a key another transaction holds (``SKIP LOCKED``): it counts
+    those with a held run due and room, as the limited claim counts its keys, and not a
+    key held that is full."""
+    wf: cyclone.Workflow[str] = cyclone.Workflow(
+        name, input=str, concurrency=cyclone.Concurrency(1, key=lambda k: k)
+    )
+    wf.step("only")(lambda ctx, k: k)
+    limit = f"workflow:{name}"
+    wf.submit(engine, "full")
+    assert _limits_store.admit_runs(engine, (limit,)) == 1
+    full, a, b = (wf.submit(engine, k) for k in ("full", "a", "b"))  # "full" held
+    counted: list[int] = []
+    with engine.connect() as holder:
+        holder.execute(
+            sa.text(
+                "SELECT 1 FROM cyclone_limit_keys WHERE name = :n AND key IN ('a', 'full') "
+                "FOR UPDATE"
+            ),
+            {"n": limit},
+        )
+        assert _limits_store.admit_runs(engine, (limit,), contended=counted) == 1  # b
+        holder.rollback()
+    assert counted == [1]  # "a"; "full" has no room
+    assert _limits_store.admit_runs(engine, (limit,), contended=counted) == 1  # a
+    assert counted == [1, 0]
+    assert [jobs_of(engine, run) for run in (full, a, b)] == [0, 0, 0]
+    assert in_progress(engine, name) == Counter({"full": 1, "a": 1, "b": 1})
+    assert cyclone.Client(engine).cancel_runs(workflow=name) == 4
+
+
+def test_a_held_run_whose_key_another_transaction_held_at_admission_starts_shortly_not_at_the_poll(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    # Another transaction holds the workflow limit's key (another worker's admission; a
+    # retry's, a fork's or a child node's check of room): the admission skips it,
+    # nothing rings when that transaction ends, and nothing falls due. The admission
+    # reported nothing of the key, so the worker slept until its poll with a held run
+    # that had room.
+    wf: cyclone.Workflow[int] = cyclone.Workflow(
+        name, input=int, concurrency=cyclone.Concurrency(1)
+    )
+    wf.step("only")(lambda ctx, n: n)
+    run = wf.submit(engine, 1)
+    worker = cyclone.Worker(engine, workflows=[wf], concurrency=2, poll_interval=600)
+    with engine.connect() as holder:
+        holder.execute(
+            sa.text("SELECT 1 FROM cyclone_limit_keys WHERE name = :n FOR UPDATE"),
+            {"n": f"workflow:{name}"},
+        )
+        serving(worker)
+        # Held until the worker either looks again for the key it could not lock, or
+        # sleeps (until its poll) having seen no contention.
+        wait_until(lambda: worker._contention_looks >= 3 or asleep(engine, worker), timeout=30)
+        assert jobs_of(engine, run) == 0  # still held
+        holder.commit()
+    assert run.wait(timeout=10).state == cyclone.RunState.COMPLETED

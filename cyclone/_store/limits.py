@@ -352,11 +352,18 @@ def _past_front(k: Any, bound: Any) -> tuple[Any, ...]:
 
 
 def _in_turn(
-    build: Any, k: Any, names: tuple[str, ...], found: Any, bound: Any, top: Any, label: str
+    build: Any,
+    k: Any,
+    names: tuple[str, ...],
+    found: Any,
+    bound: Any,
+    top: Any,
+    label: str,
+    lock: bool = True,
 ) -> Any:
     """Up to ``top`` keys of ``build(*conditions)`` (a select of the key rows ``k`` of the
     limits ``names`` with work), least recently served first, locked ``FOR UPDATE SKIP
-    LOCKED``.
+    LOCKED`` (with ``lock``; without it, read as they are in the snapshot, locked or not).
 
     Keys that are done with keep their row, and the oldest ``served_at``: read in that
     order alone, every claim passed over every key that ever had work (a limit keyed by
@@ -365,21 +372,19 @@ def _in_turn(
     fewer than ``top`` keys to take, the rest are looked for among the keys with waiting
     work (``found``, a :func:`_keys_of`), which costs a probe per such key, in the same
     order. Both parts together are the first ``top`` keys in order, exactly."""
-    front = (
-        build(_in_front(k, bound))
-        .order_by(k.c.served_at, k.c.name, k.c.key)
-        .limit(top)
-        .with_for_update(of=k, skip_locked=True)
-        .cte(f"{label}_front")
-    )
+
+    def locked(stmt: Any) -> Any:
+        return stmt.with_for_update(of=k, skip_locked=True) if lock else stmt
+
+    front = locked(
+        build(_in_front(k, bound)).order_by(k.c.served_at, k.c.name, k.c.key).limit(top)
+    ).cte(f"{label}_front")
     taken = select(func.count()).select_from(front).scalar_subquery()
-    rest = (
+    rest = locked(
         build(taken < top, *_past_front(k, bound), _among_keys(k, names, found))
         .order_by(_served_at_unindexed(k), k.c.name, k.c.key)
         .limit(top - taken)
-        .with_for_update(of=k, skip_locked=True)
-        .cte(f"{label}_rest")
-    )
+    ).cte(f"{label}_rest")
     return union_all(select(front), select(rest))
 
 
@@ -1117,14 +1122,12 @@ def _held_due(table: Any, name: Any, key: Any) -> tuple[Any, ...]:
     )
 
 
-def lock_held_keys_stmt(names: tuple[str, ...], batch: int) -> Any:
-    """Lock up to ``batch`` keys of the limits ``names`` with a held run due, least recently
-    served first, skipping locked ones; a ``"queue"`` key only if it looks to have room.
-    Read in turn as the limited claim reads its keys (:func:`_in_turn`), the keys with
-    held runs found by ``ix_cyclone_runs_held``."""
+def _held_keys(names: tuple[str, ...], k: Any) -> Any:
+    """The select of the key rows ``k`` of the limits ``names`` with a held run due, given
+    more conditions (for :func:`_in_turn`); a ``"queue"`` key only if it looks to have
+    room."""
     h = runs.alias("h")
     r = runs.alias("r")
-    k = limit_keys
     running = (
         select(func.count())
         .where(
@@ -1149,10 +1152,50 @@ def lock_held_keys_stmt(names: tuple[str, ...], batch: int) -> Any:
             )
         )
 
+    return keys
+
+
+def lock_held_keys_stmt(names: tuple[str, ...], batch: int) -> Any:
+    """Lock up to ``batch`` keys of the limits ``names`` with a held run due, least recently
+    served first, skipping locked ones; a ``"queue"`` key only if it looks to have room.
+    Read in turn as the limited claim reads its keys (:func:`_in_turn`), the keys with
+    held runs found by ``ix_cyclone_runs_held``.
+
+    Rows ``(name, key, max, on_limit, contended)``, and at least one (its first four
+    columns NULL when no key is locked): ``contended`` counts the keys it would have
+    served but skipped, another transaction holding them (another worker's admission; a
+    retry's, a fork's or a child node's check of room). Nothing rings when that
+    transaction ends, nor does anything fall due: the worker admits again shortly for
+    them rather than at its poll. Counted as the limited claim counts its keys
+    (:func:`_contended`): the first ``batch`` such keys in the same order, read again in
+    the snapshot without locking, less those locked. That second read runs only when more
+    keys have held runs (due or not) than it locked: a key skipped is one of them."""
     top: Any = literal_column(str(int(batch)))
     found = _keys_of(names, "held_keys", runs, _held_runs)
-    turn = _in_turn(keys, k, names, found, _front_bound(names, batch, "held_bound"), top, "held")
-    return select(turn.subquery("held_keys_locked"))
+    bound = _front_bound(names, batch, "held_bound")
+    k = limit_keys
+    locked = _in_turn(_held_keys(names, k), k, names, found, bound, top, "held").cte(
+        "held_keys_locked"
+    )
+    s = limit_keys.alias("seen_key")
+    seen = _in_turn(_held_keys(names, s), s, names, found, bound, top, "seen", lock=False)
+    taken = select(func.count()).select_from(locked).scalar_subquery()
+    # Only when more keys have held runs than it locked (one walk step per key locked)
+    # may it have skipped one: otherwise the second read of the keys is not run.
+    with_held = (
+        select(func.count())
+        .select_from(select(found.c.k).limit(taken + 1).subquery("with_held"))
+        .scalar_subquery()
+    )
+    skipped = select(func.count()).select_from(seen.subquery("held_keys_seen")).scalar_subquery()
+    contended = case(
+        (with_held > taken, func.greatest(skipped - taken, const(0, Integer))),
+        else_=const(0, Integer),
+    )
+    one = select(const(1, Integer).label("one")).subquery("one")
+    return select(
+        locked.c.name, locked.c.key, locked.c.max, locked.c.on_limit, contended
+    ).select_from(one.outerjoin(locked, true()))
 
 
 _NAME, _KEY = bindparam("b_name", type_=Text), bindparam("b_key", type_=Text)
@@ -1463,8 +1506,16 @@ def unlimited_kinds(conn: _executor.Executor, kinds: tuple[str, ...]) -> tuple[s
     return tuple(row[0] for row in conn.rows(_UNLIMITED_KINDS, {"kinds": list(kinds)}))
 
 
-def admit_runs(engine: Engine, names: tuple[str, ...], batch: int = ADMIT_BATCH) -> int:
+def admit_runs(
+    engine: Engine,
+    names: tuple[str, ...],
+    batch: int = ADMIT_BATCH,
+    contended: list[int] | None = None,
+) -> int:
     """Admit the held runs of the workflow limits ``names`` that have room; how many.
+    ``contended`` is appended how many keys with a held run due (and room, for
+    ``"queue"``) it skipped because another transaction held them: nothing rings when
+    that one ends, and the next admission can serve them (:func:`lock_held_keys_stmt`).
 
     One transaction: lock the keys with a held run due (least recently served first,
     ``FOR UPDATE SKIP LOCKED``), then, each key locked, count its runs in progress in a
@@ -1489,7 +1540,12 @@ def admit_runs(engine: Engine, names: tuple[str, ...], batch: int = ADMIT_BATCH)
     admitted = 0
     with engine.begin() as conn:
         served: list[tuple[dict[str, Any], str, list[Any], list[Any]]] = []
-        for name, key, max_, on_limit in _executor.rows(conn, _lock_held_keys(names, batch)):
+        locked = _executor.rows(conn, _lock_held_keys(names, batch))
+        if contended is not None and locked:
+            contended.append(int(locked[0][-1]))
+        for name, key, max_, on_limit, _ in locked:
+            if name is None:
+                continue  # no key locked: the row only counts the contended ones
             params = {"b_name": name, "b_key": key}
             in_progress = _executor.column(conn, _IN_PROGRESS, params)
             room = max(0, max_ - len(in_progress))
