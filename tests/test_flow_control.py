@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -29,8 +30,8 @@ from cyclone.schema import jobs
 from tests.conftest import wait_until
 from tests.support import processes
 from tests.support.factories import starts_per_second
-from tests.support.flow_proc import kinds
-from tests.support.workers import REPO
+from tests.support.flow_proc import kinds, step_workflows
+from tests.support.workers import REPO, job_rows
 
 pytestmark = pytest.mark.processes
 
@@ -558,6 +559,72 @@ def test_a_limited_step_handed_back_into_its_cancelled_run_wakes_the_worker_wait
             sa.select(jobs.c.state).where(jobs.c.run_id == first.id, jobs.c.kind == "one")
         ).scalar_one()
     assert state == "cancelled"
+
+
+def a_worker_waits_for_the_slot_of_a_killed_worker(
+    engine: sa.Engine,
+    name: str,
+    spec: dict[str, Any],
+    wf: cyclone.Workflow[Any],
+    serving: Any,
+    tmp_path: Path,
+    then: Callable[[Any, Any], None],
+) -> tuple[Any, Any]:
+    """Run ``wf``'s first run of key ``x`` in a worker process of ``spec`` (flow_proc)
+    until its first step blocks, holding the key's one slot; submit a second run of ``x``
+    and serve ``wf`` in this process with a worker that polls every 600 s. Once that
+    worker sleeps, call ``then(first, second)``, wait until it sleeps again and kill the
+    process (SIGKILL): the maintenance leader rescues its step after the process's
+    ``rescue_after`` (1 s). Returns the two runs; only a ring wakes the sleeping worker."""
+    flag = tmp_path / "blocked"
+    first = wf.submit(engine, {"k": "x", "ms": 0, "block": str(flag)})
+    holder = spawn(name, spec)
+    try:
+        wait_until(flag.exists, timeout=30)
+        second = wf.submit(engine, {"k": "x", "ms": 0})
+        waiting = cyclone.Worker(engine, workflows=[wf], concurrency=1, poll_interval=600)
+        serving(waiting)
+        wait_until(lambda: asleep(engine, waiting), timeout=30)
+        then(first, second)
+        wait_until(lambda: asleep(engine, waiting), timeout=30)
+        holder.kill()
+        holder.communicate(timeout=10)
+    finally:
+        stop([holder])
+    return first, second
+
+
+@pytest.mark.parametrize("ends", ["cancelled", "given up"])
+def test_a_limited_step_rescued_and_ended_wakes_the_worker_waiting_for_its_slot(
+    engine: sa.Engine, name: str, tmp_path: Path, serving: Any, ends: str
+) -> None:
+    # The rescue of a killed worker's running limited step that ends it (its run was
+    # cancelled, or it was lost with its worker too many times) frees its slot, and its
+    # statement rings, as the hand-back's does (the test above): the worker waiting for
+    # the slot slept on until its poll before.
+    spec = {"limit": "steps", "max": 1, "concurrency": 1}
+    (wf,) = step_workflows(name, spec)
+
+    def end(first: Any, second: Any) -> None:
+        assert job_rows(engine, second.id)["limited"].state == "available"  # for the slot
+        if ends == "cancelled":
+            first.cancel()
+            return
+        with engine.begin() as conn:  # lost twice before: this loss is its last
+            conn.execute(
+                sa.update(jobs)
+                .where(jobs.c.run_id == first.id, jobs.c.kind == "limited")
+                .values(lost=2)
+            )
+
+    first, second = a_worker_waits_for_the_slot_of_a_killed_worker(
+        engine, name, spec, wf, serving, tmp_path, end
+    )
+    assert second.wait(timeout=20).state == cyclone.RunState.COMPLETED
+    row = job_rows(engine, first.id)["limited"]
+    assert row.state == ("cancelled" if ends == "cancelled" else "failed")
+    assert [e["type"] for e in row.errors] == ["WorkerLost"]
+    assert first.status().state == ("cancelled" if ends == "cancelled" else "failed")
 
 
 def test_a_rate_key_another_transaction_held_at_the_claim_is_claimed_again_shortly_not_at_its_poll(
