@@ -11,6 +11,7 @@ import itertools
 import threading
 from collections import Counter
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,10 +20,16 @@ import sqlalchemy as sa
 import cyclone
 from cyclone._store import executor as _executor
 from cyclone._store import limits as _limits_store
+from cyclone.schema import jobs
 from tests.conftest import wait_until
 from tests.support.flow_proc import workflow
 from tests.support.workers import Background, start_runs, waiting_on_locks
-from tests.test_flow_control import asleep, spawn, stop
+from tests.test_flow_control import (
+    a_worker_waits_for_the_slot_of_a_killed_worker,
+    asleep,
+    spawn,
+    stop,
+)
 
 IN_PROGRESS = (
     "SELECT limit_key, count(*) FROM cyclone_runs WHERE workflow = :w AND state = 'running' "
@@ -386,6 +393,34 @@ def test_a_run_parked_at_a_wait_keeps_its_workflow_slot_as_documented(
     wait_until(lambda: first.status().state == "completed", timeout=20)
     wait_until(lambda: jobs_of(engine, second) == 1, timeout=20)
     second.cancel()
+
+
+def test_a_rescue_that_gives_up_a_runs_step_admits_the_next_held_run_of_its_key_promptly(
+    engine: sa.Engine, name: str, tmp_path: Path, serving: Any
+) -> None:
+    # Found by a review: a step lost with its worker too many times is failed by the
+    # rescue, which fails its run and frees the run's slot. Nothing admitted the key's
+    # held run nor rang, so it waited for a worker's poll.
+    spec = {"limit": "workflow", "max": 1, "concurrency": 1}
+    wf = workflow(name, spec)
+
+    def last_loss(first: Any, second: Any) -> None:
+        assert jobs_of(engine, second) == 0  # held
+        with engine.begin() as conn:  # lost twice before: this loss is its last
+            conn.execute(
+                sa.update(jobs)
+                .where(jobs.c.run_id == first.id, jobs.c.kind == "first")
+                .values(lost=2)
+            )
+
+    first, second = a_worker_waits_for_the_slot_of_a_killed_worker(
+        engine, name, spec, wf, serving, tmp_path, last_loss
+    )
+    assert second.wait(timeout=20).state == cyclone.RunState.COMPLETED
+    status = first.status()
+    assert (status.state, status.failed_step) == (cyclone.RunState.FAILED, "first")
+    assert status.error is not None
+    assert status.error["type"] == "WorkerLost"
 
 
 def test_a_worker_serving_only_a_limited_workflow_reads_when_its_next_held_run_falls_due(

@@ -402,8 +402,18 @@ def fail_job_stmt() -> Any:
     )
 
 
-def fail_run_stmt() -> Any:
-    """Fail a running run because one of its steps failed for good."""
+def fail_run_stmt(*, rings: bool = False) -> Any:
+    """Fail a running run because one of its steps failed for good.
+
+    ``rings``: the ``RETURNING`` rings NOTIFY for a run under a workflow limit, whose slot
+    it frees, so that a worker admits the key's next held run at once, as a cancel's
+    does (:func:`cyclone._store.control.cancel_run_stmt`). The rescue's failure of a
+    step lost too many times rings: no worker serving the workflow records it, where a
+    worker that records a failure admits the key's held runs itself, next.
+    """
+    returned: list[Any] = [runs.c.id]
+    if rings:
+        returned.append(case((runs.c.limit_name.is_not(None), _notify.ring())).label("rang"))
     return (
         update(runs)
         .where(runs.c.id == bindparam("rid"), runs.c.state == const(RunState.RUNNING.value))
@@ -413,7 +423,7 @@ def fail_run_stmt() -> Any:
             failed_step=bindparam("step", type_=Text),
             error=cast(bindparam("error", type_=Text), JSONB),
         )
-        .returning(runs.c.id)
+        .returning(*returned)
     )
 
 
@@ -466,6 +476,7 @@ _LOCK_RUNS = lock_runs_of_jobs_stmt()
 _RETRY = retry_job_stmt()
 _FAIL_JOB = fail_job_stmt()
 _FAIL_RUN = fail_run_stmt()
+_FAIL_RUN_RINGING = fail_run_stmt(rings=True)
 CANCEL_UNSTARTED = cancel_unstarted_stmt()
 _FAIL_MAP_NODE = fail_map_node_stmt()
 
@@ -515,10 +526,13 @@ def record_failures(
     return recorded
 
 
-def fail_run(conn: Connection, run_id: Any, step: str, error: dict[str, Any]) -> None:
+def fail_run(
+    conn: Connection, run_id: Any, step: str, error: dict[str, Any], *, rings: bool = False
+) -> None:
     """Fail a running run because ``step`` failed for good, and cancel its unstarted steps;
-    an item of the map node ``step`` failed it: that node fails too."""
+    an item of the map node ``step`` failed it: that node fails too. ``rings``: ring for
+    the slot of its workflow limit that it frees (:func:`fail_run_stmt`)."""
     params = {"rid": run_id, "step": step, "error": msgspec.json.encode(error).decode()}
-    if _executor.first(conn, _FAIL_RUN, params) is not None:
+    if _executor.first(conn, _FAIL_RUN_RINGING if rings else _FAIL_RUN, params) is not None:
         _executor.affected(conn, _FAIL_MAP_NODE, {"rid": run_id, "step": step})
         _executor.affected(conn, CANCEL_UNSTARTED, {"rids": [run_id]})

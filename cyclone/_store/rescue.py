@@ -298,7 +298,11 @@ def hand_back(conn: Connection, held: Iterable[tuple[int, int]]) -> set[int]:
 def rescue(conn: Connection, rescue_after: timedelta) -> list[int]:
     """Hand back (or fail) the jobs of workers that stopped; fail the runs of failed ones.
 
-    The runs are locked first (in id order), then the jobs (in id order).
+    The runs are locked first (in id order), then the jobs (in id order). A limited job
+    it ends (failed, or cancelled in its ended run) rings for its freed slot
+    (:func:`_freed_slot_rings`), and a run it fails rings for the slot of its workflow
+    limit (:func:`cyclone._store.completion.fail_run_stmt`), which a worker woken admits
+    the key's next held run to.
     """
     params = {"rescue_after": rescue_after}
     rids = _executor.column(conn, _LOCK_STALE_RUNS, params)
@@ -312,7 +316,9 @@ def rescue(conn: Connection, rescue_after: timedelta) -> list[int]:
                 "(max(max_attempts, 3)); it may be killing its worker",
                 **({} if item is None else {"item": item}),
             }
-            _completion.fail_run(conn, run_id, kind, error)
+            # No worker serving the run's workflow records this failure, and admits the
+            # held runs after it: ring for the slot of its workflow limit, if any.
+            _completion.fail_run(conn, run_id, kind, error, rings=True)
     return [row[0] for row in rows]
 
 
