@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import Counter
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -421,6 +421,31 @@ def test_a_rescue_that_gives_up_a_runs_step_admits_the_next_held_run_of_its_key_
     assert (status.state, status.failed_step) == (cyclone.RunState.FAILED, "first")
     assert status.error is not None
     assert status.error["type"] == "WorkerLost"
+
+
+def test_a_run_past_its_deadline_admits_the_next_held_run_of_its_key_promptly(
+    engine: sa.Engine, name: str, serving: Any
+) -> None:
+    # The leader fails a run past its deadline, which frees its slot: it rings, as a
+    # cancel does, and the worker waiting admits the key's held run, not at its poll.
+    wf, release = blocking_workflow(name)
+    first = wf.submit(engine, {"k": "a", "n": 1}, deadline=datetime.now(UTC) + timedelta(seconds=8))
+    worker = cyclone.Worker(engine, workflows=[wf], concurrency=2, poll_interval=600)
+    serving(worker)
+    try:
+        wait_until(lambda: started(engine, first), timeout=30)
+        second = wf.submit(engine, {"k": "a", "n": 2})
+        wait_until(lambda: asleep(engine, worker), timeout=30)
+        assert jobs_of(engine, second) == 0  # held
+        assert first.status().state == cyclone.RunState.RUNNING  # its deadline still ahead
+        assert first.wait(timeout=30).state == cyclone.RunState.FAILED
+        wait_until(lambda: started(engine, second), timeout=10)  # its step, still blocked
+    finally:
+        release.set()
+    assert second.wait(timeout=20).state == cyclone.RunState.COMPLETED
+    error = first.status().error
+    assert error is not None
+    assert error["type"] == "DeadlineExceeded"
 
 
 def test_a_worker_serving_only_a_limited_workflow_reads_when_its_next_held_run_falls_due(

@@ -26,6 +26,7 @@ from sqlalchemy import (
     case,
     cast,
     column,
+    exists,
     func,
     or_,
     select,
@@ -220,7 +221,12 @@ def rescue_jobs_stmt() -> Any:
 
 
 def expire_runs_stmt() -> Any:
-    """Fail running runs past their deadline and cancel their steps not yet started."""
+    """Fail running runs past their deadline and cancel their steps not yet started.
+
+    Returns the counts of runs failed and steps cancelled, and rings NOTIFY when a run
+    failed is under a workflow limit, whose slot it frees, so that a worker admits the
+    key's next held run at once, as a cancel's does.
+    """
     due = (
         select(runs.c.id)
         .where(runs.c.state == const(RunState.RUNNING.value), runs.c.deadline <= func.now())
@@ -246,7 +252,7 @@ def expire_runs_stmt() -> Any:
                 ),
             ),
         )
-        .returning(runs.c.id)
+        .returning(runs.c.id, runs.c.limit_name)
         .cte("expired")
     )
     cancelled = (
@@ -259,9 +265,11 @@ def expire_runs_stmt() -> Any:
         .returning(jobs.c.id)
         .cte("cancelled")
     )
+    limited = exists().where(expired.c.limit_name.is_not(None))
     return select(
         select(func.count()).select_from(expired).scalar_subquery(),
         select(func.count()).select_from(cancelled).scalar_subquery(),
+        case((limited, _notify.ring())).label("rang"),
     )
 
 
@@ -323,7 +331,7 @@ def rescue(conn: Connection, rescue_after: timedelta) -> list[int]:
 
 
 def expire_runs(conn: Connection) -> int:
-    expired, _cancelled = _executor.one(conn, _EXPIRE)
+    expired, _cancelled, _rang = _executor.one(conn, _EXPIRE)
     return int(expired)
 
 
