@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections import Counter
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,8 @@ import sqlalchemy as sa
 import cyclone
 from cyclone._store import executor as _executor
 from cyclone._store import limits as _limits_store
-from cyclone.schema import jobs
+from cyclone._store import rescue as _rescue
+from cyclone.schema import jobs, runs, waiters
 from tests.conftest import wait_until
 from tests.support.flow_proc import workflow
 from tests.support.workers import Background, start_runs, waiting_on_locks
@@ -429,7 +430,7 @@ def test_a_run_past_its_deadline_admits_the_next_held_run_of_its_key_promptly(
     # The leader fails a run past its deadline, which frees its slot: it rings, as a
     # cancel does, and the worker waiting admits the key's held run, not at its poll.
     wf, release = blocking_workflow(name)
-    first = wf.submit(engine, {"k": "a", "n": 1}, deadline=datetime.now(UTC) + timedelta(seconds=8))
+    first = wf.submit(engine, {"k": "a", "n": 1}, deadline=timedelta(hours=1))
     worker = cyclone.Worker(engine, workflows=[wf], concurrency=2, poll_interval=600)
     serving(worker)
     try:
@@ -437,7 +438,10 @@ def test_a_run_past_its_deadline_admits_the_next_held_run_of_its_key_promptly(
         second = wf.submit(engine, {"k": "a", "n": 2})
         wait_until(lambda: asleep(engine, worker), timeout=30)
         assert jobs_of(engine, second) == 0  # held
-        assert first.status().state == cyclone.RunState.RUNNING  # its deadline still ahead
+        with engine.begin() as conn:  # its deadline passes now, the worker asleep
+            conn.execute(
+                sa.update(runs).where(runs.c.id == first.id).values(deadline=sa.func.now())
+            )
         assert first.wait(timeout=30).state == cyclone.RunState.FAILED
         wait_until(lambda: started(engine, second), timeout=10)  # its step, still blocked
     finally:
@@ -446,6 +450,38 @@ def test_a_run_past_its_deadline_admits_the_next_held_run_of_its_key_promptly(
     error = first.status().error
     assert error is not None
     assert error["type"] == "DeadlineExceeded"
+
+
+def test_a_held_run_past_its_deadline_frees_no_slot_and_rings_nothing(
+    engine: sa.Engine, name: str
+) -> None:
+    # The leader's expiry rings for a run of a limited workflow whose slot it frees; a
+    # held run failed freed none, and ringing for it would wake every sleeping worker
+    # for nothing at each pass while held runs with deadlines pile up.
+    wf: cyclone.Workflow[str] = cyclone.Workflow(
+        name, input=str, concurrency=cyclone.Concurrency(1, key=lambda k: k)
+    )
+    wf.step("only")(lambda ctx, k: k)
+    admitted = wf.submit(engine, "a", deadline=timedelta(hours=1))
+    assert _limits_store.admit_runs(engine, (f"workflow:{name}",)) == 1
+    held = wf.submit(engine, "a", deadline=timedelta(hours=1))
+    expire = _rescue.expire_runs_stmt()
+
+    def expire_now(run: Any) -> tuple[int, bool | None]:
+        with engine.begin() as conn:
+            conn.execute(
+                sa.insert(waiters).values(
+                    worker_id="w", waits_until=sa.func.now() + timedelta(minutes=1)
+                )
+            )
+            conn.execute(sa.update(runs).where(runs.c.id == run.id).values(deadline=sa.func.now()))
+            failed, _cancelled, rang = conn.execute(expire).one()
+            conn.execute(sa.delete(waiters))
+        return failed, rang
+
+    assert expire_now(held) == (1, None)
+    assert expire_now(admitted) == (1, True)
+    assert held.status().state == admitted.status().state == cyclone.RunState.FAILED
 
 
 def test_a_worker_serving_only_a_limited_workflow_reads_when_its_next_held_run_falls_due(

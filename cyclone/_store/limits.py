@@ -1095,6 +1095,12 @@ def set_limit(engine: Engine, name: str, max: int) -> bool:
 # -- workflow limits: admitting held runs ---------------------------------------------
 
 
+def admitted(start_at: Any) -> Any:
+    """A run of a limited workflow with this ``start_at`` is admitted, not held: while it
+    runs it holds a slot of its key."""
+    return or_(start_at.is_(None), start_at < _INFINITY)
+
+
 def _in_progress(name: Any, key: Any) -> tuple[Any, ...]:
     """A run in progress of ``name`` and ``key``: admitted, not ended
     (``ix_cyclone_runs_limited``)."""
@@ -1102,7 +1108,7 @@ def _in_progress(name: Any, key: Any) -> tuple[Any, ...]:
         runs.c.limit_name == name,
         runs.c.limit_key == key,
         runs.c.state == const(RunState.RUNNING.value),
-        or_(runs.c.start_at.is_(None), runs.c.start_at < _INFINITY),
+        admitted(runs.c.start_at),
     )
 
 

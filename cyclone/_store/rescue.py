@@ -37,6 +37,7 @@ from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from cyclone._store import binds as _binds
 from cyclone._store import completion as _completion
 from cyclone._store import executor as _executor
+from cyclone._store import limits as _limits
 from cyclone._store import notify as _notify
 from cyclone._store import workers as _workers
 from cyclone._store.completion import run_over
@@ -224,8 +225,9 @@ def expire_runs_stmt() -> Any:
     """Fail running runs past their deadline and cancel their steps not yet started.
 
     Returns the counts of runs failed and steps cancelled, and rings NOTIFY when a run
-    failed is under a workflow limit, whose slot it frees, so that a worker admits the
-    key's next held run at once, as a cancel's does.
+    failed is under a workflow limit and held its slot (admitted, not held), which it
+    frees, so that a worker admits the key's next held run at once, as a cancel's does.
+    A held run failed frees no slot and rings nothing.
     """
     due = (
         select(runs.c.id)
@@ -252,7 +254,7 @@ def expire_runs_stmt() -> Any:
                 ),
             ),
         )
-        .returning(runs.c.id, runs.c.limit_name)
+        .returning(runs.c.id, runs.c.limit_name, runs.c.start_at)
         .cte("expired")
     )
     cancelled = (
@@ -265,7 +267,10 @@ def expire_runs_stmt() -> Any:
         .returning(jobs.c.id)
         .cte("cancelled")
     )
-    limited = exists().where(expired.c.limit_name.is_not(None))
+    limited = exists().where(
+        expired.c.limit_name.is_not(None),
+        _limits.admitted(expired.c.start_at),
+    )
     return select(
         select(func.count()).select_from(expired).scalar_subquery(),
         select(func.count()).select_from(cancelled).scalar_subquery(),
