@@ -298,19 +298,26 @@ def _keys_of(
 def _among_keys(k: Any, names: tuple[str, ...], found: Any) -> Any:
     """A key row of ``k`` among the keys ``found`` (a :func:`_keys_of`): each limit's
     keys as an array, so that the rows are found by primary key."""
+    return _keyed(k, names, found.c.n, found.c.k)
+
+
+def _keyed(k: Any, names: tuple[str, ...], name: Any, key: Any) -> Any:
+    """A key row of ``k`` whose name and key are a row's ``name`` and ``key`` (columns of
+    one table or CTE): each limit's keys as an array, so that the rows are found by
+    primary key, not joined (a plan may hash the few rows and read every key)."""
     return or_(
         *(
             and_(
-                k.c.name == const(name),
+                k.c.name == const(each),
                 k.c.key
                 == any_(
                     func.array(
-                        select(found.c.k).where(found.c.n == const(name)).scalar_subquery(),
+                        select(key).where(name == const(each)).scalar_subquery(),
                         type_=ARRAY(Text),
                     )
                 ),
             )
-            for name in names
+            for each in names
         )
     )
 
@@ -1131,7 +1138,7 @@ def _held_due(table: Any, name: Any, key: Any) -> tuple[Any, ...]:
 def _held_keys(names: tuple[str, ...], k: Any) -> Any:
     """The select of the key rows ``k`` of the limits ``names`` with a held run due, given
     more conditions (for :func:`_in_turn`); a ``"queue"`` key only if it looks to have
-    room."""
+    room. Columns ``name``, ``key``, ``max``, ``on_limit``, ``served_at``."""
     h = runs.alias("h")
     r = runs.alias("r")
     running = (
@@ -1148,7 +1155,7 @@ def _held_keys(names: tuple[str, ...], k: Any) -> Any:
     def keys(*conditions: Any) -> Any:
         held = _probe(select(h.c.id).where(*_held_due(h, k.c.name, k.c.key)))
         return (
-            select(k.c.name, k.c.key, limits.c.max, limits.c.on_limit)
+            select(k.c.name, k.c.key, limits.c.max, limits.c.on_limit, k.c.served_at)
             .join_from(k, limits, limits.c.name == k.c.name)
             .where(
                 one_of(k.c.name, names),
@@ -1164,44 +1171,58 @@ def _held_keys(names: tuple[str, ...], k: Any) -> Any:
 def lock_held_keys_stmt(names: tuple[str, ...], batch: int) -> Any:
     """Lock up to ``batch`` keys of the limits ``names`` with a held run due, least recently
     served first, skipping locked ones; a ``"queue"`` key only if it looks to have room.
-    Read in turn as the limited claim reads its keys (:func:`_in_turn`), the keys with
-    held runs found by ``ix_cyclone_runs_held``.
+
+    One walk of the keys: the first ``batch`` such keys are read in the statement's
+    snapshot without locking, in turn as the limited claim reads its keys
+    (:func:`_in_turn`; the keys with held runs found by ``ix_cyclone_runs_held``), then
+    exactly those are locked, found by primary key (:func:`_keyed`), ``FOR UPDATE SKIP
+    LOCKED``, in turn (the order they are served in; a lock that skips never waits, so
+    it takes no part in the lock order of :func:`keys_locked_first`). A locked row is
+    read at its newest version, but nothing on the key row itself decides whether it is
+    served (its name and key are its primary key; ``served_at`` only placed it in turn):
+    a key served by another admission since the snapshot is served again correctly, its
+    runs in progress and held being read after the lock, in a new snapshot
+    (:func:`admit_runs`).
+
+    The walk it replaces locked as it went, taking a key after each one it skipped; its
+    count of those skipped, a second unlocked walk less the keys locked, read every key
+    twice when they were full (the usual state of a busy limit: 16 ms a statement became
+    25 with 2,000 keys), and was 0 when the keys after a skipped one filled the batch.
 
     Rows ``(name, key, max, on_limit, contended)``, and at least one (its first four
-    columns NULL when no key is locked): ``contended`` counts the keys it would have
-    served but skipped, another transaction holding them (another worker's admission; a
-    retry's, a fork's or a child node's check of room). Nothing rings when that
-    transaction ends, nor does anything fall due: the worker admits again shortly for
-    them rather than at its poll. Counted as the limited claim counts its keys
-    (:func:`_contended`): the first ``batch`` such keys in the same order, read again in
-    the snapshot without locking, less those locked. That second read runs only when more
-    keys have held runs (due or not) than it locked: a key skipped is one of them."""
+    columns NULL when no key is locked): ``contended`` counts the keys read that it could
+    not lock, another transaction holding them (another worker's admission; a retry's,
+    a fork's or a child node's check of room). They are not replaced by later keys in
+    this admission: nothing rings when that transaction ends, nor does anything fall
+    due, so the worker admits again shortly for them rather than at its poll."""
     top: Any = literal_column(str(int(batch)))
     found = _keys_of(names, "held_keys", runs, _held_runs)
     bound = _front_bound(names, batch, "held_bound")
-    k = limit_keys
-    locked = _in_turn(_held_keys(names, k), k, names, found, bound, top, "held").cte(
-        "held_keys_locked"
+    s = limit_keys.alias("held_key")
+    seen = _in_turn(_held_keys(names, s), s, names, found, bound, top, "held", lock=False).cte(
+        "held_keys_in_turn"
     )
-    s = limit_keys.alias("seen_key")
-    seen = _in_turn(_held_keys(names, s), s, names, found, bound, top, "seen", lock=False)
-    taken = select(func.count()).select_from(locked).scalar_subquery()
-    # Only when more keys have held runs than it locked (one walk step per key locked)
-    # may it have skipped one: otherwise the second read of the keys is not run.
-    with_held = (
+    k = limit_keys
+    locked = (
+        select(k.c.name, k.c.key)
+        .where(_keyed(k, names, seen.c.name, seen.c.key))
+        .order_by(k.c.served_at, k.c.name, k.c.key)
+        .with_for_update(of=k, skip_locked=True)
+        .cte("held_keys_locked")
+    )
+    is_locked = and_(locked.c.name == seen.c.name, locked.c.key == seen.c.key)
+    skipped = (
         select(func.count())
-        .select_from(select(found.c.k).limit(taken + 1).subquery("with_held"))
+        .select_from(seen)
+        .where(~exists(select(locked.c.key).where(is_locked)))
         .scalar_subquery()
     )
-    skipped = select(func.count()).select_from(seen.subquery("held_keys_seen")).scalar_subquery()
-    contended = case(
-        (with_held > taken, func.greatest(skipped - taken, const(0, Integer))),
-        else_=const(0, Integer),
-    )
     one = select(const(1, Integer).label("one")).subquery("one")
-    return select(
-        locked.c.name, locked.c.key, locked.c.max, locked.c.on_limit, contended
-    ).select_from(one.outerjoin(locked, true()))
+    return (
+        select(seen.c.name, seen.c.key, seen.c.max, seen.c.on_limit, skipped.label("contended"))
+        .select_from(one.outerjoin(seen.join(locked, is_locked), true()))
+        .order_by(seen.c.served_at, seen.c.name, seen.c.key)
+    )
 
 
 _NAME, _KEY = bindparam("b_name", type_=Text), bindparam("b_key", type_=Text)
