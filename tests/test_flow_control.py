@@ -620,7 +620,8 @@ def test_a_limited_step_rescued_and_ended_wakes_the_worker_waiting_for_its_slot(
     first, second = a_worker_waits_for_the_slot_of_a_killed_worker(
         engine, name, spec, wf, serving, tmp_path, end
     )
-    assert second.wait(timeout=20).state == cyclone.RunState.COMPLETED
+    # Well within the waiting worker's 600 s poll: a rescue under load takes a while.
+    assert second.wait(timeout=90).state == cyclone.RunState.COMPLETED
     row = job_rows(engine, first.id)["limited"]
     assert row.state == ("cancelled" if ends == "cancelled" else "failed")
     assert [e["type"] for e in row.errors] == ["WorkerLost"]

@@ -417,7 +417,8 @@ def test_a_rescue_that_gives_up_a_runs_step_admits_the_next_held_run_of_its_key_
     first, second = a_worker_waits_for_the_slot_of_a_killed_worker(
         engine, name, spec, wf, serving, tmp_path, last_loss
     )
-    assert second.wait(timeout=20).state == cyclone.RunState.COMPLETED
+    # Well within the waiting worker's 600 s poll: a rescue under load takes a while.
+    assert second.wait(timeout=90).state == cyclone.RunState.COMPLETED
     status = first.status()
     assert (status.state, status.failed_step) == (cyclone.RunState.FAILED, "first")
     assert status.error is not None
@@ -443,7 +444,7 @@ def test_a_run_past_its_deadline_admits_the_next_held_run_of_its_key_promptly(
                 sa.update(runs).where(runs.c.id == first.id).values(deadline=sa.func.now())
             )
         assert first.wait(timeout=30).state == cyclone.RunState.FAILED
-        wait_until(lambda: started(engine, second), timeout=10)  # its step, still blocked
+        wait_until(lambda: started(engine, second), timeout=90)  # its step, blocked
     finally:
         release.set()
     assert second.wait(timeout=20).state == cyclone.RunState.COMPLETED
