@@ -23,6 +23,16 @@ each gated step (each map item and each child's step among them) finishing or
 failing (with attempts left or its last), a step finishing while its run is cancelled,
 and workers killed with SIGKILL,
 frozen with SIGSTOP, thawed with SIGCONT or stopped with a hand-back of their jobs.
+Beside them run the runs of a second, small workflow limited as a whole
+(:data:`tests.support.model_proc.SLOT`: at most ``max`` runs in progress per key, two
+keys, one gated step ``h``), submitted held and admitted by the workers: submitted (held
+or admitted at once), cancelled held or in progress, retried or retried in full once
+ended (held again if it never started; in progress if its key has room, else refused),
+its ``h`` finishing or failing, its deadline passing (held or in progress), the limit's
+``max`` set at runtime (raised to 2, lowered to 1 or 0), its ``h`` lost with a worker
+killed or frozen (rescued, or given up: the run fails) or handed back; their model
+(:class:`tests.support.run_model.SlotModel`) admits each key's oldest held runs (by when
+they were held) up to its room after every operation.
 Steps wait at gates the test holds (advisory locks, see
 :mod:`tests.support.model_proc`), so nothing here sleeps to synchronise: after every
 rule the test *settles* (waits until the database shows that every worker did all it
@@ -32,10 +42,12 @@ the side queue waits, available, while the queue is paused), each outcome
 released recorded, each job of a dead or frozen worker rescued, each map node expanded
 or parked for its items (its job ``blocked``, an item's job per element of its list),
 each signal sent to a parked wait node delivered, each child node whose child ended
-woken, each run past its deadline failed), then checks cyclone's invariants (no job of
-the side queue claimed once its pause took effect; a lane's freed slot taken by its
-oldest due step; a lane running more than its limit's ``max`` only by the jobs it ran
-when the limit was lowered: they run on) and compares
+woken, each run past its deadline failed, no run of the limited workflow held while
+its key has room), then checks cyclone's invariants (no job of the side queue claimed
+once its pause took effect; a lane's freed slot taken by its oldest due step; a lane
+running more than its limit's ``max`` only by the jobs it ran when the limit was
+lowered: they run on; a key of the limited workflow with more runs in progress than its
+``max`` only when the model says it was lowered under them) and compares
 every run, its children and their steps with the reference model
 (:mod:`tests.support.run_model`),
 which accepts every state the workers' moves may end in, in any order. At the end of
@@ -96,6 +108,9 @@ from tests.support.model_proc import (
     KID_SUFFIX,
     LANE_NAME,
     SIDE_QUEUE,
+    SLOT,
+    SLOT_NAME,
+    SLOT_PREFIX,
     TAG_SQL,
     WORKFLOW,
     Item,
@@ -111,9 +126,15 @@ from tests.support.run_model import (
     KID_STEPS,
     LEVELS,
     LIMITED,
+    SLOT_STEP,
     STEPS,
+    TERMINAL,
     Expect,
     RunModel,
+    SlotModel,
+    SlotRun,
+    finish_and_cancel_slot,
+    finish_and_retry_slot,
     lost_with_worker,
     release_and_cancel,
 )
@@ -152,6 +173,8 @@ SETTLE_TIMEOUT = 10.0
 LOOKAHEAD = 4
 """Gates locked ahead of the last execution seen of each step."""
 MAX_RUNS = 6
+MAX_SLOT_RUNS = 6
+"""Runs of the limited workflow an example submits at most."""
 PICK = st.integers(0, 63)
 MAX_WORKERS = 3
 REPO = Path(__file__).resolve().parents[1]
@@ -176,6 +199,10 @@ one state to another between two checks (printed at the end)."""
 MAP_TRANSITIONS: Counter[str] = Counter()
 """How many times the map node ``m`` and its items ``m0``, ``m1`` were seen to move from one
 state to another between two checks (printed at the end)."""
+SLOT_TRANSITIONS: Counter[str] = Counter()
+"""How many times a run of the limited workflow (and its step ``h``) was seen to move from
+one state to another between two checks (``held``: not admitted), and ``contended``:
+checks that saw a key's slot taken and a run held (printed at the end)."""
 LANE_TRANSITIONS: Counter[str] = Counter()
 """How many times ``b`` and ``k`` (under the lane's ``Concurrency(1)``) were seen to move
 from one state to another between two checks, ``queued`` its wait for the slot (printed
@@ -406,6 +433,32 @@ class Snapshot:
                     f"({kept} of them claimed before it was set)"
                 )
         return broken
+
+    def in_progress(self, limit: tuple[str, str]) -> list[str]:
+        """The runs of a workflow limit's key in progress: admitted (not held), not ended."""
+        return sorted(
+            tag
+            for tag, run in self.runs.items()
+            if run["limit"] == limit and run["state"] == "running" and not run["held"]
+        )
+
+    def has_room(self, run: dict[str, Any]) -> bool:
+        """Whether the key of the workflow limit of ``run`` has fewer runs in progress
+        than its ``max``."""
+        return len(self.in_progress(run["limit"])) < int(run["limit_max"])
+
+    def observed_slot(self, tag: str) -> dict[str, str] | None:
+        """A run of the limited workflow (``held``: not admitted) and its step."""
+        run = self.runs.get(tag)
+        if run is None:
+            return None
+        job = self.jobs.get((tag, SLOT_STEP))
+        step = "none" if job is None else job["state"]
+        return {
+            "run": "held" if run["state"] == "running" and run["held"] else run["state"],
+            "started": "no" if run["unstarted"] else "yes",
+            SLOT_STEP: "active" if step in ("running", "available") else step,
+        }
 
     def expanded(self, tag: str) -> bool:
         """Whether ``m`` of run ``tag`` has items (they exist only once ``b`` completed)."""
@@ -692,13 +745,15 @@ class Harness:
             rows = conn.execute(
                 sa.text(
                     f"SELECT {TAG_SQL.format(r='r')}, r.state, r.steps_remaining, "
-                    "r.deadline <= now(), r.start_at, r.parent_waits, "
+                    "r.deadline <= now(), r.start_at IS NOT NULL, r.parent_waits, "
                     "j.kind || coalesce(j.item::text, ''), j.state, j.pending_deps, "
                     "j.worker_id, j.attempt, j.lease, j.id, "
                     "j.scheduled_at <= now(), j.scheduled_at > now() + interval '1 hour', "
                     "s.payload IS NOT NULL, j.limit_name, j.limit_key, l.max, j.lost, "
-                    "j.queue, coalesce(q.paused, false), j.priority, j.scheduled_at "
+                    "j.queue, coalesce(q.paused, false), j.priority, j.scheduled_at, "
+                    "r.start_at = 'infinity', r.limit_name, r.limit_key, lr.max "
                     "FROM cyclone_runs r LEFT JOIN cyclone_jobs j ON j.run_id = r.id "
+                    "LEFT JOIN cyclone_limits lr ON lr.name = r.limit_name "
                     "LEFT JOIN cyclone_signals s ON s.run_id = r.id AND s.name = 'go' "
                     "LEFT JOIN cyclone_limits l ON l.name = j.limit_name "
                     "LEFT JOIN cyclone_queues q ON q.name = j.queue"
@@ -734,12 +789,19 @@ class Harness:
             paused,
             priority,
             scheduled_at,
+            held,
+            run_limit_name,
+            run_limit_key,
+            run_limit_max,
         ) in rows:
             runs[tag] = {
+                "held": bool(held),
+                "limit": None if run_limit_name is None else (run_limit_name, run_limit_key),
+                "limit_max": run_limit_max,
                 "state": rstate,
                 "remaining": remaining,
                 "past_deadline": bool(past),
-                "unstarted": start_at is not None,
+                "unstarted": bool(start_at),
                 "signalled": bool(signalled),
                 "parent_waits": bool(parent_waits),
             }
@@ -775,7 +837,11 @@ class Harness:
         for tag, run in snap.runs.items():
             if run["state"] != "running":
                 continue
-            if run["unstarted"]:
+            if run.get("held") and snap.has_room(run):
+                # A worker admits it (its next claim's admission, rung by what freed the
+                # slot): a held run of a key with room is a wake-up lost.
+                todo.append(f"{tag}: held, its key {run['limit'][1]} with room")
+            elif run["unstarted"] and not run.get("held"):
                 todo.append(f"{tag}: not started")
             if run["past_deadline"]:
                 todo.append(f"{tag}: past its deadline, still running")
@@ -919,6 +985,14 @@ class ModelMachine(RuleBasedStateMachine):
         self.ran_at_limit: set[tuple[int, int]] = set()
         """The (id, lease) of the lanes' jobs that ran once the limit's last change took
         effect."""
+        self.slot = SlotModel()
+        """The runs of the limited workflow (``s<N>``), their keys and the limit's max."""
+        self.slot_handles: dict[int, cyclone.Run] = {}
+        self.slot_alternatives: list[SlotModel] = []
+        """The states a race on the limited runs may have left them in (the check keeps
+        the one it sees)."""
+        self.next_slot = 1
+        self.slot_seen: dict[int, dict[str, str] | None] = {}
 
     def note_failure(self, e: BaseException) -> None:
         if not FIRST_FAILURE:
@@ -933,6 +1007,7 @@ class ModelMachine(RuleBasedStateMachine):
         to_children=st.integers(0, 2),
         to_lane=st.integers(0, 3),
         paused=st.booleans(),
+        limited=st.lists(st.tuples(st.integers(0, 1), st.booleans()), max_size=3),
     )
     @guarded
     def start(
@@ -941,13 +1016,16 @@ class ModelMachine(RuleBasedStateMachine):
         to_children: int = 0,
         to_lane: int = 0,
         paused: bool = False,
+        limited: list[tuple[int, bool]] | None = None,
     ) -> None:
         """Two workers serving, and a first few runs (keyed?, with a deadline?, signalled?),
         the first ``to_children`` of them driven to their child nodes (the kid and the
         grandkid made, its ``q`` at its gate), so that the rules find trees of children
         to act on in a short example, and the next ``to_lane`` to their ``b`` (the first
         three runs share a lane: the second's ``b`` queues for the first's slot), the side
-        queue ``paused`` before those (their ``b`` then waits with its slot free)."""
+        queue ``paused`` before those (their ``b`` then waits with its slot free); and a few
+        runs of the limited workflow (``limited``: key, with a deadline?), the second of
+        a key held behind the first."""
         with self.engine.begin() as conn:
             conn.execute(
                 sa.text("TRUNCATE cyclone_signals, cyclone_jobs, cyclone_runs, model_exec")
@@ -960,6 +1038,9 @@ class ModelMachine(RuleBasedStateMachine):
         client = cyclone.Client(self.engine)  # as an example before this one may have left them
         client.resume_queue(SIDE_QUEUE)
         client.set_limit(LANE_NAME, 1)
+        client.set_limit(SLOT_NAME, 1)
+        for key, deadline in limited or []:
+            self.submit_slot_run(key, deadline)
         for keyed, deadline, signalled in runs:
             model = self.submit_new(keyed, deadline)
             if signalled:
@@ -997,16 +1078,21 @@ class ModelMachine(RuleBasedStateMachine):
             self.pause_side_queue.__wrapped__(self, False)  # type: ignore[attr-defined]
         if self.lane_max == 0:
             self.set_lane_limit.__wrapped__(self, 1)  # type: ignore[attr-defined]
+        if self.slot.max == 0:  # its held runs would wait for ever
+            self.set_slot_limit.__wrapped__(self, 1)  # type: ignore[attr-defined]
         for _ in range(100):
             snap = self.h.settle(" while bringing the example to rest")
             self.check(snap)
             current = self.releasable(snap)
-            if not current and not self.stale(snap):
+            limited = self.slot_releasable(snap)
+            if not current and not limited and not self.stale(snap):
                 break
             for e in current:
                 self.model_of(e.tag).release(e.step, "finish")
             self.expect_runs_of(current)
-            for e in current + self.stale(snap):
+            for e in limited:
+                self.slot.release(slot_number(e.tag), "finish")
+            for e in current + limited + self.stale(snap):
                 self.h.release(e, "finish")
         else:
             raise AssertionError("the example did not come to rest")
@@ -1016,6 +1102,9 @@ class ModelMachine(RuleBasedStateMachine):
         snap = self.h.snapshot()
         self.compare(snap)
         for tag, run in snap.runs.items():
+            if tag.startswith(SLOT_PREFIX):
+                assert run["state"] != "running", f"limited run {tag} is {run} at rest"
+                continue
             assert not (KID_SUFFIX in tag and run["state"] == "running"), (
                 f"child run {tag} is running at rest"
             )
@@ -1052,7 +1141,9 @@ class ModelMachine(RuleBasedStateMachine):
         self.check(snap)
 
     def check(self, snap: Snapshot) -> None:
-        skip = (invariants.AT_MOST_MAX,) if self.lowered else ()  # (over_limit's)
+        skip: tuple[str, ...] = (invariants.AT_MOST_MAX,) if self.lowered else ()
+        if self.slot.over():  # a lowered max stops no run in progress (the model's check)
+            skip += (invariants.RUNS_AT_MOST_MAX,)
         invariants.check(self.engine, at_rest=False, skip=skip)
         broken = snap.over_limit(self.ran_at_limit) + snap.claimed_while_paused(self.ran_at_pause)
         if self.snap is not None:
@@ -1064,6 +1155,8 @@ class ModelMachine(RuleBasedStateMachine):
         client = cyclone.Client(self.engine)
         (lanes,) = [li for li in client.list_limits() if li.name == LANE_NAME]
         assert (lanes.max, lanes.keys) == (self.lane_max, snap.lane_counts()), lanes
+        (slot,) = [li for li in client.list_limits() if li.name == SLOT_NAME]
+        assert slot.max == self.slot.max, slot
         side = [
             (q.paused, (q.available, q.scheduled, q.running))
             for q in client.list_queues()
@@ -1085,6 +1178,7 @@ class ModelMachine(RuleBasedStateMachine):
             LANE_TRANSITIONS["over a lowered max"] += 1
 
     def compare(self, snap: Snapshot) -> None:
+        self.compare_slot(snap)
         for number, model in list(self.runs.items()):
             seen = None if model.purged else snap.observed(model.tag)
             views = [seen]
@@ -1109,6 +1203,45 @@ class ModelMachine(RuleBasedStateMachine):
             )
             self.runs[number] = matching[0]
             self.count_transitions(number, seen)
+
+    def compare_slot(self, snap: Snapshot) -> None:
+        """The runs of the limited workflow as the model says (which key's held run was
+        admitted as a slot freed: the oldest held), or, if the leader rescued a step ``h``
+        more often than the model says (its worker's heartbeat lapsed on a loaded
+        machine), as the model with those rescues."""
+        runs = sorted(self.slot.runs.values(), key=lambda r: r.number)
+        seen = {r.tag: snap.observed_slot(r.tag) for r in runs}
+        alternatives = self.slot_alternatives or [self.slot]
+        self.slot_alternatives = []
+        matching = [c for c in alternatives if c.summaries() == seen]
+        if not matching:
+            for c in alternatives:
+                lapsed = c.copy()
+                for r in c.runs.values():
+                    job = snap.jobs.get((r.tag, SLOT_STEP))
+                    if job is not None and r.step.state == "active" and job["lost"] > r.step.lost:
+                        lapsed.lose(r.number, job["lost"] - r.step.lost)
+                if lapsed != c and lapsed.summaries() == seen:
+                    matching.append(lapsed)
+            RULES_RUN["a limited run's h rescued from a live worker"] += bool(matching)
+        if not matching:
+            model = self.slot.summaries()
+            wrong = {t: (seen[t], model[t]) for t in seen if seen[t] != model[t]}
+            raise AssertionError(
+                f"limited runs (seen, the model says): {wrong}; max {self.slot.max}; "
+                f"held in order: {[(r.tag, r.key, r.order) for r in runs if r.state == 'held']}"
+                + (f"; or any of {len(alternatives)} alternatives" if len(alternatives) > 1 else "")
+            )
+        self.slot = matching[0]
+        for r in runs:
+            before = self.slot_seen.get(r.number) or {"run": "none", SLOT_STEP: "none"}
+            now = seen[r.tag] or {"run": "purged", SLOT_STEP: "purged"}
+            for part in ("run", SLOT_STEP):
+                if before[part] != now[part]:
+                    SLOT_TRANSITIONS[f"{part}: {before[part]} -> {now[part]}"] += 1
+            self.slot_seen[r.number] = now
+        if any(self.slot.held(k) and self.slot.in_progress(k) for k in (0, 1)):
+            SLOT_TRANSITIONS["contended"] += 1
 
     def rescued_from_live(self, snap: Snapshot, candidates: list[RunModel]) -> list[RunModel]:
         """The states ``candidates`` may end in if the leader rescued the jobs the
@@ -1188,8 +1321,18 @@ class ModelMachine(RuleBasedStateMachine):
     def stale(self, snap: Snapshot) -> list[Exec]:
         """Executions at a gate on a live worker that no longer hold their job."""
         live = {w.pid for w in self.h.live()}
-        current = set(self.releasable(snap))
+        current = set(self.releasable(snap)) | set(self.slot_releasable(snap))
         return [e for e in snap.waiting if e.pid in live and e not in current]
+
+    def slot_releasable(self, snap: Snapshot) -> list[Exec]:
+        """Executions of ``h`` holding their job at a gate, on a live worker."""
+        live = {w.pid for w in self.h.live()}
+        found = []
+        for run in sorted(self.slot.runs.values(), key=lambda r: r.number):
+            e = None if run.purged else snap.current(run.tag, SLOT_STEP)
+            if e is not None and e.pid in live:
+                found.append(e)
+        return found
 
     def pick_run(self, pick: int) -> RunModel:
         """The run ``pick`` designates (never the run of an open signal_tx).
@@ -1487,8 +1630,13 @@ class ModelMachine(RuleBasedStateMachine):
         ):
             return
         alternatives = model.time_passes()
+        self.shift_a_day(model.tag)
+        self.expect_any(alternatives)
+
+    def shift_a_day(self, tag: str) -> None:
+        """Move the deadline and the wait's timeout of run ``tag`` a day back, and ring."""
         with self.engine.begin() as conn:
-            shift = {"tag": model.tag, "day": timedelta(days=1, minutes=1)}
+            shift = {"tag": tag, "day": timedelta(days=1, minutes=1)}
             conn.execute(
                 sa.text(
                     "UPDATE cyclone_runs SET deadline = deadline - :day "
@@ -1513,7 +1661,6 @@ class ModelMachine(RuleBasedStateMachine):
                 shift,
             )
             conn.execute(sa.select(sa.func.pg_notify(_notify.JOBS_AVAILABLE, "")))
-        self.expect_any(alternatives)
 
     @rule(pick=PICK)
     @when(lambda self: self.has_runs())
@@ -1547,20 +1694,27 @@ class ModelMachine(RuleBasedStateMachine):
         ]
         for m in doomed:
             m.purged = True
-        assert deleted == len(doomed), (deleted, [m.tag for m in doomed])
+        limited = self.slot.purge() if everything else 0  # (kept a day, as they were)
+        assert deleted == len(doomed) + limited, (deleted, [m.tag for m in doomed], limited)
 
     # steps
 
     def pick_exec(self, pick: int, found: list[Exec]) -> Exec | None:
-        """The execution ``pick`` designates, often one of the run of the last rule."""
-        found = sorted(found, key=lambda e: (self.model_of(e.tag).number, e.step, e.n))
-        focused = [e for e in found if self.model_of(e.tag).number == self.focus]
+        """The execution ``pick`` designates, often one of the run of the last rule (a stale
+        one may be of a limited run: those come last)."""
+
+        def number(e: Exec) -> int:
+            return -1 if e.tag.startswith(SLOT_PREFIX) else self.model_of(e.tag).number
+
+        found = sorted(found, key=lambda e: (number(e) < 0, slot_or_run_number(e.tag), e.step, e.n))
+        focused = [e for e in found if number(e) == self.focus]
         if pick % 2 == 0 and focused:
             return focused[pick // 2 % len(focused)]
         if not found:
             return None
         e = found[pick // 2 % len(found)]
-        self.focus = self.model_of(e.tag).number
+        if number(e) >= 0:
+            self.focus = number(e)
         return e
 
     @rule(pick=PICK, verdict=st.sampled_from(["finish", "fail"]))
@@ -1806,12 +1960,178 @@ class ModelMachine(RuleBasedStateMachine):
         (limit,) = [li for li in client.list_limits() if li.name == LANE_NAME]
         assert limit.max == top, limit
 
+    # the limited workflow (runs in progress per key)
+
+    def submit_slot_run(self, key: int, deadline: bool) -> None:
+        number = self.next_slot
+        self.next_slot += 1
+        tag = f"{SLOT_PREFIX}{number}"
+        self.h.lock_gates(tag, SLOT_STEP, LOOKAHEAD)
+        options: dict[str, Any] = {"deadline": DAY} if deadline else {}
+        self.slot_handles[number] = SLOT.submit(self.engine, Item(tag=tag, v=key), **options)
+        self.slot.submit(number, key, deadline)
+
+    def pick_slot(self, pick: int, fits: Callable[[SlotRun], bool]) -> SlotRun:
+        """The limited run ``pick`` designates among those that ``fits`` (among all when
+        none does)."""
+        runs = sorted(self.slot.runs.values(), key=lambda r: r.number)
+        runs = [r for r in runs if fits(r)] or runs
+        return runs[pick % len(runs)]
+
+    @rule(key=st.integers(0, 1), deadline=st.booleans())
+    @guarded
+    def submit_limited(self, key: int, deadline: bool) -> None:
+        """Submit a run of the limited workflow: held, then admitted if its key has room."""
+        if len(self.slot.runs) < MAX_SLOT_RUNS:
+            self.submit_slot_run(key, deadline)
+
+    @rule(pick=PICK)
+    @when(lambda self: bool(self.slot.runs))
+    @guarded
+    def cancel_limited(self, pick: int) -> None:
+        """Cancel a limited run, held (it never starts) or in progress (its slot frees:
+        the oldest run held of its key is admitted; its ``h`` at its gate runs on)."""
+        run = self.pick_slot(pick, lambda r: r.state in ("held", "running"))
+        was = run.state
+        got = outcome_of(self.slot_handles[run.number].cancel)
+        assert got == self.slot.cancel(run.number), (run.tag, was, got)
+        RULES_RUN[f"cancel_limited: {was}"] += 1
+
+    @rule(pick=PICK, every_step=st.booleans())
+    @when(lambda self: bool(self.slot.runs))
+    @guarded
+    def retry_limited(self, pick: int, every_step: bool) -> None:
+        """``retry`` or ``retry_all`` of a limited run: never started, held again (behind
+        those held now); started, in progress if its key has room, else refused."""
+        run = self.pick_slot(pick, lambda r: r.state in TERMINAL)
+        was = f"{run.state}{'' if run.started else ' never started'}"
+        handle = self.slot_handles[run.number]
+        got = outcome_of(handle.retry_all if every_step else handle.retry)
+        expected = self.slot.retry(run.number, every_step=every_step)
+        assert got == expected, (run.tag, was, every_step, got, expected)
+        RULES_RUN[f"retry_limited: {was} {'refused' if got else 'done'}"] += 1
+
+    @rule(pick=PICK, verdict=st.sampled_from(["finish", "finish", "fail"]))
+    @guarded
+    def release_limited(self, pick: int, verdict: str) -> None:
+        """A limited run's ``h`` finishes or fails (its last attempt: the run fails, its
+        slot frees)."""
+        assert self.snap is not None
+        found = self.slot_releasable(self.snap)
+        if not found:
+            return
+        e = found[pick % len(found)]
+        self.slot.release(slot_number(e.tag), verdict)
+        self.h.release(e, verdict)
+
+    def racing_slot(self, pick: int) -> tuple[Exec, int] | None:
+        """An execution of ``h`` whose run is in progress, and its run's number."""
+        assert self.snap is not None
+        found = [
+            e
+            for e in self.slot_releasable(self.snap)
+            if self.slot.runs[slot_number(e.tag)].state == "running"
+        ]
+        if not found:
+            return None
+        e = found[pick % len(found)]
+        return e, slot_number(e.tag)
+
+    def race(
+        self,
+        e: Exec,
+        recorded: bool,
+        call: Callable[[], Any],
+        branches: list[tuple[SlotModel, Any]],
+    ) -> Any:
+        """Release ``e`` (finish) and make ``call`` at once, or once its job is recorded
+        completed; the model is then the ``branches`` of the outcome ``call`` returned."""
+        self.h.release(e, "finish")
+        if recorded:
+            self.h.wait_completed(e)
+        got = outcome_of(call)
+        ends: dict[str, SlotModel] = {}
+        for model, outcome in branches:
+            if outcome == got:
+                ends.setdefault(repr(model.summaries()), model)
+        assert ends, (e.tag, got, [outcome for _m, outcome in branches])
+        self.slot_alternatives = list(ends.values())
+        self.slot = self.slot_alternatives[0]
+        return got
+
+    @rule(pick=PICK, recorded=st.booleans(), whom=st.sampled_from(["own", "next"]))
+    @guarded
+    def finish_and_cancel_limited(self, pick: int, recorded: bool, whom: str) -> None:
+        """A limited run's ``h`` finishes while the test cancels the run (``own``: the
+        cancel races its completion) or the run held next for its key (``next``: the
+        cancel races its admission, start and claim)."""
+        picked = self.racing_slot(pick)
+        if picked is None:
+            return
+        e, running = picked
+        held = self.slot.held(self.slot.runs[running].key)
+        target = held[0].number if whom == "next" and held else running
+        branches = finish_and_cancel_slot(self.slot, running, target)
+        got = self.race(e, recorded, self.slot_handles[target].cancel, branches)
+        whose = "own" if target == running else "next"
+        RULES_RUN[f"finish_and_cancel_limited: {whose}, {got}"] += 1
+
+    @rule(pick=PICK, recorded=st.booleans(), every_step=st.booleans())
+    @guarded
+    def finish_and_retry_limited(self, pick: int, recorded: bool, every_step: bool) -> None:
+        """A limited run's ``h`` finishes while the test retries an ended run of its key:
+        the retry races the slot's freeing and the admission of the key's next held run."""
+        picked = self.racing_slot(pick)
+        if picked is None:
+            return
+        e, running = picked
+        key = self.slot.runs[running].key
+        ended = [
+            r.number
+            for r in sorted(self.slot.runs.values(), key=lambda r: r.number)
+            if r.key == key and r.state in TERMINAL and not r.purged
+        ]
+        if not ended:
+            return
+        target = ended[pick % len(ended)]
+        branches = finish_and_retry_slot(self.slot, running, target, every_step=every_step)
+        handle = self.slot_handles[target]
+        got = self.race(e, recorded, handle.retry_all if every_step else handle.retry, branches)
+        RULES_RUN[f"finish_and_retry_limited: {got}, {len(self.slot_alternatives)} ends"] += 1
+
+    @rule(pick=PICK)
+    @when(lambda self: bool(self.slot.runs))
+    @guarded
+    def a_day_passes_limited(self, pick: int) -> None:
+        """A limited run's deadline passes: held or in progress, it fails (an admitted run's
+        slot frees, and the leader rings: the next held run is admitted)."""
+        run = self.pick_slot(pick, lambda r: r.deadline and not r.deadline_passed)
+        if run.purged:
+            return
+        self.slot.time_passes(run.number)
+        self.shift_a_day(run.tag)
+
+    @rule(top=st.sampled_from([2, 0, 1]))
+    @guarded
+    def set_slot_limit(self, top: int) -> None:
+        """Set the limited workflow's ``max`` at runtime: raised, each key admits its
+        oldest held runs up to it; lowered, its runs in progress run on (over ``max``), and
+        none is admitted until the key has room again; 0 admits none."""
+        client = cyclone.Client(self.engine)
+        client.set_limit(SLOT_NAME, top)
+        self.slot.set_max(top)
+
     # workers
 
     def held_by(self, worker: WorkerProc) -> list[Exec]:
         """The executions holding their job at a gate on ``worker`` (live until now)."""
         assert self.snap is not None
         return [e for e in self.releasable(self.snap) if e.pid == worker.pid]
+
+    def slot_held_by(self, worker: WorkerProc) -> list[Exec]:
+        """The executions of ``h`` holding their job at a gate on ``worker``."""
+        assert self.snap is not None
+        return [e for e in self.slot_releasable(self.snap) if e.pid == worker.pid]
 
     def lose(self, held: list[Exec]) -> None:
         """The model of jobs whose worker died or froze: lost, then rescued."""
@@ -1826,6 +2146,8 @@ class ModelMachine(RuleBasedStateMachine):
         live = self.h.live()
         worker = live[pick % len(live)]
         self.lose(self.held_by(worker))
+        for e in self.slot_held_by(worker):
+            self.slot.lose(slot_number(e.tag))
         self.h.kill(worker)
 
     @precondition(lambda self: len(self.h.live()) >= 2)
@@ -1838,6 +2160,8 @@ class ModelMachine(RuleBasedStateMachine):
         held = self.held_by(worker)
         for e in held:
             self.model_of(e.tag).hand_back(e.step)
+        for e in self.slot_held_by(worker):
+            self.slot.hand_back(slot_number(e.tag))
         self.expect_runs_of(held)
         assert self.snap is not None
         self.h.retire(worker, busy=any(e.pid == worker.pid for e in self.snap.waiting))
@@ -1850,10 +2174,13 @@ class ModelMachine(RuleBasedStateMachine):
         live = self.h.live()
         for worker in live[pick % len(live) :] + live[: pick % len(live)]:
             held = self.held_by(worker)
+            limited = self.slot_held_by(worker)
             if not self.h.freeze(worker):
                 raise AssertionError(f"worker {worker.pid} was always caught in a transaction")
             if KNOWN_DEFECTS_FIXED["frozen_leader"] or self.h.leader_pid() != worker.pid:
                 self.lose(held)
+                for e in limited:
+                    self.slot.lose(slot_number(e.tag))
                 return
             self.h.thaw(worker)
         raise AssertionError("every live worker leads")
@@ -1863,8 +2190,11 @@ class ModelMachine(RuleBasedStateMachine):
         leader = wait_until(self.h.leader_pid, 10, 0.05, "no worker leads")
         worker = next(w for w in self.h.live() if w.pid == leader)
         held = self.held_by(worker)
+        limited = self.slot_held_by(worker)
         assert self.h.freeze(worker)
         self.lose(held)
+        for e in limited:
+            self.slot.lose(slot_number(e.tag))
 
     @precondition(lambda self: bool(self.h.frozen()))
     @rule(pick=PICK)
@@ -1883,6 +2213,16 @@ class ModelMachine(RuleBasedStateMachine):
     @guarded
     def start_worker(self) -> None:
         self.h.wait_serving(self.h.start_worker())
+
+
+def slot_number(tag: str) -> int:
+    """The number of the limited run ``s<N>``."""
+    return int(tag.removeprefix(SLOT_PREFIX))
+
+
+def slot_or_run_number(tag: str) -> int:
+    """The number of the limited run ``s<N>``, or of the top run of ``tag``'s tree."""
+    return int(tag.split("/")[0].removeprefix("m").removeprefix(SLOT_PREFIX))
 
 
 @pytest.fixture
@@ -1909,6 +2249,7 @@ def test_random_interleavings_end_as_the_model_says(harness: Harness) -> None:
     CHILD_TRANSITIONS.clear()
     MAP_TRANSITIONS.clear()
     LANE_TRANSITIONS.clear()
+    SLOT_TRANSITIONS.clear()
     FIRST_FAILURE.clear()
     started = time.monotonic()
     try:
@@ -1920,6 +2261,7 @@ def test_random_interleavings_end_as_the_model_says(harness: Harness) -> None:
         print(f"child transitions seen: {dict(sorted(CHILD_TRANSITIONS.items()))}")
         print(f"map transitions seen: {dict(sorted(MAP_TRANSITIONS.items()))}")
         print(f"lane transitions seen: {dict(sorted(LANE_TRANSITIONS.items()))}")
+        print(f"limited runs' transitions seen: {dict(sorted(SLOT_TRANSITIONS.items()))}")
 
 
 # -- the test of the test: each known defect, replayed through the machine --------------
@@ -3127,3 +3469,62 @@ def test_a_run_whose_side_steps_wait_is_promoted_one_step_or_both() -> None:
         assert model.promotions() == []
     finally:
         run_model.SIDE_PAUSED["on"] = False
+
+
+def test_a_limited_workflows_held_runs_are_admitted_oldest_first_as_slots_free(
+    harness: Harness,
+) -> None:
+    """The limited workflow's runs, through the machine's rules (checked after each): a
+    key's second and third runs held behind its first; the first completes, the second is
+    admitted (not the third, cancelled held); a run past its deadline fails, its step
+    running on; a run never started retried is held again, behind those held since; a
+    started run retried is refused while its key is full (or its step still runs), and
+    restarts in progress once it has room; the limit raised admits the next held run,
+    lowered stops none of those in progress."""
+    ModelMachine.harness = harness
+    RULES_RUN.clear()
+    machine = ModelMachine()
+    steps: list[tuple[str, dict[str, Any]]] = [
+        (
+            "start",
+            {"runs": [(False, False, False)], "limited": [(0, False), (0, True), (0, False)]},
+        ),
+        ("release_limited", {"pick": 0, "verdict": "finish"}),  # s1: s2 admitted
+        ("cancel_limited", {"pick": 1}),  # s3, held: never starts
+        ("a_day_passes_limited", {"pick": 0}),  # s2 past its deadline: fails
+        ("submit_limited", {"key": 0, "deadline": False}),  # s4: admitted at once
+        ("submit_limited", {"key": 0, "deadline": False}),  # s5: held
+        ("retry_limited", {"pick": 2, "every_step": False}),  # s3: held again, behind s5
+        ("retry_limited", {"pick": 1, "every_step": True}),  # s2: past its deadline
+        ("release_limited", {"pick": 1, "verdict": "fail"}),  # s4, an attempt left
+        ("release_limited", {"pick": 1, "verdict": "fail"}),  # s4 fails: s5 admitted
+        ("retry_limited", {"pick": 2, "every_step": False}),  # s4: s5 in progress, refused
+        ("set_slot_limit", {"top": 2}),  # s3 admitted
+        ("set_slot_limit", {"top": 1}),  # both run on
+        ("cancel_limited", {"pick": 1}),  # s5: its h runs on at its gate
+        ("retry_limited", {"pick": 3, "every_step": False}),  # s5: its h still runs
+        ("retry_limited", {"pick": 2, "every_step": False}),  # s4: s3 in progress, refused
+        ("release_limited", {"pick": 0, "verdict": "finish"}),  # s2's h: its run failed
+        ("release_limited", {"pick": 0, "verdict": "finish"}),  # s3 completes
+        ("retry_limited", {"pick": 3, "every_step": False}),  # s4: in progress again
+    ]
+    try:
+        for name, arguments in steps:
+            getattr(machine, name)(**arguments)
+            machine.settled_and_as_modelled()
+    finally:
+        machine.teardown()
+    assert {r.tag: r.state for r in machine.slot.runs.values()} == {
+        "s1": "completed",
+        "s2": "failed",
+        "s3": "completed",
+        "s4": "completed",
+        "s5": "cancelled",
+    }
+    seen = {k: v for k, v in RULES_RUN.items() if k.startswith("retry_limited: ")}
+    assert seen == {
+        "retry_limited: cancelled never started done": 1,
+        "retry_limited: failed refused": 3,
+        "retry_limited: cancelled refused": 1,
+        "retry_limited: failed done": 1,
+    }, seen

@@ -35,6 +35,11 @@ AT_MOST_MAX = "a Concurrency's key runs at most max jobs at once"
 model-based test checks its own version of it then, knowing which jobs those are)."""
 
 
+RUNS_AT_MOST_MAX = "a workflow limit's key has at most max runs in progress"
+"""The invariant a workflow limit lowered at runtime breaks until the runs in progress then
+end (the model-based test's model says when)."""
+
+
 INVARIANTS: tuple[Invariant, ...] = (
     Invariant(
         "a job has a heartbeat exactly while it runs (the rescue's index holds the running)",
@@ -430,7 +435,7 @@ INVARIANTS: tuple[Invariant, ...] = (
         """,
     ),
     Invariant(
-        "a workflow limit's key has at most max runs in progress",
+        RUNS_AT_MOST_MAX,
         """
         SELECT r.limit_name, r.limit_key, l.max, count(*) AS in_progress
         FROM cyclone_runs r JOIN cyclone_limits l ON l.name = r.limit_name

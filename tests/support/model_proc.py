@@ -25,6 +25,10 @@ from one slot, a limit shared by name between two workflows): of two steps of a 
 that become runnable, one runs and the other waits ``available``, not claimed, until
 the slot frees (its holder ends, is rescued, handed back or purged). ``b``, ``k`` and
 ``q`` run in a queue of their own, :data:`SIDE_QUEUE`, which the test pauses and resumes.
+:data:`SLOT` is a second, small workflow limited as a whole: a ``Concurrency(1)`` of runs in
+progress per key (:data:`SLOT_NAME`, key ``slot-<the input's v>``), one gated step ``h``;
+its runs (tagged ``s<N>``) are submitted held and admitted by the workers as the key has
+room (docs/flow-control.md, workflow limits).
 Each execution of a gated step inserts a row into ``model_exec`` numbered per (tag,
 step), then waits for the advisory lock :func:`gate` of that number, which the test
 holds from the run's submission until it gives the execution its verdict (``finish``
@@ -63,7 +67,7 @@ MAX_ATTEMPTS = 2
 ``g`` (a child node's further attempt runs its failed or cancelled child again); ``w``
 has one (a wait node's default)."""
 GATE_CLASS = 0x6D6F
-STEP_NUMBER = {"a": 1, "b": 2, "k": 3, "m0": 4, "m1": 5, "q": 6}
+STEP_NUMBER = {"a": 1, "b": 2, "k": 3, "m0": 4, "m1": 5, "q": 6, "h": 7}
 MAP_ITEMS = 2
 """The length of ``b``'s list, so the number of ``m``'s items."""
 KID_SUFFIX = "/kid"
@@ -124,8 +128,8 @@ class StepFailed(Exception):
 def gate(tag: str, step: str, n: int) -> tuple[int, int]:
     """The advisory lock (two int4 keys) execution ``n`` of ``step`` of run ``tag`` waits for
     (a child run's ``k`` and a grandkid's ``q`` are told from the run's steps by the
-    step's number)."""
-    number = int(tag.split("/")[0].removeprefix("m"))
+    step's number; a run of :data:`SLOT`, ``s<N>``, by its step ``h``)."""
+    number = int(tag.split("/")[0].removeprefix("m").removeprefix(SLOT_PREFIX))
     return GATE_CLASS, number * 1000 + STEP_NUMBER[step] * 100 + n
 
 
@@ -242,6 +246,32 @@ def c(ctx: cyclone.StepContext, item: Item) -> Item:
     return child_input(ctx)
 
 
+SLOT_NAME = "model.slot"
+"""The name of :data:`SLOT`'s workflow limit (its row in ``cyclone_limits``)."""
+SLOT_PREFIX = "s"
+"""A run of :data:`SLOT` is tagged ``s<N>``."""
+
+
+def slot_key(item: Item) -> str:
+    """The key of :data:`SLOT`'s limit for a run of input ``item``."""
+    return f"slot-{item.v}"
+
+
+SLOT: cyclone.Workflow[Item] = cyclone.Workflow(
+    f"{NAME}_slot",
+    input=Item,
+    concurrency=cyclone.Concurrency(1, key=slot_key, name=SLOT_NAME),
+)
+"""At most one run in progress per key (the test may set the limit's ``max`` at runtime):
+the others are held (``start_at = 'infinity'``) until a worker admits them, oldest
+first."""
+
+
+@SLOT.step(max_attempts=MAX_ATTEMPTS)
+def h(ctx: cyclone.StepContext, item: Item) -> int:
+    return gated(ctx, item, "h")
+
+
 def no_backoff(attempt: int) -> float:
     return 0.0
 
@@ -249,7 +279,7 @@ def no_backoff(attempt: int) -> float:
 def main() -> None:
     cyclone.Worker(
         engine(),
-        workflows=[WORKFLOW, KID, GRAND],
+        workflows=[WORKFLOW, KID, GRAND, SLOT],
         concurrency=CONCURRENCY,
         poll_interval=0.5,
         heartbeat_interval=HEARTBEAT,

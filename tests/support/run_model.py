@@ -75,7 +75,7 @@ KID_STEPS = (KID_NODE, KID_STEP)
 GRAND_STEPS = (GRAND_STEP,)
 LEVELS = ("kid", "grand")
 """The child runs of a run's tree, from the top."""
-ATTEMPTS = {"a": 2, "w": 1, "b": 2, "c": 2, "g": 2, "k": 2, "q": 2, "m0": 2, "m1": 2}
+ATTEMPTS = {"a": 2, "w": 1, "b": 2, "c": 2, "g": 2, "k": 2, "q": 2, "m0": 2, "m1": 2, "h": 2}
 ITEM_FAILS_NODE = {"on": True}
 """Whether an item failed for good fails its map node (docs/map.md), or (the defect the
 model-based test's ``map_item_fails_node`` flag stands for) leaves it cancelled with the
@@ -767,3 +767,238 @@ def release_and_cancel(
             after.apply(move)
             todo.append(after)
     return list(found.values())
+
+
+# -- the limited workflow ---------------------------------------------------------------
+
+SLOT_STEP = "h"
+"""The one (gated) step of :data:`tests.support.model_proc.SLOT`."""
+
+
+@dataclass
+class SlotRun:
+    """A run of :data:`tests.support.model_proc.SLOT` (``s<N>``): ``held`` (submitted, or
+    retried never started, and not admitted), ``running`` (admitted: in progress), or
+    ended. Its step ``h`` is ``none`` until the run starts (a held run has no steps),
+    then a step's states (``active``: claimed and waiting at its gate)."""
+
+    number: int
+    key: int
+    deadline: bool
+    order: int
+    state: str = "held"
+    step: StepModel = field(default_factory=lambda: StepModel(state="none"))
+    started: bool = False
+    deadline_passed: bool = False
+    purged: bool = False
+
+    @property
+    def tag(self) -> str:
+        return f"s{self.number}"
+
+    def summary(self) -> dict[str, str] | None:
+        if self.purged:
+            return None
+        return {
+            "run": self.state,
+            "started": "yes" if self.started else "no",
+            SLOT_STEP: self.step.state,
+        }
+
+
+@dataclass
+class SlotModel:
+    """The runs of the limited workflow, whose keys admit their held runs (oldest held
+    first, by when they were held) while they have fewer than ``max`` runs in progress.
+    The workers admit at once (the test settles until no key with room holds a run), so
+    every operation is followed by :meth:`admit`, and the model is one state: each rule
+    on these runs is sequential (no race left to the workers)."""
+
+    runs: dict[int, SlotRun] = field(default_factory=dict)
+    max: int = 1
+    holds: int = 0
+    """Holds so far (a run's ``order``: its place in its key's queue)."""
+
+    def copy(self) -> SlotModel:
+        return copy.deepcopy(self)
+
+    def in_progress(self, key: int) -> list[SlotRun]:
+        return [
+            r for r in self.runs.values() if not r.purged and r.state == "running" and r.key == key
+        ]
+
+    def held(self, key: int) -> list[SlotRun]:
+        return sorted(
+            (r for r in self.runs.values() if not r.purged and r.state == "held" and r.key == key),
+            key=lambda r: r.order,
+        )
+
+    def admit(self) -> None:
+        for key in sorted({r.key for r in self.runs.values()}):
+            room = max(0, self.max - len(self.in_progress(key)))
+            for run in self.held(key)[:room]:
+                run.state, run.started = "running", True
+                run.step = StepModel(state="active")  # started: claimed at its gate
+
+    def hold(self, run: SlotRun) -> None:
+        self.holds += 1
+        run.order = self.holds
+        run.state = "held"
+
+    def submit(self, number: int, key: int, deadline: bool) -> SlotRun:
+        run = SlotRun(number=number, key=key, deadline=deadline, order=0)
+        self.runs[number] = run
+        self.hold(run)
+        self.admit()
+        return run
+
+    def cancel(self, number: int) -> str | None:
+        run = self.runs[number]
+        if run.purged:
+            return Expect.NOT_FOUND
+        if run.state not in ("held", "running"):
+            return Expect.INVALID_STATE
+        run.state = "cancelled"  # a step at its gate runs on (its job running)
+        self.admit()
+        return None
+
+    def summaries(self) -> dict[str, dict[str, str] | None]:
+        return {r.tag: r.summary() for r in self.runs.values()}
+
+    def retry(self, number: int, *, every_step: bool) -> str | None:
+        """``retry`` (``retry_all``): a run never started is held again (behind the runs
+        held now); one started restarts in progress if its key has room, else is
+        refused."""
+        run = self.runs[number]
+        sources = TERMINAL if every_step else ("failed", "cancelled")
+        if run.purged:
+            return Expect.NOT_FOUND
+        if run.state not in sources or run.deadline_passed or run.step.state == "active":
+            return Expect.INVALID_STATE
+        if not run.started:
+            self.hold(run)
+        elif len(self.in_progress(run.key)) >= self.max:
+            return Expect.INVALID_STATE
+        else:
+            reset = TERMINAL if every_step else ("failed", "cancelled")
+            if run.step.state in reset:
+                run.step = StepModel(state="active")
+            run.state = "completed" if run.step.state == "completed" else "running"
+        self.admit()
+        return None
+
+    def release(self, number: int, verdict: str, *, admit: bool = True) -> None:
+        run = self.runs[number]
+        s = run.step
+        assert s.state == "active", (run.tag, s)
+        if run.purged:
+            return
+        if verdict == "finish":
+            s.state = "completed"
+            if run.state == "running":
+                run.state = "completed"
+        else:
+            s.failures += 1
+            if s.failures >= ATTEMPTS[SLOT_STEP]:
+                s.state = "failed"
+                if run.state == "running":
+                    run.state = "failed"
+            elif run.state != "running":
+                s.state = "cancelled"
+        if admit:
+            self.admit()
+
+    def lose(self, number: int, times: int = 1) -> None:
+        """The worker running ``h`` died or froze (``times`` rescues): cancelled if its
+        run ended, failed (and its run) when lost too often, else claimed again."""
+        run = self.runs[number]
+        for _ in range(times):
+            assert run.step.state == "active", (run.tag, run.step)
+            run.step.lost += 1
+            if run.state != "running":
+                run.step.state = "cancelled"
+            elif run.step.lost >= LOSSES:
+                run.step.state = run.state = "failed"
+        self.admit()
+
+    def hand_back(self, number: int) -> None:
+        run = self.runs[number]
+        if run.state != "running":
+            run.step.state = "cancelled"
+
+    def time_passes(self, number: int) -> None:
+        """A day passes for the run: past its deadline (if it has one), held or in
+        progress, it fails (a step at its gate runs on)."""
+        run = self.runs[number]
+        if run.purged or not run.deadline:
+            return
+        run.deadline_passed = True
+        if run.state in ("held", "running"):
+            run.state = "failed"
+        self.admit()
+
+    def over(self) -> bool:
+        """Whether a key has more runs in progress than ``max`` (lowered under them)."""
+        return any(len(self.in_progress(k)) > self.max for k in {r.key for r in self.runs.values()})
+
+    def set_max(self, top: int) -> None:
+        self.max = top
+        self.admit()
+
+    def purge(self) -> int:
+        """Purge every ended run (the test's ``purge`` of everything); how many."""
+        doomed = [r for r in self.runs.values() if not r.purged and r.state in TERMINAL]
+        for r in doomed:
+            r.purged = True
+        return len(doomed)
+
+
+def finish_and_cancel_slot(
+    model: SlotModel, running: int, cancelled: int
+) -> list[tuple[SlotModel, str | None]]:
+    """The states (and what the cancel returns) when the ``h`` of the run ``running``
+    finishes while the test cancels the run ``cancelled``: that run itself (cancelled
+    first: its ``h`` completes in the cancelled run; or completed first: the cancel is
+    refused), or the run held next for its key (cancelled held; or admitted, started and
+    cancelled with its ``h`` claimed, or made and not claimed yet: cancelled with it)."""
+    ends = []
+    first = model.copy()
+    got = first.cancel(cancelled)
+    first.release(running, "finish")
+    ends.append((first, got))
+    then = model.copy()
+    then.release(running, "finish")
+    got = then.cancel(cancelled)
+    ends.append((then, got))
+    if then.runs[cancelled].started:  # admitted by the finish
+        unclaimed = model.copy()
+        unclaimed.release(running, "finish")
+        unclaimed.runs[cancelled].step.state = "cancelled"
+        got = unclaimed.cancel(cancelled)
+        ends.append((unclaimed, got))
+    return ends
+
+
+def finish_and_retry_slot(
+    model: SlotModel, running: int, retried: int, *, every_step: bool
+) -> list[tuple[SlotModel, str | None]]:
+    """The states (and what the retry returns) when the ``h`` of the run ``running``
+    finishes while the test retries the ended run ``retried`` of its key: retried first
+    (refused, the key full), or once the finish freed the slot, before the admission of
+    the key's next held run (retried in progress, that one held still) or after it
+    (refused)."""
+    ends = []
+    first = model.copy()
+    got = first.retry(retried, every_step=every_step)
+    first.release(running, "finish")
+    ends.append((first, got))
+    between = model.copy()
+    between.release(running, "finish", admit=False)
+    got = between.retry(retried, every_step=every_step)
+    between.admit()  # (refused: the admission follows)
+    ends.append((between, got))
+    after = model.copy()
+    after.release(running, "finish")
+    got = after.retry(retried, every_step=every_step)
+    ends.append((after, got))
+    return ends
