@@ -28,9 +28,12 @@ Beside them run the runs of a second, small workflow limited as a whole
 keys, one gated step ``h``), submitted held and admitted by the workers: submitted (held
 or admitted at once), cancelled held or in progress, retried or retried in full once
 ended (held again if it never started; in progress if its key has room, else refused),
-its ``h`` finishing or failing, its deadline passing (held or in progress), the limit's
-``max`` set at runtime (raised to 2, lowered to 1 or 0), its ``h`` lost with a worker
-killed or frozen (rescued, or given up: the run fails) or handed back; their model
+its ``h`` finishing or failing, forked once ended (in progress if its key has room, else
+refused; completed at once with nothing to run), its deadline passing (held or in
+progress), the limit's ``max`` set at runtime (raised to 2, lowered to 1 or 0), its
+``h`` finishing as the run, or the run held next for its key, is cancelled, or as an
+ended run of its key is retried (racing the admission), and its ``h`` lost with a
+worker killed or frozen (rescued, or given up: the run fails) or handed back; their model
 (:class:`tests.support.run_model.SlotModel`) admits each key's oldest held runs (by when
 they were held) up to its room after every operation.
 Steps wait at gates the test holds (advisory locks, see
@@ -2098,6 +2101,32 @@ class ModelMachine(RuleBasedStateMachine):
         handle = self.slot_handles[target]
         got = self.race(e, recorded, handle.retry_all if every_step else handle.retry, branches)
         RULES_RUN[f"finish_and_retry_limited: {got}, {len(self.slot_alternatives)} ends"] += 1
+
+    @rule(pick=PICK, rerun=st.booleans())
+    @when(lambda self: bool(self.slot.runs))
+    @guarded
+    def fork_limited(self, pick: int, rerun: bool) -> None:
+        """Fork an ended limited run (running ``h`` again or not): in progress at once if
+        its key has room (refused otherwise), completed at once if it has nothing to
+        run."""
+        source = self.pick_slot(pick, lambda r: r.state in TERMINAL)
+        if len(self.slot.runs) >= MAX_SLOT_RUNS + 2:
+            return
+        number = self.next_slot
+        tag = f"{SLOT_PREFIX}{number}"
+        handle = self.slot_handles[source.number]
+        expected = self.slot.copy().fork(source.number, number, rerun=rerun)
+        if expected is None:
+            self.next_slot += 1
+            self.h.lock_gates(tag, SLOT_STEP, LOOKAHEAD)
+        got = outcome_of(lambda: handle.fork(f"{FORK_PREFIX}{tag}", rerun=["h"] if rerun else []))
+        if expected is not None:
+            assert got == expected, (source.tag, got, expected)
+        else:
+            assert got == (got[0], True), (source.tag, got)
+            self.slot_handles[number] = got[0]
+            self.slot.fork(source.number, number, rerun=rerun)
+        RULES_RUN[f"fork_limited: {source.state}, {'refused' if expected else 'made'}"] += 1
 
     @rule(pick=PICK)
     @when(lambda self: bool(self.slot.runs))

@@ -6,7 +6,8 @@ Its connections carry the application name ``model-<pid>``, so the test can tell
 worker holds what.
 
 A run is told by its *tag*: the input's ``tag``, except for a fork (same input as the run
-it came from), whose key ``fork-m<N>`` names its tag (:data:`TAG_SQL`).
+it came from), whose key ``fork-m<N>`` (``fork-s<N>`` for a run of :data:`SLOT`) names its
+tag (:data:`TAG_SQL`).
 
 The workflow is ``a -> w -> b -> {c, m}``: ``a`` and ``b`` are *gated* steps, ``w`` waits for
 the signal ``go`` (with a one-day timeout that the test makes pass by moving timestamps),
@@ -86,7 +87,7 @@ it from an execution of a job since deleted and made again (a map node's items, 
 node runs again), whose first lease is the same."""
 
 
-TAG_SQL = "coalesce(substring({r}.submit_key from '^fork-(m[0-9]+)$'), {r}.input->>'tag')"
+TAG_SQL = "coalesce(substring({r}.submit_key from '^fork-([ms][0-9]+)$'), {r}.input->>'tag')"
 """The tag of the run aliased ``{r}`` (format it with the alias), as SQL."""
 FORK_PREFIX = "fork-"
 

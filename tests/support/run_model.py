@@ -887,6 +887,28 @@ class SlotModel:
         self.admit()
         return None
 
+    def fork(self, source: int, number: int, *, rerun: bool) -> str | None:
+        """The fork ``number`` of the run ``source`` (ended, its step not running), running
+        ``h`` again (``rerun``) or not: a fork with a step to run (``h`` run again, or not
+        completed in the source) is a run in progress of the source's key, made only if
+        the key has room (refused otherwise); one with none completes at once."""
+        run = self.runs[source]
+        if run.purged:
+            return Expect.NOT_FOUND
+        if run.state in ("held", "running") or run.step.state == "active":
+            return Expect.INVALID_STATE
+        starts = rerun or run.step.state != "completed"
+        if starts and len(self.in_progress(run.key)) >= self.max:
+            return Expect.INVALID_STATE
+        fork = SlotRun(number=number, key=run.key, deadline=False, order=0, started=True)
+        if starts:
+            fork.state, fork.step = "running", StepModel(state="active")
+        else:
+            fork.state, fork.step = "completed", StepModel(state="completed")
+        self.runs[number] = fork
+        self.admit()
+        return None
+
     def release(self, number: int, verdict: str, *, admit: bool = True) -> None:
         run = self.runs[number]
         s = run.step
