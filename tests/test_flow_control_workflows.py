@@ -674,11 +674,10 @@ def test_an_admission_counts_a_skipped_key_though_keys_after_it_fill_its_batch(
     engine: sa.Engine, name: str, on_limit: Any
 ) -> None:
     """The least recently served of three keys with room and a held run due is held by
-    another transaction; an admission of two keys skips it and counts it. The count was a
-    difference of two walks (the first two keys read unlocked, less the keys locked), and
-    the locked walk, taking the two keys after the skipped one, made it 0: the skipped
-    key's held run waited for the worker's poll. Keys skipped are not replaced: the worker
-    admits again shortly."""
+    another transaction; an admission of two keys skips it, takes the two after it, and
+    counts it. The count was a difference of two walks (the first two keys read
+    unlocked, less the keys locked), which the keys after the skipped one made 0: the
+    skipped key's held run waited for the worker's poll."""
     wf: cyclone.Workflow[str] = cyclone.Workflow(
         name, input=str, concurrency=cyclone.Concurrency(1, key=lambda k: k, on_limit=on_limit)
     )
@@ -701,14 +700,47 @@ def test_an_admission_counts_a_skipped_key_though_keys_after_it_fill_its_batch(
             sa.text("SELECT 1 FROM cyclone_limit_keys WHERE name = :n AND key = 'a' FOR UPDATE"),
             {"n": limit},
         )
-        assert _limits_store.admit_runs(engine, (limit,), batch=2, contended=counted) == 1
+        assert _limits_store.admit_runs(engine, (limit,), batch=2, contended=counted) == 2
         holder.rollback()
     assert counted == [1]  # "a"
-    assert in_progress(engine, name) == Counter({"b": 1})
-    assert _limits_store.admit_runs(engine, (limit,), batch=2, contended=counted) == 2
+    assert in_progress(engine, name) == Counter({"b": 1, "c": 1})
+    assert _limits_store.admit_runs(engine, (limit,), batch=2, contended=counted) == 1
     assert counted == [1, 0]
     assert in_progress(engine, name) == Counter({"a": 1, "b": 1, "c": 1})
     assert cyclone.Client(engine).cancel_runs(workflow=name) == 3
+
+
+def test_two_admissions_at_once_serve_two_batches_of_keys(engine: sa.Engine, name: str) -> None:
+    """An admission holds the first batch of keys; another, whose snapshot still shows
+    them first in turn, skips them and serves the next batch rather than none (it
+    counts the keys skipped, which come before those it took)."""
+    wf: cyclone.Workflow[str] = cyclone.Workflow(
+        name, input=str, concurrency=cyclone.Concurrency(1, key=lambda k: k)
+    )
+    wf.step("only")(lambda ctx, k: k)
+    limit = f"workflow:{name}"
+    for k in "abcde":
+        wf.submit(engine, k)  # held, each key with room
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE cyclone_limit_keys SET served_at = now() - interval '1 hour' + "
+                "array_position(ARRAY['a', 'b', 'c', 'd', 'e'], key) * interval '1 second' "
+                "WHERE name = :n"
+            ),
+            {"n": limit},
+        )
+    counted: list[int] = []
+    with engine.connect() as first:
+        locked = first.execute(
+            _limits_store.lock_held_keys_stmt((limit,), 2)
+        ).all()  # the first admission's keys, held until it ends
+        assert [row[1] for row in locked] == ["a", "b"]
+        assert _limits_store.admit_runs(engine, (limit,), batch=2, contended=counted) == 2
+        first.rollback()
+    assert counted == [2]  # "a" and "b", before "d"
+    assert in_progress(engine, name) == Counter({"c": 1, "d": 1})
+    assert cyclone.Client(engine).cancel_runs(workflow=name) == 5
 
 
 def test_a_held_run_whose_key_another_transaction_held_at_admission_starts_shortly_not_at_the_poll(

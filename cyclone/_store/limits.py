@@ -1172,49 +1172,59 @@ def lock_held_keys_stmt(names: tuple[str, ...], batch: int) -> Any:
     """Lock up to ``batch`` keys of the limits ``names`` with a held run due, least recently
     served first, skipping locked ones; a ``"queue"`` key only if it looks to have room.
 
-    One walk of the keys: the first ``batch`` such keys are read in the statement's
+    One walk of the keys: the first ``2 * batch`` such keys are read in the statement's
     snapshot without locking, in turn as the limited claim reads its keys
     (:func:`_in_turn`; the keys with held runs found by ``ix_cyclone_runs_held``), then
-    exactly those are locked, found by primary key (:func:`_keyed`), ``FOR UPDATE SKIP
-    LOCKED``, in turn (the order they are served in; a lock that skips never waits, so
-    it takes no part in the lock order of :func:`keys_locked_first`). A locked row is
-    read at its newest version, but nothing on the key row itself decides whether it is
-    served (its name and key are its primary key; ``served_at`` only placed it in turn):
-    a key served by another admission since the snapshot is served again correctly, its
-    runs in progress and held being read after the lock, in a new snapshot
-    (:func:`admit_runs`).
-
-    The walk it replaces locked as it went, taking a key after each one it skipped; its
-    count of those skipped, a second unlocked walk less the keys locked, read every key
-    twice when they were full (the usual state of a busy limit: 16 ms a statement became
-    25 with 2,000 keys), and was 0 when the keys after a skipped one filled the batch.
+    the first ``batch`` of those that no other transaction holds are locked, found by
+    primary key (:func:`_keyed`), ``FOR UPDATE SKIP LOCKED`` (the limit counts the rows
+    locked; a lock that skips never waits, so it takes no part in the lock order of
+    :func:`keys_locked_first`). Reading twice the batch lets two admissions at once
+    serve two batches: the second, whose snapshot still shows the first's keys due,
+    skips them and takes the next. A locked row is read at its newest version, but
+    nothing on the key row itself decides whether it is served (its name and key are
+    its primary key; ``served_at`` only placed it in turn): a key served by another
+    admission since the snapshot is served again correctly, its runs in progress and
+    held being read after the lock, in a new snapshot (:func:`admit_runs`).
 
     Rows ``(name, key, max, on_limit, contended)``, and at least one (its first four
     columns NULL when no key is locked): ``contended`` counts the keys read that it could
-    not lock, another transaction holding them (another worker's admission; a retry's,
-    a fork's or a child node's check of room). They are not replaced by later keys in
-    this admission: nothing rings when that transaction ends, nor does anything fall
-    due, so the worker admits again shortly for them rather than at its poll."""
+    not lock and that come before the last key it locked (all of them when it locked
+    fewer than ``batch``), another transaction holding them (another worker's admission;
+    a retry's, a fork's or a child node's check of room). Nothing rings when that
+    transaction ends, nor does anything fall due, so the worker admits again shortly for
+    them rather than at its poll."""
     top: Any = literal_column(str(int(batch)))
+    wide: Any = literal_column(str(2 * int(batch)))
     found = _keys_of(names, "held_keys", runs, _held_runs)
     bound = _front_bound(names, batch, "held_bound")
     s = limit_keys.alias("held_key")
-    seen = _in_turn(_held_keys(names, s), s, names, found, bound, top, "held", lock=False).cte(
+    seen = _in_turn(_held_keys(names, s), s, names, found, bound, wide, "held", lock=False).cte(
         "held_keys_in_turn"
     )
+    turn = func.row_number().over(order_by=(seen.c.served_at, seen.c.name, seen.c.key))
+    ranked = select(seen.c.name, seen.c.key, turn.label("rn")).cte("held_keys_ranked")
     k = limit_keys
     locked = (
         select(k.c.name, k.c.key)
         .where(_keyed(k, names, seen.c.name, seen.c.key))
         .order_by(k.c.served_at, k.c.name, k.c.key)
+        .limit(top)
         .with_for_update(of=k, skip_locked=True)
         .cte("held_keys_locked")
     )
     is_locked = and_(locked.c.name == seen.c.name, locked.c.key == seen.c.key)
+    ranked_locked = and_(locked.c.name == ranked.c.name, locked.c.key == ranked.c.key)
+    taken = select(func.count()).select_from(locked).scalar_subquery()
+    last = (
+        select(func.max(ranked.c.rn)).select_from(ranked.join(locked, ranked_locked))
+    ).scalar_subquery()
     skipped = (
         select(func.count())
-        .select_from(seen)
-        .where(~exists(select(locked.c.key).where(is_locked)))
+        .select_from(ranked)
+        .where(
+            ~exists(select(locked.c.key).where(ranked_locked)),
+            or_(taken < top, ranked.c.rn < last),
+        )
         .scalar_subquery()
     )
     one = select(const(1, Integer).label("one")).subquery("one")
