@@ -594,6 +594,15 @@ def a_worker_waits_for_the_slot_of_a_killed_worker(
     return first, second
 
 
+def lost_twice_before(engine: sa.Engine, run_id: Any, step: str) -> None:
+    """Mark ``step``'s job of ``run_id`` as lost with its worker twice already: its next
+    loss is its last (``max(max_attempts, 3)``), and the rescue gives it up."""
+    with engine.begin() as conn:
+        conn.execute(
+            sa.update(jobs).where(jobs.c.run_id == run_id, jobs.c.kind == step).values(lost=2)
+        )
+
+
 @pytest.mark.parametrize("ends", ["cancelled", "given up"])
 def test_a_limited_step_rescued_and_ended_wakes_the_worker_waiting_for_its_slot(
     engine: sa.Engine, name: str, tmp_path: Path, serving: Any, ends: str
@@ -610,12 +619,7 @@ def test_a_limited_step_rescued_and_ended_wakes_the_worker_waiting_for_its_slot(
         if ends == "cancelled":
             first.cancel()
             return
-        with engine.begin() as conn:  # lost twice before: this loss is its last
-            conn.execute(
-                sa.update(jobs)
-                .where(jobs.c.run_id == first.id, jobs.c.kind == "limited")
-                .values(lost=2)
-            )
+        lost_twice_before(engine, first.id, "limited")
 
     first, second = a_worker_waits_for_the_slot_of_a_killed_worker(
         engine, name, spec, wf, serving, tmp_path, end

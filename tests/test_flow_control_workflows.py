@@ -21,13 +21,14 @@ import cyclone
 from cyclone._store import executor as _executor
 from cyclone._store import limits as _limits_store
 from cyclone._store import rescue as _rescue
-from cyclone.schema import jobs, runs, waiters
+from cyclone.schema import runs, waiters
 from tests.conftest import wait_until
 from tests.support.flow_proc import workflow
 from tests.support.workers import Background, start_runs, waiting_on_locks
 from tests.test_flow_control import (
     a_worker_waits_for_the_slot_of_a_killed_worker,
     asleep,
+    lost_twice_before,
     spawn,
     stop,
 )
@@ -407,12 +408,7 @@ def test_a_rescue_that_gives_up_a_runs_step_admits_the_next_held_run_of_its_key_
 
     def last_loss(first: Any, second: Any) -> None:
         assert jobs_of(engine, second) == 0  # held
-        with engine.begin() as conn:  # lost twice before: this loss is its last
-            conn.execute(
-                sa.update(jobs)
-                .where(jobs.c.run_id == first.id, jobs.c.kind == "first")
-                .values(lost=2)
-            )
+        lost_twice_before(engine, first.id, "first")
 
     first, second = a_worker_waits_for_the_slot_of_a_killed_worker(
         engine, name, spec, wf, serving, tmp_path, last_loss
@@ -669,6 +665,21 @@ def test_an_admission_counts_the_keys_with_room_another_transaction_held_as_cont
     assert cyclone.Client(engine).cancel_runs(workflow=name) == 4
 
 
+def held_in_turn(engine: sa.Engine, wf: cyclone.Workflow[str], keys: str) -> None:
+    """Submit a run of each of ``keys`` (one-letter keys of a ``Concurrency(1)`` keyed on
+    the input, so each is held with room) and make the keys last served in that order."""
+    for k in keys:
+        wf.submit(engine, k)
+    with engine.begin() as conn:
+        conn.execute(
+            sa.text(
+                "UPDATE cyclone_limit_keys SET served_at = now() - interval '1 hour' + "
+                "array_position(:keys, key) * interval '1 second' WHERE name = :n"
+            ),
+            {"keys": list(keys), "n": f"workflow:{wf.name}"},
+        )
+
+
 @pytest.mark.parametrize("on_limit", ["queue", "cancel_newest"])
 def test_an_admission_counts_a_skipped_key_though_keys_after_it_fill_its_batch(
     engine: sa.Engine, name: str, on_limit: Any
@@ -683,17 +694,7 @@ def test_an_admission_counts_a_skipped_key_though_keys_after_it_fill_its_batch(
     )
     wf.step("only")(lambda ctx, k: k)
     limit = f"workflow:{name}"
-    for k in "abc":
-        wf.submit(engine, k)  # held, each key with room
-    with engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "UPDATE cyclone_limit_keys SET served_at = now() - interval '1 hour' + "
-                "array_position(ARRAY['a', 'b', 'c'], key) * interval '1 second' "
-                "WHERE name = :n"
-            ),
-            {"n": limit},
-        )
+    held_in_turn(engine, wf, "abc")
     counted: list[int] = []
     with engine.connect() as holder:
         holder.execute(
@@ -719,17 +720,7 @@ def test_two_admissions_at_once_serve_two_batches_of_keys(engine: sa.Engine, nam
     )
     wf.step("only")(lambda ctx, k: k)
     limit = f"workflow:{name}"
-    for k in "abcde":
-        wf.submit(engine, k)  # held, each key with room
-    with engine.begin() as conn:
-        conn.execute(
-            sa.text(
-                "UPDATE cyclone_limit_keys SET served_at = now() - interval '1 hour' + "
-                "array_position(ARRAY['a', 'b', 'c', 'd', 'e'], key) * interval '1 second' "
-                "WHERE name = :n"
-            ),
-            {"n": limit},
-        )
+    held_in_turn(engine, wf, "abcde")
     counted: list[int] = []
     with engine.connect() as first:
         locked = first.execute(

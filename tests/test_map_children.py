@@ -307,6 +307,19 @@ def awaited_items(engine: sa.Engine, run_id: Any) -> dict[int, str]:
         return {row.parent_item: row.state for row in rows}
 
 
+def failed_while_items_0_and_2_run(engine: sa.Engine, name: str) -> tuple[Any, Any]:
+    """A fleet run of 3 items whose item 1's child failed, failing the run, while the
+    children of items 0 and 2 still run (held at their ``go``)."""
+    f = fleet(name, hold=True)
+    f.outcome.broken = {1}
+    run = f.dispatch.submit(engine, 3)
+    drain(engine, *f.workflows)
+    f.parcel.run(engine, child_of_item(engine, run.id, 1)).signal("go", 1)
+    drain(engine, *f.workflows)
+    assert run.wait(timeout=10).state == cyclone.RunState.FAILED
+    return f, run
+
+
 def test_retry_all_of_a_map_of_children_leaves_a_running_child_to_its_items_new_expansion(
     engine: sa.Engine, name: str
 ) -> None:
@@ -315,13 +328,7 @@ def test_retry_all_of_a_map_of_children_leaves_a_running_child_to_its_items_new_
     # naming an item the run no longer had until the map expanded anew (or for good, over
     # a shorter list). Forgotten with their items, they are read anew, as a retried
     # parent's ended children are: each item of the new expansion waits for its child.
-    f = fleet(name, hold=True)
-    f.outcome.broken = {1}
-    run = f.dispatch.submit(engine, 3)
-    drain(engine, *f.workflows)
-    f.parcel.run(engine, child_of_item(engine, run.id, 1)).signal("go", 1)
-    drain(engine, *f.workflows)
-    assert run.wait(timeout=10).state == cyclone.RunState.FAILED
+    f, run = failed_while_items_0_and_2_run(engine, name)
     assert awaited_items(engine, run.id) == {0: "running", 2: "running"}
     before = {k.submit_key: k.id for k in children_of(engine, run.id)}
     run.retry_all()
@@ -353,13 +360,7 @@ def test_retry_all_of_a_map_of_children_leaves_a_running_child_to_its_items_new_
 def test_retry_all_over_a_shorter_list_leaves_the_running_child_of_an_item_gone_awaited_by_none(
     engine: sa.Engine, name: str
 ) -> None:
-    f = fleet(name, hold=True)
-    f.outcome.broken = {1}
-    run = f.dispatch.submit(engine, 3)
-    drain(engine, *f.workflows)
-    f.parcel.run(engine, child_of_item(engine, run.id, 1)).signal("go", 1)
-    drain(engine, *f.workflows)
-    assert run.wait(timeout=10).state == cyclone.RunState.FAILED
+    f, run = failed_while_items_0_and_2_run(engine, name)
     gone = f.parcel.run(engine, child_of_item(engine, run.id, 2))
     f.outcome.broken, f.outcome.orders = set(), 2
     run.retry_all()
